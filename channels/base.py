@@ -1,0 +1,99 @@
+"""What every channel shares: the Inbound and Outbound records and the Channel protocol.
+
+A channel only translates: a platform payload becomes an `Inbound`, an `Outbound` becomes
+platform calls. Deciding whether to handle a message, and handling it, happen in `daemon/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+from daemon.conversations import new_id
+
+OutboundKind = Literal["reply", "notice"]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message from a user, as persisted in the inbox before the platform gets its 200."""
+
+    chat_key: str
+    text: str
+    received: float
+    id: str = ""
+    platform_id: str | None = None
+    sender: str | None = None
+    attachments: tuple[Mapping[str, Any], ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", new_id(self.received))
+
+    @property
+    def command(self) -> str | None:
+        """`new` for `/new` (also `/new@botname`), None when the text is not a command."""
+        if not self.text.startswith("/"):
+            return None
+        word = self.text[1:].split(maxsplit=1)[0] if len(self.text) > 1 else ""
+        return word.split("@", 1)[0].lower() or None
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["attachments"] = [dict(a) for a in self.attachments]
+        doc["meta"] = dict(self.meta)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Inbound:
+        return cls(
+            chat_key=doc["chat_key"],
+            text=doc["text"],
+            received=doc["received"],
+            id=doc["id"],
+            platform_id=doc.get("platform_id"),
+            sender=doc.get("sender"),
+            attachments=tuple(doc.get("attachments", ())),
+            meta=doc.get("meta", {}),
+        )
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One reply or notice for a chat, persisted in the outbox before it is sent."""
+
+    chat_key: str
+    text: str
+    created: float
+    kind: OutboundKind = "reply"
+    id: str = ""
+    conversation_id: str | None = None
+    message_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", new_id(self.created))
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Outbound:
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        return cls(**known)
+
+
+class Channel(Protocol):
+    """A messaging platform as the engine sees it."""
+
+    name: str
+
+    async def send(self, outbound: Outbound) -> None:
+        """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered."""
+        ...
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        """Show a piece of a reply as it is generated; channels that cannot stream ignore it."""
+        ...

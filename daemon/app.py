@@ -1,0 +1,131 @@
+"""The daemon process: one aiohttp application that owns every long-lived part.
+
+Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
+Ollama client, the engine (and later the channels and the scheduler). `serve()` starts the HTTP
+site, tells systemd it is ready, and on SIGTERM or SIGINT stops taking requests, gives turns in
+flight `daemon.shutdown_grace` seconds, closes the store and returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+
+from channels.base import Channel
+from daemon import __version__
+from daemon.config import Settings
+from daemon.engine import Engine
+from daemon.errors import LLMError, StoreError
+from daemon.llm import ModelClient
+from daemon.logs import app_log as log
+from daemon.sdnotify import sd_notify
+from daemon.store import Store
+
+SETTINGS = web.AppKey("settings", Settings)
+STORE = web.AppKey("store", Store)
+LLM = web.AppKey("llm", ModelClient)
+ENGINE = web.AppKey("engine", Engine)
+CHANNELS = web.AppKey("channels", dict[str, Channel])
+
+HEALTH_PROBE_TIMEOUT = 2.0
+
+
+def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None) -> web.Application:
+    """The application with its parts registered; nothing runs until it is started."""
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[CHANNELS] = dict(channels or {})
+    app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx])
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+    store = await asyncio.to_thread(Store.open, app[SETTINGS].daemon.state_dir)
+    app[STORE] = store
+    log.info("state directory %s", store.state_dir)
+    yield
+    store.close()
+    log.info("store closed")
+
+
+async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[LLM] = ModelClient(app[SETTINGS].model)
+    yield
+    await app[LLM].close()
+
+
+async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM],
+                    channels=app[CHANNELS])
+    app[ENGINE] = engine
+    await engine.start()
+    yield
+    await engine.stop(app[SETTINGS].daemon.shutdown_grace)
+    log.info("engine stopped")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness and what an operator wants at a glance: model, channels, queues, version."""
+    app = request.app
+    llm, settings = app[LLM], app[SETTINGS]
+    model: dict[str, object] = {"host": settings.model.host, "name": settings.model.name}
+    try:
+        pulled = await asyncio.wait_for(llm.pulled_models(), HEALTH_PROBE_TIMEOUT)
+        model["reachable"] = True
+        model["pulled"] = settings.model.name in pulled or f"{settings.model.name}:latest" in pulled
+    except (LLMError, TimeoutError) as exc:
+        model["reachable"] = False
+        model["error"] = str(exc) or type(exc).__name__
+    engine = app[ENGINE]
+    body = {
+        "status": "ok" if model["reachable"] else "degraded",
+        "version": __version__,
+        "model": model,
+        "channels": sorted(app[CHANNELS]),
+        "queues": engine.queue_depths(),
+        "in_flight": llm.in_flight,
+        "accepting": engine.accepting,
+        "time": time.time(),
+    }
+    return web.json_response(body, status=200 if engine.accepting else 503)
+
+
+async def serve(settings: Settings, channels: Mapping[str, Channel] | None = None) -> int:
+    """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
+    app = build_app(settings, channels)
+    # aiohttp waits this long for open requests; the engine's own grace comes after.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
+    try:
+        await runner.setup()
+    except StoreError as exc:
+        log.error("%s", exc)
+        return 73  # EX_CANTCREAT
+    daemon = settings.daemon
+    site = web.TCPSite(runner, daemon.listen_host, daemon.listen_port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
+                  exc.strerror or exc)
+        return 71  # EX_OSERR
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
+             daemon.listen_port)
+    sd_notify("READY=1")
+    await stop.wait()
+    log.info("stopping: no new work; turns in flight get %.0fs", daemon.shutdown_grace)
+    sd_notify("STOPPING=1")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(signum)
+    await runner.cleanup()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,39 @@
+"""Token arithmetic: how much of the window a request may use, and what a text costs.
+
+Estimates are characters/4 times a per-conversation ratio that is calibrated against Ollama's
+real `prompt_eval_count`, so that the estimate tracks the model's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators the chat template adds per message
+RATIO_MIN = 0.5
+RATIO_MAX = 4.0
+
+
+def estimate_tokens(text: str, ratio: float = 1.0) -> int:
+    """Estimated tokens of `text`: characters/4, scaled by the conversation's ratio."""
+    return math.ceil(len(text) / 4 * ratio)
+
+
+def estimate_messages(messages: Sequence[Mapping[str, object]], ratio: float = 1.0) -> int:
+    """Estimated prompt tokens of chat messages as sent to Ollama."""
+    return sum(
+        MESSAGE_OVERHEAD_TOKENS + estimate_tokens(str(m.get("content", "")), ratio)
+        for m in messages
+    )
+
+
+def request_budget(num_ctx: int, response_reserve: int) -> int:
+    """Tokens the prompt may use: the window less what the reply needs."""
+    return max(num_ctx - response_reserve, 0)
+
+
+def calibrated_ratio(prompt_eval_count: int, raw_estimate: int) -> float:
+    """New ratio from Ollama's real count against the ratio-1 estimate, clamped to 0.5-4."""
+    if raw_estimate <= 0:
+        return 1.0
+    return min(max(prompt_eval_count / raw_estimate, RATIO_MIN), RATIO_MAX)

@@ -1,0 +1,143 @@
+"""Conversation and message records, and the router from a chat key to its active conversation.
+
+Records are plain frozen dataclasses with `to_doc()` / `from_doc()` so the store can keep them as
+JSON. The router decides which conversation a chat's next message belongs to: the chat's active
+one, or a fresh one when the chat has none or it has been idle longer than `idle_rotation`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+Kind = Literal["telegram", "whatsapp", "console", "automation"]
+Status = Literal["active", "archived"]
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_id(now: float | None = None) -> str:
+    """A ULID: 48 bits of milliseconds then 80 random bits, 26 characters of Crockford base32.
+
+    Sortable by creation time and unique without coordination, so ids can be made in any process.
+    """
+    millis = int((time.time() if now is None else now) * 1000)
+    value = (millis << 80) | int.from_bytes(os.urandom(10), "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def kind_of(chat_key: str) -> Kind:
+    """The channel kind of a chat key such as `telegram:1111111` or `console:local`."""
+    kind = chat_key.partition(":")[0]
+    if kind not in ("telegram", "whatsapp", "console", "automation"):
+        raise ValueError(f"unknown chat key kind: {chat_key!r}")
+    return kind  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a conversation, stored byte for byte and never rewritten."""
+
+    id: str
+    seq: int
+    role: Role
+    content: str
+    created: float
+    channel_message_ids: tuple[str, ...] = ()
+    attachments: tuple[Mapping[str, Any], ...] = ()
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    tool_name: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["channel_message_ids"] = list(self.channel_message_ids)
+        doc["attachments"] = [dict(a) for a in self.attachments]
+        doc["tool_calls"] = [dict(c) for c in self.tool_calls]
+        doc["meta"] = dict(self.meta)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Message:
+        return cls(
+            id=doc["id"],
+            seq=doc["seq"],
+            role=doc["role"],
+            content=doc["content"],
+            created=doc["created"],
+            channel_message_ids=tuple(doc.get("channel_message_ids", ())),
+            attachments=tuple(doc.get("attachments", ())),
+            tool_calls=tuple(doc.get("tool_calls", ())),
+            tool_name=doc.get("tool_name"),
+            meta=doc.get("meta", {}),
+        )
+
+
+@dataclass(frozen=True)
+class SummaryState:
+    """The rolling summary of a conversation's folded history (filled in by the fold)."""
+
+    summary: str = ""
+    user_notes: str = ""
+    through_seq: int = 0
+    through_id: str | None = None
+    fold_count: int = 0
+    folded_at: float | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> SummaryState:
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation: one chat's messages between two rotations."""
+
+    id: str
+    chat_key: str
+    kind: Kind
+    created: float
+    last_active: float
+    status: Status = "active"
+    token_ratio: float = 1.0
+    summary: SummaryState = field(default_factory=SummaryState)
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["summary"] = self.summary.to_doc()
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Conversation:
+        return cls(
+            id=doc["id"],
+            chat_key=doc["chat_key"],
+            kind=doc["kind"],
+            created=doc["created"],
+            last_active=doc["last_active"],
+            status=doc.get("status", "active"),
+            token_ratio=doc.get("token_ratio", 1.0),
+            summary=SummaryState.from_doc(doc.get("summary", {})),
+        )
+
+    @classmethod
+    def start(cls, chat_key: str, now: float) -> Conversation:
+        return cls(id=new_id(now), chat_key=chat_key, kind=kind_of(chat_key), created=now,
+                   last_active=now)
+
+    def touched(self, now: float) -> Conversation:
+        return replace(self, last_active=now)
+
+    def archived(self) -> Conversation:
+        return replace(self, status="archived")
+
+    def is_idle(self, now: float, idle_rotation: float) -> bool:
+        return now - self.last_active >= idle_rotation

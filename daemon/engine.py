@@ -1,0 +1,232 @@
+"""The conversation engine: one worker per chat, fed from the persisted inbox.
+
+`submit()` writes an inbound message to the inbox and wakes the chat's worker. The worker owns the
+chat: it first sends what waits in the chat's outbox, then takes every pending inbox item and
+answers them in one turn (messages that arrived during a turn are answered together in the
+next), one turn at a time, so a chat's messages are answered in order. Commands run in their
+place in that order. Because the inbox is the queue, a restart resumes exactly where a crash left
+off, and `stop()` can cancel a turn without losing its messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Mapping
+
+from channels.base import Channel, Inbound, Outbound
+from daemon.commands import Commands
+from daemon.config import Settings
+from daemon.conversations import kind_of
+from daemon.errors import DeliveryError
+from daemon.llm import ModelClient
+from daemon.logs import turn_log as log
+from daemon.router import Router
+from daemon.store import Store
+from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
+
+DELIVERY_RETRY_MAX = 300.0
+
+
+class Engine:
+    """Per-chat workers over the inbox and outbox; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        llm: ModelClient,
+        channels: Mapping[str, Channel],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.channels = dict(channels)
+        self.clock = clock
+        self.router = Router(store, settings.daemon.idle_rotation)
+        self.commands = Commands(settings=settings, store=store, router=self.router, llm=llm,
+                                 clock=clock)
+        self.turns = TurnRunner(settings=settings, store=store, llm=llm, router=self.router,
+                                notify=self.notify, stream=self._stream, clock=clock)
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._depth: dict[str, int] = {}
+        self._in_turn: set[str] = set()
+        self._parked: set[str] = set()
+        self._delivery_failures: dict[str, int] = {}
+        self._accepting = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume what a previous run left: pending inbox items and unsent replies."""
+        self._accepting = True
+        inbox = await asyncio.to_thread(self.store.inbox_pending)
+        outbox = await asyncio.to_thread(self.store.outbox_pending)
+        resumed = {i["chat_key"] for i in inbox} | {o["chat_key"] for o in outbox}
+        for chat_key in sorted(resumed):
+            self._kick(chat_key)
+        if resumed:
+            log.info("resuming %d inbox and %d outbox items in %d chats",
+                     len(inbox), len(outbox), len(resumed))
+
+    async def stop(self, grace: float) -> None:
+        """Take no new work; give turns in flight `grace` seconds, then cancel the rest.
+
+        A cancelled turn loses nothing: its messages stay in the inbox and are answered after
+        the next start.
+        """
+        self._accepting = False
+        for wake in self._wake.values():
+            wake.set()
+        busy = [self._idle[k].wait() for k in self._in_turn]
+        if busy:
+            log.info("waiting up to %.0fs for %d turns in flight", grace, len(busy))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*busy), grace)
+        for task in self._workers.values():
+            task.cancel()
+        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        self._workers.clear()
+
+    # ---- taking work -----------------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    async def submit(self, inbound: Inbound) -> bool:
+        """Persist `inbound` and wake its chat's worker; False when shutting down."""
+        if not self._accepting:
+            return False
+        await asyncio.to_thread(self.store.inbox_add, inbound.to_doc())
+        self._depth[inbound.chat_key] = self._depth.get(inbound.chat_key, 0) + 1
+        self._kick(inbound.chat_key)
+        return True
+
+    def queue_depths(self) -> dict[str, int]:
+        """Pending inbound messages per chat (for /healthz)."""
+        return {k: v for k, v in self._depth.items() if v}
+
+    async def wait_idle(self, chat_key: str) -> None:
+        """Wait until the chat has nothing pending and no turn running."""
+        idle = self._idle.get(chat_key)
+        if idle is not None:
+            await idle.wait()
+
+    async def notify(self, chat_key: str, text: str) -> None:
+        """Send a notice (not part of the conversation) through the outbox."""
+        outbound = Outbound(chat_key=chat_key, text=text, created=self.clock(), kind="notice")
+        await asyncio.to_thread(self.store.outbox_add, outbound.to_doc())
+        await self._flush_outbox(chat_key)
+
+    # ---- the worker ------------------------------------------------------------------------
+
+    def _kick(self, chat_key: str) -> None:
+        self._wake.setdefault(chat_key, asyncio.Event()).set()
+        self._idle.setdefault(chat_key, asyncio.Event()).clear()
+        task = self._workers.get(chat_key)
+        if task is None or task.done():
+            self._workers[chat_key] = asyncio.create_task(
+                self._worker(chat_key), name=f"roost-chat-{chat_key}"
+            )
+
+    async def _worker(self, chat_key: str) -> None:
+        wake, idle = self._wake[chat_key], self._idle[chat_key]
+        while True:
+            wake.clear()
+            if not await self._flush_outbox(chat_key):
+                await self._sleep_or_wake(wake, self._delivery_delay(chat_key))
+                continue
+            docs = await asyncio.to_thread(self.store.inbox_pending, chat_key)
+            self._depth[chat_key] = len(docs)
+            if not docs or not self._accepting:
+                idle.set()
+                await wake.wait()
+                continue
+            idle.clear()
+            self._in_turn.add(chat_key)
+            try:
+                await self._handle([Inbound.from_doc(d) for d in docs])
+            finally:
+                self._in_turn.discard(chat_key)
+            if chat_key in self._parked:
+                await self._sleep_or_wake(wake, self._park_interval())
+
+    async def _handle(self, items: list[Inbound]) -> None:
+        """Run the leading command, or one turn for the messages before the next command."""
+        chat_key = items[0].chat_key
+        command = items[0].command
+        if command in self.commands.names:
+            handled = items[:1]
+        else:
+            handled = list(itertools.takewhile(
+                lambda i: i.command not in self.commands.names, items))
+        try:
+            if command in self.commands.names:
+                reply = await self.commands.run(command, chat_key)
+                await self.notify(chat_key, reply)
+                await asyncio.to_thread(self.store.inbox_done, [handled[0].id])
+                return
+            announce = chat_key not in self._parked
+            result = await self.turns.run(chat_key, handled, announce_outage=announce)
+            if result.outcome is Outcome.PARKED:
+                if announce:
+                    await self.notify(chat_key, (
+                        f"Still no answer from the model server at {self.llm.host}. Your "
+                        "message is kept and will be answered as soon as it is back."))
+                self._parked.add(chat_key)
+            else:
+                self._parked.discard(chat_key)
+        except Exception:
+            # The boundary of a turn: log, tell the user, keep the worker alive. The items are
+            # cleared so that a bug cannot make the worker loop on them forever.
+            log.exception("turn for %s failed unexpectedly", chat_key)
+            await asyncio.to_thread(self.store.inbox_done, [i.id for i in handled])
+            with contextlib.suppress(Exception):
+                await self.notify(chat_key, (
+                    "Something went wrong inside roost while answering. Please try again."))
+
+    async def _flush_outbox(self, chat_key: str) -> bool:
+        """Send the chat's outbox in order; False when a delivery failed and must wait."""
+        docs = await asyncio.to_thread(self.store.outbox_pending, chat_key)
+        channel = self.channels.get(kind_of(chat_key))
+        if docs and channel is None:
+            log.warning("%d replies for %s wait: its channel is not enabled", len(docs), chat_key)
+            return True
+        for doc in docs:
+            outbound = Outbound.from_doc(doc)
+            try:
+                assert channel is not None
+                await channel.send(outbound)
+            except DeliveryError as exc:
+                failures = self._delivery_failures.get(chat_key, 0) + 1
+                self._delivery_failures[chat_key] = failures
+                log.warning("delivery to %s failed (%d in a row): %s", chat_key, failures, exc)
+                return False
+            self._delivery_failures.pop(chat_key, None)
+            await asyncio.to_thread(self.store.outbox_done, outbound.id)
+        return True
+
+    def _stream(self, chat_key: str, delta: str) -> None:
+        channel = self.channels.get(kind_of(chat_key))
+        if channel is not None:
+            channel.stream_delta(chat_key, delta)
+
+    def _delivery_delay(self, chat_key: str) -> float:
+        failures = self._delivery_failures.get(chat_key, 1)
+        return min(self.settings.model.retry_backoff * 2 ** (failures - 1), DELIVERY_RETRY_MAX)
+
+    def _park_interval(self) -> float:
+        model = self.settings.model
+        return min(model.retry_backoff * 2**model.retry_attempts, MAX_BACKOFF)
+
+    @staticmethod
+    async def _sleep_or_wake(wake: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), seconds)

@@ -1,0 +1,218 @@
+"""The Ollama client as roost uses it: one num_ctx per model, a gate, streaming, clear errors.
+
+`num_ctx` is the configured window capped at the model's `context_length` from `/api/show`,
+looked up once per model and then sent on every request: a different value makes Ollama reload
+the model, which costs seconds and throws away its prompt cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import ollama
+
+from daemon.config import ModelSettings
+from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
+from daemon.logs import llm_log as log
+
+_OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `/api/show` says about a model that matters to roost."""
+
+    name: str
+    context_length: int | None
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One finished model call: the whole streamed reply and Ollama's counters."""
+
+    content: str
+    thinking: str = ""
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    done_reason: str | None = None
+    num_ctx: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ModelClient:
+    """Wraps `ollama.AsyncClient`; owns the model gate (`model.concurrency` calls at once)."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self.host = settings.host
+        self._client = ollama.AsyncClient(
+            host=settings.host,
+            # Read timeout is the silence allowed between streamed pieces, not the whole reply.
+            timeout=httpx.Timeout(settings.timeout, connect=10.0),
+        )
+        self._gate = asyncio.Semaphore(settings.concurrency)
+        self._info: dict[str, ModelInfo] = {}
+        self.in_flight = 0
+        self.waiting = 0
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def pulled_models(self) -> list[str]:
+        """Names of the models on the server (`/api/tags`); raises LLMUnavailable when down."""
+        try:
+            listed = await self._client.list()
+        except Exception as exc:
+            raise _translate(exc, self.settings.name) from exc
+        return [m.model for m in listed.models if m.model]
+
+    async def model_info(self, model: str | None = None) -> ModelInfo:
+        """`/api/show` for the model, cached for the life of the process."""
+        name = model or self.settings.name
+        cached = self._info.get(name)
+        if cached is not None:
+            return cached
+        try:
+            shown = await self._client.show(name)
+        except Exception as exc:
+            raise _translate(exc, name) from exc
+        info = ModelInfo(
+            name=name,
+            context_length=_context_length(shown.modelinfo or {}),
+            capabilities=tuple(shown.capabilities or ()),
+        )
+        self._info[name] = info
+        log.info("model %s: context_length %s, capabilities %s",
+                 name, info.context_length, ",".join(info.capabilities) or "-")
+        return info
+
+    async def num_ctx(self, model: str | None = None) -> int:
+        """The window sent as `options.num_ctx`: configured window capped at context_length."""
+        info = await self.model_info(model)
+        window = self.settings.window
+        return min(window, info.context_length) if info.context_length else window
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> ChatResult:
+        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive."""
+        name = model or self.settings.name
+        num_ctx = await self.num_ctx(name)
+        self.waiting += 1
+        try:
+            await self._gate.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        try:
+            return await self._stream(name, num_ctx, messages, tools, on_delta)
+        finally:
+            self.in_flight -= 1
+            self._gate.release()
+
+    async def _stream(
+        self,
+        name: str,
+        num_ctx: int,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+    ) -> ChatResult:
+        content: list[str] = []
+        thinking: list[str] = []
+        tool_calls: list[Mapping[str, Any]] = []
+        final: Any = None
+        try:
+            stream = await self._client.chat(
+                model=name,
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                stream=True,
+                options={"num_ctx": num_ctx},
+                keep_alive=_keep_alive(self.settings.keep_alive),
+            )
+            async for part in stream:
+                piece = part.message.content or ""
+                if piece:
+                    content.append(piece)
+                    if on_delta is not None:
+                        on_delta(piece)
+                if part.message.thinking:
+                    thinking.append(part.message.thinking)
+                for call in part.message.tool_calls or ():
+                    tool_calls.append(call.model_dump(exclude_none=True))
+                if part.done:
+                    final = part
+        except Exception as exc:
+            raise _translate(exc, name) from exc
+        return ChatResult(
+            content="".join(content),
+            thinking="".join(thinking),
+            tool_calls=tuple(tool_calls),
+            prompt_eval_count=getattr(final, "prompt_eval_count", None),
+            eval_count=getattr(final, "eval_count", None),
+            done_reason=getattr(final, "done_reason", None),
+            num_ctx=num_ctx,
+        )
+
+
+def _keep_alive(value: str) -> str | int:
+    """Ollama parses keep_alive strings as Go durations; "-1" and "0" must go as numbers."""
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _context_length(model_info: Mapping[str, Any]) -> int | None:
+    """`<architecture>.context_length` from /api/show's model_info."""
+    arch = model_info.get("general.architecture")
+    value = model_info.get(f"{arch}.context_length") if arch else None
+    if value is None:
+        value = next((v for k, v in model_info.items() if k.endswith(".context_length")), None)
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _translate(exc: BaseException, model: str) -> LLMError:
+    """Map what httpx and the ollama client raise onto roost's LLMError family."""
+    if isinstance(exc, LLMError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException):
+        return LLMTimeout(f"Ollama stopped answering: {type(exc).__name__}")
+    if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.RemoteProtocolError
+                  | httpx.ReadError | httpx.WriteError):
+        return LLMUnavailable(f"cannot reach Ollama: {exc}")
+    if isinstance(exc, ollama.ResponseError):
+        text = str(exc.error)
+        if exc.status_code == 404 and "not found" in text:
+            return ModelNotFound(model)
+        if any(marker in text for marker in _OVERFLOW_TEXTS):
+            prompt_tokens, context_size = _overflow_numbers(text)
+            return ContextOverflow(text, prompt_tokens, context_size)
+        return LLMError(f"Ollama answered {exc.status_code}: {text}")
+    return LLMError(f"unexpected error talking to Ollama: {exc!r}")
+
+
+def _overflow_numbers(text: str) -> tuple[int | None, int | None]:
+    """n_prompt_tokens and n_ctx from Ollama's nested overflow body, or from its message."""
+    try:
+        nested = json.loads(text)
+        inner = nested.get("error", nested) if isinstance(nested, dict) else {}
+        if isinstance(inner, dict) and "n_prompt_tokens" in inner:
+            return int(inner["n_prompt_tokens"]), int(inner.get("n_ctx", 0)) or None
+    except (ValueError, TypeError):
+        pass
+    match = re.search(r"request \((\d+) tokens\) exceeds the available context size \((\d+)", text)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    return None, None

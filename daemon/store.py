@@ -1,0 +1,457 @@
+"""The store: everything roost keeps, as TinyDB JSON files under the state directory.
+
+Layout::
+
+    <state_dir>/
+      roost.lock                    held by the one process that owns this directory
+      index.json                    conversations, inbox, outbox, dedupe keys, migrations
+      conversations/<id>/
+        record.json                 who the conversation belongs to, written once at creation
+        summary.json                the rolling summary state (rewritten by the fold)
+        seg-000000001.json          messages 1.. ; a segment is closed when it holds
+        seg-000000201.json          SEGMENT_MAX_MESSAGES or SEGMENT_MAX_BYTES, then never rewritten
+
+Design:
+
+* Every write is atomic (`AtomicJSONStorage`): temp file in the same folder, flush, fsync,
+  `os.replace`, fsync of the folder. A crash leaves the old file or the new one, never half.
+* TinyDB rewrites a whole file per write, so messages live in bounded segments: appending costs
+  the same at message 10,000 as at message 100, and closed segments are never touched again.
+* TinyDB is not thread-safe. All methods here are synchronous and serialised by one lock; the
+  daemon's coroutines call them through `asyncio.to_thread` so disk waits stay off the event loop.
+* A file that does not parse is moved aside (`<name>.corrupt-<time>`), never deleted, with a log
+  line naming it; every other conversation keeps working. A lost index is rebuilt from the
+  conversations' `record.json` files.
+* Schema changes are numbered migrations recorded in the index, each run once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from tinydb import Query, TinyDB
+from tinydb.storages import Storage
+from tinydb.table import Document
+
+from daemon.conversations import Conversation, Message, Role, SummaryState, new_id
+from daemon.errors import StoreError
+from daemon.logs import store_log as log
+
+SEGMENT_MAX_MESSAGES = 200
+SEGMENT_MAX_BYTES = 512 * 1024
+DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
+_CACHED_CONVERSATIONS = 32
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CorruptFile(StoreError):
+    """A state file exists but does not hold valid JSON."""
+
+
+class AtomicJSONStorage(Storage):
+    """TinyDB storage that replaces its file atomically on every write (UTF-8 JSON)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def read(self) -> dict[str, dict[str, Any]] | None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if not raw.strip():
+            raise CorruptFile(f"{self.path} is empty")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptFile(f"{self.path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise CorruptFile(f"{self.path}: top level is not an object")
+        return data
+
+    def write(self, data: dict[str, dict[str, Any]]) -> None:
+        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        atomic_write(self.path, payload)
+
+    def close(self) -> None:
+        pass
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Replace `path` with `payload` so that a crash leaves either the old or the new bytes."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    # The rename is durable only once the folder entry is on disk.
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def _locked(method: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        store = args[0]
+        assert isinstance(store, Store)
+        with store._lock:
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+def _migration_1_tables(db: TinyDB) -> None:
+    """Version 1: the tables of the index exist (TinyDB creates them lazily; this records it)."""
+    for name in ("conversations", "inbox", "outbox", "dedupe"):
+        db.table(name)
+
+
+MIGRATIONS: tuple[Callable[[TinyDB], None], ...] = (_migration_1_tables,)
+
+
+class Store:
+    """All of roost's persistent state. See the module docstring for the design."""
+
+    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
+        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations."""
+        self.state_dir = state_dir
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._lock_file: int | None = None
+        self._dbs: dict[Path, TinyDB] = {}
+        self._checked: set[Path] = set()
+        # conversation id -> its messages, most recently used last (bounded LRU)
+        self._messages: OrderedDict[str, list[Message]] = OrderedDict()
+        self.index = self._index_db()
+
+    # ---- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, state_dir: Path, *, read_only: bool = False) -> Store:
+        """Open (creating if needed) a state directory, owning it until `close()`.
+
+        `read_only` is for looking while the daemon runs (`roost conversations`): no lock, no
+        migrations, and a corrupt file is reported instead of moved. Reading is safe during
+        writes because every write is an atomic rename.
+        """
+        if read_only:
+            if not (state_dir / "index.json").exists():
+                raise StoreError(f"no roost state in {state_dir}")
+            return cls(state_dir, read_only=True)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            for sub in ("conversations", "attachments", "corpus", "debug"):
+                (state_dir / sub).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create state directory {state_dir}: {exc}") from exc
+        lock_fd = os.open(state_dir / "roost.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StoreError(
+                f"another roost process is using {state_dir}; stop it first "
+                "(or give this one its own daemon.state_dir)"
+            ) from None
+        store = cls(state_dir)
+        store._lock_file = lock_fd
+        store._migrate()
+        store._check_active_conversations()
+        return store
+
+    def close(self) -> None:
+        """Release the state directory. Every write is already on disk; nothing to flush."""
+        with self._lock:
+            self._dbs.clear()
+            self._messages.clear()
+            if self._lock_file is not None:
+                os.close(self._lock_file)
+                self._lock_file = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- conversations ---------------------------------------------------------------------
+
+    @_locked
+    def create_conversation(self, chat_key: str, now: float) -> Conversation:
+        """Start a new active conversation for `chat_key`."""
+        conversation = Conversation.start(chat_key, now)
+        folder = self._conversation_dir(conversation.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        record = self._index_doc(conversation)
+        atomic_write(folder / "record.json", json.dumps(record).encode("utf-8"))
+        self._conversations().insert(self._index_doc(conversation))
+        self._messages[conversation.id] = []
+        return conversation
+
+    @_locked
+    def get_conversation(self, conversation_id: str) -> Conversation | None:
+        doc = self._conversations().get(Query().id == conversation_id)
+        return None if doc is None else self._with_summary(doc)
+
+    @_locked
+    def active_conversation(self, chat_key: str) -> Conversation | None:
+        """The chat's active conversation, if it has one."""
+        q = Query()
+        docs = self._conversations().search((q.chat_key == chat_key) & (q.status == "active"))
+        if not docs:
+            return None
+        return self._with_summary(max(docs, key=lambda d: d["created"]))
+
+    @_locked
+    def list_conversations(
+        self, chat_key: str | None = None, status: str | None = None
+    ) -> list[Conversation]:
+        """Conversations, oldest first, optionally of one chat or one status."""
+        docs = self._conversations().all()
+        found = [
+            Conversation.from_doc(d)
+            for d in docs
+            if (chat_key is None or d["chat_key"] == chat_key)
+            and (status is None or d["status"] == status)
+        ]
+        return sorted(found, key=lambda c: c.created)
+
+    @_locked
+    def save_conversation(self, conversation: Conversation) -> None:
+        """Update a conversation's index record (status, last_active, token ratio)."""
+        self._conversations().upsert(
+            self._index_doc(conversation), Query().id == conversation.id
+        )
+
+    @_locked
+    def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
+        """Replace the conversation's summary state (one summary per conversation)."""
+        db = self._db(self._conversation_dir(conversation_id) / "summary.json")
+        db.table("summary").upsert(Document(summary.to_doc(), doc_id=1))
+
+    # ---- messages --------------------------------------------------------------------------
+
+    @_locked
+    def append_message(
+        self,
+        conversation_id: str,
+        role: Role,
+        content: str,
+        *,
+        created: float,
+        **fields: Any,
+    ) -> Message:
+        """Append one message; it is on disk when this returns. Returns it with id and seq."""
+        messages = self._load_messages(conversation_id)
+        seq = messages[-1].seq + 1 if messages else 1
+        message = Message(id=new_id(created), seq=seq, role=role, content=content,
+                          created=created, **fields)
+        self._write_to_segment(conversation_id, message)
+        messages.append(message)
+        return message
+
+    @_locked
+    def messages(
+        self, conversation_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Message]:
+        """The conversation's messages with `from_seq <= seq <= to_seq`, in order."""
+        return [
+            m
+            for m in self._load_messages(conversation_id)
+            if m.seq >= from_seq and (to_seq is None or m.seq <= to_seq)
+        ]
+
+    @_locked
+    def message_count(self, conversation_id: str) -> int:
+        return len(self._load_messages(conversation_id))
+
+    # ---- inbox, outbox, dedupe -------------------------------------------------------------
+
+    @_locked
+    def inbox_add(self, item: Mapping[str, Any]) -> None:
+        """Persist an inbound message before it is acknowledged to the platform."""
+        self.index.table("inbox").insert(dict(item))
+
+    @_locked
+    def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        items = [dict(d) for d in self.index.table("inbox").all()]
+        if chat_key is not None:
+            items = [i for i in items if i["chat_key"] == chat_key]
+        return sorted(items, key=lambda i: (i["received"], i["id"]))
+
+    @_locked
+    def inbox_done(self, item_ids: list[str]) -> None:
+        """Forget inbox items whose messages are now in their conversation."""
+        wanted = set(item_ids)
+        self.index.table("inbox").remove(Query().id.one_of(list(wanted)))
+
+    @_locked
+    def outbox_add(self, item: Mapping[str, Any]) -> None:
+        """Persist a reply before it is sent, so a crash cannot lose it."""
+        self.index.table("outbox").insert(dict(item))
+
+    @_locked
+    def outbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        items = [dict(d) for d in self.index.table("outbox").all()]
+        if chat_key is not None:
+            items = [i for i in items if i["chat_key"] == chat_key]
+        return sorted(items, key=lambda i: (i["created"], i["id"]))
+
+    @_locked
+    def outbox_done(self, item_id: str) -> None:
+        self.index.table("outbox").remove(Query().id == item_id)
+
+    @_locked
+    def dedupe_claim(self, key: str, now: float) -> bool:
+        """Record `key` as seen; False if it was seen before (a redelivery)."""
+        table = self.index.table("dedupe")
+        if table.contains(Query().key == key):
+            return False
+        table.remove(Query().seen < now - DEDUPE_KEEP_SECONDS)
+        table.insert({"key": key, "seen": now})
+        return True
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _conversations(self) -> Any:
+        return self.index.table("conversations")
+
+    @staticmethod
+    def _index_doc(conversation: Conversation) -> dict[str, Any]:
+        return {k: v for k, v in conversation.to_doc().items() if k != "summary"}
+
+    def _with_summary(self, doc: Mapping[str, Any]) -> Conversation:
+        conversation = Conversation.from_doc(doc)
+        path = self._conversation_dir(conversation.id) / "summary.json"
+        found = self._db(path).table("summary").get(doc_id=1)
+        summary = SummaryState.from_doc(found) if found else SummaryState()
+        return replace(conversation, summary=summary)
+
+    def _conversation_dir(self, conversation_id: str) -> Path:
+        return self.state_dir / "conversations" / conversation_id
+
+    def _index_db(self) -> TinyDB:
+        path = self.state_dir / "index.json"
+        try:
+            AtomicJSONStorage(path).read()
+        except CorruptFile as exc:
+            self._move_aside(path, str(exc), "rebuilding the conversation list from disk")
+            db = self._db(path)
+            self._rebuild_index(db)
+            return db
+        return self._db(path)
+
+    def _rebuild_index(self, db: TinyDB) -> None:
+        """Recreate conversation records from each conversation's record.json, as archived."""
+        table = db.table("conversations")
+        for record_path in sorted((self.state_dir / "conversations").glob("*/record.json")):
+            try:
+                record = json.loads(record_path.read_text("utf-8"))
+            except (OSError, ValueError):
+                log.error("cannot read %s while rebuilding the index; skipped", record_path)
+                continue
+            record["status"] = "archived"
+            table.insert(record)
+        log.warning("rebuilt the index with %d conversations", len(table))
+
+    def _db(self, path: Path) -> TinyDB:
+        """The TinyDB for `path`, checked once per process; a corrupt file is moved aside."""
+        db = self._dbs.get(path)
+        if db is None:
+            if path not in self._checked:
+                try:
+                    AtomicJSONStorage(path).read()
+                except CorruptFile as exc:
+                    self._move_aside(path, str(exc), "continuing without it")
+                self._checked.add(path)
+            db = TinyDB(path, storage=AtomicJSONStorage)
+            self._dbs[path] = db
+        return db
+
+    def _move_aside(self, path: Path, reason: str, consequence: str) -> Path:
+        if self.read_only:
+            raise CorruptFile(reason)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        os.replace(path, target)
+        log.error("corrupt state file %s moved aside to %s (%s); %s",
+                  path, target.name, reason, consequence)
+        return target
+
+    def _migrate(self) -> None:
+        meta = self.index.table("_migrations")
+        done = {doc["version"] for doc in meta.all()}
+        for version, migration in enumerate(MIGRATIONS, start=1):
+            if version not in done:
+                migration(self.index)
+                meta.insert({"version": version, "applied": time.time()})
+
+    def _check_active_conversations(self) -> None:
+        """Open the files of active conversations now, so corruption shows at startup."""
+        for conversation in self.list_conversations(status="active"):
+            self._with_summary(conversation.to_doc())
+            self._load_messages(conversation.id)
+
+    # Segments ------------------------------------------------------------------------------
+
+    def _segments(self, conversation_id: str) -> list[tuple[int, Path]]:
+        """(first seq, path) of each segment file, in order."""
+        folder = self._conversation_dir(conversation_id)
+        found = []
+        for path in folder.glob("seg-*.json"):
+            try:
+                found.append((int(path.stem[4:]), path))
+            except ValueError:
+                continue
+        return sorted(found)
+
+    def _load_messages(self, conversation_id: str) -> list[Message]:
+        cached = self._messages.get(conversation_id)
+        if cached is not None:
+            self._messages.move_to_end(conversation_id)
+            return cached
+        loaded: list[Message] = []
+        for _, path in self._segments(conversation_id):
+            docs = self._db(path).table("messages").all()
+            loaded.extend(Message.from_doc(d) for d in docs)
+        self._messages[conversation_id] = loaded
+        while len(self._messages) > _CACHED_CONVERSATIONS:
+            self._messages.popitem(last=False)
+        return loaded
+
+    def _write_to_segment(self, conversation_id: str, message: Message) -> None:
+        segments = self._segments(conversation_id)
+        path = segments[-1][1] if segments else None
+        if path is None or self._segment_is_full(path, message.seq, segments[-1][0]):
+            path = self._conversation_dir(conversation_id) / f"seg-{message.seq:09d}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._db(path).table("messages").insert(Document(message.to_doc(), doc_id=message.seq))
+
+    @staticmethod
+    def _segment_is_full(path: Path, next_seq: int, first_seq: int) -> bool:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return True  # moved aside since we listed it
+        return next_seq - first_seq >= SEGMENT_MAX_MESSAGES or size >= SEGMENT_MAX_BYTES
+

@@ -1,0 +1,73 @@
+"""Shared fixtures: every test gets its own state directory and, when asked, a fake Ollama."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.base import Outbound
+from daemon.config import Settings
+from tests.fakes.ollama import FakeOllama
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point every default state directory at the test's own tmp_path."""
+    path = tmp_path / "state"
+    monkeypatch.setenv("STATE_DIRECTORY", str(path))
+    monkeypatch.delenv("ROOST_CONFIG", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    return path
+
+
+@pytest.fixture
+async def fake_ollama() -> AsyncIterator[FakeOllama]:
+    async with FakeOllama() as fake:
+        yield fake
+
+
+SettingsFactory = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(state_dir: Path) -> SettingsFactory:
+    """Settings with defaults for tests; keyword groups override sections, e.g.
+    `make_settings(model={"host": url, "retry_backoff": 0.01})`."""
+
+    def make(**sections: dict[str, Any]) -> Settings:
+        base = Settings.defaults(env={"STATE_DIRECTORY": str(state_dir)})
+        changes = {}
+        for name, values in sections.items():
+            changes[name] = dataclasses.replace(getattr(base, name), **values)
+        return dataclasses.replace(base, **changes)
+
+    return make
+
+
+class RecordingChannel:
+    """A channel that keeps what it was asked to send (for engine tests)."""
+
+    def __init__(self, name: str = "console") -> None:
+        self.name = name
+        self.sent: list[Outbound] = []
+        self.deltas: list[str] = []
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        self.deltas.append(delta)
+
+    async def send(self, outbound: Outbound) -> None:
+        self.sent.append(outbound)
+
+    def texts(self, kind: str | None = None) -> list[str]:
+        return [o.text for o in self.sent if kind is None or o.kind == kind]
+
+
+@pytest.fixture
+def recording_channel() -> RecordingChannel:
+    return RecordingChannel()

@@ -1,0 +1,274 @@
+"""The turn engine against the fake Ollama: num_ctx, outages, ordering, batching, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from channels.base import Inbound
+from daemon.config import Settings
+from daemon.engine import Engine
+from daemon.llm import ModelClient
+from daemon.store import Store
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.fakes.ollama import FakeModel, FakeOllama, Reply
+
+CHAT = "console:local"
+
+
+@pytest.fixture
+async def engine_for(
+    recording_channel: RecordingChannel,
+) -> AsyncIterator[Callable[[Settings], Awaitable[Engine]]]:
+    """Start an engine for settings; everything started is stopped and closed afterwards."""
+    started: list[tuple[Engine, ModelClient, Store]] = []
+
+    async def start(settings: Settings) -> Engine:
+        store = Store.open(settings.daemon.state_dir)
+        llm = ModelClient(settings.model)
+        engine = Engine(settings=settings, store=store, llm=llm,
+                        channels={"console": recording_channel})
+        await engine.start()
+        started.append((engine, llm, store))
+        return engine
+
+    yield start
+    for engine, llm, store in started:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+
+
+def inbound(text: str) -> Inbound:
+    return Inbound(chat_key=CHAT, text=text, received=time.time())
+
+
+async def say(engine: Engine, text: str) -> None:
+    assert await engine.submit(inbound(text))
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+
+
+def fast(make_settings: SettingsFactory, fake: FakeOllama, **model: object) -> Settings:
+    return make_settings(model={"host": fake.url, "retry_backoff": 0.02, "retry_attempts": 3,
+                                **model})
+
+
+async def test_num_ctx_and_keep_alive_are_identical_on_every_request(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama, window=8192))
+    for text in ("one", "two", "three"):
+        await say(engine, text)
+    assert recording_channel.texts("reply") == ["echo: one", "echo: two", "echo: three"]
+    options = [r["options"] for r in fake_ollama.chat_requests]
+    assert options == [{"num_ctx": 8192}] * 3
+    assert {r["keep_alive"] for r in fake_ollama.chat_requests} == {"30m"}
+    assert fake_ollama.reloads == 0
+
+
+async def test_num_ctx_is_capped_at_the_models_context_length(
+    make_settings: SettingsFactory, engine_for
+) -> None:
+    async with FakeOllama(models=[FakeModel(context_length=4096)]) as fake:
+        engine = await engine_for(fast(make_settings, fake, window=8192))
+        await say(engine, "hello")
+        await say(engine, "again")
+        assert [r["options"]["num_ctx"] for r in fake.chat_requests] == [4096, 4096]
+
+
+async def test_streamed_deltas_are_saved_as_one_message(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(content="The quick brown fox jumps", chunks=5))
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "tell me")
+    assert len(recording_channel.deltas) == 5
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    roles = [(m.role, m.content) for m in engine.store.messages(conversation.id)]
+    assert roles == [("user", "tell me"), ("assistant", "The quick brown fox jumps")]
+
+
+async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is_back(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    engine = await engine_for(settings)
+    await say(engine, "warm up")  # the model info is cached; now take the server away
+    await fake_ollama.refuse_connections()
+    assert await engine.submit(inbound("are you there?"))
+    for _ in range(200):
+        if len(recording_channel.texts("notice")) >= 2:
+            break
+        await asyncio.sleep(0.02)
+    notices = recording_channel.texts("notice")
+    assert "not answering" in notices[0] and fake_ollama.url in notices[0]
+    assert "Still no answer" in notices[1]
+    # The message is on disk while the model is away.
+    reopened = Store.open(settings.daemon.state_dir, read_only=True)
+    conversation = reopened.active_conversation(CHAT)
+    assert conversation is not None
+    assert [m.content for m in reopened.messages(conversation.id)][-1] == "are you there?"
+    await fake_ollama.accept_connections()
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: warm up", "echo: are you there?"]
+    assert len(recording_channel.texts("notice")) == 2  # no repeated notices while parked
+
+
+async def test_five_messages_during_a_turn_are_answered_together_in_order(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(content="first answer", delay=0.3), "second answer")
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    assert await engine.submit(inbound("first"))
+    await fake_ollama.wait_for_chats(1)
+    for n in range(2, 7):
+        assert await engine.submit(inbound(f"message {n}"))
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert len(fake_ollama.chat_requests) == 2
+    second = [m["content"] for m in fake_ollama.chat_requests[1]["messages"] if m["role"] == "user"]
+    assert second == ["first"] + [f"message {n}" for n in range(2, 7)]
+    assert recording_channel.texts("reply") == ["first answer", "second answer"]
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    stored = [m.content for m in engine.store.messages(conversation.id)]
+    assert stored == ["first", "first answer", *[f"message {n}" for n in range(2, 7)],
+                      "second answer"]
+
+
+async def test_model_not_found_names_the_model_and_the_pull_command(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama, name="llama9:70b"))
+    await say(engine, "hello")
+    [notice] = recording_channel.texts("notice")
+    assert "'llama9:70b'" in notice and "ollama pull llama9:70b" in notice
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    assert [m.content for m in engine.store.messages(conversation.id)] == ["hello"]
+
+
+async def test_other_ollama_errors_give_a_clear_message_and_keep_the_conversation(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(status=500, error="llama runner process has terminated"))
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "first")
+    [notice] = recording_channel.texts("notice")
+    assert "llama runner process has terminated" in notice and "saved" in notice
+    await say(engine, "second")
+    assert recording_channel.texts("reply") == ["echo: second"]
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    assert [m.content for m in engine.store.messages(conversation.id)] == [
+        "first", "second", "echo: second"]
+
+
+async def test_concurrency_gate_limits_requests_in_flight(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(*[Reply(content=f"r{n}", delay=0.15) for n in range(3)])
+    engine = await engine_for(fast(make_settings, fake_ollama, concurrency=1))
+    chats = ["console:local", "telegram:1", "telegram:2"]
+    engine.channels["telegram"] = recording_channel
+    for chat in chats:
+        assert await engine.submit(Inbound(chat_key=chat, text="hi", received=time.time()))
+    await fake_ollama.wait_for_chats(1)
+    peak = 0
+    for _ in range(100):
+        peak = max(peak, engine.llm.in_flight)
+        await asyncio.sleep(0.01)
+    for chat in chats:
+        await asyncio.wait_for(engine.wait_idle(chat), 10)
+    starts = [r.time for r in fake_ollama.requests if r.path == "/api/chat"]
+    assert peak == 1
+    assert starts[1] - starts[0] >= 0.14 and starts[2] - starts[1] >= 0.14
+    assert sorted(recording_channel.texts("reply")) == ["r0", "r1", "r2"]
+
+
+async def test_pending_inbox_is_answered_after_a_restart(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    store = Store.open(settings.daemon.state_dir)
+    store.inbox_add(inbound("left over from before the crash").to_doc())
+    store.close()
+    engine = await engine_for(settings)
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: left over from before the crash"]
+    assert engine.store.inbox_pending() == []
+
+
+async def test_a_reply_saved_before_a_crash_is_sent_once_not_asked_again(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    engine = await engine_for(settings)
+    await say(engine, "hello")
+    # Simulate a crash after the reply was saved but before the outbox and inbox were updated.
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    reply = engine.store.messages(conversation.id)[-1]
+    [inbox_id] = reply.meta["inbox_ids"]
+    user = engine.store.messages(conversation.id)[0]
+    engine.store.inbox_add(Inbound(chat_key=CHAT, text=user.content, received=user.created,
+                                   id=inbox_id).to_doc())
+    await engine.stop(grace=0)
+    recording_channel.sent.clear()
+    restarted = Engine(settings=settings, store=engine.store, llm=engine.llm,
+                       channels={"console": recording_channel})
+    await restarted.start()
+    await asyncio.wait_for(restarted.wait_idle(CHAT), 10)
+    await restarted.stop(grace=0)
+    assert recording_channel.texts("reply") == ["echo: hello"]
+    assert len(fake_ollama.chat_requests) == 1
+    assert engine.store.message_count(conversation.id) == 2
+
+
+async def test_commands_run_in_order_with_messages(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "before")
+    first = engine.store.active_conversation(CHAT)
+    await say(engine, "/new")
+    await say(engine, "after")
+    second = engine.store.active_conversation(CHAT)
+    assert first is not None and second is not None and first.id != second.id
+    assert engine.store.get_conversation(first.id).status == "archived"  # type: ignore[union-attr]
+    assert [m.content for m in engine.store.messages(second.id)] == ["after", "echo: after"]
+    await say(engine, "/status")
+    status = recording_channel.texts("notice")[-1]
+    assert "qwen3:4b" in status and "8,192" in status and "2 messages" in status
+
+
+async def test_idle_chat_rotates_to_a_new_conversation(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, recording_channel
+) -> None:
+    now = [1_000_000.0]
+    settings = fast(make_settings, fake_ollama)
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    engine = Engine(settings=settings, store=store, llm=llm,
+                    channels={"console": recording_channel}, clock=lambda: now[0])
+    await engine.start()
+    try:
+        await say(engine, "morning")
+        first = store.active_conversation(CHAT)
+        now[0] += 3 * 3600 - 1
+        await say(engine, "still here")
+        still = store.active_conversation(CHAT)
+        assert first is not None and still is not None and still.id == first.id
+        now[0] += 3 * 3600
+        await say(engine, "evening")
+        second = store.active_conversation(CHAT)
+        assert second is not None and second.id != first.id
+        assert store.get_conversation(first.id).status == "archived"  # type: ignore[union-attr]
+        assert [m.content for m in store.messages(second.id)] == ["evening", "echo: evening"]
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()

@@ -1,0 +1,459 @@
+"""A loopback fake of the Ollama HTTP API, for roost's tests.
+
+It speaks the real wire protocol, so the official ``ollama.AsyncClient(host=fake.url)`` works
+against it unchanged: ``/api/chat`` (streamed NDJSON or one JSON object), ``/api/show``,
+``/api/tags``, ``/api/ps`` and ``/api/version``. Answers to ``/api/chat`` are scripted with
+``Reply`` records; with none queued, ``default_reply`` echoes the last user message.
+
+The fake's tokenizer (``count_tokens``) is deliberately *not* characters/4, so that roost's
+per-conversation calibration has something to learn:
+
+- every message costs 4 tokens of overhead, plus ceil(utf-8 bytes of its content / 3),
+  plus 768 per image, plus ceil(bytes of its compact-JSON ``tool_calls`` / 3);
+- the request's tool schemas cost ceil(bytes of their compact JSON, keys sorted / 3);
+- a reply's ``eval_count`` is ceil(utf-8 bytes of content + thinking / 3) plus its tool calls.
+
+The context rules copy Ollama's: ``num_ctx`` is ``options.num_ctx`` (else ``default_num_ctx``,
+2048) capped at the model's context length. A prompt larger than ``num_ctx`` is silently cut,
+dropping the oldest non-system messages (system messages and the last message stay) until it
+fits; ``cuts`` counts that and ``prompt_eval_count`` reports the smaller prompt. When the system
+messages, the tools and the last message alone do not fit, the answer is Ollama's nested HTTP 400
+(``exceed_context_size_error``, ``n_prompt_tokens`` being that smallest prompt) and ``overflows``
+counts it. A changed ``num_ctx`` for a loaded model counts in ``reloads``, since Ollama reloads.
+
+Order inside ``/api/chat``: record, wait while ``hang``, 404 for an unknown model, load the model
+(``/api/ps``, ``reloads``), cut or refuse the prompt, then take the next scripted reply (so a
+404 or a 400 overflow does not use one up), sleep ``delay``, answer a scripted status, stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+VERSION = "0.12.6"
+
+
+@dataclass
+class FakeModel:
+    """A model the fake has "pulled"."""
+
+    name: str = "qwen3:4b"
+    context_length: int = 32768
+    capabilities: tuple[str, ...] = ("completion", "tools")
+    family: str = ""  # empty: derived from the name ("qwen3:4b" -> "qwen3")
+
+    @property
+    def arch(self) -> str:
+        return self.family or self.name.split(":")[0].rsplit("/", 1)[-1]
+
+
+@dataclass
+class Reply:
+    """One scripted answer to /api/chat."""
+
+    content: str = ""
+    tool_calls: list[dict[str, Any]] | None = None  # [{"function": {"name", "arguments"}}]
+    thinking: str | None = None
+    chunks: int = 4  # content is streamed in this many pieces
+    delay: float = 0.0  # seconds before the first byte
+    chunk_delay: float = 0.0  # seconds between streamed objects
+    done_reason: str = "stop"  # or "length"
+    status: int = 200  # non-200: answer {"error": error} with this status, before streaming
+    error: str | None = None
+    drop_after_chunks: int | None = None  # close the connection after this many streamed pieces
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the fake received it; ``time`` is ``time.monotonic()``."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    time: float
+
+
+def echo_reply(body: dict[str, Any]) -> Reply:
+    """The default answer: "echo: " plus the first 200 characters of the last user message."""
+    users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+    last = str(users[-1].get("content") or "") if users else ""
+    return Reply(content="echo: " + last[:200])
+
+
+def _compact(data: object, sort_keys: bool = False) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=False)
+
+
+def _tokens(text: str) -> int:
+    return math.ceil(len(text.encode("utf-8")) / 3)
+
+
+def _message_tokens(message: dict[str, Any]) -> int:
+    n = 4 + _tokens(str(message.get("content") or ""))
+    n += 768 * len(message.get("images") or [])
+    if message.get("tool_calls"):
+        n += _tokens(_compact(message["tool_calls"]))
+    return n
+
+
+def _tools_tokens(tools: list[Any] | None) -> int:
+    return _tokens(_compact(tools, sort_keys=True)) if tools else 0
+
+
+def _now(ahead: timedelta = timedelta()) -> str:
+    return (datetime.now(UTC) + ahead).isoformat().replace("+00:00", "Z")
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    # Compact like Go's encoding/json, so bodies match Ollama's byte for byte where it matters.
+    return web.json_response(data, status=status, dumps=_compact)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+def _split(text: str, n: int) -> list[str]:
+    n = max(1, n)
+    return [p for i in range(n) if (p := text[i * len(text) // n : (i + 1) * len(text) // n])]
+
+
+async def _read_json(request: web.Request) -> dict[str, Any] | None:
+    raw = await request.read()
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+class FakeOllama:
+    """A real aiohttp server on 127.0.0.1 that answers like Ollama; see the module docstring."""
+
+    def __init__(
+        self, models: list[FakeModel] | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.models = models if models is not None else [FakeModel()]
+        self.host = host
+        self.port = port
+        self.requests: list[Recorded] = []
+        self.default_reply: Callable[[dict[str, Any]], Reply] = echo_reply
+        self.default_num_ctx = 2048
+        self.cuts = 0
+        self.overflows = 0
+        self.reloads = 0
+        self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
+        self._queue: deque[Reply] = deque()
+        self._released = asyncio.Event()  # set while not hanging
+        self._released.set()
+        self._chat_arrived = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Listen; with port 0 the first start picks a free port that later starts reuse."""
+        app = web.Application(middlewares=[self._record])
+        app.router.add_post("/api/chat", self._chat)
+        app.router.add_post("/api/show", self._show)
+        app.router.add_get("/api/tags", self._tags)
+        app.router.add_get("/api/ps", self._ps)
+        app.router.add_get("/api/version", self._version)
+        # handler_cancellation: a client that gives up (timeout) ends a hung handler; a short
+        # shutdown_timeout: stopping kills in-flight streams the way a dying Ollama would.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=0.05, access_log=None
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Close the listener and every connection (in-flight answers are cut off)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def refuse_connections(self) -> None:
+        """Stop listening, as if Ollama were down; the port is kept for accept_connections."""
+        await self.stop()
+
+    async def accept_connections(self) -> None:
+        """Listen again on the same port."""
+        if self._runner is None:
+            await self.start()
+
+    async def __aenter__(self) -> FakeOllama:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # -- scripting and inspection ----------------------------------------------------------
+
+    def script(self, *replies: Reply | str) -> None:
+        """Queue answers for the next /api/chat requests; a str means Reply(content=str)."""
+        self._queue.extend(Reply(content=r) if isinstance(r, str) else r for r in replies)
+
+    @property
+    def hang(self) -> bool:
+        """While True, /api/chat accepts requests and answers none of them."""
+        return not self._released.is_set()
+
+    @hang.setter
+    def hang(self, value: bool) -> None:
+        if value:
+            self._released.clear()
+        else:
+            self._released.set()
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """Bodies of the /api/chat requests, in order of arrival."""
+        return [r.body for r in self.requests if r.path == "/api/chat" and r.body is not None]
+
+    # The contract names a timeout parameter: a test that waits should fail fast by default.
+    async def wait_for_chats(self, n: int, timeout: float = 1.0) -> None:  # noqa: ASYNC109
+        """Wait until at least n /api/chat requests have arrived (TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout), self._chat_arrived:
+            await self._chat_arrived.wait_for(lambda: len(self.chat_requests) >= n)
+
+    def count_tokens(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> int:
+        """The fake's "true" token count of a prompt (rule in the module docstring)."""
+        return sum(_message_tokens(m) for m in messages) + _tools_tokens(tools)
+
+    def find_model(self, name: str) -> FakeModel | None:
+        """The model called name; like Ollama, a missing tag means ":latest"."""
+        wanted = name if ":" in name else f"{name}:latest"
+        return next((m for m in self.models if m.name in (name, wanted)), None)
+
+    # -- handlers --------------------------------------------------------------------------
+
+    @web.middleware
+    async def _record(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        body = await _read_json(request)
+        self.requests.append(Recorded(request.method, request.path, body, time.monotonic()))
+        if request.path == "/api/chat":
+            async with self._chat_arrived:
+                self._chat_arrived.notify_all()
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic_ns()
+        body = await _read_json(request)
+        if body is None or not body.get("model"):
+            return _error(400, "model is required" if body is not None else "invalid JSON body")
+        await self._released.wait()
+        name = str(body["model"])
+        model = self.find_model(name)
+        if model is None:
+            return _error(404, f'model "{name}" not found, try pulling it first')
+        options = body.get("options") or {}
+        num_ctx = min(int(options.get("num_ctx") or self.default_num_ctx), model.context_length)
+        messages: list[dict[str, Any]] = body.get("messages") or []
+        if not messages and body.get("keep_alive") in (0, "0", "0s"):  # Ollama's unload request
+            self.loaded.pop(model.name, None)
+            return _json(self._final(name, "unload", 0, 0, started))
+        self._load(model.name, num_ctx)
+        if not messages:  # Ollama's load request
+            return _json(self._final(name, "load", 0, 0, started))
+        prompt_tokens = self._fit(messages, body.get("tools"), num_ctx)
+        if prompt_tokens > num_ctx:
+            self.overflows += 1
+            return _error(400, _overflow_text(prompt_tokens, num_ctx))
+        reply = self._queue.popleft() if self._queue else self.default_reply(body)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            return _error(reply.status, reply.error or HTTPStatus(reply.status).phrase)
+        thinking = reply.thinking if body.get("think") is not False else None
+        eval_count = _tokens(reply.content + (thinking or ""))
+        if reply.tool_calls:
+            eval_count += _tokens(_compact(reply.tool_calls))
+        final = self._final(name, reply.done_reason, prompt_tokens, eval_count, started)
+        if not body.get("stream", True):
+            final["message"] = _message(reply.content, thinking, reply.tool_calls)
+            return _json(final)
+        pieces = [_message("", thinking, None)] if thinking else []
+        pieces += [_message(p, None, None) for p in _split(reply.content, reply.chunks)]
+        if reply.tool_calls:
+            pieces.append(_message("", None, reply.tool_calls))
+        objects = [
+            {"model": name, "created_at": _now(), "message": p, "done": False} for p in pieces
+        ]
+        return await self._stream(request, reply, [*objects, final], started)
+
+    async def _stream(
+        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        for sent, obj in enumerate(objects):
+            if sent == reply.drop_after_chunks and request.transport is not None:
+                request.transport.close()  # the client sees the body end mid-stream
+                return response
+            if sent and reply.chunk_delay:
+                await asyncio.sleep(reply.chunk_delay)
+            if obj["done"]:  # the final object's clock includes the streaming
+                obj |= {"created_at": _now(), "total_duration": time.monotonic_ns() - started}
+            await response.write(_compact(obj).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    def _load(self, name: str, num_ctx: int) -> None:
+        previous = self.loaded.get(name)
+        if previous is not None and previous != num_ctx:
+            self.reloads += 1
+        self.loaded[name] = num_ctx
+
+    def _fit(self, messages: list[dict[str, Any]], tools: list[Any] | None, num_ctx: int) -> int:
+        """Tokens of the prompt Ollama would evaluate after cutting (> num_ctx: overflow)."""
+        total = self.count_tokens(messages, tools)
+        if total <= num_ctx:
+            return total
+        for message in messages[:-1]:
+            if message.get("role") == "system":
+                continue
+            total -= _message_tokens(message)
+            if total <= num_ctx:
+                self.cuts += 1
+                return total
+        return total
+
+    @staticmethod
+    def _final(
+        name: str, done_reason: str, prompt_tokens: int, eval_count: int, started: int
+    ) -> dict[str, Any]:
+        return {
+            "model": name,
+            "created_at": _now(),
+            "message": {"role": "assistant", "content": ""},
+            "done": True,
+            "done_reason": done_reason,
+            "total_duration": time.monotonic_ns() - started,
+            "load_duration": 1_000_000,
+            "prompt_eval_count": prompt_tokens,
+            "prompt_eval_duration": 20_000 * prompt_tokens,
+            "eval_count": eval_count,
+            "eval_duration": 10_000_000 * eval_count,
+        }
+
+    async def _show(self, request: web.Request) -> web.Response:
+        body = await _read_json(request) or {}
+        name = str(body.get("model") or body.get("name") or "")
+        model = self.find_model(name)
+        if model is None:
+            return _error(404, f"model '{name}' not found")
+        arch = model.arch
+        return _json(
+            {
+                "modelfile": f"# Modelfile generated by the roost test fake\nFROM {model.name}\n",
+                "parameters": 'stop                           "<|im_end|>"',
+                "template": "{{ .Prompt }}",
+                "details": _details(model),
+                "model_info": {
+                    "general.architecture": arch,
+                    "general.parameter_count": 4_000_000_000,
+                    f"{arch}.context_length": model.context_length,
+                    f"{arch}.embedding_length": 2560,
+                },
+                "capabilities": list(model.capabilities),
+                "modified_at": _now(),
+            }
+        )
+
+    async def _tags(self, request: web.Request) -> web.Response:
+        return _json({"models": [_summary(m) for m in self.models]})
+
+    async def _ps(self, request: web.Request) -> web.Response:
+        expires = _now(timedelta(minutes=5))
+        running = []
+        for model in self.models:
+            if model.name in self.loaded:
+                entry = _summary(model)
+                del entry["modified_at"]
+                entry |= {
+                    "expires_at": expires,
+                    "size_vram": entry["size"],
+                    "context_length": self.loaded[model.name],
+                }
+                running.append(entry)
+        return _json({"models": running})
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json({"version": VERSION})
+
+
+def _message(
+    content: str, thinking: str | None, tool_calls: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if thinking:
+        message["thinking"] = thinking
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def _overflow_text(n_prompt: int, n_ctx: int) -> str:
+    """Ollama's 400 body for a prompt that cannot be cut to fit: a JSON string inside "error"."""
+    message = (
+        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens),"
+        " try increasing it"
+    )
+    inner = {
+        "code": 400,
+        "message": message,
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": n_prompt,
+        "n_ctx": n_ctx,
+    }
+    return _compact({"error": inner})
+
+
+def _details(model: FakeModel) -> dict[str, Any]:
+    tag = model.name.partition(":")[2]
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": model.arch,
+        "families": [model.arch],
+        "parameter_size": tag.upper() if tag[:1].isdigit() else "",
+        "quantization_level": "Q4_K_M",
+    }
+
+
+def _summary(model: FakeModel) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "model": model.name,
+        "modified_at": _now(),
+        "size": 2_600_000_000,
+        "digest": hashlib.sha256(model.name.encode()).hexdigest(),
+        "details": _details(model),
+    }
