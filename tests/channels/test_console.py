@@ -1,0 +1,110 @@
+"""`roost chat` driven through a pipe, as a person at a terminal would use it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from daemon.store import Store
+from tests.fakes.ollama import FakeOllama, Reply
+
+
+def write_config(tmp_path: Path, host: str) -> Path:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n\n[model]\nhost = "{host}"\n')
+    return config
+
+
+async def start_chat(config: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "chat", "--config", str(config),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def read_until(stream: asyncio.StreamReader, marker: str) -> str:
+    seen = ""
+    async with asyncio.timeout(10):
+        while marker not in seen:
+            chunk = await stream.read(256)
+            if not chunk:
+                break
+            seen += chunk.decode()
+    assert marker in seen, seen
+    return seen
+
+
+async def test_a_reply_streams_new_starts_a_conversation_and_exit_saves(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    fake_ollama.script(Reply(content="Hello from the model, streamed in pieces", chunks=6,
+                             chunk_delay=0.05))
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout and chat.stderr
+    await read_until(chat.stdout, "Ctrl-D to leave")
+    chat.stdin.write(b"hi there\n")
+    # The first pieces arrive before the whole reply exists: that is streaming.
+    partial = await read_until(chat.stdout, "roost> Hello")
+    assert "streamed in pieces" not in partial
+    await read_until(chat.stdout, "streamed in pieces")
+    chat.stdin.write(b"/new\n")
+    await read_until(chat.stdout, "Started a new conversation")
+    chat.stdin.write(b"second conversation\n")
+    await read_until(chat.stdout, "echo: second conversation")
+    chat.stdin.close()  # Ctrl-D
+    rest = await asyncio.wait_for(chat.stdout.read(), 10)
+    assert b"Saved. Bye." in rest
+    assert await asyncio.wait_for(chat.wait(), 10) == 0
+
+    with Store.open(tmp_path / "state", read_only=True) as store:
+        first, second = store.list_conversations(chat_key="console:local")
+        assert first.status == "archived" and second.status == "active"
+        assert [m.content for m in store.messages(first.id)] == [
+            "hi there", "Hello from the model, streamed in pieces"]
+        assert [m.content for m in store.messages(second.id)] == [
+            "second conversation", "echo: second conversation"]
+
+
+async def test_status_and_help(fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout
+    chat.stdin.write(b"/help\n/status\n")
+    chat.stdin.close()
+    out = (await asyncio.wait_for(chat.stdout.read(), 10)).decode()
+    assert await chat.wait() == 0
+    assert "/new - start a fresh conversation" in out
+    assert "Model: qwen3:4b" in out and "Window: 8,192 tokens" in out
+    assert fake_ollama.chat_requests == []  # commands never reach the model
+
+
+async def test_interrupt_leaves_cleanly_and_the_message_is_answered_next_time(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    fake_ollama.script(Reply(content="too late", delay=5))
+    chat = await start_chat(config)
+    assert chat.stdin and chat.stdout
+    await read_until(chat.stdout, "Ctrl-D to leave")
+    chat.stdin.write(b"a question that takes long\n")
+    await fake_ollama.wait_for_chats(1, timeout=10)
+    chat.send_signal(2)  # Ctrl-C
+    rest = await asyncio.wait_for(chat.stdout.read(), 10)
+    assert b"Saved. Bye." in rest
+    assert await chat.wait() == 0
+    # Started again, it answers the interrupted message before anything else.
+    again = await start_chat(config)
+    assert again.stdin and again.stdout
+    await read_until(again.stdout, "echo: a question that takes long")
+    again.stdin.close()
+    assert await asyncio.wait_for(again.wait(), 10) == 0
+
+
+async def test_unreachable_ollama_exits_with_one_line_naming_the_host(tmp_path: Path) -> None:
+    chat = await start_chat(write_config(tmp_path, "http://127.0.0.1:9"))
+    _, err = await asyncio.wait_for(chat.communicate(), 20)
+    assert chat.returncode == 69
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1
+    assert "http://127.0.0.1:9" in lines[0] and "ollama serve" in lines[0]

@@ -1,0 +1,151 @@
+"""The daemon process: /healthz, start-up and shutdown order, graceful stop mid-turn."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from channels.base import Inbound
+from daemon.app import ENGINE, build_app
+from daemon.store import Store
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.fakes.ollama import FakeOllama, Reply
+
+CHAT = "telegram:1111111"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def test_healthz_reports_model_channels_queues_and_version(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    channel = RecordingChannel("telegram")
+    app = build_app(make_settings(model={"host": fake_ollama.url}), {"telegram": channel})
+    runner, url = await start(app)
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
+            assert reply.status == 200
+            body = await reply.json()
+        assert body["status"] == "ok"
+        assert body["model"] == {"host": fake_ollama.url, "name": "qwen3:4b",
+                                 "reachable": True, "pulled": True}
+        assert body["channels"] == ["telegram"]
+        assert body["queues"] == {}
+        assert body["version"]
+        await fake_ollama.refuse_connections()
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
+            body = await reply.json()
+        assert body["status"] == "degraded" and body["model"]["reachable"] is False
+    finally:
+        await runner.cleanup()
+
+
+async def test_parts_start_in_order_and_stop_in_reverse(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, state_dir: Path
+) -> None:
+    events: list[str] = []
+    app = build_app(make_settings(model={"host": fake_ollama.url}))
+
+    async def probe(app: web.Application) -> object:
+        events.append(f"probe up, engine accepting={app[ENGINE].accepting}")
+        yield
+        events.append(f"probe down, engine accepting={app[ENGINE].accepting}")
+
+    app.cleanup_ctx.append(probe)
+    runner, _ = await start(app)
+    await runner.cleanup()
+    assert events == ["probe up, engine accepting=True", "probe down, engine accepting=True"]
+    # After the engine stops, the store is closed: the state directory's lock is free again.
+    assert not app[ENGINE].accepting
+    Store.open(state_dir).close()
+
+
+async def test_graceful_stop_lets_a_turn_in_flight_finish(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    channel = RecordingChannel("telegram")
+    fake_ollama.script(Reply(content="finished before exit", delay=0.4))
+    app = build_app(make_settings(model={"host": fake_ollama.url},
+                                  daemon={"shutdown_grace": 5.0}), {"telegram": channel})
+    runner, _ = await start(app)
+    engine = app[ENGINE]
+    assert await engine.submit(Inbound(chat_key=CHAT, text="quick one", received=time.time()))
+    await fake_ollama.wait_for_chats(1)
+    await runner.cleanup()
+    assert channel.texts("reply") == ["finished before exit"]
+    assert not await engine.submit(Inbound(chat_key=CHAT, text="late", received=time.time()))
+
+
+async def test_a_turn_past_the_grace_is_persisted_and_answered_after_restart(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    channel = RecordingChannel("telegram")
+    fake_ollama.script(Reply(content="never delivered", delay=10))
+    settings = make_settings(model={"host": fake_ollama.url}, daemon={"shutdown_grace": 0.2})
+    app = build_app(settings, {"telegram": channel})
+    runner, _ = await start(app)
+    assert await app[ENGINE].submit(Inbound(chat_key=CHAT, text="slow", received=time.time()))
+    await fake_ollama.wait_for_chats(1)
+    started = time.monotonic()
+    await runner.cleanup()
+    assert time.monotonic() - started < 3
+    assert channel.sent == []
+    restarted = build_app(settings, {"telegram": channel})
+    runner, _ = await start(restarted)
+    await asyncio.wait_for(restarted[ENGINE].wait_idle(CHAT), 10)
+    await runner.cleanup()
+    assert channel.texts("reply") == ["echo: slow"]
+
+
+async def test_roost_run_serves_health_and_exits_0_on_sigterm(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n\n'
+        f'[model]\nhost = "{fake_ollama.url}"\n'
+    )
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        body = None
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as reply:
+                        body = await reply.json()
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.1)
+        assert body is not None and body["model"]["reachable"] is True
+        daemon.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(daemon.communicate(), 15)
+        assert daemon.returncode == 0, err.decode()
+        assert b"stopped" in err
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+
