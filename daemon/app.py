@@ -114,6 +114,11 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
         log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
                   exc.strerror or exc)
         return 71  # EX_OSERR
+    for name, enabled in (("telegram", settings.telegram.enabled),
+                          ("whatsapp", settings.whatsapp.enabled)):
+        if enabled and name not in app[CHANNELS]:
+            log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
+                        "its messages are not served", name, name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
