@@ -272,3 +272,20 @@ async def test_idle_chat_rotates_to_a_new_conversation(
         await engine.stop(grace=0)
         await llm.close()
         store.close()
+
+
+async def test_a_model_that_stops_answering_is_retried_and_answered_once_it_responds(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama, timeout=0.2, retry_attempts=2))
+    await say(engine, "warm up")
+    fake_ollama.hang = True
+    assert await engine.submit(inbound("slow day?"))
+    for _ in range(200):
+        if len(recording_channel.texts("notice")) >= 2:
+            break
+        await asyncio.sleep(0.02)
+    assert "not answering" in recording_channel.texts("notice")[0]
+    fake_ollama.hang = False
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: warm up", "echo: slow day?"]
