@@ -8,6 +8,7 @@ one, or a fresh one when the chat has none or it has been idle longer than `idle
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -20,13 +21,25 @@ Status = Literal["active", "archived"]
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
+_last_id = [0, 0]  # (millis, random) of the last id made here, for monotonic ids
+_id_lock = threading.Lock()
+
+
 def new_id(now: float | None = None) -> str:
     """A ULID: 48 bits of milliseconds then 80 random bits, 26 characters of Crockford base32.
 
     Sortable by creation time and unique without coordination, so ids can be made in any process.
+    Within one millisecond the random part counts up (monotonic ULID), so ids made in a burst
+    still sort in the order they were made.
     """
     millis = int((time.time() if now is None else now) * 1000)
-    value = (millis << 80) | int.from_bytes(os.urandom(10), "big")
+    with _id_lock:
+        if millis <= _last_id[0]:
+            millis, entropy = _last_id[0], _last_id[1] + 1
+        else:
+            entropy = int.from_bytes(os.urandom(10), "big") >> 1  # room to count up
+        _last_id[:] = [millis, entropy]
+    value = (millis << 80) | entropy
     return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 

@@ -98,15 +98,21 @@ def atomic_write(path: Path, payload: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        # The rename is durable only once the folder entry is on disk.
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    # The rename is durable only once the folder entry is on disk.
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+
+
+def _remove_stale_temp_files(state_dir: Path) -> None:
+    """Temp files of writes a crash interrupted; the real files are intact without them."""
+    for stale in state_dir.glob("**/.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def _locked(method: Callable[P, R]) -> Callable[P, R]:
@@ -173,10 +179,15 @@ class Store:
                 f"another roost process is using {state_dir}; stop it first "
                 "(or give this one its own daemon.state_dir)"
             ) from None
-        store = cls(state_dir)
-        store._lock_file = lock_fd
-        store._migrate()
-        store._check_active_conversations()
+        try:
+            _remove_stale_temp_files(state_dir)
+            store = cls(state_dir)
+            store._lock_file = lock_fd
+            store._migrate()
+            store._check_active_conversations()
+        except BaseException:
+            os.close(lock_fd)
+            raise
         return store
 
     def close(self) -> None:
@@ -203,7 +214,7 @@ class Store:
         folder = self._conversation_dir(conversation.id)
         folder.mkdir(parents=True, exist_ok=True)
         record = self._index_doc(conversation)
-        atomic_write(folder / "record.json", json.dumps(record).encode("utf-8"))
+        atomic_write(folder / "record.json", json.dumps(record, ensure_ascii=False).encode("utf-8"))
         self._conversations().insert(self._index_doc(conversation))
         self._messages[conversation.id] = []
         return conversation
@@ -266,7 +277,12 @@ class Store:
         seq = messages[-1].seq + 1 if messages else 1
         message = Message(id=new_id(created), seq=seq, role=role, content=content,
                           created=created, **fields)
-        self._write_to_segment(conversation_id, message)
+        try:
+            self._write_to_segment(conversation_id, message)
+        except StoreError:
+            # The write may or may not have reached the disk: read it back next time.
+            self._messages.pop(conversation_id, None)
+            raise
         messages.append(message)
         return message
 
@@ -393,6 +409,10 @@ class Store:
             raise CorruptFile(reason)
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        counter = 1
+        while target.exists():  # never overwrite an earlier corrupt copy
+            counter += 1
+            target = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
         os.replace(path, target)
         log.error("corrupt state file %s moved aside to %s (%s); %s",
                   path, target.name, reason, consequence)
