@@ -122,6 +122,8 @@ class Conversation:
     status: Status = "active"
     token_ratio: float = 1.0
     summary: SummaryState = field(default_factory=SummaryState)
+    archived_reason: str | None = None  # "idle" or "new" (the /new command)
+    after_idle: bool = False  # started because the chat's previous conversation went idle
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -139,18 +141,20 @@ class Conversation:
             status=doc.get("status", "active"),
             token_ratio=doc.get("token_ratio", 1.0),
             summary=SummaryState.from_doc(doc.get("summary", {})),
+            archived_reason=doc.get("archived_reason"),
+            after_idle=doc.get("after_idle", False),
         )
 
     @classmethod
-    def start(cls, chat_key: str, now: float) -> Conversation:
+    def start(cls, chat_key: str, now: float, *, after_idle: bool = False) -> Conversation:
         return cls(id=new_id(now), chat_key=chat_key, kind=kind_of(chat_key), created=now,
-                   last_active=now)
+                   last_active=now, after_idle=after_idle)
 
     def touched(self, now: float) -> Conversation:
         return replace(self, last_active=now)
 
-    def archived(self) -> Conversation:
-        return replace(self, status="archived")
+    def archived(self, reason: str) -> Conversation:
+        return replace(self, status="archived", archived_reason=reason)
 
     def is_idle(self, now: float, idle_rotation: float) -> bool:
         return now - self.last_active >= idle_rotation

@@ -21,8 +21,11 @@ from daemon.commands import Commands
 from daemon.config import Settings
 from daemon.conversations import kind_of
 from daemon.errors import DeliveryError
+from daemon.folding import Folder
 from daemon.llm import ModelClient
 from daemon.logs import turn_log as log
+from daemon.prompting import Prompting
+from daemon.records import Records
 from daemon.router import Router
 from daemon.store import Store
 from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
@@ -48,10 +51,16 @@ class Engine:
         self.channels = dict(channels)
         self.clock = clock
         self.router = Router(store, settings.daemon.idle_rotation)
+        self.records = Records(store.state_dir, settings.daemon.tz)
+        self.prompting = Prompting(settings=settings, store=store, llm=llm, clock=clock)
+        self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
+                             clock=clock)
         self.commands = Commands(settings=settings, store=store, router=self.router, llm=llm,
-                                 clock=clock)
+                                 prompting=self.prompting, folder=self.folder, clock=clock)
         self.turns = TurnRunner(settings=settings, store=store, llm=llm, router=self.router,
+                                prompting=self.prompting, records=self.records,
                                 notify=self.notify, stream=self._stream, clock=clock)
+        self._rotation: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._idle: dict[str, asyncio.Event] = {}
@@ -66,6 +75,7 @@ class Engine:
     async def start(self) -> None:
         """Resume what a previous run left: pending inbox items and unsent replies."""
         self._accepting = True
+        self._rotation = asyncio.create_task(self._rotation_loop(), name="roost-rotation")
         inbox = await asyncio.to_thread(self.store.inbox_pending)
         outbox = await asyncio.to_thread(self.store.outbox_pending)
         resumed = {i["chat_key"] for i in inbox} | {o["chat_key"] for o in outbox}
@@ -82,6 +92,8 @@ class Engine:
         the next start.
         """
         self._accepting = False
+        if self._rotation is not None:
+            self._rotation.cancel()
         for wake in self._wake.values():
             wake.set()
         busy = [self._idle[k].wait() for k in self._in_turn]
@@ -93,6 +105,7 @@ class Engine:
             task.cancel()
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
         self._workers.clear()
+        await self.folder.stop()
 
     # ---- taking work -----------------------------------------------------------------------
 
@@ -118,6 +131,26 @@ class Engine:
         idle = self._idle.get(chat_key)
         if idle is not None:
             await idle.wait()
+
+    async def rotate_idle(self) -> list[str]:
+        """Archive conversations idle for `daemon.idle_rotation` (the timer calls this)."""
+        now = self.clock()
+        busy = {k for k in self._workers if k in self._in_turn or self._depth.get(k)}
+        archived = await asyncio.to_thread(self.router.rotate_idle, now, busy)
+        for conversation in archived:
+            idle_for = (now - conversation.last_active) / 3600
+            await asyncio.to_thread(self.records.event, now, "rotation", conversation.id,
+                                    f"{conversation.chat_key} idle for {idle_for:.1f} h; archived")
+        return [c.id for c in archived]
+
+    async def _rotation_loop(self) -> None:
+        interval = min(60.0, max(self.settings.daemon.idle_rotation / 10, 1.0))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.rotate_idle()
+            except Exception:
+                log.exception("idle rotation sweep failed; trying again in %.0fs", interval)
 
     async def notify(self, chat_key: str, text: str) -> None:
         """Send a notice (not part of the conversation) through the outbox."""
@@ -175,6 +208,8 @@ class Engine:
                 return
             announce = chat_key not in self._parked
             result = await self.turns.run(chat_key, handled, announce_outage=announce)
+            if result.outcome is Outcome.ANSWERED and result.conversation_id:
+                self.folder.schedule(result.conversation_id)
             if result.outcome is Outcome.PARKED:
                 if announce:
                     await self.notify(chat_key, (

@@ -7,7 +7,8 @@
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
     │   ├── ModelNotFound           the configured model is not pulled
-    │   └── ContextOverflow         Ollama refused a prompt larger than num_ctx
+    │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
+    │   └── Preempted               a background call gave the model up to a turn
     └── ChannelError                a messaging platform refused or failed
         └── DeliveryError           a reply could not be delivered
 """
@@ -63,6 +64,10 @@ class ContextOverflow(LLMError):
         self.prompt_tokens = prompt_tokens
         self.context_size = context_size
         super().__init__(message)
+
+
+class Preempted(LLMError):
+    """A background call (the fold) was cancelled so that a turn could use the model."""
 
 
 class ChannelError(RoostError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,14 @@ import httpx
 import ollama
 
 from daemon.config import ModelSettings
-from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
+from daemon.errors import (
+    ContextOverflow,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelNotFound,
+    Preempted,
+)
 from daemon.logs import llm_log as log
 
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -60,6 +67,7 @@ class ModelClient:
         )
         self._gate = asyncio.Semaphore(settings.concurrency)
         self._info: dict[str, ModelInfo] = {}
+        self._background: set[asyncio.Task[ChatResult]] = set()
         self.in_flight = 0
         self.waiting = 0
 
@@ -107,26 +115,63 @@ class ModelClient:
         model: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         on_delta: Callable[[str], None] | None = None,
+        num_predict: int | None = None,
+        background: bool = False,
     ) -> ChatResult:
-        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive."""
+        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
+
+        A `background` call (the fold) yields to turns: it waits while a turn waits, and a turn
+        that finds the gate held by a background call cancels that call, which then raises
+        `Preempted` and can be tried again later. So a slow fold never delays a reply.
+        """
         name = model or self.settings.name
         num_ctx = await self.num_ctx(name)
+        options: dict[str, Any] = {"num_ctx": num_ctx}
+        if num_predict is not None:
+            options["num_predict"] = num_predict
+        call = self._stream(name, num_ctx, options, messages, tools, on_delta)
+        if background:
+            return await self._background_call(call)
         self.waiting += 1
         try:
+            for task in list(self._background):
+                task.cancel()
             await self._gate.acquire()
         finally:
             self.waiting -= 1
         self.in_flight += 1
         try:
-            return await self._stream(name, num_ctx, messages, tools, on_delta)
+            return await call
         finally:
             self.in_flight -= 1
+            self._gate.release()
+
+    async def _background_call(self, call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+        await self._gate.acquire()
+        if self.waiting:  # a turn arrived while we queued for the gate: let it go first
+            self._gate.release()
+            call.close()
+            raise Preempted("a turn needs the model")
+        inner = asyncio.create_task(call)
+        self._background.add(inner)
+        self.in_flight += 1
+        try:
+            return await inner
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if inner.cancelled() and current is not None and not current.cancelling():
+                raise Preempted("a turn needs the model") from None
+            raise
+        finally:
+            self.in_flight -= 1
+            self._background.discard(inner)
             self._gate.release()
 
     async def _stream(
         self,
         name: str,
         num_ctx: int,
+        options: Mapping[str, Any],
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         on_delta: Callable[[str], None] | None,
@@ -141,7 +186,7 @@ class ModelClient:
                 messages=list(messages),
                 tools=list(tools) if tools else None,
                 stream=True,
-                options={"num_ctx": num_ctx},
+                options=dict(options),
                 keep_alive=_keep_alive(self.settings.keep_alive),
             )
             async for part in stream:

@@ -8,6 +8,7 @@ root_log = logging.getLogger("roost")
 store_log = logging.getLogger("roost.store")
 llm_log = logging.getLogger("roost.llm")
 turn_log = logging.getLogger("roost.turn")
+fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
 console_log = logging.getLogger("roost.console")
 

@@ -1,22 +1,15 @@
-"""Which conversation a chat's next message belongs to.
+"""Which conversation a chat's next message belongs to, and idle rotation.
 
-A chat has at most one active conversation. One idle for `idle_rotation` is archived and the next
-message starts a fresh one; the old one stays on disk and searchable.
+A chat has at most one active conversation. One idle for `idle_rotation` is archived (by the
+engine's timer, or at the latest when the next message arrives) and the next message starts a
+fresh one, marked `after_idle` so its first reply can say so; the old one stays searchable.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from daemon.conversations import Conversation
 from daemon.logs import turn_log as log
 from daemon.store import Store
-
-
-@dataclass(frozen=True)
-class Routed:
-    conversation: Conversation
-    rotated_from: Conversation | None  # the conversation archived to make room, if any
 
 
 class Router:
@@ -26,20 +19,40 @@ class Router:
         self.store = store
         self.idle_rotation = idle_rotation
 
-    def conversation_for(self, chat_key: str, now: float) -> Routed:
+    def conversation_for(self, chat_key: str, now: float) -> Conversation:
         """The chat's active conversation, rotating it first when it has been idle too long."""
         current = self.store.active_conversation(chat_key)
         if current is not None and not current.is_idle(now, self.idle_rotation):
-            return Routed(current, None)
+            return current
         if current is not None:
-            self.store.save_conversation(current.archived())
-            log.info("conversation %s of %s archived after idle rotation", current.id, chat_key)
-        return Routed(self.store.create_conversation(chat_key, now), current)
+            self._archive(current, "idle")
+            return self.store.create_conversation(chat_key, now, after_idle=True)
+        previous = self.store.list_conversations(chat_key=chat_key)
+        after_idle = bool(previous) and previous[-1].archived_reason == "idle"
+        return self.store.create_conversation(chat_key, now, after_idle=after_idle)
 
     def rotate(self, chat_key: str, now: float) -> Conversation:
         """Archive the chat's active conversation (if any) and start a new one: `/new`."""
         current = self.store.active_conversation(chat_key)
         if current is not None:
-            self.store.save_conversation(current.archived())
-            log.info("conversation %s of %s archived on request", current.id, chat_key)
+            self._archive(current, "new")
         return self.store.create_conversation(chat_key, now)
+
+    def rotate_idle(self, now: float, busy: set[str]) -> list[Conversation]:
+        """Archive every active conversation idle for `idle_rotation` (the timer's sweep).
+
+        Chats in `busy` (a turn running or messages waiting) are left alone. Automation
+        conversations rotate too, but their runs never make a chat's conversation active.
+        """
+        archived = []
+        for conversation in self.store.list_conversations(status="active"):
+            if conversation.chat_key in busy or not conversation.is_idle(now, self.idle_rotation):
+                continue
+            self._archive(conversation, "idle")
+            archived.append(conversation)
+        return archived
+
+    def _archive(self, conversation: Conversation, reason: str) -> None:
+        self.store.save_conversation(conversation.archived(reason))
+        log.info("conversation %s of %s archived (%s)", conversation.id, conversation.chat_key,
+                 "idle" if reason == "idle" else "on request")

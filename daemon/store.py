@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -54,6 +54,15 @@ _CACHED_CONVERSATIONS = 32
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    conversations: int
+    messages: int
+    summaries: int
+    first: float | None
+    last: float | None
 
 
 class CorruptFile(StoreError):
@@ -208,9 +217,11 @@ class Store:
     # ---- conversations ---------------------------------------------------------------------
 
     @_locked
-    def create_conversation(self, chat_key: str, now: float) -> Conversation:
+    def create_conversation(
+        self, chat_key: str, now: float, *, after_idle: bool = False
+    ) -> Conversation:
         """Start a new active conversation for `chat_key`."""
-        conversation = Conversation.start(chat_key, now)
+        conversation = Conversation.start(chat_key, now, after_idle=after_idle)
         folder = self._conversation_dir(conversation.id)
         folder.mkdir(parents=True, exist_ok=True)
         record = self._index_doc(conversation)
@@ -300,6 +311,23 @@ class Store:
     @_locked
     def message_count(self, conversation_id: str) -> int:
         return len(self._load_messages(conversation_id))
+
+    @_locked
+    def stats(self) -> StoreStats:
+        """Counts for the memory map: conversations, messages, summaries, and the date span."""
+        conversations = self.list_conversations()
+        messages = summaries = 0
+        for conversation in conversations:
+            messages += self._count_messages(conversation.id)
+            if (self._conversation_dir(conversation.id) / "summary.json").exists():
+                summaries += 1
+        return StoreStats(
+            conversations=len(conversations),
+            messages=messages,
+            summaries=summaries,
+            first=min((c.created for c in conversations), default=None),
+            last=max((c.last_active for c in conversations), default=None),
+        )
 
     # ---- inbox, outbox, dedupe -------------------------------------------------------------
 
@@ -458,6 +486,17 @@ class Store:
         while len(self._messages) > _CACHED_CONVERSATIONS:
             self._messages.popitem(last=False)
         return loaded
+
+    def _count_messages(self, conversation_id: str) -> int:
+        """Messages of a conversation without loading them: only its last segment is read."""
+        cached = self._messages.get(conversation_id)
+        if cached is not None:
+            return len(cached)
+        segments = self._segments(conversation_id)
+        if not segments:
+            return 0
+        first_seq, path = segments[-1]
+        return first_seq - 1 + len(self._db(path).table("messages"))
 
     def _write_to_segment(self, conversation_id: str, message: Message) -> None:
         segments = self._segments(conversation_id)

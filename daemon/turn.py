@@ -5,9 +5,11 @@ The turn is a thin coordinator over the store, the pure context functions and th
 1. route the chat to its active conversation and append the pending user messages, each marked
    with its inbox id, so they are on disk before the model is called (and appended only once,
    however often the turn is retried);
-2. build the request (pure: prefix + history fitted to the budget);
+2. build the request (`Prompting`: prefix + summary preamble + tail, fitted to the budget);
 3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable;
-4. save the reply, put it in the outbox and only then clear the inbox items.
+   an overflow rejection (before anything streamed) recalibrates, refits and retries once;
+4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
+5. save the reply, put it in the outbox and only then clear the inbox items.
 
 A crash between any two steps is finished on the next start: inbox items stay pending until a
 reply that names them is saved, and a saved reply whose outbox item is missing is queued again.
@@ -22,18 +24,25 @@ from dataclasses import dataclass, replace
 
 from channels.base import Inbound, Outbound
 from daemon.config import Settings
-from daemon.context.budget import calibrated_ratio, estimate_messages, request_budget
-from daemon.context.prefix import system_prefix
-from daemon.context.replay import DoesNotFit, build_request
+from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
+from daemon.context.replay import DoesNotFit
 from daemon.conversations import Conversation, Message
-from daemon.errors import LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
+from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
+from daemon.prompting import Prepared, Prompting
+from daemon.records import Records
 from daemon.router import Router
 from daemon.store import Store
 
 MAX_BACKOFF = 60.0
 EMPTY_REPLY = "(The model returned an empty reply.)"
+NEW_CONVERSATION_LINE = (
+    "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
+)
+# A prompt_eval_count below this share of what was sent means Ollama cut the prompt, provided
+# the prompt was large enough that a cut was possible at all (half the window or more).
+SILENT_CUT_SHARE = 0.6
 
 
 class Outcome(enum.Enum):
@@ -46,6 +55,7 @@ class Outcome(enum.Enum):
 class TurnResult:
     outcome: Outcome
     outbound: Outbound | None = None
+    conversation_id: str | None = None
 
 
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
@@ -62,6 +72,8 @@ class TurnRunner:
         store: Store,
         llm: ModelClient,
         router: Router,
+        prompting: Prompting,
+        records: Records,
         notify: Notify,
         stream: StreamDelta,
         clock: Callable[[], float],
@@ -70,6 +82,8 @@ class TurnRunner:
         self.store = store
         self.llm = llm
         self.router = router
+        self.prompting = prompting
+        self.records = records
         self.notify = notify
         self.stream = stream
         self.clock = clock
@@ -84,48 +98,83 @@ class TurnRunner:
         if answered is not None:
             # A reply to these messages was saved before a crash: queue it, do not ask again.
             outbound = await asyncio.to_thread(self._requeue, conversation, answered, items)
-            return TurnResult(Outcome.ANSWERED, outbound)
+            return TurnResult(Outcome.ANSWERED, outbound, conversation.id)
         history = await asyncio.to_thread(self.store.messages, conversation.id)
+        intro = ""
+        if conversation.after_idle and not any(m.role == "assistant" for m in history):
+            intro = NEW_CONVERSATION_LINE + "\n\n"
         try:
-            num_ctx = await self.llm.num_ctx()
-            budget = request_budget(num_ctx, self.settings.model.response_reserve)
-            request = build_request(
-                system_prefix(conversation.kind), history, budget, conversation.token_ratio
-            )
-            result = await self._call_model(chat_key, request.messages, announce_outage)
+            prepared = await self.prompting.prepare(conversation, history)
+            result, prepared = await self._answer(chat_key, conversation, history, prepared,
+                                                  intro, announce_outage)
         except DoesNotFit as exc:
             return await self._fail(chat_key, items, (
-                f"Your message is too long for the model's context window ({exc.needed} tokens "
-                f"needed, {exc.budget} available). Please send it in parts."))
+                f"Your message is too long for the model's context window (about "
+                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Please send it in "
+                "parts."))
         except ModelNotFound as exc:
             return await self._fail(chat_key, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
         except (LLMUnavailable, LLMTimeout):
-            return TurnResult(Outcome.PARKED)
+            return TurnResult(Outcome.PARKED, None, conversation.id)
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
             return await self._fail(chat_key, items, (
                 f"The model server answered with an error: {exc}. Your message is saved; "
                 "send another message to try again."))
-        ratio = conversation.token_ratio
-        if result.prompt_eval_count:
-            ratio = calibrated_ratio(result.prompt_eval_count, estimate_messages(request.messages))
+        ratio = await self._calibrate(conversation, prepared, result)
         outbound = await asyncio.to_thread(
-            self._save_reply, conversation, replace(conversation, token_ratio=ratio), items, result
+            self._save_reply, conversation, replace(conversation, token_ratio=ratio), items,
+            result, intro,
         )
-        log.info("turn for %s answered (%s prompt tokens, %s omitted)",
-                 conversation.id, result.prompt_eval_count, request.omitted)
-        return TurnResult(Outcome.ANSWERED, outbound)
+        await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
+            **prepared.accounting(), "prompt_eval_count": result.prompt_eval_count,
+        })
+        log.info("turn for %s answered (%s prompt tokens, estimate %d of %d)", conversation.id,
+                 result.prompt_eval_count, prepared.request.estimate, prepared.budget)
+        return TurnResult(Outcome.ANSWERED, outbound, conversation.id)
+
+    async def _answer(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, intro: str, announce_outage: bool,
+    ) -> tuple[ChatResult, Prepared]:
+        """The model call, with exactly one refit and retry after an overflow rejection."""
+        try:
+            return await self._call_model(chat_key, prepared, intro, announce_outage), prepared
+        except ContextOverflow as exc:
+            # Ollama refused before streaming anything: learn the real size, refit, try once more.
+            measured = exc.prompt_tokens
+            ratio = (calibrated_ratio(measured, prepared.raw_estimate()) * 1.05 if measured
+                     else prepared.ratio * 1.5)
+            ratio = min(max(ratio, prepared.ratio * 1.05, RATIO_MIN), RATIO_MAX)
+            await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
+                                    conversation.id,
+                                    f"Ollama refused {measured} tokens (estimated "
+                                    f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}, refitted and retried once")
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio)
+            return await self._call_model(chat_key, refit, intro, announce_outage), refit
 
     async def _call_model(
-        self, chat_key: str, messages: list[dict[str, str]], announce_outage: bool
+        self, chat_key: str, prepared: Prepared, intro: str, announce_outage: bool
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable; tell the user once."""
         model = self.settings.model
+        messages = await asyncio.to_thread(self._with_images, prepared)
         for attempt in range(model.retry_attempts):
+            started = False
+
+            def on_delta(delta: str) -> None:
+                nonlocal started
+                if not started and intro:
+                    self.stream(chat_key, intro)
+                started = True
+                self.stream(chat_key, delta)
+
             try:
-                return await self.llm.chat(messages, on_delta=lambda d: self.stream(chat_key, d))
+                return await self.llm.chat(messages, tools=prepared.tools or None,
+                                           on_delta=on_delta)
             except (LLMUnavailable, LLMTimeout) as exc:
                 log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                             self.llm.host, attempt + 1, model.retry_attempts, exc)
@@ -137,6 +186,34 @@ class TurnRunner:
                     raise
                 await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
         raise AssertionError("retry_attempts is at least 1")
+
+    def _with_images(self, prepared: Prepared) -> list[dict[str, object]]:
+        """The request's messages; images are attached by the attachments pipeline (issue 4)."""
+        return [dict(m) for m in prepared.request.messages]
+
+    async def _calibrate(
+        self, conversation: Conversation, prepared: Prepared, result: ChatResult
+    ) -> float:
+        """The conversation's new token ratio from Ollama's count, noticing a silent cut."""
+        count = result.prompt_eval_count
+        raw = prepared.raw_estimate()
+        if not count or prepared.request.images or raw <= 0:
+            return prepared.ratio
+        estimate = prepared.request.estimate + prepared.tool_tokens
+        if count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 2:
+            # Ollama dropped part of the prompt: the real size was above num_ctx.
+            ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25), RATIO_MAX)
+            await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
+                                    conversation.id,
+                                    f"Ollama evaluated {count} tokens of about {estimate} sent "
+                                    f"(num_ctx {prepared.num_ctx}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}")
+            log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
+                        conversation.id, count, estimate)
+            return ratio
+        if count < RATIO_MIN * raw:
+            return prepared.ratio  # a count of cached-out tokens only (old Ollama): ignore it
+        return calibrated_ratio(count, raw)
 
     async def _fail(self, chat_key: str, items: Sequence[Inbound], text: str) -> TurnResult:
         await self.notify(chat_key, text)
@@ -150,7 +227,7 @@ class TurnRunner:
     ) -> tuple[Conversation, Message | None]:
         """Append the items not yet in the conversation; return any reply already saved to them."""
         now = self.clock()
-        conversation = self.router.conversation_for(chat_key, now).conversation
+        conversation = self.router.conversation_for(chat_key, now)
         recent = self.store.messages(conversation.id)[-(len(items) + 50):]
         present = {m.meta.get("inbox_id") for m in recent if m.role == "user"}
         wanted = {i.id for i in items}
@@ -177,6 +254,7 @@ class TurnRunner:
         after: Conversation,
         items: Sequence[Inbound],
         result: ChatResult,
+        intro: str,
     ) -> Outbound:
         now = self.clock()
         meta = {
@@ -188,25 +266,27 @@ class TurnRunner:
         }
         text = result.content.strip() or EMPTY_REPLY
         message = self.store.append_message(before.id, "assistant", text, created=now, meta=meta)
-        outbound = self._outbound_for(after, message)
+        outbound = self._outbound_for(after, message, intro)
         self.store.outbox_add(outbound.to_doc())
         self.store.inbox_done([i.id for i in items])
+        # Re-read: a fold may have written the summary meanwhile; only the record changes here.
         self.store.save_conversation(after.touched(now))
         return outbound
 
     def _requeue(
         self, conversation: Conversation, message: Message, items: Sequence[Inbound]
     ) -> Outbound:
-        outbound = self._outbound_for(conversation, message)
+        outbound = self._outbound_for(conversation, message, "")
         if not any(o["id"] == outbound.id for o in self.store.outbox_pending()):
             self.store.outbox_add(outbound.to_doc())
         self.store.inbox_done([i.id for i in items])
         return outbound
 
-    def _outbound_for(self, conversation: Conversation, message: Message) -> Outbound:
-        # The outbox id is the message id, so a reply is queued at most once.
+    def _outbound_for(self, conversation: Conversation, message: Message, intro: str) -> Outbound:
+        # The outbox id is the message id, so a reply is queued at most once. The intro line is
+        # for the user only; the stored message is the model's words.
         return Outbound(
-            chat_key=conversation.chat_key, text=message.content, created=message.created,
-            kind="reply", id=message.id, conversation_id=conversation.id,
-            message_id=message.id,
+            chat_key=conversation.chat_key, text=intro + message.content,
+            created=message.created, kind="reply", id=message.id,
+            conversation_id=conversation.id, message_id=message.id,
         )

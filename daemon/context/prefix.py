@@ -1,28 +1,131 @@
-"""The system prefix: the same bytes on every turn of a conversation.
+"""The system prefix: the same bytes on every turn of a conversation within a calendar day.
 
-Nothing that changes per request (clock, counters) belongs here; Ollama's prompt cache reuses a
-prompt only up to the first byte that differs.
+Ollama's prompt cache reuses a prompt only up to the first byte that differs, so everything here
+is a pure function of inputs that change at most once a day: the channel, the capability index,
+the day's memory map (counts bucketed) and the configured variables. The clock, counters and
+nudges ride at the end of the last message instead (`volatile_tail`).
 """
 
 from __future__ import annotations
 
-CORE_PROMPT = (
-    "You are roost, a personal assistant running on the user's own computer and reached from "
-    "their phone or terminal. Be direct and useful; say so when you are unsure."
-)
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+CORE_PROMPT = """\
+You are roost, the user's personal assistant. You run on a local model on the user's own \
+computer and they reach you from their phone or terminal.
+
+How your memory works: this prompt is a lean working set, not everything you know. Earlier \
+conversations, folded history and files the user sent are stored and searchable with your tools. \
+When the user refers to something definite you do not see here ("that file", "like last time", \
+"what I told you about X"), search first. Try at least two differently worded searches before \
+you ever say you do not remember. Be direct and useful; say so when you are unsure."""
 
 CHANNEL_NOTES = {
-    "telegram": "The user reads you in Telegram: Markdown is fine.",
+    "telegram": "The user reads you in Telegram. Markdown is fine: it is rendered for them.",
     "whatsapp": (
-        "The user reads you in WhatsApp: no Markdown. Use only WhatsApp's own *bold*, _italic_, "
-        "~strike~ and ``` for code; no headings, tables or [text](url) links."
+        "The user reads you in WhatsApp. Do not use Markdown. Use only WhatsApp's own "
+        "formatting: *bold*, _italic_, ~strike~ and ``` for code. No headings, no tables, "
+        "no [text](url) links: write the URL itself."
     ),
-    "console": "The user reads you in a terminal: plain text, no Markdown.",
-    "automation": "This is a scheduled automation; the reply is delivered as a report.",
+    "console": "The user reads you in a terminal. Write plain text, no Markdown.",
+    "automation": (
+        "This is a scheduled automation, not a live chat: nobody answers follow-up questions. "
+        "Write the report itself, complete and concise."
+    ),
 }
 
+LOCAL_MODEL_NOTE = (
+    "You are a small local model. If you do not know or cannot check something, say so plainly "
+    "instead of guessing; never invent tool results, file contents or past conversations."
+)
 
-def system_prefix(channel_kind: str) -> str:
+MAX_CAPABILITY_LINES = 60
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One entry of the capability index: a group of tools the model can use."""
+
+    name: str
+    description: str
+    loaded: bool = False
+    group: str = "other"
+
+
+@dataclass(frozen=True)
+class MemoryMap:
+    """What the store holds, counted once per calendar day (see `bucket`)."""
+
+    day: date
+    conversations: int = 0
+    messages: int = 0
+    summaries: int = 0
+    automations: int = 0
+    first_day: date | None = None
+    last_day: date | None = None
+
+
+def bucket(count: int) -> str:
+    """Exact under 20, then rounded down to 10 (under 200), then to 50: stable over a day."""
+    if count < 20:
+        return str(count)
+    if count < 200:
+        return f"{count - count % 10}+"
+    return f"{count - count % 50}+"
+
+
+def capability_index(capabilities: Sequence[Capability]) -> str:
+    """One line per capability in name order; past 60 the rest collapse into grouped counts."""
+    ordered = sorted(capabilities, key=lambda c: (not c.loaded, c.name))
+    shown = ordered[:MAX_CAPABILITY_LINES]
+    lines = [f"- {c.name}{' [loaded]' if c.loaded else ''}: {c.description}" for c in shown]
+    rest = ordered[MAX_CAPABILITY_LINES:]
+    if rest:
+        groups: dict[str, int] = {}
+        for c in rest:
+            groups[c.group] = groups.get(c.group, 0) + 1
+        counted = ", ".join(f"{n} {g}" for g, n in sorted(groups.items()))
+        lines.append(f"- and {len(rest)} more ({counted}): find them with tool_search")
+    return "\n".join(lines)
+
+
+def memory_map_text(memory: MemoryMap) -> str:
+    if not memory.conversations:
+        return "No earlier conversations are stored yet."
+    span = ""
+    if memory.first_day and memory.last_day:
+        span = f" from {memory.first_day.isoformat()} to {memory.last_day.isoformat()}"
+    return (
+        f"Stored{span}: {bucket(memory.conversations)} conversations, "
+        f"{bucket(memory.messages)} messages, {bucket(memory.summaries)} summaries, "
+        f"{bucket(memory.automations)} automations."
+    )
+
+
+def system_prefix(
+    channel_kind: str,
+    *,
+    capabilities: Sequence[Capability] = (),
+    memory: MemoryMap | None = None,
+    variables: Mapping[str, str] | None = None,
+) -> str:
     """The system message for a conversation on `channel_kind`."""
     note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
-    return f"{CORE_PROMPT}\n\n<channel>\n{note}\n</channel>"
+    parts = [CORE_PROMPT, f"<channel>\n{note}\n</channel>"]
+    if capabilities:
+        parts.append(f"<capabilities>\n{capability_index(capabilities)}\n</capabilities>")
+    if memory is not None:
+        parts.append(f"<memory_map>\n{memory_map_text(memory)}\n</memory_map>")
+    if variables:
+        lines = "\n".join(f"{key} = {value}" for key, value in sorted(variables.items()))
+        parts.append(f"<variables>\n{lines}\n</variables>")
+    parts.append(f"<local_model>\n{LOCAL_MODEL_NOTE}\n</local_model>")
+    return "\n\n".join(parts)
+
+
+def volatile_tail(now: datetime, extra: Sequence[str] = ()) -> str:
+    """What changes per request, appended to the last message: the clock, counters, nudges."""
+    clock = now.strftime("%a %Y-%m-%d %H:%M %Z").strip()
+    return "\n\n" + " ".join([f"[now: {clock}]", *extra])

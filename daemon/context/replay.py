@@ -1,67 +1,385 @@
-"""What the model sees of a conversation: the prefix, then as much recent history as fits.
+"""What the model sees of a conversation: a read-time lens over the stored messages.
 
-Originals are never touched: this builds a new list of chat messages from the stored ones.
+The request is the system prefix, then (once history was folded) a summary preamble, then the
+verbatim tail. Originals are never touched; everything here builds new chat messages:
+
+* tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
+  `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
+* only the newest message with images sends pixels, older images become a one-line note;
+* then, only while the request is over budget, cheapest loss first: old tool output decays with
+  age, old tool cycles condense to one line, the oldest unprotected messages are dropped whole
+  (with a note saying how many), and last, tool output is cut, oldest first.
+
+User and assistant text is never truncated. Protected from dropping: the conversation's first
+user message, the last 6 messages, the newest message with images, the newest tool call with its
+results. If the protected text alone does not fit, `DoesNotFit` is raised and nothing is sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from daemon.context.budget import estimate_messages
-from daemon.conversations import Message
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
+from daemon.conversations import Message, SummaryState
 
-ChatMessage = dict[str, str]
+STUB_MIN_CHARS = 2000
+STUB_AFTER_EXCHANGES = 2
+PROTECT_LAST = 6
+DECAY_FLOOR_CHARS = 240
+CUT_FLOOR_CHARS = 160
+IMAGE_MIN_TOKENS = 256
+
+JSONScalar = str | int | float | bool | None
+JSONValue = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
+ChatMessage = dict[str, JSONValue]
+_Total = Callable[[], int]
 
 
 class DoesNotFit(ValueError):
-    """The messages that must be sent are larger than the budget on their own."""
+    """The protected messages alone are larger than the budget: ask the user to send parts."""
 
     def __init__(self, needed: int, budget: int) -> None:
         self.needed = needed
         self.budget = budget
-        super().__init__(f"the newest messages need {needed} tokens; the budget is {budget}")
+        super().__init__(f"the protected messages need {needed} tokens; the budget is {budget}")
 
 
 @dataclass(frozen=True)
 class Request:
-    """Chat messages ready for Ollama, with what the fit cost."""
+    """Chat messages for Ollama, their estimated size per part, and what fitting cost."""
 
     messages: list[ChatMessage]
-    estimated_tokens: int
-    omitted: int
+    estimate: int
+    parts: Mapping[str, int]
+    # index in `messages` -> image attachments whose pixels go with that message
+    images: Mapping[int, tuple[Mapping[str, JSONValue], ...]] = field(default_factory=dict)
+    stubbed: int = 0
+    decayed: int = 0
+    condensed: int = 0
+    omitted: int = 0
+    cut: int = 0
 
 
-def as_chat(message: Message) -> ChatMessage:
-    return {"role": message.role, "content": message.content}
+@dataclass
+class _Entry:
+    """One tail message on its way into the request (mutable while fitting)."""
+
+    message: Message
+    content: str
+    group: int
+    age: int  # user messages after this one
+    protected: bool = False
+    images: tuple[Mapping[str, JSONValue], ...] = ()
+    tool_calls: tuple[Mapping[str, JSONValue], ...] = ()
+    dropped: bool = False
+    condensed_into: str | None = None
+
+
+def image_tokens(image: Mapping[str, JSONValue]) -> int:
+    """Estimated tokens of an image: width x height / 1,024, at least 256."""
+    width, height = image.get("width"), image.get("height")
+    if not isinstance(width, int) or not isinstance(height, int):
+        return IMAGE_MIN_TOKENS
+    return max(IMAGE_MIN_TOKENS, math.ceil(width * height / 1024))
+
+
+def chat_tokens(message: Mapping[str, JSONValue], ratio: float) -> int:
+    """Estimated tokens of one chat message (its text, tool calls, and any images)."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_tokens(str(message.get("content") or ""), ratio)
+    calls = message.get("tool_calls")
+    if calls:
+        tokens += estimate_tokens(json.dumps(calls, separators=(",", ":")), ratio)
+    return tokens
+
+
+def summary_preamble(conversation_id: str, summary: SummaryState) -> list[ChatMessage]:
+    """The user message carrying the rolling summary, and a one-line acknowledgement."""
+    notes = summary.user_notes.strip() or "(none)"
+    text = (
+        f"[Earlier in this conversation, {summary.through_seq} messages were folded into the "
+        f'summary below. conversation_read("{conversation_id}") retrieves any of them '
+        f"verbatim.]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
+        f"<user_notes>\nWhat I said in that part, in my own words:\n{notes}\n</user_notes>"
+    )
+    return [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "Understood. I have the summary and will read the "
+                                         "originals when I need them."},
+    ]
+
+
+def stub_text(conversation_id: str, message: Message) -> str:
+    name = message.tool_name or "a tool"
+    return (
+        f"[result of {name}: {len(message.content):,} characters, not repeated here; "
+        f'conversation_read("{conversation_id}", {message.seq}, {message.seq}) returns it]'
+    )
+
+
+def omitted_note(count: int) -> ChatMessage:
+    return {"role": "user", "content": f"[{count} earlier messages omitted to fit the context "
+                                       "window]"}
+
+
+def excerpt(text: str, keep: int, label: str) -> str:
+    """Head and tail of `text` around a label saying what was cut."""
+    if len(text) <= keep:
+        return text
+    head = keep * 2 // 3
+    tail = keep - head
+    cut = len(text) - keep
+    ending = text[-tail:] if tail else ""
+    return f"{text[:head]}\n[TRUNCATED — {cut:,} characters {label}]\n{ending}"
 
 
 def build_request(
-    prefix: str, history: Sequence[Message], budget: int, ratio: float = 1.0
+    *,
+    conversation_id: str,
+    prefix: str,
+    history: Sequence[Message],
+    budget: int,
+    ratio: float = 1.0,
+    summary: SummaryState | None = None,
+    tail_note: str = "",
 ) -> Request:
-    """The prefix and the newest whole messages of `history` that fit in `budget` tokens.
+    """The request for the next model call; see the module docstring for the rules."""
+    summary = summary or SummaryState()
+    system: ChatMessage = {"role": "system", "content": prefix}
+    preamble = summary_preamble(conversation_id, summary) if summary.through_seq else []
+    tail = [m for m in history if m.seq > summary.through_seq]
+    first_user = next((m.seq for m in history if m.role == "user"), None)
+    entries, stubbed = _entries(conversation_id, tail, first_user)
 
-    The messages after the last assistant reply (this turn's user messages) are always kept;
-    older ones are dropped oldest first, and the kept history starts on a user message.
-    """
-    system = {"role": "system", "content": prefix}
-    chat = [as_chat(m) for m in history]
-    last_reply = max((i for i, m in enumerate(chat) if m["role"] == "assistant"), default=-1)
-    protected = chat[last_reply + 1:]
-    needed = estimate_messages([system, *protected], ratio)
-    if needed > budget:
-        raise DoesNotFit(needed, budget)
-    start = last_reply + 1
-    used = needed
-    # Walk back over older messages while they fit.
-    while start > 0:
-        cost = estimate_messages([chat[start - 1]], ratio)
-        if used + cost > budget:
+    fixed = chat_tokens(system, ratio) + sum(chat_tokens(m, ratio) for m in preamble)
+    fixed += estimate_tokens(tail_note, ratio)
+
+    def total() -> int:
+        return fixed + _entries_tokens(entries, ratio)
+
+    decayed = condensed = omitted = cut = 0
+    if total() > budget:
+        decayed = _decay(entries, ratio, budget, total)
+    if total() > budget:
+        condensed = _condense(entries, conversation_id, budget, total)
+    if total() > budget:
+        omitted = _drop(entries, budget, total)
+    if total() > budget:
+        cut = _cut(entries, conversation_id, ratio, budget, total)
+    if total() > budget:
+        raise DoesNotFit(total(), budget)
+
+    messages, images = _render(entries, preamble, system, tail_note)
+    tail_tokens = sum(chat_tokens(m, ratio) for m in messages[1 + len(preamble):])
+    tail_tokens += sum(image_tokens(i) for group in images.values() for i in group)
+    parts = {
+        "prefix": chat_tokens(system, ratio),
+        "summary": sum(chat_tokens(m, ratio) for m in preamble),
+        "tail": tail_tokens,
+    }
+    return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
+                   stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut)
+
+
+def _entries(
+    conversation_id: str, tail: Sequence[Message], first_user: int | None
+) -> tuple[list[_Entry], int]:
+    users = [i for i, m in enumerate(tail) if m.role == "user"]
+    recent_start = users[-STUB_AFTER_EXCHANGES] if len(users) >= STUB_AFTER_EXCHANGES else 0
+    newest_images = max((i for i, m in enumerate(tail) if _images_of(m)), default=None)
+    entries: list[_Entry] = []
+    group = -1
+    stubbed = 0
+    for i, message in enumerate(tail):
+        previous = entries[-1] if entries else None
+        # A tool result joins the group of the call before it: they are kept or dropped together.
+        joins = message.role == "tool" and previous is not None and (
+            bool(previous.tool_calls) or previous.message.role == "tool")
+        if not joins:
+            group += 1
+        content = message.content
+        if message.role == "tool" and i < recent_start and len(content) >= STUB_MIN_CHARS:
+            content = stub_text(conversation_id, message)
+            stubbed += 1
+        images = _images_of(message)
+        if images and i != newest_images:
+            size = ", ".join(f"{img.get('width')}x{img.get('height')}" for img in images)
+            content = f"{content}\n[image {size} sent earlier; not shown again]".lstrip()
+            images = ()
+        content = _with_attachment_notes(content, message)
+        entries.append(_Entry(
+            message=message, content=content, group=group,
+            age=len(users) - bisect_right(users, i), images=images,
+            tool_calls=tuple(message.tool_calls),
+        ))
+    _protect(entries, first_user, newest_images)
+    return entries, stubbed
+
+
+def _images_of(message: Message) -> tuple[Mapping[str, JSONValue], ...]:
+    return tuple(a for a in message.attachments if a.get("kind") == "image")
+
+
+def _with_attachment_notes(content: str, message: Message) -> str:
+    notes = [str(a["note"]) for a in message.attachments
+             if a.get("kind") != "image" and a.get("note")]
+    return "\n".join([content, *notes]).strip() if notes else content
+
+
+def _protect(entries: list[_Entry], first_user: int | None, newest_images: int | None) -> None:
+    for entry in entries[-PROTECT_LAST:]:
+        entry.protected = True
+    if entries and entries[0].message.seq == first_user:
+        entries[0].protected = True
+    if newest_images is not None:
+        entries[newest_images].protected = True
+    last_call = max((e.group for e in entries if e.tool_calls), default=None)
+    for entry in entries:
+        if last_call is not None and entry.group == last_call:
+            entry.protected = True
+    # A group is dropped whole, so protecting one member protects all of it.
+    kept = {e.group for e in entries if e.protected}
+    for entry in entries:
+        entry.protected = entry.group in kept
+
+
+def _entries_tokens(entries: Sequence[_Entry], ratio: float) -> int:
+    tokens = 0
+    dropped = 0
+    for entry in entries:
+        if entry.dropped:
+            dropped += 1
+            continue
+        if entry.condensed_into is not None:
+            if entry.condensed_into:
+                tokens += MESSAGE_OVERHEAD_TOKENS + estimate_tokens(entry.condensed_into, ratio)
+            continue
+        tokens += MESSAGE_OVERHEAD_TOKENS + estimate_tokens(entry.content, ratio)
+        if entry.tool_calls:
+            calls = json.dumps([dict(c) for c in entry.tool_calls], separators=(",", ":"))
+            tokens += estimate_tokens(calls, ratio)
+        tokens += sum(image_tokens(i) for i in entry.images)
+    if dropped:
+        tokens += chat_tokens(omitted_note(dropped), ratio)
+    return tokens
+
+
+def _decay(entries: list[_Entry], ratio: float, budget: int, total: _Total) -> int:
+    """Old tool output shrinks with age: older results keep less, oldest first."""
+    decayed = 0
+    for entry in entries:
+        if total() <= budget:
             break
-        start -= 1
-        used += cost
-    while start < len(chat) and chat[start]["role"] != "user":
-        used -= estimate_messages([chat[start]], ratio)
-        start += 1
-    kept = chat[start:]
-    return Request(messages=[system, *kept], estimated_tokens=used, omitted=start)
+        if entry.message.role != "tool" or entry.protected or entry.age == 0:
+            continue
+        keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> entry.age)
+        if len(entry.content) > keep + 80:
+            entry.content = excerpt(entry.content, keep, "of an old tool result left out")
+            decayed += 1
+    return decayed
+
+
+def _condense(entries: list[_Entry], conversation_id: str, budget: int, total: _Total) -> int:
+    """Old tool cycles (a call and its results) become one line, oldest first."""
+    condensed = 0
+    for group in sorted({e.group for e in entries if e.tool_calls and not e.protected}):
+        if total() <= budget:
+            break
+        members = [e for e in entries if e.group == group]
+        calls = ", ".join(_call_text(c) for m in members for c in m.tool_calls)
+        sizes = sum(len(m.message.content) for m in members if m.message.role == "tool")
+        first, last = members[0].message.seq, members[-1].message.seq
+        text = members[0].content.strip()
+        line = (f"{text} " if text else "") + (
+            f"[earlier I called {calls}; {sizes:,} characters of results, "
+            f'conversation_read("{conversation_id}", {first}, {last}) returns them]')
+        members[0].condensed_into = line
+        for member in members[1:]:
+            member.condensed_into = ""
+        condensed += 1
+    return condensed
+
+
+def _call_text(call: Mapping[str, JSONValue]) -> str:
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        return "a tool"
+    arguments = json.dumps(function.get("arguments", {}), ensure_ascii=False,
+                           separators=(",", ":"))
+    if len(arguments) > 80:
+        arguments = arguments[:77] + "..."
+    return f"{function.get('name', 'a tool')}({arguments})"
+
+
+def _drop(entries: list[_Entry], budget: int, total: _Total) -> int:
+    """Drop the oldest unprotected groups whole until the request fits."""
+    dropped = 0
+    for group in sorted({e.group for e in entries if not e.protected}):
+        if total() <= budget:
+            break
+        for entry in entries:
+            if entry.group == group:
+                entry.dropped = True
+                dropped += 1
+    return dropped
+
+
+def _cut(
+    entries: list[_Entry], conversation_id: str, ratio: float, budget: int, total: _Total
+) -> int:
+    """Last resort: cut tool output (protected too), oldest first, as much as needed."""
+    cut = 0
+    for entry in entries:
+        over = total() - budget
+        if over <= 0:
+            break
+        if entry.dropped or entry.condensed_into is not None or entry.message.role != "tool":
+            continue
+        excess_chars = math.ceil(over * 4 / ratio) + 120  # room for the label itself
+        keep = max(CUT_FLOOR_CHARS, len(entry.content) - excess_chars)
+        if keep < len(entry.content):
+            label = (f'cut to fit the context window; conversation_read("{conversation_id}", '
+                     f"{entry.message.seq}, {entry.message.seq}) returns all of it")
+            entry.content = excerpt(entry.content, keep, label)
+            cut += 1
+    return cut
+
+
+def _render(
+    entries: Sequence[_Entry], preamble: list[ChatMessage], system: ChatMessage, tail_note: str
+) -> tuple[list[ChatMessage], dict[int, tuple[Mapping[str, JSONValue], ...]]]:
+    messages: list[ChatMessage] = [system, *preamble]
+    images: dict[int, tuple[Mapping[str, JSONValue], ...]] = {}
+    dropped = sum(1 for e in entries if e.dropped)
+    note_placed = False
+    for entry in entries:
+        if entry.dropped:
+            if not note_placed:
+                messages.append(omitted_note(dropped))
+                note_placed = True
+            continue
+        if entry.condensed_into is not None:
+            if entry.condensed_into:
+                messages.append({"role": "assistant", "content": entry.condensed_into})
+            continue
+        chat: ChatMessage = {"role": entry.message.role, "content": entry.content}
+        if entry.tool_calls:
+            chat["tool_calls"] = [dict(c) for c in entry.tool_calls]  # type: ignore[misc]
+        if entry.message.role == "tool" and entry.message.tool_name:
+            chat["tool_name"] = entry.message.tool_name
+        if entry.images:
+            images[len(messages)] = entry.images
+        messages.append(chat)
+    if tail_note and len(messages) > 1 + len(preamble):
+        last = messages[-1]
+        messages[-1] = {**last, "content": f"{last.get('content') or ''}{tail_note}"}
+    return messages, images
+
+
+def as_chat(message: Message) -> ChatMessage:
+    """A stored message as a plain chat message (no lens), e.g. for status estimates."""
+    return {"role": message.role, "content": message.content}
+

@@ -325,7 +325,7 @@ def test_conversations_per_chat_archiving_and_listing(state_dir: Path) -> None:
         assert store.active_conversation(OTHER) == other
         assert store.active_conversation("telegram:999") is None
 
-        store.save_conversation(first.archived())
+        store.save_conversation(first.archived("new"))
         assert store.active_conversation(CHAT) is None
         second = store.create_conversation(CHAT, T0 + 2)
         store.save_conversation(second.touched(T0 + 3))

@@ -42,6 +42,11 @@ async def engine_for(
         store.close()
 
 
+def typed(content: str) -> str:
+    """A sent user message without the clock roost appends to the last one."""
+    return content.split("\n\n[now: ", 1)[0]
+
+
 def inbound(text: str) -> Inbound:
     return Inbound(chat_key=CHAT, text=text, received=time.time())
 
@@ -129,7 +134,8 @@ async def test_five_messages_during_a_turn_are_answered_together_in_order(
         assert await engine.submit(inbound(f"message {n}"))
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
     assert len(fake_ollama.chat_requests) == 2
-    second = [m["content"] for m in fake_ollama.chat_requests[1]["messages"] if m["role"] == "user"]
+    second = [typed(m["content"]) for m in fake_ollama.chat_requests[1]["messages"]
+              if m["role"] == "user"]
     assert second == ["first"] + [f"message {n}" for n in range(2, 7)]
     assert recording_channel.texts("reply") == ["first answer", "second answer"]
     conversation = engine.store.active_conversation(CHAT)

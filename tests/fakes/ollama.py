@@ -86,10 +86,13 @@ class Recorded:
 
 
 def echo_reply(body: dict[str, Any]) -> Reply:
-    """The default answer: "echo: " plus the first 200 characters of the last user message."""
+    """The default answer: "echo: " plus the first line (at most 200 characters) of the last
+    user message; roost appends its clock to that message after a blank line, so the first line
+    is what the user typed."""
     users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
     last = str(users[-1].get("content") or "") if users else ""
-    return Reply(content="echo: " + last[:200])
+    first_line = last.split("\n", 1)[0]
+    return Reply(content="echo: " + first_line[:200])
 
 
 def _compact(data: object, sort_keys: bool = False) -> str:

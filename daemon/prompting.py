@@ -1,0 +1,120 @@
+"""Assembles the request of a turn from the pure context functions and the day's inputs.
+
+The I/O-bound inputs are gathered here (the model's num_ctx, the memory map once per calendar day,
+the clock in the configured timezone) and handed to `daemon/context/`, which decides the bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+from daemon.config import Settings
+from daemon.context.budget import estimate_tokens, request_budget
+from daemon.context.prefix import Capability, MemoryMap, system_prefix, volatile_tail
+from daemon.context.replay import Request, build_request, chat_tokens
+from daemon.conversations import Conversation, Message
+from daemon.llm import ModelClient
+from daemon.store import Store
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to send, with the numbers it was fitted against."""
+
+    request: Request
+    budget: int
+    num_ctx: int
+    ratio: float
+    tool_tokens: int
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+    def raw_estimate(self) -> int:
+        """The request's estimate at ratio 1, what calibration divides Ollama's count by."""
+        return sum(chat_tokens(m, 1.0) for m in self.request.messages) + self.tool_tokens
+
+    def accounting(self) -> dict[str, Any]:
+        """Token counts per part against the budget, for the debug snapshots."""
+        return {
+            "num_ctx": self.num_ctx,
+            "budget": self.budget,
+            "ratio": round(self.ratio, 4),
+            "estimate": self.request.estimate,
+            "parts": {**self.request.parts, "tools": self.tool_tokens},
+            "fit": {"stubbed": self.request.stubbed, "decayed": self.request.decayed,
+                    "condensed": self.request.condensed, "omitted": self.request.omitted,
+                    "cut": self.request.cut},
+            "messages": self.request.messages,
+        }
+
+
+class Prompting:
+    """Builds requests; caches the memory map for the calendar day it was made on."""
+
+    def __init__(
+        self, *, settings: Settings, store: Store, llm: ModelClient, clock: Callable[[], float]
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.clock = clock
+        self._memory: MemoryMap | None = None
+
+    def today(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), self.settings.daemon.tz)
+
+    async def memory_map(self, day: date) -> MemoryMap:
+        """The memory map of `day`, computed once that day (so the prefix stays byte-stable)."""
+        if self._memory is None or self._memory.day != day:
+            stats = await asyncio.to_thread(self.store.stats)
+            tz = self.settings.daemon.tz
+            self._memory = MemoryMap(
+                day=day,
+                conversations=stats.conversations,
+                messages=stats.messages,
+                summaries=stats.summaries,
+                automations=len(self.settings.automations),
+                first_day=datetime.fromtimestamp(stats.first, tz).date() if stats.first else None,
+                last_day=datetime.fromtimestamp(stats.last, tz).date() if stats.last else None,
+            )
+        return self._memory
+
+    async def prefix(self, conversation: Conversation,
+                     capabilities: Sequence[Capability] = ()) -> str:
+        memory = await self.memory_map(self.today().date())
+        return system_prefix(conversation.kind, capabilities=capabilities, memory=memory,
+                             variables=self.settings.variables)
+
+    async def prepare(
+        self,
+        conversation: Conversation,
+        history: Sequence[Message],
+        *,
+        ratio: float | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        capabilities: Sequence[Capability] = (),
+    ) -> Prepared:
+        """The request for the conversation's next model call, fitted to its budget.
+
+        Raises `DoesNotFit` when the protected messages alone are larger than the budget.
+        """
+        ratio = conversation.token_ratio if ratio is None else ratio
+        num_ctx = await self.llm.num_ctx()
+        tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
+                       if tools else 0)
+        budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens
+        request = build_request(
+            conversation_id=conversation.id,
+            prefix=await self.prefix(conversation, capabilities),
+            history=history,
+            budget=budget,
+            ratio=ratio,
+            summary=conversation.summary,
+            tail_note=volatile_tail(self.today()),
+        )
+        return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
+                        tool_tokens=tool_tokens, tools=tuple(tools))
