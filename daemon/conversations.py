@@ -146,9 +146,11 @@ class Conversation:
         )
 
     @classmethod
-    def start(cls, chat_key: str, now: float, *, after_idle: bool = False) -> Conversation:
+    def start(
+        cls, chat_key: str, now: float, *, after_idle: bool = False, token_ratio: float = 1.0
+    ) -> Conversation:
         return cls(id=new_id(now), chat_key=chat_key, kind=kind_of(chat_key), created=now,
-                   last_active=now, after_idle=after_idle)
+                   last_active=now, after_idle=after_idle, token_ratio=token_ratio)
 
     def touched(self, now: float) -> Conversation:
         return replace(self, last_active=now)

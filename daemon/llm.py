@@ -134,8 +134,9 @@ class ModelClient:
             return await self._background_call(call)
         self.waiting += 1
         try:
-            for task in list(self._background):
-                task.cancel()
+            if self._gate.locked():
+                for task in list(self._background):
+                    task.cancel()
             await self._gate.acquire()
         finally:
             self.waiting -= 1

@@ -26,17 +26,26 @@ class Router:
             return current
         if current is not None:
             self._archive(current, "idle")
-            return self.store.create_conversation(chat_key, now, after_idle=True)
-        previous = self.store.list_conversations(chat_key=chat_key)
-        after_idle = bool(previous) and previous[-1].archived_reason == "idle"
-        return self.store.create_conversation(chat_key, now, after_idle=after_idle)
+        return self._start(chat_key, now)
 
     def rotate(self, chat_key: str, now: float) -> Conversation:
         """Archive the chat's active conversation (if any) and start a new one: `/new`."""
         current = self.store.active_conversation(chat_key)
         if current is not None:
             self._archive(current, "new")
-        return self.store.create_conversation(chat_key, now)
+        return self._start(chat_key, now)
+
+    def _start(self, chat_key: str, now: float) -> Conversation:
+        """A new conversation, marked when its predecessor went idle. It starts from the
+        previous conversation's token ratio: same model, same tokenizer, so the first request
+        is estimated as well as the last one was."""
+        previous = self.store.list_conversations(chat_key=chat_key)
+        last = previous[-1] if previous else None
+        return self.store.create_conversation(
+            chat_key, now,
+            after_idle=last is not None and last.archived_reason == "idle",
+            token_ratio=last.token_ratio if last is not None else 1.0,
+        )
 
     def rotate_idle(self, now: float, busy: set[str]) -> list[Conversation]:
         """Archive every active conversation idle for `idle_rotation` (the timer's sweep).

@@ -218,10 +218,11 @@ class Store:
 
     @_locked
     def create_conversation(
-        self, chat_key: str, now: float, *, after_idle: bool = False
+        self, chat_key: str, now: float, *, after_idle: bool = False, token_ratio: float = 1.0
     ) -> Conversation:
         """Start a new active conversation for `chat_key`."""
-        conversation = Conversation.start(chat_key, now, after_idle=after_idle)
+        conversation = Conversation.start(chat_key, now, after_idle=after_idle,
+                                          token_ratio=token_ratio)
         folder = self._conversation_dir(conversation.id)
         folder.mkdir(parents=True, exist_ok=True)
         record = self._index_doc(conversation)

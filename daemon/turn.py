@@ -40,9 +40,10 @@ EMPTY_REPLY = "(The model returned an empty reply.)"
 NEW_CONVERSATION_LINE = (
     "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
 )
-# A prompt_eval_count below this share of what was sent means Ollama cut the prompt, provided
-# the prompt was large enough that a cut was possible at all (half the window or more).
+# A prompt_eval_count below this share of what was sent means Ollama cut the prompt (dropping
+# old messages), provided the prompt was not tiny; one that fills num_ctx to the brim was cut too.
 SILENT_CUT_SHARE = 0.6
+RATIO_DECAY = 0.2
 
 
 class Outcome(enum.Enum):
@@ -200,7 +201,8 @@ class TurnRunner:
         if not count or prepared.request.images or raw <= 0:
             return prepared.ratio
         estimate = prepared.request.estimate + prepared.tool_tokens
-        if count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 2:
+        far_below = count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 4
+        if far_below or count >= prepared.num_ctx - 16:
             # Ollama dropped part of the prompt: the real size was above num_ctx.
             ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25), RATIO_MAX)
             await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
@@ -213,7 +215,12 @@ class TurnRunner:
             return ratio
         if count < RATIO_MIN * raw:
             return prepared.ratio  # a count of cached-out tokens only (old Ollama): ignore it
-        return calibrated_ratio(count, raw)
+        measured = calibrated_ratio(count, raw)
+        # Up at once, down slowly: requests mix text whose tokens-per-character differ, and an
+        # underestimate is what makes Ollama cut, while an overestimate only costs a little room.
+        if measured >= prepared.ratio:
+            return measured
+        return prepared.ratio + (measured - prepared.ratio) * RATIO_DECAY
 
     async def _fail(self, chat_key: str, items: Sequence[Inbound], text: str) -> TurnResult:
         await self.notify(chat_key, text)

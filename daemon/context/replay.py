@@ -330,22 +330,31 @@ def _drop(entries: list[_Entry], budget: int, total: _Total) -> int:
 def _cut(
     entries: list[_Entry], conversation_id: str, ratio: float, budget: int, total: _Total
 ) -> int:
-    """Last resort: cut tool output (protected too), oldest first, as much as needed."""
+    """Last resort: cut tool output (protected too), oldest first, in fixed steps.
+
+    The steps depend only on the budget, not on how far over it the request is, so a result cut
+    on one turn is cut the same way on the next and the prompt cache keeps matching.
+    """
     cut = 0
-    for entry in entries:
-        over = total() - budget
-        if over <= 0:
-            break
-        if entry.dropped or entry.condensed_into is not None or entry.message.role != "tool":
-            continue
-        excess_chars = math.ceil(over * 4 / ratio) + 120  # room for the label itself
-        keep = max(CUT_FLOOR_CHARS, len(entry.content) - excess_chars)
-        if keep < len(entry.content):
-            label = (f'cut to fit the context window; conversation_read("{conversation_id}", '
-                     f"{entry.message.seq}, {entry.message.seq}) returns all of it")
-            entry.content = excerpt(entry.content, keep, label)
-            cut += 1
+    for keep in _cut_levels(budget):
+        for entry in entries:
+            if total() <= budget:
+                return cut
+            if entry.dropped or entry.condensed_into is not None or entry.message.role != "tool":
+                continue
+            if len(entry.content) > keep + 200:
+                label = (f'cut to fit the context window; conversation_read("{conversation_id}", '
+                         f"{entry.message.seq}, {entry.message.seq}) returns all of it")
+                entry.content = excerpt(entry.message.content, keep, label)
+                cut += 1
     return cut
+
+
+def _cut_levels(budget: int) -> list[int]:
+    """Characters a cut tool result keeps, step by step: about half, a quarter, a tenth of the
+    budget, then a floor."""
+    chars = budget * 4
+    return [chars // 2, chars // 4, chars // 10, CUT_FLOOR_CHARS]
 
 
 def _render(

@@ -1,0 +1,338 @@
+"""The context lifecycle end to end, against the fake Ollama: what the model is sent over many
+turns, the background fold, calibration, the overflow retry and idle rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from channels.base import Inbound
+from daemon.config import Settings
+from daemon.context.fold import FOLD_SYSTEM
+from daemon.engine import Engine
+from daemon.llm import ModelClient
+from daemon.store import Store
+from daemon.turn import NEW_CONVERSATION_LINE
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
+
+CHAT = "telegram:1111111"
+DAY0 = 1_796_112_000.0  # 2026-12-01 08:00 UTC
+OVERFLOW_BODY = json.dumps({"error": {
+    "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 9000, "n_ctx": 8192,
+    "message": "request (9000 tokens) exceeds the available context size (8192 tokens), "
+               "try increasing it"}})
+
+
+@dataclass
+class Clock:
+    now: float = DAY0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Rig:
+    """An engine on a fake clock, with the fake model answering turns and folds."""
+
+    engine: Engine
+    fake: FakeOllama
+    channel: RecordingChannel
+    clock: Clock
+    fold_delay: float = 0.0
+    fold_calls: int = 0
+    summaries: list[str] = field(default_factory=list)
+
+    @property
+    def store(self) -> Store:
+        return self.engine.store
+
+    async def say(self, text: str, *, wait_fold: bool = True) -> None:
+        assert await self.engine.submit(Inbound(chat_key=CHAT, text=text, received=self.clock()))
+        await asyncio.wait_for(self.engine.wait_idle(CHAT), 20)
+        if wait_fold:
+            await self.engine.folder.wait(self.conversation_id())
+        self.clock.now += 30
+
+    def conversation_id(self) -> str:
+        conversation = self.store.active_conversation(CHAT)
+        assert conversation is not None
+        return conversation.id
+
+    def tool_cycle(self, size: int, name: str = "web_fetch") -> None:
+        """A tool call and its result, as the tool loop will store them."""
+        cid = self.conversation_id()
+        self.store.append_message(cid, "assistant", "", created=self.clock(), tool_calls=(
+            {"function": {"name": name, "arguments": {"url": f"https://example.org/{size}"}}},))
+        body = (f"Result line for a {size} character page. " * (size // 40 + 1))[:size]
+        self.store.append_message(cid, "tool", body, created=self.clock(), tool_name=name)
+
+    def turn_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.fake.chat_requests if not is_fold(r)]
+
+
+def is_fold(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or []
+    return bool(messages) and str(messages[0].get("content", "")).startswith(FOLD_SYSTEM)
+
+
+@pytest.fixture
+async def rig_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[..., Any]]:
+    made: list[tuple[Engine, ModelClient, Store, FakeOllama]] = []
+
+    async def make(*, window: int = 8192, concurrency: int = 1, **daemon: Any) -> Rig:
+        fake = FakeOllama(models=[FakeModel(context_length=32768)])
+        await fake.start()
+        settings: Settings = make_settings(
+            model={"host": fake.url, "window": window, "concurrency": concurrency,
+                   "retry_backoff": 0.01, "retry_attempts": 2},
+            daemon={"timezone": "UTC", **daemon},
+        )
+        clock = Clock()
+        store = Store.open(settings.daemon.state_dir)
+        llm = ModelClient(settings.model)
+        channel = RecordingChannel("telegram")
+        engine = Engine(settings=settings, store=store, llm=llm, channels={"telegram": channel},
+                        clock=clock)
+        rig = Rig(engine, fake, channel, clock)
+
+        def answer(body: dict[str, Any]) -> Reply:
+            if is_fold(body):
+                rig.fold_calls += 1
+                summary = f"Summary {rig.fold_calls}: the user chats and reads pages."
+                rig.summaries.append(summary)
+                return Reply(content=summary, delay=rig.fold_delay)
+            return echo_reply(body)
+
+        fake.default_reply = answer
+        await engine.start()
+        made.append((engine, llm, store, fake))
+        return rig
+
+    yield make
+    for engine, llm, store, fake in made:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+        await fake.stop()
+
+
+async def test_system_message_is_byte_identical_for_a_day_across_stubs_and_folds(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    for turn in range(50):
+        if turn % 5 == 4:
+            rig.tool_cycle(6_000)  # becomes a stub two exchanges later
+        await rig.say(f"Turn {turn}: tell me something short.")
+    conversation = rig.store.get_conversation(rig.conversation_id())
+    assert conversation is not None and conversation.summary.fold_count >= 1
+    requests = rig.turn_requests()
+    assert len(requests) == 50
+    stubs = [m for r in requests for m in r["messages"]
+             if "not repeated here" in m.get("content", "")]
+    assert stubs, "the run crossed no stub boundary"
+    systems = {r["messages"][0]["content"] for r in requests}
+    assert len(systems) == 1
+    # A new calendar day may change it (the memory map is recounted once per day).
+    rig.clock.now += 24 * 3600
+    await rig.say("Good morning")
+    assert rig.turn_requests()[-1]["messages"][0]["content"] != systems.pop()
+
+
+async def test_300_turns_with_40kb_tool_outputs_never_exceed_the_budget(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    for turn in range(300):
+        if turn % 3 == 1:
+            rig.tool_cycle(40_000)
+        await rig.say(f"Turn {turn}: what does the page say about item {turn}?")
+    budget = 8192 - 1024
+    real = [rig.fake.count_tokens(r["messages"], r.get("tools")) for r in rig.turn_requests()]
+    assert len(real) == 300
+    assert max(real) <= budget, f"largest request {max(real)} tokens, budget {budget}"
+    assert rig.fake.cuts == 0 and rig.fake.overflows == 0
+    last = rig.channel.texts("reply")[-1]
+    assert last == "echo: Turn 299: what does the page say about item 299?"
+    # One model call per fold, never one per message.
+    conversation = rig.store.get_conversation(rig.conversation_id())
+    assert conversation is not None
+    assert rig.fold_calls == conversation.summary.fold_count
+
+
+async def test_a_user_fact_from_turn_one_survives_three_folds_word_for_word(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    fact = "My locker code is 4921 and the cat is called Miso."
+    await rig.say(fact)
+    turn = 0
+    while (rig.store.get_conversation(rig.conversation_id()) or
+           pytest.fail("no conversation")).summary.fold_count < 3:
+        turn += 1
+        assert turn < 200, "three folds never happened"
+        if turn % 2:
+            rig.tool_cycle(3_000)
+        await rig.say(f"Another thing, number {turn}.")
+    summary = rig.store.get_conversation(rig.conversation_id()).summary  # type: ignore[union-attr]
+    assert fact in summary.user_notes
+    assert summary.summary == rig.summaries[-1]
+    # The fold was told the previous summary each time, so the model can merge into one.
+    folds = [r for r in rig.fake.chat_requests if is_fold(r)]
+    assert rig.summaries[-2] in folds[-1]["messages"][1]["content"]
+
+
+async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    rig.fold_delay = 30.0
+    await rig.say("Hello", wait_fold=False)
+    for turn in range(12):
+        rig.tool_cycle(4_000)
+        await rig.say(f"Filling turn {turn}", wait_fold=False)
+        if rig.fold_calls:
+            break
+    assert rig.fold_calls, "no fold was started"
+    await rig.fake.wait_for_chats(len(rig.fake.chat_requests))
+    started = asyncio.get_running_loop().time()
+    await rig.say("Are you still quick?", wait_fold=False)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert rig.channel.texts("reply")[-1] == "echo: Are you still quick?"
+    conversation = rig.store.get_conversation(rig.conversation_id())
+    assert conversation is not None and conversation.summary.fold_count == 0  # preempted
+
+
+async def test_a_turn_saved_during_a_fold_is_intact_and_the_boundary_is_the_pinned_id(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096, concurrency=2)
+    rig.fold_delay = 0.5
+    await rig.say("Hello", wait_fold=False)
+    for turn in range(12):
+        rig.tool_cycle(4_000)
+        await rig.say(f"Filling turn {turn}", wait_fold=False)
+        if rig.engine.folder.busy(rig.conversation_id()):
+            break
+    cid = rig.conversation_id()
+    assert rig.engine.folder.busy(cid), "no fold in flight"
+    before = rig.store.messages(cid)
+    await rig.say("Saved while the fold runs", wait_fold=False)
+    await rig.engine.folder.wait(cid)
+    after = rig.store.messages(cid)
+    assert after[: len(before)] == before
+    assert [m.content for m in after[len(before):]] == [
+        "Saved while the fold runs", "echo: Saved while the fold runs"]
+    summary = rig.store.get_conversation(cid).summary  # type: ignore[union-attr]
+    assert summary.fold_count == 1
+    pinned = [m for m in after if m.seq == summary.through_seq]
+    assert pinned and pinned[0].id == summary.through_id
+    assert summary.through_seq < len(before)
+
+
+async def test_an_overflow_is_retried_once_after_recalibrating(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    await rig.say("hello")
+    ratio_before = rig.store.get_conversation(rig.conversation_id()).token_ratio  # type: ignore[union-attr]
+    rig.fake.script(Reply(status=400, error=OVERFLOW_BODY))
+    await rig.say("and now?")
+    assert rig.channel.texts("reply")[-1] == "echo: and now?"
+    assert len(rig.turn_requests()) == 3  # hello, the refused one, the retry
+    ratio_after = rig.store.get_conversation(rig.conversation_id()).token_ratio  # type: ignore[union-attr]
+    assert ratio_after != ratio_before
+    events = rig.engine.records.events("2026-12-01")
+    assert sum("overflow-retry" in e for e in events) == 1
+
+
+async def test_an_overflow_is_retried_only_once(rig_for: Callable[..., Any]) -> None:
+    rig: Rig = await rig_for()
+    rig.fake.script(Reply(status=400, error=OVERFLOW_BODY), Reply(status=400, error=OVERFLOW_BODY))
+    await rig.say("too big twice")
+    assert len(rig.turn_requests()) == 2
+    [notice] = rig.channel.texts("notice")
+    assert "exceeds the available context size" in notice
+    assert rig.channel.texts("reply") == []
+    # The message is kept and the next one is answered normally.
+    await rig.say("smaller now")
+    assert rig.channel.texts("reply") == ["echo: smaller now"]
+
+
+async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    await rig.say("first")
+    cid = rig.conversation_id()
+    # Pretend calibration went badly wrong: roost now underestimates by far.
+    conversation = rig.store.get_conversation(cid)
+    assert conversation is not None
+    rig.store.save_conversation(conversation.__class__(**{**conversation.__dict__,
+                                                          "token_ratio": 0.5}))
+    rig.tool_cycle(12_000)
+    await rig.say("What does it say?", wait_fold=False)
+    assert rig.fake.cuts == 1
+    events = rig.engine.records.events("2026-12-01")
+    assert any("silent-cut" in e for e in events)
+    assert rig.store.get_conversation(cid).token_ratio > 0.5  # type: ignore[union-attr]
+
+
+async def test_idle_chat_rotates_on_the_timer_and_the_next_reply_says_so(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    await rig.say("morning")
+    first = rig.conversation_id()
+    rig.clock.now += 3 * 3600 - 60
+    assert await rig.engine.rotate_idle() == []
+    rig.clock.now += 120
+    assert await rig.engine.rotate_idle() == [first]
+    assert rig.store.active_conversation(CHAT) is None
+    assert rig.store.get_conversation(first).status == "archived"  # type: ignore[union-attr]
+    await rig.say("evening")
+    await rig.say("and again")
+    replies = rig.channel.texts("reply")
+    assert replies[1] == f"{NEW_CONVERSATION_LINE}\n\necho: evening"
+    assert replies[2] == "echo: and again"
+    second = rig.store.get_conversation(rig.conversation_id())
+    assert second is not None and second.id != first
+    # The stored reply is the model's words alone.
+    assert [m.content for m in rig.store.messages(second.id)][1] == "echo: evening"
+    assert any("rotation" in e and first in e for e in rig.engine.records.events("2026-12-01"))
+
+
+async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
+    rig: Rig = await rig_for()
+    for turn in range(10):
+        await rig.say(f"Message {turn} " + "words " * 40, wait_fold=False)
+    await rig.say("/status")
+    status = rig.channel.texts("notice")[-1]
+    assert "Window: 8,192 tokens" in status and "20 messages" in status
+    assert "of 7,168 tokens" in status and "Summary: none yet" in status
+    await rig.say("/compact")
+    assert rig.channel.texts("notice")[-1].startswith("Folded ")
+    await rig.say("/status")
+    status = rig.channel.texts("notice")[-1]
+    assert "Summary: " in status and "covering messages 1-" in status and "1 folds" in status
+
+
+async def test_debug_keeps_the_last_50_requests_with_their_parts(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    for turn in range(53):
+        await rig.say(f"Turn {turn}", wait_fold=False)
+    snapshots = sorted((rig.store.state_dir / "debug").glob("*.json"))
+    assert len(snapshots) == 50
+    last = json.loads(snapshots[-1].read_text("utf-8"))
+    assert set(last["parts"]) == {"prefix", "summary", "tail", "tools"}
+    assert last["estimate"] <= last["budget"] == 7168
+    assert last["messages"][-1]["content"].startswith("Turn 52")
