@@ -7,6 +7,7 @@ platform calls. Deciding whether to handle a message, and handling it, happen in
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -91,9 +92,15 @@ class Channel(Protocol):
     name: str
 
     async def send(self, outbound: Outbound) -> None:
-        """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered."""
+        """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered
+        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot)."""
         ...
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
         """Show a piece of a reply as it is generated; channels that cannot stream ignore it."""
+        ...
+
+    def working(self, chat_key: str) -> AbstractAsyncContextManager[None]:
+        """Held while a turn for the chat runs: a channel may show "typing…" meanwhile.
+        Leaving it (turn done, failed or cancelled) must stop whatever it started."""
         ...

@@ -7,6 +7,7 @@ message interrupted mid-answer is answered at the next start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from typing import TextIO
@@ -31,6 +32,9 @@ class ConsoleChannel:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self._mid_reply = False
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
         if not self._mid_reply:

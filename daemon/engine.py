@@ -184,8 +184,10 @@ class Engine:
                 continue
             idle.clear()
             self._in_turn.add(chat_key)
+            channel = self.channels.get(kind_of(chat_key))
             try:
-                await self._handle([Inbound.from_doc(d) for d in docs])
+                async with channel.working(chat_key) if channel else contextlib.nullcontext():
+                    await self._handle([Inbound.from_doc(d) for d in docs])
             finally:
                 self._in_turn.discard(chat_key)
             if chat_key in self._parked:
@@ -240,6 +242,14 @@ class Engine:
                 assert channel is not None
                 await channel.send(outbound)
             except DeliveryError as exc:
+                if exc.permanent:
+                    log.warning("giving up delivery to %s: %s", chat_key, exc)
+                    await asyncio.to_thread(self.store.set_chat_flag, chat_key, "blocked",
+                                            self.clock())
+                    await asyncio.to_thread(self.store.outbox_done, outbound.id)
+                    await asyncio.to_thread(self.records.event, self.clock(), "undeliverable",
+                                            outbound.conversation_id or chat_key, str(exc))
+                    continue
                 failures = self._delivery_failures.get(chat_key, 0) + 1
                 self._delivery_failures[chat_key] = failures
                 log.warning("delivery to %s failed (%d in a row): %s", chat_key, failures, exc)

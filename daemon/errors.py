@@ -75,4 +75,12 @@ class ChannelError(RoostError):
 
 
 class DeliveryError(ChannelError):
-    """A reply could not be delivered to the user."""
+    """A reply could not be delivered to the user.
+
+    `permanent` means retrying cannot help (the user blocked the bot, the chat is gone): the
+    engine stops retrying and marks the chat instead of keeping the reply queued forever.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        self.permanent = permanent
+        super().__init__(message)

@@ -141,7 +141,16 @@ def _migration_1_tables(db: TinyDB) -> None:
         db.table(name)
 
 
-MIGRATIONS: tuple[Callable[[TinyDB], None], ...] = (_migration_1_tables,)
+def _migration_2_channel_tables(db: TinyDB) -> None:
+    """Version 2: raw platform updates awaiting translation, and per-chat flags."""
+    for name in ("updates", "chats"):
+        db.table(name)
+
+
+MIGRATIONS: tuple[Callable[[TinyDB], None], ...] = (
+    _migration_1_tables,
+    _migration_2_channel_tables,
+)
 
 
 class Store:
@@ -363,8 +372,48 @@ class Store:
         return sorted(items, key=lambda i: (i["created"], i["id"]))
 
     @_locked
+    def outbox_update(self, item_id: str, **fields: Any) -> None:
+        """Record delivery progress on an outbox item (e.g. how many parts were sent)."""
+        self.index.table("outbox").update(fields, Query().id == item_id)
+
+    @_locked
+    def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
+                    received: float) -> None:
+        """Persist a raw platform payload before the platform gets its 200; it is translated
+        into inbox messages afterwards (which may need downloads), and again after a crash."""
+        self.index.table("updates").insert(
+            {"channel": channel, "key": key, "payload": dict(payload), "received": received})
+
+    @_locked
+    def updates_pending(self, channel: str) -> list[dict[str, Any]]:
+        docs = self.index.table("updates").search(Query().channel == channel)
+        return sorted((dict(d) for d in docs), key=lambda d: (d["received"], d["key"]))
+
+    @_locked
+    def updates_done(self, key: str) -> None:
+        self.index.table("updates").remove(Query().key == key)
+
+    @_locked
     def outbox_done(self, item_id: str) -> None:
         self.index.table("outbox").remove(Query().id == item_id)
+
+    @_locked
+    def set_chat_flag(self, chat_key: str, flag: str, value: Any) -> None:
+        """Remember something about a chat (e.g. `blocked`: the user blocked the bot); None
+        removes the flag."""
+        table = self.index.table("chats")
+        doc = table.get(Query().chat_key == chat_key) or {"chat_key": chat_key}
+        flags = {k: v for k, v in dict(doc).items() if k != flag}
+        if value is not None:
+            flags[flag] = value
+        # Replace the document: TinyDB's update merges and could not remove a flag.
+        table.remove(Query().chat_key == chat_key)
+        table.insert(flags)
+
+    @_locked
+    def chat_flags(self, chat_key: str) -> dict[str, Any]:
+        doc = self.index.table("chats").get(Query().chat_key == chat_key)
+        return {k: v for k, v in dict(doc or {}).items() if k != "chat_key"}
 
     @_locked
     def dedupe_claim(self, key: str, now: float) -> bool:

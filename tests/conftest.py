@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -60,6 +61,9 @@ class RecordingChannel:
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
         self.deltas.append(delta)
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
 
     async def send(self, outbound: Outbound) -> None:
         self.sent.append(outbound)

@@ -613,3 +613,24 @@ def test_open_that_fails_on_a_full_disk_releases_the_directory(
         Store.open(state_dir)
     disk.armed = False
     Store.open(state_dir).close()
+
+
+def test_raw_updates_outbox_progress_and_chat_flags_survive_a_reopen(state_dir: Path) -> None:
+    with Store.open(state_dir) as store:
+        store.updates_add("telegram", "telegram:update:2", {"update_id": 2}, received=20.0)
+        store.updates_add("telegram", "telegram:update:1", {"update_id": 1}, received=10.0)
+        store.updates_add("whatsapp", "whatsapp:wamid.A", {"id": "wamid.A"}, received=5.0)
+        store.outbox_add({"id": "o1", "chat_key": "telegram:1", "text": "hi", "created": 1.0})
+        store.outbox_update("o1", parts_sent=2)
+        store.set_chat_flag("telegram:1", "blocked", 123.0)
+    with Store.open(state_dir) as store:
+        pending = store.updates_pending("telegram")
+        assert [u["payload"]["update_id"] for u in pending] == [1, 2]
+        store.updates_done("telegram:update:1")
+        assert [u["key"] for u in store.updates_pending("telegram")] == ["telegram:update:2"]
+        assert [u["key"] for u in store.updates_pending("whatsapp")] == ["whatsapp:wamid.A"]
+        assert store.outbox_pending()[0]["parts_sent"] == 2
+        assert store.chat_flags("telegram:1") == {"blocked": 123.0}
+        store.set_chat_flag("telegram:1", "blocked", None)
+        assert store.chat_flags("telegram:1") == {}
+        assert store.chat_flags("telegram:2") == {}

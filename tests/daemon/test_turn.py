@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from channels.base import Inbound
+from channels.base import Inbound, Outbound
 from daemon.config import Settings
 from daemon.engine import Engine
+from daemon.errors import DeliveryError
 from daemon.llm import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
@@ -295,3 +296,66 @@ async def test_a_model_that_stops_answering_is_retried_and_answered_once_it_resp
     fake_ollama.hang = False
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
     assert recording_channel.texts("reply") == ["echo: warm up", "echo: slow day?"]
+
+
+class FlakyChannel(RecordingChannel):
+    """Fails its first `failures` sends, permanently or not."""
+
+    def __init__(self, failures: int, permanent: bool) -> None:
+        super().__init__("console")
+        self.failures = failures
+        self.permanent = permanent
+        self.attempts = 0
+
+    async def send(self, outbound: Outbound) -> None:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            raise DeliveryError("platform said no", permanent=self.permanent)
+        await super().send(outbound)
+
+
+async def test_a_failed_delivery_stays_queued_and_is_retried(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    channel = FlakyChannel(failures=2, permanent=False)
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    await engine.start()
+    try:
+        assert await engine.submit(inbound("hello"))
+        for _ in range(200):
+            if channel.sent:
+                break
+            await asyncio.sleep(0.02)
+        assert channel.texts("reply") == ["echo: hello"]
+        assert channel.attempts == 3
+        assert store.outbox_pending() == []
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+
+
+async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    channel = FlakyChannel(failures=1, permanent=True)
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    await engine.start()
+    try:
+        await say(engine, "hello")
+        assert channel.attempts == 1 and channel.sent == []
+        assert store.outbox_pending() == []
+        assert "blocked" in store.chat_flags(CHAT)
+        conversation = store.active_conversation(CHAT)
+        assert conversation is not None  # the reply itself is kept in the conversation
+        assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
