@@ -132,6 +132,9 @@ class Folder:
             return FoldOutcome(0, None, f"the fold failed: {exc}")
         self._failures.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
+        if outcome.folded and not force:
+            # A backlog is folded a batch at a time: look again once this task is done.
+            asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
         return outcome
 
     def _retry_later(self, conversation_id: str, delay: float) -> None:

@@ -53,6 +53,12 @@ def fold_threshold(window: int) -> int:
     return window // 4
 
 
+def fold_batch(window: int) -> int:
+    """Most messages one fold takes: each keeps an excerpt of at least 160 characters in a fold
+    prompt of about half the window."""
+    return max(FOLD_KEEP, window * 2 // EXCERPT_FLOOR_CHARS)
+
+
 def summary_cap_chars(window: int) -> int:
     """Longest summary kept: the smaller of 6,000 characters and window/32 tokens."""
     return min(SUMMARY_MAX_CHARS, window // 32 * 4)
@@ -72,11 +78,21 @@ def plan_fold(
     history: Sequence[Message], summary: SummaryState, window: int, ratio: float,
     *, force: bool = False,
 ) -> FoldPlan | None:
-    """What to fold now, or None. `force` (the /compact command) skips the threshold."""
+    """What to fold now, or None. `force` (the /compact command) skips the threshold.
+
+    One fold takes at most `fold_batch(window)` messages (a backlog is folded over several
+    folds), so that every folded message keeps a useful excerpt within the prompt.
+    """
     tail = [m for m in history if m.seq > summary.through_seq]
     mark = fold_mark(tail)
     if mark is None:
         return None
+    batch = fold_batch(window)
+    if mark > batch:
+        # Fold the oldest batch only, ending before a user message so the rest starts on one.
+        mark = batch
+        while mark > 1 and tail[mark].role != "user":
+            mark -= 1
     before = tail[:mark]
     chars = sum(len(m.content) for m in before)
     tokens = sum(estimate_tokens(m.content, ratio) for m in before)
@@ -108,13 +124,13 @@ def excerpt_caps(lengths: Sequence[int], budget_chars: int) -> list[int]:
     leave their unused share to the long ones (water filling)."""
     caps = [0] * len(lengths)
     remaining = list(range(len(lengths)))
-    left = max(budget_chars, EXCERPT_FLOOR_CHARS * len(lengths))
+    left = max(budget_chars, 0)
     while remaining:
         share = left // len(remaining)
         small = [i for i in remaining if lengths[i] <= share]
         if not small:
             for i in remaining:
-                caps[i] = max(share, EXCERPT_FLOOR_CHARS)
+                caps[i] = share
             break
         for i in small:
             caps[i] = lengths[i]

@@ -342,7 +342,12 @@ def _cut(
                 return cut
             if entry.dropped or entry.condensed_into is not None or entry.message.role != "tool":
                 continue
-            if len(entry.content) > keep + 200:
+            if keep == 0:
+                stub = stub_text(conversation_id, entry.message)
+                if len(entry.content) > len(stub):
+                    entry.content = stub
+                    cut += 1
+            elif len(entry.content) > keep + 200:
                 label = (f'cut to fit the context window; conversation_read("{conversation_id}", '
                          f"{entry.message.seq}, {entry.message.seq}) returns all of it")
                 entry.content = excerpt(entry.message.content, keep, label)
@@ -352,9 +357,9 @@ def _cut(
 
 def _cut_levels(budget: int) -> list[int]:
     """Characters a cut tool result keeps, step by step: about half, a quarter, a tenth of the
-    budget, then a floor."""
+    budget, a floor, and last nothing but the stub that names how to read it."""
     chars = budget * 4
-    return [chars // 2, chars // 4, chars // 10, CUT_FLOOR_CHARS]
+    return [chars // 2, chars // 4, chars // 10, CUT_FLOOR_CHARS, 0]
 
 
 def _render(

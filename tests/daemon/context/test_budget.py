@@ -1,0 +1,97 @@
+"""Token arithmetic: the estimate, the calibrated ratio and the request budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.context.budget import (
+    RATIO_MAX,
+    RATIO_MIN,
+    calibrated_ratio,
+    estimate_tokens,
+    request_budget,
+)
+
+
+@pytest.mark.parametrize(
+    ("chars", "ratio", "expected"),
+    [
+        (0, 1.0, 0),
+        (1, 1.0, 1),  # any text costs at least one token: ceil(0.25)
+        (4, 1.0, 1),
+        (5, 1.0, 2),  # ceil(1.25)
+        (400, 1.0, 100),
+        (400, 1.5, 150),
+        (400, 0.5, 50),
+        (401, 0.5, 51),  # ceil(50.125)
+        (1000, 4.0, 1000),
+        (3, 2.0, 2),  # ceil(1.5)
+    ],
+)
+def test_estimate_is_characters_over_four_times_ratio_rounded_up(
+    chars: int, ratio: float, expected: int
+) -> None:
+    assert estimate_tokens("x" * chars, ratio) == expected
+
+
+def test_estimate_counts_characters_not_bytes() -> None:
+    # 8 characters of 2-3 bytes each in UTF-8: characters/4 = 2.
+    assert estimate_tokens("ééééüüüü") == 2
+    assert estimate_tokens("€€€€€€€€") == 2
+
+
+def test_estimate_grows_with_the_ratio() -> None:
+    text = "x" * 480  # 120 tokens at ratio 1, divisible all the way down to ratio 0.5
+    estimates = [estimate_tokens(text, r) for r in (0.5, 1.0, 1.3, 2.0, 4.0)]
+    assert estimates == sorted(estimates)
+    assert estimates[-1] == 8 * estimates[0]
+
+
+@pytest.mark.parametrize(
+    ("prompt_eval_count", "raw_estimate", "expected"),
+    [
+        (1000, 1000, 1.0),
+        (1300, 1000, 1.3),
+        (800, 1000, 0.8),
+        (500, 1000, 0.5),  # exactly at the floor
+        (4000, 1000, 4.0),  # exactly at the ceiling
+        (100, 1000, RATIO_MIN),  # far below: clamped
+        (10_000, 1000, RATIO_MAX),  # far above: clamped
+        (0, 1000, RATIO_MIN),
+    ],
+)
+def test_calibrated_ratio_is_real_count_over_estimate_clamped(
+    prompt_eval_count: int, raw_estimate: int, expected: float
+) -> None:
+    assert calibrated_ratio(prompt_eval_count, raw_estimate) == pytest.approx(expected)
+
+
+def test_clamp_bounds_are_half_and_four() -> None:
+    assert (RATIO_MIN, RATIO_MAX) == (0.5, 4.0)
+
+
+@pytest.mark.parametrize("raw_estimate", [0, -5])
+def test_calibrated_ratio_without_an_estimate_is_neutral(raw_estimate: int) -> None:
+    assert calibrated_ratio(1234, raw_estimate) == 1.0
+
+
+def test_calibrated_estimate_matches_the_real_count() -> None:
+    text = "x" * 4000  # 1,000 tokens at ratio 1
+    ratio = calibrated_ratio(1250, estimate_tokens(text))
+    assert estimate_tokens(text, ratio) == 1250
+
+
+@pytest.mark.parametrize(
+    ("num_ctx", "reserve", "expected"),
+    [
+        (8192, 1024, 7168),
+        (4096, 1024, 3072),
+        (32768, 2048, 30720),
+        (1024, 1024, 0),
+        (512, 1024, 0),  # never negative
+    ],
+)
+def test_request_budget_is_the_window_less_the_reply_reserve(
+    num_ctx: int, reserve: int, expected: int
+) -> None:
+    assert request_budget(num_ctx, reserve) == expected

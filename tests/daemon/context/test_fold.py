@@ -1,0 +1,343 @@
+"""The fold: when to fold, what the one fold call asks, and the user's own words kept verbatim."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from daemon.context.budget import estimate_tokens
+from daemon.context.fold import (
+    NOTES_HEADING,
+    FoldPlan,
+    excerpt_caps,
+    fold_mark,
+    fold_messages,
+    fold_threshold,
+    folded_state,
+    merge_user_notes,
+    notes_need_condensing,
+    parse_fold_reply,
+    plan_fold,
+    summary_cap_chars,
+)
+from daemon.conversations import Message, Role, SummaryState
+
+FACT = "My daughter Ilse is allergic to peanuts and her school is St. Georg, room 14."
+
+
+def message(seq: int, role: Role, content: str, **extra: Any) -> Message:
+    return Message(id=f"ID{seq:05d}", seq=seq, role=role, content=content,
+                   created=1_772_000_000.0 + seq, **extra)
+
+
+def conversation(roles: str, size: int = 20, start: int = 1) -> list[Message]:
+    """Messages from a role pattern: u = user, a = assistant, c = assistant calling, t = tool."""
+    names: dict[str, Role] = {"u": "user", "a": "assistant", "c": "assistant", "t": "tool"}
+    out = []
+    for offset, code in enumerate(roles):
+        seq = start + offset
+        extra: dict[str, Any] = {}
+        if code == "c":
+            extra["tool_calls"] = ({"function": {"name": "x", "arguments": {"q": seq}}},)
+        if code == "t":
+            extra["tool_name"] = "x"
+        body = f"#{seq} " + "w" * max(size - len(f"#{seq} "), 0)
+        out.append(message(seq, names[code], body, **extra))
+    return out
+
+
+def chat_tokens(messages: Sequence[dict[str, str]], ratio: float = 1.0) -> int:
+    return sum(4 + estimate_tokens(m["content"], ratio) for m in messages)
+
+
+# --- the mark -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 8])
+def test_nothing_to_fold_within_the_last_eight(count: int) -> None:
+    assert fold_mark(conversation("ua" * 4)[:count]) is None
+
+
+def test_mark_keeps_the_last_eight_when_they_start_on_a_user_message() -> None:
+    tail = conversation("ua" * 10)
+    mark = fold_mark(tail)
+    assert mark == 12
+    assert len(tail[mark:]) == 8 and tail[mark].role == "user"
+
+
+def test_mark_walks_back_to_the_nearest_user_message() -> None:
+    # 20 messages: index 12 is an assistant; the nearest user message before it is index 10.
+    tail = conversation("uaaaa" * 4)
+    assert tail[12].role == "assistant"
+    mark = fold_mark(tail)
+    assert mark == 10
+    assert tail[mark].role == "user" and len(tail[mark:]) == 10
+
+
+def test_mark_never_splits_a_tool_cycle() -> None:
+    roles = "ua" * 4 + "u" + "ctttta" + "uaua"  # index 8 user, then a call and 4 results
+    tail = conversation(roles)
+    mark = fold_mark(tail)
+    assert mark == 8
+    assert tail[mark].role == "user"
+
+
+def test_no_mark_when_the_only_user_message_is_the_first() -> None:
+    assert fold_mark(conversation("u" + "a" * 12)) is None
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+def history_with_foldable(chars: int, *, tail_chars: int = 50_000) -> list[Message]:
+    """12 messages of `chars` characters before the mark, then 8 large ones kept verbatim."""
+    before = conversation("ua" * 6, size=chars)
+    kept = conversation("ua" * 4, size=tail_chars, start=13)
+    return before + kept
+
+
+def test_threshold_is_a_quarter_of_the_window() -> None:
+    assert fold_threshold(8192) == 2048
+    assert fold_threshold(32768) == 8192
+
+
+def test_no_plan_under_the_threshold() -> None:
+    # 12 x 680 characters = 12 x 170 tokens = 2,040 <= 2,048. The huge tail does not count.
+    assert plan_fold(history_with_foldable(680), SummaryState(), 8192, 1.0) is None
+
+
+def test_plan_over_the_threshold_pins_the_boundary() -> None:
+    history = history_with_foldable(700)  # 12 x 175 = 2,100 tokens > 2,048
+    plan = plan_fold(history, SummaryState(), 8192, 1.0)
+    assert plan is not None
+    assert [m.seq for m in plan.messages] == list(range(1, 13))
+    assert plan.through_seq == 12
+    assert plan.through_id == "ID00012"
+    assert history[12].role == "user"  # the verbatim tail starts on what the user said
+
+
+def test_the_ratio_scales_the_threshold_check() -> None:
+    history = history_with_foldable(680)
+    assert plan_fold(history, SummaryState(), 8192, 1.0) is None
+    assert plan_fold(history, SummaryState(), 8192, 1.2) is not None
+
+
+def test_over_120000_characters_folds_even_with_a_huge_window() -> None:
+    window = 10_000_000  # threshold 2.5M tokens, far away
+    assert plan_fold(history_with_foldable(9_900), SummaryState(), window, 1.0) is None
+    plan = plan_fold(history_with_foldable(10_100), SummaryState(), window, 1.0)  # 121,200
+    assert plan is not None and plan.through_seq == 12
+
+
+def test_force_skips_the_threshold_but_not_the_mark() -> None:
+    history = history_with_foldable(30, tail_chars=30)
+    assert plan_fold(history, SummaryState(), 8192, 1.0) is None
+    plan = plan_fold(history, SummaryState(), 8192, 1.0, force=True)
+    assert plan is not None and plan.through_seq == 12
+    assert plan_fold(history[:8], SummaryState(), 8192, 1.0, force=True) is None
+
+
+def test_only_the_unsummarized_part_is_planned() -> None:
+    history = conversation("ua" * 20, size=1_000)  # seqs 1..40
+    summary = SummaryState(summary="s", through_seq=14, through_id="ID00014")
+    plan = plan_fold(history, summary, 8192, 1.0)
+    assert plan is not None
+    # Tail is 15..40 (26 messages); the mark keeps 33..40 (index 18 of the tail, a user).
+    assert plan.messages[0].seq == 15
+    assert plan.through_seq == 32
+    assert history[plan.through_seq].role == "user"
+
+
+# --- the user's own words -------------------------------------------------------------------
+
+
+def test_user_messages_are_copied_verbatim_and_previous_notes_come_first() -> None:
+    folded = [
+        message(1, "user", "Book a table for  four\n at  Lucia's,\t8 pm Friday."),
+        message(2, "assistant", "Done, booked."),
+        message(3, "tool", "reservation id 991", tool_name="book"),
+        message(4, "user", "   \n "),
+        message(5, "user", "Also: my wife's name is Mira."),
+    ]
+    notes = merge_user_notes("- earlier: I live in Leipzig", folded)
+    assert notes.splitlines() == [
+        "- earlier: I live in Leipzig",
+        "- Book a table for four at Lucia's, 8 pm Friday.",
+        "- Also: my wife's name is Mira.",
+    ]
+
+
+def test_first_notes_have_no_leading_blank() -> None:
+    assert merge_user_notes("", [message(1, "user", "hello")]) == "- hello"
+    assert merge_user_notes("", [message(1, "assistant", "hello")]) == ""
+
+
+def test_user_notes_are_clipped_to_300_characters() -> None:
+    long = " ".join(f"word{i}" for i in range(200))  # about 1,300 characters
+    (line,) = merge_user_notes("", [message(1, "user", long)]).splitlines()
+    text = line.removeprefix("- ")
+    assert len(text) <= 300
+    assert len(text) >= 290  # clipped, not emptied
+    assert long.startswith(text.rstrip("…"))
+
+
+def test_a_fact_from_turn_one_survives_three_folds_word_for_word() -> None:
+    history = [message(1, "user", FACT), message(2, "assistant", "Noted.")]
+    state = SummaryState()
+    for fold in range(3):
+        for _ in range(8):
+            seq = len(history) + 1
+            history.append(message(seq, "user", f"fold {fold} question {seq} " + "q" * 1_200))
+            history.append(message(seq + 1, "assistant", "answer " + "a" * 1_200))
+        plan = plan_fold(history, state, 8192, 1.0)
+        assert plan is not None
+        notes = merge_user_notes(state.user_notes, plan.messages)
+        state = folded_state(state, plan, f"summary after fold {fold + 1}", notes, now=1.0)
+        assert FACT in state.user_notes
+    assert state.fold_count == 3
+    assert state.user_notes.count(FACT) == 1
+
+
+def test_notes_need_condensing_past_a_sixteenth_of_the_window() -> None:
+    window = 8192  # 512 tokens = 2,048 characters at ratio 1
+    assert not notes_need_condensing("n" * 2_048, window, 1.0)
+    assert notes_need_condensing("n" * 2_049, window, 1.0)
+    assert notes_need_condensing("n" * 1_500, window, 2.0)
+
+
+# --- excerpts -------------------------------------------------------------------------------
+
+
+def test_short_messages_stay_whole() -> None:
+    assert excerpt_caps([10, 200, 30], 1_000) == [10, 200, 30]
+
+
+def test_long_messages_share_what_short_ones_leave() -> None:
+    # Share 1,000 each; 100 and 50 stay whole, the two long ones split the other 3,850.
+    assert excerpt_caps([100, 50, 10_000, 10_000], 4_000) == [100, 50, 1_925, 1_925]
+
+
+def test_caps_fit_the_budget_and_are_fair() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        lengths = [rng.choice([20, 150, 400, 2_000, 40_000]) for _ in range(rng.randint(1, 40))]
+        budget = rng.randint(160 * len(lengths), 60_000)
+        caps = excerpt_caps(lengths, budget)
+        assert sum(caps) <= budget
+        whole = [n for n, c in zip(lengths, caps, strict=True) if c >= n]
+        clipped = [c for n, c in zip(lengths, caps, strict=True) if c < n]
+        if clipped:
+            assert len(set(clipped)) == 1  # long messages share alike
+            assert clipped[0] >= max(whole, default=0)  # and get at least any short one
+        else:
+            assert caps == lengths
+
+
+# --- the fold call --------------------------------------------------------------------------
+
+
+def plan_of(messages: Sequence[Message]) -> FoldPlan:
+    return FoldPlan(messages=tuple(messages), through_seq=messages[-1].seq,
+                    through_id=messages[-1].id)
+
+
+def test_fold_prompt_carries_the_previous_summary_and_asks_for_one_summary() -> None:
+    previous = SummaryState(summary="The user is moving to Porto in June.", through_seq=4)
+    folded = conversation("ucta" + "ua", size=200, start=5)
+    system, user = fold_messages(previous, plan_of(folded), notes="- a note", window=8192,
+                                 condense_notes=False, prompt_budget=7_000, ratio=1.0)
+    assert system["role"] == "system" and user["role"] == "user"
+    assert "The user is moving to Porto in June." in user["content"]
+    assert "ONE updated summary" in system["content"]
+    assert "Merge the previous summary" in system["content"]
+    assert "at most 1,024 characters" in user["content"]  # min(6000, 8192/32*4)
+    for m in folded:
+        assert f"#{m.seq}" in user["content"]
+    # Notes are not rewritten unless they must be condensed.
+    assert NOTES_HEADING not in user["content"]
+    assert "- a note" not in user["content"]
+
+
+def test_fold_prompt_asks_to_condense_notes_only_when_told() -> None:
+    folded = conversation("uaua", size=100)
+    _, user = fold_messages(SummaryState(), plan_of(folded), notes="- I am vegetarian",
+                            condense_notes=True, window=8192, prompt_budget=7_000, ratio=1.0)
+    content = user["content"]
+    assert "- I am vegetarian" in content
+    assert NOTES_HEADING in content
+    assert "Keep every fact, name, number and instruction" in content
+    assert "(none yet)" in content  # no previous summary
+
+
+@pytest.mark.parametrize("ratio", [0.7, 1.0, 1.8, 4.0])
+@pytest.mark.parametrize("window", [4096, 8192, 32768])
+def test_fold_prompt_fits_its_budget_with_huge_messages(ratio: float, window: int) -> None:
+    folded = conversation("u" + "ct" * 4 + "a", size=40_000)
+    prompt_budget = window - (summary_cap_chars(window) // 4 + 64)
+    messages = fold_messages(SummaryState(summary="s" * 1_000), plan_of(folded),
+                             notes="- n" * 100, condense_notes=True, window=window,
+                             prompt_budget=prompt_budget, ratio=ratio)
+    assert chat_tokens(messages, ratio) <= prompt_budget
+    for m in folded:  # every message is represented by an excerpt
+        assert f"#{m.seq}" in messages[1]["content"]
+
+
+def test_fold_prompt_fits_its_budget_with_many_messages() -> None:
+    window = 8192
+    folded = conversation("ua" * 100, size=800)
+    prompt_budget = window - (summary_cap_chars(window) // 4 + 64)
+    messages = fold_messages(SummaryState(summary="the story so far"), plan_of(folded),
+                             notes="", condense_notes=False, window=window,
+                             prompt_budget=prompt_budget, ratio=1.0)
+    assert chat_tokens(messages) <= prompt_budget
+
+
+# --- the reply ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("window", "cap"),
+    [(4096, 512), (8192, 1024), (32768, 4096), (49152, 6000), (131072, 6000)],
+)
+def test_summary_cap_is_the_smaller_of_6000_chars_and_window_over_32_tokens(
+    window: int, cap: int
+) -> None:
+    assert summary_cap_chars(window) == cap
+
+
+def test_reply_splits_at_the_notes_heading() -> None:
+    reply = f"Moving to Porto in June.\nNeeds a vet.\n{NOTES_HEADING}\n- vegetarian\n- Mira\n"
+    summary, notes = parse_fold_reply(reply, 8192, condense_notes=True)
+    assert summary == "Moving to Porto in June.\nNeeds a vet."
+    assert notes == "- vegetarian\n- Mira"
+
+
+def test_reply_without_condensing_is_all_summary() -> None:
+    summary, notes = parse_fold_reply("  Just the summary.  \n", 8192, condense_notes=False)
+    assert (summary, notes) == ("Just the summary.", None)
+
+
+def test_missing_notes_section_gives_no_condensed_notes() -> None:
+    summary, notes = parse_fold_reply("only a summary", 8192, condense_notes=True)
+    assert (summary, notes) == ("only a summary", None)
+
+
+@pytest.mark.parametrize("window", [4096, 8192, 1_000_000])
+def test_summary_is_capped(window: int) -> None:
+    reply = "fact " * 3_000 + f"\n{NOTES_HEADING}\n- keep me"
+    summary, notes = parse_fold_reply(reply, window, condense_notes=True)
+    assert len(summary) <= summary_cap_chars(window)
+    assert summary.startswith("fact fact")
+    assert notes == "- keep me"  # the notes are not eaten by the summary cap
+
+
+def test_folded_state_pins_the_boundary_and_counts() -> None:
+    previous = SummaryState(summary="old", user_notes="- a", through_seq=4, through_id="ID00004",
+                            fold_count=2, folded_at=5.0)
+    plan = plan_of(conversation("uaua", start=5))
+    state = folded_state(previous, plan, "new", "- a\n- b", now=99.0)
+    assert state == SummaryState(summary="new", user_notes="- a\n- b", through_seq=8,
+                                 through_id="ID00008", fold_count=3, folded_at=99.0)
