@@ -56,6 +56,7 @@ class ModelSettings:
     timeout: float = 300.0  # seconds of silence before a request counts as timed out
     retry_attempts: int = 5  # tries while Ollama is unreachable, then the turn is parked
     retry_backoff: float = 2.0  # seconds before the first retry, doubled each time
+    max_calls: int = 8  # model calls one turn may make (tool rounds, continuations)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,13 @@ class AccessSettings:
 
 
 @dataclass(frozen=True)
+class AttachmentSettings:
+    image_max_side: int = 1024  # pixels of the longer side after downscaling
+    image_max_mb: int = 20  # an image larger than this is refused with a clear message
+    file_max_mb: int = 50  # likewise for documents, voice notes and other files
+
+
+@dataclass(frozen=True)
 class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday
@@ -102,6 +110,7 @@ class Settings:
     telegram: TelegramSettings
     whatsapp: WhatsAppSettings
     access: AccessSettings
+    attachments: AttachmentSettings
     automations: tuple[AutomationSettings, ...]
     variables: Mapping[str, str]
     source: Path | None  # the file loaded, or None for defaults
@@ -258,7 +267,8 @@ _SPECS: Mapping[str, _Spec] = {
         "response_reserve": _at_least(1), "concurrency": _at_least(1),
         "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
                              "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
-        "timeout": _PERIOD, "retry_attempts": _at_least(1), "retry_backoff": _DURATION},
+        "timeout": _PERIOD, "retry_attempts": _at_least(1), "retry_backoff": _DURATION,
+        "max_calls": _at_least(1)},
     "telegram": {
         "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
         "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id"))},
@@ -266,6 +276,9 @@ _SPECS: Mapping[str, _Spec] = {
         "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
         "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS)},
     "access": {"unknown_senders": _one_of("pair", "ignore")},
+    "attachments": {
+        "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
+        "file_max_mb": _at_least(1)},
 }
 _AUTOMATION: _Spec = {
     "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
@@ -398,6 +411,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     return Settings(
         daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
+        attachments=AttachmentSettings(**tables["attachments"]),
         automations=tuple(jobs), variables=MappingProxyType(variables), source=path)
 
 

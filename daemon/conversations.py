@@ -124,10 +124,12 @@ class Conversation:
     summary: SummaryState = field(default_factory=SummaryState)
     archived_reason: str | None = None  # "idle" or "new" (the /new command)
     after_idle: bool = False  # started because the chat's previous conversation went idle
+    active_tools: tuple[str, ...] = ()  # capabilities loaded with tool_activate
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["summary"] = self.summary.to_doc()
+        doc["active_tools"] = list(self.active_tools)
         return doc
 
     @classmethod
@@ -143,6 +145,7 @@ class Conversation:
             summary=SummaryState.from_doc(doc.get("summary", {})),
             archived_reason=doc.get("archived_reason"),
             after_idle=doc.get("after_idle", False),
+            active_tools=tuple(doc.get("active_tools", ())),
         )
 
     @classmethod

@@ -24,10 +24,13 @@ from daemon.errors import DeliveryError
 from daemon.folding import Folder
 from daemon.llm import ModelClient
 from daemon.logs import turn_log as log
+from daemon.memory_index import MemoryIndex
 from daemon.prompting import Prompting
 from daemon.records import Records
 from daemon.router import Router
 from daemon.store import Store
+from daemon.tools.builtin import register_builtin
+from daemon.tools.registry import Registry
 from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
 
 DELIVERY_RETRY_MAX = 300.0
@@ -52,15 +55,22 @@ class Engine:
         self.clock = clock
         self.router = Router(store, settings.daemon.idle_rotation)
         self.records = Records(store.state_dir, settings.daemon.tz)
+        self.registry = Registry()
+        register_builtin(self.registry)
+        # Derived from the store and rebuilt from it when lost; open between start() and stop().
+        self.index = MemoryIndex.open(store.state_dir / "memory.sqlite3")
+        self._index_open = True
         self.prompting = Prompting(settings=settings, store=store, llm=llm, clock=clock)
         self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
-                             clock=clock)
+                             clock=clock, on_fold=lambda cid: self.index.mark_dirty(cid))
         self.commands = Commands(settings=settings, store=store, router=self.router, llm=llm,
                                  prompting=self.prompting, folder=self.folder, clock=clock)
         self.turns = TurnRunner(settings=settings, store=store, llm=llm, router=self.router,
-                                prompting=self.prompting, records=self.records,
+                                prompting=self.prompting, registry=self.registry,
+                                index=self.index, records=self.records,
                                 notify=self.notify, stream=self._stream, clock=clock)
         self._rotation: asyncio.Task[None] | None = None
+        self._indexing: asyncio.Task[int] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._idle: dict[str, asyncio.Event] = {}
@@ -75,7 +85,15 @@ class Engine:
     async def start(self) -> None:
         """Resume what a previous run left: pending inbox items and unsent replies."""
         self._accepting = True
+        if not self._index_open:
+            self.index = MemoryIndex.open(self.store.state_dir / "memory.sqlite3")
+            self.turns.index = self.index
+            self._index_open = True
         self._rotation = asyncio.create_task(self._rotation_loop(), name="roost-rotation")
+        # Catch the search index up with the store (everything, the first time) in the
+        # background; a search before it is done syncs what it needs itself.
+        self._indexing = asyncio.create_task(asyncio.to_thread(self.index.sync, self.store),
+                                             name="roost-index")
         inbox = await asyncio.to_thread(self.store.inbox_pending)
         outbox = await asyncio.to_thread(self.store.outbox_pending)
         resumed = {i["chat_key"] for i in inbox} | {o["chat_key"] for o in outbox}
@@ -106,6 +124,10 @@ class Engine:
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
         self._workers.clear()
         await self.folder.stop()
+        if self._indexing is not None:
+            await asyncio.gather(self._indexing, return_exceptions=True)
+        self.index.close()
+        self._index_open = False
 
     # ---- taking work -----------------------------------------------------------------------
 

@@ -60,12 +60,14 @@ class Folder:
         llm: ModelClient,
         records: Records,
         clock: Callable[[], float] = time.time,
+        on_fold: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
         self.records = records
         self.clock = clock
+        self.on_fold = on_fold  # told which conversation got a new summary (the search index)
         self._tasks: dict[str, asyncio.Task[FoldOutcome]] = {}
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
@@ -178,6 +180,8 @@ class Folder:
                                           plan.through_id, state)
         if not written:
             return FoldOutcome(0, None, "the conversation changed under the fold")
+        if self.on_fold is not None:
+            self.on_fold(conversation_id)
         elapsed = time.monotonic() - started
         detail = (f"folded {len(plan.messages)} messages through #{plan.through_seq} "
                   f"into {len(summary):,} characters of summary (fold {state.fold_count}, "

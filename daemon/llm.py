@@ -28,6 +28,7 @@ from daemon.errors import (
 )
 from daemon.logs import llm_log as log
 
+SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
 
 
@@ -68,6 +69,7 @@ class ModelClient:
         self._gate = asyncio.Semaphore(settings.concurrency)
         self._info: dict[str, ModelInfo] = {}
         self._background: set[asyncio.Task[ChatResult]] = set()
+        self._system_only_first: set[str] = set()
         self.in_flight = 0
         self.waiting = 0
 
@@ -129,7 +131,7 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        call = self._stream(name, num_ctx, options, messages, tools, on_delta)
+        call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta)
         if background:
             return await self._background_call(call)
         self.waiting += 1
@@ -167,6 +169,29 @@ class ModelClient:
             self.in_flight -= 1
             self._background.discard(inner)
             self._gate.release()
+
+    async def _stream_adapting(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+    ) -> ChatResult:
+        """Some chat templates accept a system message only at the start: resend with later
+        ones as user messages, and keep doing that for the model until restart."""
+        if name in self._system_only_first:
+            messages = _late_system_as_user(messages)
+        try:
+            return await self._stream(name, num_ctx, options, messages, tools, on_delta)
+        except LLMError as exc:
+            if SYSTEM_FIRST_TEXT not in str(exc) or name in self._system_only_first:
+                raise
+            log.info("model %s wants its system message first only; adapting", name)
+            self._system_only_first.add(name)
+            return await self._stream(name, num_ctx, options, _late_system_as_user(messages),
+                                      tools, on_delta)
 
     async def _stream(
         self,
@@ -213,6 +238,13 @@ class ModelClient:
             done_reason=getattr(final, "done_reason", None),
             num_ctx=num_ctx,
         )
+
+
+def _late_system_as_user(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [
+        {**m, "role": "user"} if i > 0 and m.get("role") == "system" else m
+        for i, m in enumerate(messages)
+    ]
 
 
 def _keep_alive(value: str) -> str | int:

@@ -35,7 +35,9 @@ class Prepared:
 
     def raw_estimate(self) -> int:
         """The request's estimate at ratio 1, what calibration divides Ollama's count by."""
-        return sum(chat_tokens(m, 1.0) for m in self.request.messages) + self.tool_tokens
+        tools = (estimate_tokens(json.dumps(list(self.tools), separators=(",", ":")), 1.0)
+                 if self.tools else 0)
+        return sum(chat_tokens(m, 1.0) for m in self.request.messages) + tools
 
     def accounting(self) -> dict[str, Any]:
         """Token counts per part against the budget, for the debug snapshots."""

@@ -21,19 +21,25 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from channels.base import Inbound, Outbound
+from daemon.attachments import AttachmentError, read_image_base64
 from daemon.config import Settings
 from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
-from daemon.context.replay import DoesNotFit
+from daemon.context.replay import ChatMessage, DoesNotFit
 from daemon.conversations import Conversation, Message
 from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
+from daemon.loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
+from daemon.memory_index import MemoryIndex
 from daemon.prompting import Prepared, Prompting
 from daemon.records import Records
 from daemon.router import Router
 from daemon.store import Store
+from daemon.tools.builtin import ToolContext
+from daemon.tools.registry import Registry
 
 MAX_BACKOFF = 60.0
 EMPTY_REPLY = "(The model returned an empty reply.)"
@@ -63,6 +69,43 @@ Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice del
 StreamDelta = Callable[[str, str], None]  # (chat_key, delta)
 
 
+class _Stream:
+    """Reply pieces on their way to the channel: the intro line goes first, once, and a reply
+    that may be a tool call written as text is held back until it is clearly not one."""
+
+    def __init__(self, emit: StreamDelta, chat_key: str, intro: str) -> None:
+        self.emit = emit
+        self.chat_key = chat_key
+        self.intro = intro
+        self.held: list[str] = []
+        self.passing = False
+
+    def _show(self, text: str) -> None:
+        if self.intro:
+            self.emit(self.chat_key, self.intro)
+            self.intro = ""
+        self.emit(self.chat_key, text)
+
+    def begin(self) -> None:
+        self.held, self.passing = [], False
+
+    def delta(self, piece: str) -> None:
+        if self.passing:
+            self._show(piece)
+            return
+        self.held.append(piece)
+        text = "".join(self.held)
+        if not could_become_text_tool_call(text):
+            self.passing = True
+            self._show(text)
+
+    def end(self, result: ChatResult, tool_names: list[str]) -> None:
+        held = "".join(self.held)
+        if not self.passing and held.strip() and not result.tool_calls \
+                and not looks_like_text_tool_call(held, tool_names):
+            self._show(held)
+
+
 class TurnRunner:
     """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
 
@@ -74,6 +117,8 @@ class TurnRunner:
         llm: ModelClient,
         router: Router,
         prompting: Prompting,
+        registry: Registry,
+        index: MemoryIndex | None,
         records: Records,
         notify: Notify,
         stream: StreamDelta,
@@ -84,6 +129,8 @@ class TurnRunner:
         self.llm = llm
         self.router = router
         self.prompting = prompting
+        self.registry = registry
+        self.index = index
         self.records = records
         self.notify = notify
         self.stream = stream
@@ -104,10 +151,24 @@ class TurnRunner:
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
+        stream = _Stream(self.stream, chat_key, intro)
+        context = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
+                              conversation_id=conversation.id, clock=self.clock,
+                              index=self.index, active=list(conversation.active_tools))
         try:
-            prepared = await self.prompting.prepare(conversation, history)
-            result, prepared = await self._answer(chat_key, conversation, history, prepared,
-                                                  intro, announce_outage)
+            prepared = await self._prepare(conversation, history)
+            first, prepared, messages = await self._answer(
+                chat_key, conversation, history, prepared, stream, announce_outage)
+            loop = ToolLoop(
+                registry=self.registry, context=context, records=self.records,
+                call=lambda messages, tools: self._call_model(
+                    chat_key, messages, tools, stream, announce_outage),
+                save=lambda role, content, **fields: self._save_step(
+                    conversation.id, role, content, **fields),
+                max_calls=self.settings.model.max_calls, budget=prepared.budget,
+                num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+            )
+            done = await loop.run(messages, first)
         except DoesNotFit as exc:
             return await self._fail(chat_key, items, (
                 f"Your message is too long for the model's context window (about "
@@ -124,25 +185,39 @@ class TurnRunner:
             return await self._fail(chat_key, items, (
                 f"The model server answered with an error: {exc}. Your message is saved; "
                 "send another message to try again."))
-        ratio = await self._calibrate(conversation, prepared, result)
+        ratio = await self._calibrate(conversation, prepared, first)
+        after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         outbound = await asyncio.to_thread(
-            self._save_reply, conversation, replace(conversation, token_ratio=ratio), items,
-            result, intro,
-        )
+            self._save_reply, conversation, after, items, first, done.text, intro)
+        if self.index is not None:
+            self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
-            **prepared.accounting(), "prompt_eval_count": result.prompt_eval_count,
+            **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            "model_calls": done.calls, "tool_calls": done.tool_calls,
         })
-        log.info("turn for %s answered (%s prompt tokens, estimate %d of %d)", conversation.id,
-                 result.prompt_eval_count, prepared.request.estimate, prepared.budget)
+        log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
+                 conversation.id, first.prompt_eval_count, prepared.request.estimate,
+                 prepared.budget, done.calls)
         return TurnResult(Outcome.ANSWERED, outbound, conversation.id)
+
+    async def _prepare(
+        self, conversation: Conversation, history: Sequence[Message], ratio: float | None = None
+    ) -> Prepared:
+        active = conversation.active_tools
+        return await self.prompting.prepare(
+            conversation, history, ratio=ratio, tools=self.registry.schemas(active),
+            capabilities=self.registry.index(active))
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, intro: str, announce_outage: bool,
-    ) -> tuple[ChatResult, Prepared]:
-        """The model call, with exactly one refit and retry after an overflow rejection."""
+        prepared: Prepared, stream: _Stream, announce_outage: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
-            return await self._call_model(chat_key, prepared, intro, announce_outage), prepared
+            messages = await self._messages(chat_key, prepared)
+            result = await self._call_model(chat_key, messages, list(prepared.tools) or None,
+                                            stream, announce_outage)
+            return result, prepared, messages
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
             measured = exc.prompt_tokens
@@ -154,28 +229,24 @@ class TurnRunner:
                                     f"Ollama refused {measured} tokens (estimated "
                                     f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
                                     f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self.prompting.prepare(conversation, history, ratio=ratio)
-            return await self._call_model(chat_key, refit, intro, announce_outage), refit
+            refit = await self._prepare(conversation, history, ratio)
+            messages = [dict(m) for m in refit.request.messages]
+            if refit.request.images:  # already attached or noted on the first try
+                messages = await self._messages(chat_key, refit, notify=False)
+            result = await self._call_model(chat_key, messages, list(refit.tools) or None,
+                                            stream, announce_outage)
+            return result, refit, messages
 
     async def _call_model(
-        self, chat_key: str, prepared: Prepared, intro: str, announce_outage: bool
+        self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+        stream: _Stream, announce_outage: bool,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable; tell the user once."""
         model = self.settings.model
-        messages = await asyncio.to_thread(self._with_images, prepared)
         for attempt in range(model.retry_attempts):
-            started = False
-
-            def on_delta(delta: str) -> None:
-                nonlocal started
-                if not started and intro:
-                    self.stream(chat_key, intro)
-                started = True
-                self.stream(chat_key, delta)
-
+            stream.begin()
             try:
-                return await self.llm.chat(messages, tools=prepared.tools or None,
-                                           on_delta=on_delta)
+                result = await self.llm.chat(messages, tools=tools, on_delta=stream.delta)
             except (LLMUnavailable, LLMTimeout) as exc:
                 log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                             self.llm.host, attempt + 1, model.retry_attempts, exc)
@@ -186,11 +257,44 @@ class TurnRunner:
                 if attempt + 1 == model.retry_attempts:
                     raise
                 await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+                continue
+            stream.end(result, [t["function"]["name"] for t in tools or ()])
+            return result
         raise AssertionError("retry_attempts is at least 1")
 
-    def _with_images(self, prepared: Prepared) -> list[dict[str, object]]:
-        """The request's messages; images are attached by the attachments pipeline (issue 4)."""
-        return [dict(m) for m in prepared.request.messages]
+    async def _messages(
+        self, chat_key: str, prepared: Prepared, *, notify: bool = True
+    ) -> list[ChatMessage]:
+        """The request's messages with the newest image's pixels, if the model can see them."""
+        messages = [dict(m) for m in prepared.request.messages]
+        if not prepared.request.images:
+            return messages
+        info = await self.llm.model_info()
+        attachments = self.store.state_dir / "attachments"
+        for index, images in prepared.request.images.items():
+            if "vision" in info.capabilities:
+                try:
+                    messages[index]["images"] = [  # type: ignore[assignment]
+                        await asyncio.to_thread(read_image_base64, dict(i), attachments)
+                        for i in images]
+                    continue
+                except AttachmentError as exc:
+                    log.warning("image of %s unreadable: %s", chat_key, exc)
+            messages[index] = {**messages[index], "content": (
+                f"{messages[index].get('content') or ''}\n[an image was sent; this model cannot "
+                "see images, so it is not shown]").lstrip()}
+            if notify:
+                await self.notify(chat_key, (
+                    f"The model {info.name} cannot see images, so I only know that you sent "
+                    "one. Describe it in words, or use a vision model."))
+        return messages
+
+    async def _save_step(self, conversation_id: str, role: str, content: str,
+                         **fields: Any) -> int:
+        """A tool call or tool result of this turn, saved as it happens; returns its seq."""
+        message = await asyncio.to_thread(self.store.append_message, conversation_id, role,
+                                          content, created=self.clock(), **fields)
+        return message.seq
 
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
@@ -261,6 +365,7 @@ class TurnRunner:
         after: Conversation,
         items: Sequence[Inbound],
         result: ChatResult,
+        text: str,
         intro: str,
     ) -> Outbound:
         now = self.clock()
@@ -271,8 +376,8 @@ class TurnRunner:
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,
         }
-        text = result.content.strip() or EMPTY_REPLY
-        message = self.store.append_message(before.id, "assistant", text, created=now, meta=meta)
+        message = self.store.append_message(before.id, "assistant", text.strip() or EMPTY_REPLY,
+                                            created=now, meta=meta)
         outbound = self._outbound_for(after, message, intro)
         self.store.outbox_add(outbound.to_doc())
         self.store.inbox_done([i.id for i in items])
