@@ -1,9 +1,10 @@
 """The daemon process: one aiohttp application that owns every long-lived part.
 
 Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
-Ollama client, the engine (and later the channels and the scheduler). `serve()` starts the HTTP
-site, tells systemd it is ready, and on SIGTERM or SIGINT stops taking requests, gives turns in
-flight `daemon.shutdown_grace` seconds, closes the store and returns 0.
+Ollama client, the Telegram Application (before the engine, which delivers through it), the
+engine, then Telegram's receiving side (after the engine, which it feeds; so it stops first).
+`serve()` starts the HTTP site, tells systemd it is ready, and on SIGTERM or SIGINT stops taking
+requests, gives turns in flight `daemon.shutdown_grace` seconds, closes the store and returns 0.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from collections.abc import AsyncIterator, Mapping
 from aiohttp import web
 
 from channels.base import Channel
+from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from daemon import __version__
 from daemon.config import Settings
 from daemon.engine import Engine
-from daemon.errors import LLMError, StoreError
+from daemon.errors import ChannelError, ConfigError, LLMError, StoreError
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
 from daemon.sdnotify import sd_notify
@@ -30,16 +32,25 @@ STORE = web.AppKey("store", Store)
 LLM = web.AppKey("llm", ModelClient)
 ENGINE = web.AppKey("engine", Engine)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
+TELEGRAM = web.AppKey("telegram", Telegram)
+TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
 
 HEALTH_PROBE_TIMEOUT = 2.0
 
 
-def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None) -> web.Application:
+def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
+              telegram_tuning: TelegramTuning | None = None) -> web.Application:
     """The application with its parts registered; nothing runs until it is started."""
     app = web.Application()
     app[SETTINGS] = settings
     app[CHANNELS] = dict(channels or {})
-    app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx])
+    if settings.telegram.enabled:
+        app[TELEGRAM_TUNING] = telegram_tuning or TelegramTuning()
+        app.cleanup_ctx.extend([store_ctx, llm_ctx, telegram_ctx, engine_ctx, telegram_start_ctx])
+        if settings.telegram.mode == "webhook":  # polling mode has no route: never both
+            app.router.add_post(WEBHOOK_PATH, telegram_webhook)
+    else:
+        app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx])
     app.router.add_get("/healthz", healthz)
     return app
 
@@ -67,6 +78,28 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await engine.stop(app[SETTINGS].daemon.shutdown_grace)
     log.info("engine stopped")
+
+
+async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
+                        settings.attachments)
+    await telegram.open()
+    app[TELEGRAM] = telegram
+    app[CHANNELS]["telegram"] = telegram.channel
+    yield
+    await telegram.close()
+
+
+async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
+    await app[TELEGRAM].start(app[ENGINE])
+    yield
+    await app[TELEGRAM].stop()
+    log.info("telegram stopped")
+
+
+async def telegram_webhook(request: web.Request) -> web.Response:
+    return await request.app[TELEGRAM].webhook(request)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -105,6 +138,14 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     except StoreError as exc:
         log.error("%s", exc)
         return 73  # EX_CANTCREAT
+    except ConfigError as exc:  # found at start, e.g. webhook mode without a secret
+        await runner.cleanup()
+        log.error("config error: %s", exc)
+        return ConfigError.exit_status
+    except ChannelError as exc:  # e.g. the Bot API unreachable: systemd restarts us
+        await runner.cleanup()
+        log.error("%s", exc)
+        return 69  # EX_UNAVAILABLE
     daemon = settings.daemon
     site = web.TCPSite(runner, daemon.listen_host, daemon.listen_port)
     try:

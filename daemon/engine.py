@@ -233,7 +233,7 @@ class Engine:
             announce = chat_key not in self._parked
             result = await self.turns.run(chat_key, handled, announce_outage=announce)
             if result.outcome is Outcome.ANSWERED and result.conversation_id:
-                self.folder.schedule(result.conversation_id)
+                self.folder.schedule(result.conversation_id, urgent=result.crowded)
             if result.outcome is Outcome.PARKED:
                 if announce:
                     await self.notify(chat_key, (

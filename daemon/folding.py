@@ -78,13 +78,18 @@ class Folder:
         task = self._tasks.get(conversation_id)
         return task is not None and not task.done()
 
-    def schedule(self, conversation_id: str) -> None:
-        """Fold the conversation in the background if it needs it; never waits."""
+    def schedule(self, conversation_id: str, *, urgent: bool = False) -> None:
+        """Fold the conversation in the background if it needs it; never waits.
+
+        `urgent` (the last request had to leave messages out) folds whatever lies before the
+        verbatim tail without waiting for the threshold: the summary then carries what was
+        left out, and the next requests stop dropping and restoring it turn by turn.
+        """
         if self.busy(conversation_id):
             return
         if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
             return
-        self._start(conversation_id, force=False)
+        self._start(conversation_id, force=urgent)
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:
         """Fold whatever lies before the verbatim tail now (`/compact`), waiting for it."""

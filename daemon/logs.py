@@ -11,6 +11,7 @@ turn_log = logging.getLogger("roost.turn")
 fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
 console_log = logging.getLogger("roost.console")
+telegram_log = logging.getLogger("roost.telegram")
 
 
 def configure(level: int = logging.INFO) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.context.budget import calibrated_ratio, estimate_tokens
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
 from daemon.context.compact import (
     continue_from,
     request_tokens,
@@ -129,8 +129,8 @@ class ToolLoop:
     async def run(self, messages: list[ChatMessage], first: ChatResult) -> LoopResult:
         result, calls, tools_run = first, 1, 0
         if first.prompt_eval_count:
-            self.ratio = max(self.ratio, calibrated_ratio(first.prompt_eval_count,
-                                                          request_tokens(messages, 1.0)))
+            self.ratio = max(self.ratio, calibrated_ratio(
+                first.prompt_eval_count, request_tokens(messages, 1.0), _overhead(messages)))
         pieces: list[str] = []
         nudged = False
         continuations = 0
@@ -182,7 +182,7 @@ class ToolLoop:
         if result.prompt_eval_count:
             raw = request_tokens(messages, 1.0) + (
                 estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
-            measured = calibrated_ratio(result.prompt_eval_count, raw)
+            measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
             self.ratio = max(self.ratio, measured)
         return result
 
@@ -236,6 +236,10 @@ class ToolLoop:
     async def _record(self, kind: str, detail: str) -> None:
         await asyncio.to_thread(self.records.event, self.clock(), kind,
                                 self.context.conversation_id, detail)
+
+
+def _overhead(messages: Sequence[ChatMessage]) -> int:
+    return MESSAGE_OVERHEAD_TOKENS * len(messages)
 
 
 def _with_note(messages: Sequence[ChatMessage], note: str) -> list[ChatMessage]:

@@ -1,25 +1,23 @@
 """A derived full-text index of every message and summary, for `memory_search`.
 
-The TinyDB files stay the source of truth: this SQLite file (FTS5, standard library) can be
-deleted at any time and `sync` rebuilds it from the store. A file that is corrupt or has another
-schema version is moved aside and rebuilt, never repaired.
+The TinyDB files stay the source of truth: this SQLite file (FTS5, standard library) may be
+deleted at any time and `sync` rebuilds it from the store. A corrupt file is moved aside and
+rebuilt; a file of another schema version is emptied and rebuilt. Nothing here is repaired.
 
-Design:
-
-* One FTS5 table `memory` holds the searchable `body` and, unindexed, what a hit needs. The
-  table `indexed` remembers per conversation the highest seq indexed and a hash of the indexed
-  summary, so `sync` reads only what is new.
-* Tokenizer `porter unicode61 remove_diacritics 2`: unicode61 folds case and diacritics in any
-  script it can split on spaces and punctuation, and Porter stemming lets "parked" find "park"
-  and "tickets" find "ticket". On bench/memory_search.py it found the fact for 91% of questions
-  whose key word differs by an ending (plain unicode61: 1%) at the same query time.
-* Queries are never FTS5 syntax: the question's words are quoted and OR-ed, and stop words are
-  dropped. FTS5 ranks with bm25 at about 3 us per matching row, so a query ranks at most
-  BUDGET rows (the time target is 50 ms): its rarest words first, and if even one word alone is
-  in more rows, the most recent BUDGET of them. The top candidates are then ordered by how many
-  distinct query words they hold, then bm25, so a message with two of the words beats one.
-* One connection behind one lock: the daemon calls in through `asyncio.to_thread`, possibly
-  from several threads. `sync` holds the lock per conversation so searches run during a rebuild.
+* FTS5 table `memory` holds the searchable `body` and, unindexed, what a hit needs; `indexed`
+  keeps per conversation the highest seq indexed and a hash of the summary text, so `sync`
+  reads only what is new.
+* Tokenizer: unicode61 folds case (and Latin diacritics) in any script it can split on spaces
+  and punctuation; Porter stemming lets "parked" find "park". On bench/memory_search.py it
+  finds 91% of facts asked about in another form of the key word (unicode61 alone: 3%), with
+  the same query times.
+* A query is never FTS5 syntax: its words are quoted and OR-ed, stop words dropped. bm25
+  costs about 3 us per matching row, so a query ranks at most BUDGET rows to stay inside the
+  50 ms target: its rarest words first, or if even the rarest alone is in more rows than that,
+  the newest BUDGET of them. The best candidates are then ordered by how many distinct query
+  words they hold, then by bm25: a message with two of the words beats one with one.
+* One connection behind one lock, since the daemon calls in through `asyncio.to_thread`.
+  `sync` takes the lock per conversation, so searches go on during a rebuild.
 """
 
 from __future__ import annotations
@@ -122,11 +120,13 @@ class MemoryIndex:
 
     @classmethod
     def open(cls, path: Path) -> MemoryIndex:
-        """Open or create the index; an unreadable or outdated file is moved aside."""
+        """Open or create the index; a corrupt file is moved aside and a new one started."""
         try:
             db = _connect(path)
         except sqlite3.DatabaseError as exc:
-            log.warning("memory index %s unusable (%s); rebuilding it", path, exc)
+            if not _is_corrupt(exc):  # e.g. locked or unwritable: not a reason to discard it
+                raise
+            log.warning("memory index %s is corrupt (%s); rebuilding it", path, exc)
             _move_aside(path)
             db = _connect(path)
         return cls(path, db)
@@ -146,15 +146,6 @@ class MemoryIndex:
         Returns the rows written. Cheap when nothing changed: an archived conversation already
         indexed as archived is not read again unless it was marked dirty.
         """
-        try:
-            return self._sync(store, conversation_ids)
-        except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
-                raise
-            self._reset(exc)
-            return self._sync(store, None)
-
-    def _sync(self, store: Store, conversation_ids: Iterable[str] | None) -> int:
         if conversation_ids is not None:
             return sum(self._sync_one(store, cid) for cid in dict.fromkeys(conversation_ids))
         conversations = store.list_conversations()
@@ -180,9 +171,8 @@ class MemoryIndex:
             max_seq, old_hash, summary_rowid, status, last_active = row or (0, "", None, "", 0)
             if (listed is not None and status == listed.status == "archived"
                     and last_active == listed.last_active):
-                # Sealed: an archived conversation gets no messages, and a fold that finishes
-                # after archiving calls mark_dirty. So a full sync reads one list, not 100k
-                # messages.
+                # Sealed: an archived conversation gets no messages, and a fold finishing after
+                # archiving calls mark_dirty. So a full sync reads a list, not every message.
                 return 0
             self._dirty.discard(cid)
             conversation = store.get_conversation(cid)
@@ -228,31 +218,31 @@ class MemoryIndex:
     def search(self, query: str, limit: int = 8, store: Store | None = None) -> list[Hit]:
         """Messages and summaries of every conversation sharing words with `query`, best
         first. Given the store, conversations marked dirty are indexed first."""
-        if store is not None:
-            self._sync_dirty(store)
         terms = query_terms(query)
-        if not terms or limit <= 0:
-            return []
         try:
-            return self._search(terms, limit)
+            return self._search(terms, limit, store)
         except sqlite3.DatabaseError as exc:
             if not _is_corrupt(exc):
                 raise
-            self._reset(exc)
-            if store is not None:
-                self._sync_dirty(store)
-            return self._search(terms, limit)
+            # The file went bad while open: start a fresh one (filled first if given a store).
+            log.error("memory index %s is corrupt (%s); rebuilding it", self.path, exc)
+            with self._lock:
+                self._db.close()
+                _move_aside(self.path)
+                self._db = _connect(self.path)
+                self._all_dirty = True
+            return self._search(terms, limit, store)
 
-    def _sync_dirty(self, store: Store) -> None:
-        with self._lock:
-            everything, dirty = self._all_dirty, sorted(self._dirty)
-        try:
-            self.sync(store, None if everything else dirty)
-        except StoreError as exc:
-            # Search what is indexed rather than fail the tool call; the next search retries.
-            log.warning("memory index cannot read the store (%s); searching what it has", exc)
-
-    def _search(self, terms: list[str], limit: int) -> list[Hit]:
+    def _search(self, terms: list[str], limit: int, store: Store | None) -> list[Hit]:
+        if store is not None:
+            with self._lock:
+                everything, dirty = self._all_dirty, sorted(self._dirty)
+            try:
+                self.sync(store, None if everything else dirty)
+            except StoreError as exc:  # search what is indexed; the next search retries
+                log.warning("memory index cannot read the store (%s); searching anyway", exc)
+        if not terms or limit <= 0:
+            return []
         with self._lock:
             ranks = self._candidates(terms, max(4 * limit, 32))
             if not ranks:
@@ -301,15 +291,6 @@ class MemoryIndex:
         return dict(self._db.execute("SELECT rowid, rank FROM memory WHERE memory MATCH ? AND "
                                      "rowid >= ? ORDER BY rank LIMIT ?", (match, floor, k)))
 
-    def _reset(self, exc: sqlite3.DatabaseError) -> None:
-        """The file went bad while open: start a fresh one; the next sync fills it."""
-        with self._lock:
-            log.error("memory index %s is corrupt (%s); rebuilding it", self.path, exc)
-            self._db.close()
-            _move_aside(self.path)
-            self._db = _connect(self.path)
-            self._all_dirty = True
-
     def stats(self) -> dict[str, int]:
         """Rows by kind, conversations indexed, and conversations waiting to be synced."""
         with self._lock:
@@ -329,13 +310,13 @@ def _connect(path: Path) -> sqlite3.Connection:
         # Posting lists of common words are read by every query: keep them in memory (32 MB;
         # the default 2 MB made p99 a third slower on 100,000 messages).
         db.execute("PRAGMA cache_size=-32000")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
-            raise sqlite3.DatabaseError(f"schema version {version}, expected {SCHEMA_VERSION}")
+        if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            # New, or written by another version of roost: derived data is rebuilt, not migrated.
+            db.executescript("DROP TABLE IF EXISTS memory; DROP TABLE IF EXISTS indexed;")
         db.executescript(_SCHEMA)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute(f"CREATE VIRTUAL TABLE temp.scratch {_TABLE}")
-        db.execute("SELECT max_seq FROM indexed LIMIT 1").fetchall()  # reads a page: not a db?
+        db.execute("SELECT max_seq FROM indexed LIMIT 1").fetchall()  # touches the file's pages
     except sqlite3.DatabaseError:
         db.close()
         raise

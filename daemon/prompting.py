@@ -14,8 +14,8 @@ from datetime import date, datetime
 from typing import Any
 
 from daemon.config import Settings
-from daemon.context.budget import estimate_tokens, request_budget
-from daemon.context.prefix import Capability, MemoryMap, system_prefix, volatile_tail
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
+from daemon.context.prefix import Capability, MemoryMap, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.conversations import Conversation, Message
 from daemon.llm import ModelClient
@@ -38,6 +38,10 @@ class Prepared:
         tools = (estimate_tokens(json.dumps(list(self.tools), separators=(",", ":")), 1.0)
                  if self.tools else 0)
         return sum(chat_tokens(m, 1.0) for m in self.request.messages) + tools
+
+    def overhead(self) -> int:
+        """The per-message template tokens in the estimate, which the ratio does not scale."""
+        return MESSAGE_OVERHEAD_TOKENS * len(self.request.messages)
 
     def accounting(self) -> dict[str, Any]:
         """Token counts per part against the budget, for the debug snapshots."""
@@ -116,7 +120,7 @@ class Prompting:
             budget=budget,
             ratio=ratio,
             summary=conversation.summary,
-            tail_note=volatile_tail(self.today()),
+            tz=self.settings.daemon.tz,
         )
         return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
                         tool_tokens=tool_tokens, tools=tuple(tools))

@@ -63,6 +63,8 @@ class TurnResult:
     outcome: Outcome
     outbound: Outbound | None = None
     conversation_id: str | None = None
+    # The request had to leave whole messages out: fold now rather than at the threshold.
+    crowded: bool = False
 
 
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
@@ -198,7 +200,8 @@ class TurnRunner:
         log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
                  conversation.id, first.prompt_eval_count, prepared.request.estimate,
                  prepared.budget, done.calls)
-        return TurnResult(Outcome.ANSWERED, outbound, conversation.id)
+        return TurnResult(Outcome.ANSWERED, outbound, conversation.id,
+                          crowded=prepared.request.omitted > 0)
 
     async def _prepare(
         self, conversation: Conversation, history: Sequence[Message], ratio: float | None = None
@@ -221,8 +224,8 @@ class TurnRunner:
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
             measured = exc.prompt_tokens
-            ratio = (calibrated_ratio(measured, prepared.raw_estimate()) * 1.05 if measured
-                     else prepared.ratio * 1.5)
+            ratio = (calibrated_ratio(measured, prepared.raw_estimate(), prepared.overhead())
+                     * 1.05 if measured else prepared.ratio * 1.5)
             ratio = min(max(ratio, prepared.ratio * 1.05, RATIO_MIN), RATIO_MAX)
             await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
                                     conversation.id,
@@ -319,7 +322,7 @@ class TurnRunner:
             return ratio
         if count < RATIO_MIN * raw:
             return prepared.ratio  # a count of cached-out tokens only (old Ollama): ignore it
-        measured = calibrated_ratio(count, raw)
+        measured = calibrated_ratio(count, raw, prepared.overhead())
         # Up at once, down slowly: requests mix text whose tokens-per-character differ, and an
         # underestimate is what makes Ollama cut, while an overestimate only costs a little room.
         if measured >= prepared.ratio:

@@ -32,8 +32,13 @@ def request_budget(num_ctx: int, response_reserve: int) -> int:
     return max(num_ctx - response_reserve, 0)
 
 
-def calibrated_ratio(prompt_eval_count: int, raw_estimate: int) -> float:
-    """New ratio from Ollama's real count against the ratio-1 estimate, clamped to 0.5-4."""
-    if raw_estimate <= 0:
+def calibrated_ratio(prompt_eval_count: int, raw_estimate: int, overhead: int = 0) -> float:
+    """New ratio from Ollama's real count against the ratio-1 estimate, clamped to 0.5-4.
+
+    `overhead` is the part of both that the ratio does not scale (the per-message template
+    tokens): leaving it in would pull the ratio towards 1 and underestimate long texts.
+    """
+    content = raw_estimate - overhead
+    if content <= 0:
         return 1.0
-    return min(max(prompt_eval_count / raw_estimate, RATIO_MIN), RATIO_MAX)
+    return min(max((prompt_eval_count - overhead) / content, RATIO_MIN), RATIO_MAX)

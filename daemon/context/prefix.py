@@ -2,15 +2,16 @@
 
 Ollama's prompt cache reuses a prompt only up to the first byte that differs, so everything here
 is a pure function of inputs that change at most once a day: the channel, the capability index,
-the day's memory map (counts bucketed) and the configured variables. The clock, counters and
-nudges ride at the end of the last message instead (`volatile_tail`).
+the day's memory map (counts bucketed) and the configured variables. The clock rides at the end of
+the messages instead: each user message carries the time it was sent (see `replay.sent_stamp`),
+so the last one says what time it is now and no earlier byte ever changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date
 
 CORE_PROMPT = """\
 You are roost, the user's personal assistant. You run on a local model on the user's own \
@@ -124,8 +125,3 @@ def system_prefix(
     parts.append(f"<local_model>\n{LOCAL_MODEL_NOTE}\n</local_model>")
     return "\n\n".join(parts)
 
-
-def volatile_tail(now: datetime, extra: Sequence[str] = ()) -> str:
-    """What changes per request, appended to the last message: the clock, counters, nudges."""
-    clock = now.strftime("%a %Y-%m-%d %H:%M %Z").strip()
-    return "\n\n" + " ".join([f"[now: {clock}]", *extra])

@@ -22,6 +22,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from daemon.conversations import Message, SummaryState
@@ -136,6 +137,13 @@ def excerpt(text: str, keep: int, label: str) -> str:
     return f"{text[:head]}\n[TRUNCATED — {cut:,} characters {label}]\n{ending}"
 
 
+def sent_stamp(created: float, tz: tzinfo) -> str:
+    """The clock on a user message: when it was sent, in the user's timezone. It rides at the
+    end of the message and never changes, so the newest one tells the model the time and the
+    prompt cache still matches every earlier byte, the previous reply included."""
+    return "\n\n[sent " + datetime.fromtimestamp(created, tz).strftime("%a %Y-%m-%d %H:%M") + "]"
+
+
 def build_request(
     *,
     conversation_id: str,
@@ -145,14 +153,19 @@ def build_request(
     ratio: float = 1.0,
     summary: SummaryState | None = None,
     tail_note: str = "",
+    tz: tzinfo | None = None,
 ) -> Request:
-    """The request for the next model call; see the module docstring for the rules."""
+    """The request for the next model call; see the module docstring for the rules.
+
+    `tz` stamps each user message with the time it was sent; `tail_note` is appended to the
+    last message (counters and nudges that hold for this request only).
+    """
     summary = summary or SummaryState()
     system: ChatMessage = {"role": "system", "content": prefix}
     preamble = summary_preamble(conversation_id, summary) if summary.through_seq else []
     tail = [m for m in history if m.seq > summary.through_seq]
     first_user = next((m.seq for m in history if m.role == "user"), None)
-    entries, stubbed = _entries(conversation_id, tail, first_user)
+    entries, stubbed = _entries(conversation_id, tail, first_user, tz)
 
     fixed = chat_tokens(system, ratio) + sum(chat_tokens(m, ratio) for m in preamble)
     fixed += estimate_tokens(tail_note, ratio)
@@ -185,7 +198,7 @@ def build_request(
 
 
 def _entries(
-    conversation_id: str, tail: Sequence[Message], first_user: int | None
+    conversation_id: str, tail: Sequence[Message], first_user: int | None, tz: tzinfo | None
 ) -> tuple[list[_Entry], int]:
     users = [i for i, m in enumerate(tail) if m.role == "user"]
     recent_start = users[-STUB_AFTER_EXCHANGES] if len(users) >= STUB_AFTER_EXCHANGES else 0
@@ -210,6 +223,8 @@ def _entries(
             content = f"{content}\n[image {size} sent earlier; not shown again]".lstrip()
             images = ()
         content = _with_attachment_notes(content, message)
+        if tz is not None and message.role == "user":
+            content += sent_stamp(message.created, tz)
         entries.append(_Entry(
             message=message, content=content, group=group,
             age=len(users) - bisect_right(users, i), images=images,

@@ -44,8 +44,8 @@ async def engine_for(
 
 
 def typed(content: str) -> str:
-    """A sent user message without the clock roost appends to the last one."""
-    return content.split("\n\n[now: ", 1)[0]
+    """A sent user message without the time stamp roost appends to it."""
+    return content.split("\n\n[sent ", 1)[0]
 
 
 def inbound(text: str) -> Inbound:

@@ -16,8 +16,8 @@ from daemon.context.prefix import (
     bucket,
     capability_index,
     system_prefix,
-    volatile_tail,
 )
+from daemon.context.replay import sent_stamp
 
 DAY = date(2026, 3, 4)
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -241,27 +241,6 @@ def test_core_prompt_states_the_operating_contract() -> None:
     assert "remember" in core
 
 
-# --- the volatile tail ----------------------------------------------------------------------
-
-
-def test_volatile_tail_carries_the_clock_and_the_extras() -> None:
-    now = datetime(2026, 3, 4, 9, 15, tzinfo=BERLIN)
-    tail = volatile_tail(now, ("[3 reminders pending]",))
-    assert tail.startswith("\n\n")  # rides at the end of the last message
-    assert "2026-03-04 09:15" in tail
-    assert "CET" in tail
-    assert "[3 reminders pending]" in tail
-
-
-def test_volatile_tail_changes_with_the_clock_but_the_prefix_does_not() -> None:
-    morning = datetime(2026, 3, 4, 9, 15, tzinfo=BERLIN)
-    evening = morning + timedelta(hours=10, minutes=2)
-    assert volatile_tail(morning) != volatile_tail(evening)
-    prefix = prefix_for()
-    assert volatile_tail(morning).strip() not in prefix
-    assert volatile_tail(evening).strip() not in prefix
-
-
 # --- size -----------------------------------------------------------------------------------
 
 
@@ -270,7 +249,7 @@ def test_first_request_of_a_fresh_conversation_is_lean(kind: str) -> None:
     prefix = system_prefix(kind, capabilities=CORE_CAPABILITIES, memory=memory(),
                            variables={"home": "Berlin", "name": "Dana"})
     first_user = "Hi! Can you remind me tomorrow at 9 to call the dentist about my crown?"
-    tail = volatile_tail(datetime(2026, 3, 4, 9, 15, tzinfo=BERLIN))
+    stamp = sent_stamp(datetime(2026, 3, 4, 9, 15, tzinfo=BERLIN).timestamp(), BERLIN)
     tokens = (2 * MESSAGE_OVERHEAD_TOKENS + estimate_tokens(prefix)
-              + estimate_tokens(first_user + tail))
+              + estimate_tokens(first_user + stamp))
     assert tokens < 1500
