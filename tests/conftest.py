@@ -13,6 +13,7 @@ import pytest
 from channels.base import Outbound
 from daemon.config import Settings
 from tests.fakes.ollama import FakeOllama
+from tests.fakes.telegram import FakeTelegram
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
 
@@ -30,6 +31,12 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 async def fake_ollama() -> AsyncIterator[FakeOllama]:
     async with FakeOllama() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as fake:
         yield fake
 
 

@@ -1,0 +1,375 @@
+"""Telegram: python-telegram-bot's `Application`, driven by roost, never by PTB's own loops.
+
+Two modes, never both at once:
+
+* **webhook**: the Application is built with `updater(None)`; Telegram posts updates to roost's
+  own aiohttp route (`Telegram.webhook`), and roost registers the URL with `setWebhook`.
+* **polling**: for a box without public HTTPS. roost deletes any webhook first, then starts
+  PTB's `Updater.start_polling()` itself; a `TypeHandler` hands each update to the same intake.
+
+Delivery (`TelegramChannel.send`) renders the model's Markdown to Telegram HTML, split at 4,096
+visible characters, and records after each part how many were sent, so a restart resumes after
+the last part delivered. python-telegram-bot's `AIORateLimiter` keeps under the flood limits and
+waits out a 429's `retry_after`; other failures become `DeliveryError`s for the engine to retry
+(or, when the user blocked the bot, to give up and mark the chat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hmac
+import html
+import json
+import re
+import warnings
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from telegram import Bot, BotCommand, Update
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import (
+    BadRequest,
+    Forbidden,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
+from telegram.warnings import PTBDeprecationWarning
+
+from channels.base import Outbound
+from channels.formatting import split_telegram
+from channels.telegram_intake import Intake, Submitter
+from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
+from channels.telegram_updates import (
+    UPDATE_KINDS,
+    BotIdentity,
+    NotAnUpdate,
+    chat_id_of,
+    parse_update,
+)
+from daemon.attachments import AttachmentLimits
+from daemon.config import AttachmentSettings, TelegramSettings
+from daemon.errors import ChannelError, ConfigError, DeliveryError
+from daemon.logs import telegram_log as log
+from daemon.store import Store
+
+WEBHOOK_PATH = "/webhooks/telegram"
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secret_token
+_TAG = re.compile(r"<[^>]*>")
+
+# Shown in Telegram's command menu; the engine runs them (daemon/commands.py).
+COMMANDS = (
+    ("start", "What roost is and how to talk to it"),
+    ("new", "Start a fresh conversation (the old one is kept)"),
+    ("compact", "Fold the older part of this conversation into its summary"),
+    ("status", "Model, window and the size of this conversation"),
+    ("help", "List the commands"),
+)
+
+
+@dataclass(frozen=True)
+class TelegramTuning:
+    """Timings and limits that are not user settings; tests make them short."""
+
+    album_window: float = 1.5  # seconds to wait for the next photo of an album
+    typing_interval: float = 4.0  # Telegram shows "typing…" for about 5 s per sendChatAction
+    max_body: int = 1024 * 1024  # webhook bodies above this get a 413
+    poll_timeout: int = 30  # seconds a getUpdates long poll may wait
+    rate_limit_retries: int = 5  # 429s waited out per request before it counts as failed
+    download_limit: int = BOT_API_DOWNLOAD_LIMIT
+    download_backoff: float = 0.5
+
+
+def check_settings(settings: TelegramSettings) -> None:
+    """Refuse at start what cannot work: no token, a webhook without a secret, a bad secret."""
+    if not settings.token:
+        raise ConfigError("telegram.enabled", "needs the bot token: set ROOST_TELEGRAM_TOKEN or "
+                          "$CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN")
+    if settings.secret is not None and not _SECRET.fullmatch(settings.secret):
+        raise ConfigError("telegram.secret", "ROOST_TELEGRAM_SECRET must be 1-256 characters of "
+                          "A-Z, a-z, 0-9, _ and - (Telegram's rule for the webhook secret)")
+    if settings.mode == "webhook" and not settings.secret:
+        raise ConfigError("telegram.secret", "webhook mode needs a secret, so that only Telegram "
+                          "can post updates: set ROOST_TELEGRAM_SECRET (1-256 characters of "
+                          "A-Z, a-z, 0-9, _ and -) or use telegram.mode = 'polling'")
+
+
+def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> Application[
+        Any, Any, Any, Any, Any, Any]:
+    """PTB's Application pointed at the configured Bot API; no updater in webhook mode."""
+    # PTB 22.8 reads its own deprecated int `retry_after` while constructing every RetryAfter
+    # (each 429), which warns unless $PTB_TIMEDELTA is set. roost never reads that attribute
+    # (the rate limiter uses the timedelta), so this one warning is noise for an operator.
+    warnings.filterwarnings("ignore", message=r".*attribute `retry_after` will be of type",
+                            category=PTBDeprecationWarning, module=r"telegram\.error")
+    assert settings.token is not None  # check_settings
+    builder = (
+        ApplicationBuilder()
+        .token(settings.token)
+        .base_url(settings.api_base)
+        .base_file_url(settings.file_base)
+        .rate_limiter(AIORateLimiter(max_retries=tuning.rate_limit_retries))
+        .job_queue(None)  # roost has its own scheduler
+    )
+    if settings.mode == "webhook":
+        builder = builder.updater(None)
+    return builder.build()
+
+
+def visible_text(part: str) -> str:
+    """The text a Telegram-HTML part shows: the plain fallback when Telegram rejects the HTML."""
+    return html.unescape(_TAG.sub("", part))
+
+
+class TelegramChannel:
+    """Delivery to Telegram chats: HTML parts, resumable; "typing…" while a turn runs."""
+
+    name = "telegram"
+
+    def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0) -> None:
+        self.bot = bot
+        self.store = store
+        self.typing_interval = typing_interval
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        """Ignored: a Telegram reply is sent whole (editing a message per token would run into
+        the flood limits); "typing…" shows that an answer is coming."""
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._typing(chat_key)
+
+    @contextlib.asynccontextmanager
+    async def _typing(self, chat_key: str) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._keep_typing(chat_id_of(chat_key)),
+                                   name=f"roost-typing-{chat_key}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.wait([task])  # gone before the reply is sent: no "typing…" after it
+
+    async def _keep_typing(self, chat_id: int) -> None:
+        while True:
+            try:
+                await self.bot.send_chat_action(chat_id, ChatAction.TYPING)
+            except TelegramError as exc:  # cosmetic: never worth failing a turn for
+                log.debug("sendChatAction to %d failed: %s", chat_id, exc)
+            await asyncio.sleep(self.typing_interval)
+
+    async def send(self, outbound: Outbound) -> None:
+        """Send the parts not yet delivered, recording progress after each one."""
+        chat_id = chat_id_of(outbound.chat_key)
+        parts = split_telegram(outbound.text)
+        done = await asyncio.to_thread(self._parts_sent, outbound)
+        for index in range(done, len(parts)):
+            await self._send_part(chat_id, parts[index], outbound.chat_key)
+            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+
+    def _parts_sent(self, outbound: Outbound) -> int:
+        # Outbound.from_doc keeps only the record's own fields; the progress is in the store.
+        for doc in self.store.outbox_pending(outbound.chat_key):
+            if doc["id"] == outbound.id:
+                return int(doc.get("parts_sent", 0))
+        return 0
+
+    async def _send_part(self, chat_id: int, part: str, chat_key: str) -> None:
+        try:
+            try:
+                await self.bot.send_message(chat_id, part, parse_mode=ParseMode.HTML)
+            except BadRequest as exc:
+                # PTB drops "Bad Request: " and capitalises the rest: compare case-insensitively.
+                if "can't parse entities" not in exc.message.lower():
+                    raise
+                log.warning("Telegram could not parse a part for %s (%s); sent as plain text",
+                            chat_key, exc.message)
+                await self.bot.send_message(chat_id, visible_text(part))
+        except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
+            raise DeliveryError(f"Telegram refused delivery: {exc.message}",
+                                permanent=True) from exc
+        except BadRequest as exc:  # chat not found, message too long...: the same again fails too
+            raise DeliveryError(f"Telegram rejected the message: {exc.message}",
+                                permanent=True) from exc
+        except RetryAfter as exc:  # still flooded after the rate limiter's retries
+            raise DeliveryError(f"Telegram flood control: {exc}") from exc
+        except NetworkError as exc:
+            raise DeliveryError(f"cannot reach Telegram: {exc}") from exc
+        except TelegramError as exc:
+            raise DeliveryError(f"Telegram error: {exc}") from exc
+
+
+class Telegram:
+    """The Telegram part of the daemon: Application lifecycle, delivery, intake and webhook.
+
+    `open()` (before the engine exists) initialises the Application and learns who the bot is;
+    `start(engine)` (after) resumes stored updates, then registers the webhook or starts polling;
+    `stop()` stops polling and the intake; `close()` shuts the Application down.
+    """
+
+    def __init__(self, settings: TelegramSettings, store: Store,
+                 tuning: TelegramTuning | None = None,
+                 attachments: AttachmentSettings | None = None) -> None:
+        check_settings(settings)
+        self.settings = settings
+        self.store = store
+        self.tuning = tuning or TelegramTuning()
+        self.limits = _limits(attachments or AttachmentSettings())
+        self.application = build_application(settings, self.tuning)
+        self.bot = self.application.bot
+        self.channel = TelegramChannel(self.bot, store,
+                                       typing_interval=self.tuning.typing_interval)
+        self.identity: BotIdentity | None = None
+        self.intake: Intake | None = None
+        self._polling = False
+
+    @property
+    def webhook_mode(self) -> bool:
+        return self.settings.mode == "webhook"
+
+    async def open(self) -> None:
+        """Initialise the Application (getMe); ConfigError for a refused token, ChannelError
+        when the Bot API cannot be reached (systemd restarts roost to try again)."""
+        try:
+            await self.application.initialize()
+        except TelegramError as exc:
+            # The HTTP clients were opened before getMe failed; nothing else would close them.
+            await self.bot.shutdown()
+            if isinstance(exc, InvalidToken):  # its message quotes the token: not passed on
+                raise ConfigError("ROOST_TELEGRAM_TOKEN", "Telegram refused the bot token; "
+                                  "check it with @BotFather") from None
+            raise ChannelError(f"cannot reach the Telegram Bot API at {self.settings.api_base}: "
+                               f"{exc}") from exc
+        self.identity = BotIdentity(id=self.bot.id, username=self.bot.username)
+        log.info("Telegram bot @%s (%s mode)", self.identity.username, self.settings.mode)
+
+    async def start(self, engine: Submitter) -> None:
+        """Process what an earlier run left, then start receiving (webhook or polling)."""
+        assert self.identity is not None, "open() first"
+        media = MediaFetcher(self.bot, self.store.state_dir / "attachments", limits=self.limits,
+                             download_limit=self.tuning.download_limit,
+                             backoff=self.tuning.download_backoff)
+        self.intake = Intake(store=self.store, engine=engine, media=media,
+                             identity=self.identity, allow=self.settings.allow,
+                             album_window=self.tuning.album_window)
+        await self.intake.resume()
+        try:
+            await self.bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
+        except TelegramError as exc:  # only the command menu is missing: not worth stopping for
+            log.warning("could not register the command menu with Telegram: %s", exc)
+        try:
+            if self.webhook_mode:
+                await self._set_webhook()
+            else:
+                await self._start_polling()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _set_webhook(self) -> None:
+        assert self.settings.webhook_url is not None  # config requires it in webhook mode
+        try:
+            await self.bot.set_webhook(self.settings.webhook_url,
+                                       secret_token=self.settings.secret,
+                                       allowed_updates=list(UPDATE_KINDS))
+        except BadRequest as exc:
+            raise ConfigError("telegram.webhook_url",
+                              f"Telegram refused it: {exc.message}") from exc
+        except TelegramError as exc:
+            raise ChannelError(f"cannot register the webhook with Telegram: {exc}") from exc
+        log.info("webhook registered")
+
+    async def _start_polling(self) -> None:
+        updater = self.application.updater
+        assert updater is not None  # built with one in polling mode
+        try:
+            # A webhook and getUpdates exclude each other: the webhook goes first, its pending
+            # updates stay and are fetched by the first poll.
+            await self.bot.delete_webhook(drop_pending_updates=False)
+            self.application.add_handler(TypeHandler(Update, self._polled))
+            await self.application.start()
+            self._polling = True
+            await updater.start_polling(timeout=dt.timedelta(seconds=self.tuning.poll_timeout),
+                                        allowed_updates=list(UPDATE_KINDS))
+        except TelegramError as exc:
+            raise ChannelError(f"cannot start polling Telegram: {exc}") from exc
+        log.info("polling Telegram for updates")
+
+    async def _polled(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """PTB's handler in polling mode: the same intake as the webhook route."""
+        assert self.intake is not None
+        try:
+            await self.intake.accept(update.to_dict(), update)
+        except Exception:  # the boundary of one update, as in the webhook route
+            log.exception("storing polled update %d failed", update.update_id)
+
+    async def stop(self) -> None:
+        """Stop receiving (polling first), then the intake's workers."""
+        if self._polling:
+            self._polling = False
+            updater = self.application.updater
+            if updater is not None and updater.running:
+                await updater.stop()
+            if self.application.running:
+                await self.application.stop()  # hands what was fetched to the intake first
+        if self.intake is not None:
+            await self.intake.stop()
+
+    async def close(self) -> None:
+        await self.application.shutdown()
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        """`POST /webhooks/telegram`: check, persist, answer; processing comes after."""
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+        assert self.settings.secret is not None  # check_settings, webhook mode
+        if not hmac.compare_digest(given, self.settings.secret.encode()):
+            log.warning("webhook call from %s without the right secret; refused", request.remote)
+            return web.Response(status=403, text="forbidden\n")
+        if request.content_type != "application/json":
+            return web.Response(status=403, text="expected application/json\n")
+        limit = self.tuning.max_body
+        if request.content_length is not None and request.content_length > limit:
+            return web.Response(status=413, text="too large\n")
+        body = await _read_at_most(request, limit)
+        if body is None:
+            return web.Response(status=413, text="too large\n")
+        try:
+            payload = json.loads(body)
+            update = parse_update(payload)
+        except (ValueError, UnicodeDecodeError) as exc:  # NotAnUpdate is a ValueError too
+            reason = str(exc) if isinstance(exc, NotAnUpdate) else "malformed JSON"
+            log.warning("webhook body refused: %s", reason)
+            return web.Response(status=400, text=f"{reason}\n")
+        if self.intake is None:  # between open() and start(): the site is not up yet anyway
+            return web.Response(status=503, text="starting\n")
+        try:
+            await self.intake.accept(payload, update)
+        except Exception:
+            # The boundary of the route: without a 2xx Telegram delivers the update again.
+            log.exception("storing update %d failed", update.update_id)
+            return web.Response(status=500, text="not stored\n")
+        return web.Response(status=200)
+
+
+def _limits(settings: AttachmentSettings) -> AttachmentLimits:
+    mib = 1024 * 1024
+    return AttachmentLimits(image_max_side=settings.image_max_side,
+                            image_max_bytes=settings.image_max_mb * mib,
+                            file_max_bytes=settings.file_max_mb * mib)
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None once it grows past `limit` (a chunked body has no Content-Length)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,99 @@
+"""`roost run` killed with SIGKILL right after it answered Telegram's webhook call with 200,
+then started again: the message is still answered, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
+from tests.daemon.test_app import free_port
+from tests.fakes.ollama import FakeOllama, Reply, echo_reply
+from tests.fakes.telegram import FakeTelegram
+
+SECRET = "restart-secret_1"
+USER = 1111111
+
+
+async def start_daemon(config: Path, env: dict[str, str],
+                       url: str) -> asyncio.subprocess.Process:
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):
+            try:
+                async with http.get(f"{url}/healthz") as reply:
+                    if reply.status == 200:
+                        return daemon
+            except aiohttp.ClientConnectionError:
+                pass
+            if daemon.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+    daemon.kill()
+    _, err = await daemon.communicate()
+    raise AssertionError(f"roost did not come up: {err.decode()}")
+
+
+async def test_killed_after_the_200_and_restarted_answers_once(
+        fake_telegram: FakeTelegram, fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    # Slow enough that the first process cannot have answered before it is killed.
+    def slow_echo(body: dict[str, Any]) -> Reply:
+        return Reply(content=echo_reply(body).content, delay=0.5)
+
+    fake_ollama.default_reply = slow_echo
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'shutdown_grace = "2s"\n\n'
+        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
+        f'[telegram]\nenabled = true\nmode = "webhook"\n'
+        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f"allow = [{USER}]\n")
+    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+               ROOST_TELEGRAM_SECRET=SECRET)
+    update = {"update_id": 500, "message": {
+        "message_id": 7, "date": int(time.time()), "text": "survive the crash",
+        "chat": {"id": USER, "type": "private", "first_name": "Test"},
+        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+
+    first = await start_daemon(config, env, url)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                url + WEBHOOK_PATH, data=json.dumps(update),
+                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+            status = reply.status
+            first.send_signal(signal.SIGKILL)  # at once: processing has only just begun
+        await first.wait()
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+    assert status == 200
+    assert first.returncode == -signal.SIGKILL
+    assert fake_telegram.sent_messages == []
+
+    second = await start_daemon(config, env, url)
+    try:
+        await fake_telegram.wait_for("sendMessage", timeout=10)
+        await asyncio.sleep(0.5)  # room for a duplicate to show up, were there one
+        second.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(second.communicate(), 15)
+        assert second.returncode == 0, err.decode()
+    finally:
+        if second.returncode is None:
+            second.kill()
+            await second.wait()
+    assert [m["text"] for m in fake_telegram.sent_messages] == ["echo: survive the crash"]
