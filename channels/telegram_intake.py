@@ -99,11 +99,10 @@ class Intake:
             return False
         key = update_key(update.update_id)
         now = self.clock()
-        if not await asyncio.to_thread(self.store.dedupe_claim, key, now):
+        if not await asyncio.to_thread(self.store.updates_accept, CHANNEL, key, payload, now):
             log.info("update %d for %s delivered again; dropped", update.update_id,
                      chat_key(chat))
             return False
-        await asyncio.to_thread(self.store.updates_add, CHANNEL, key, payload, now)
         self._enqueue(chat, _Pending(key, update, now, resumed=False))
         return True
 
@@ -254,8 +253,8 @@ class Intake:
     async def _unblock(self, key: str) -> None:
         """A user who blocked the bot and writes again has unblocked it."""
         flags = await asyncio.to_thread(self.store.chat_flags, key)
-        if "blocked" in flags:
-            await asyncio.to_thread(self.store.set_chat_flag, key, "blocked", None)
+        if "undeliverable" in flags:
+            await asyncio.to_thread(self.store.set_chat_flag, key, "undeliverable", None)
             log.info("%s writes again: no longer marked as blocked", key)
 
 

@@ -175,10 +175,18 @@ class Engine:
                 log.exception("idle rotation sweep failed; trying again in %.0fs", interval)
 
     async def notify(self, chat_key: str, text: str) -> None:
-        """Send a notice (not part of the conversation) through the outbox."""
+        """Send a notice (not part of the conversation) through the outbox.
+
+        Only the chat's worker sends its outbox, so replies and notices never race: called
+        from the worker (a turn), the notice goes out at once; from anywhere else (a channel
+        telling the user about a broken photo), the worker is woken to send it.
+        """
         outbound = Outbound(chat_key=chat_key, text=text, created=self.clock(), kind="notice")
         await asyncio.to_thread(self.store.outbox_add, outbound.to_doc())
-        await self._flush_outbox(chat_key)
+        if asyncio.current_task() is self._workers.get(chat_key):
+            await self._flush_outbox(chat_key)
+        else:
+            self._kick(chat_key)
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -266,8 +274,8 @@ class Engine:
             except DeliveryError as exc:
                 if exc.permanent:
                     log.warning("giving up delivery to %s: %s", chat_key, exc)
-                    await asyncio.to_thread(self.store.set_chat_flag, chat_key, "blocked",
-                                            self.clock())
+                    await asyncio.to_thread(self.store.set_chat_flag, chat_key,
+                                            "undeliverable", self.clock())
                     await asyncio.to_thread(self.store.outbox_done, outbound.id)
                     await asyncio.to_thread(self.records.event, self.clock(), "undeliverable",
                                             outbound.conversation_id or chat_key, str(exc))

@@ -14,7 +14,7 @@ rebuilt; a file of another schema version is emptied and rebuilt. Nothing here i
 * A query is never FTS5 syntax: its words are quoted and OR-ed, stop words dropped. bm25
   costs about 3 us per matching row, so a query ranks at most BUDGET rows to stay inside the
   50 ms target: its rarest words first, or if even the rarest alone is in more rows than that,
-  the newest BUDGET of them. The best candidates are then ordered by how many distinct query
+  the newest BUDGET rows holding one of its four rarest. The best candidates are then ordered by how many distinct query
   words they hold, then by bm25: a message with two of the words beats one with one.
 * One connection behind one lock, since the daemon calls in through `asyncio.to_thread`.
   `sync` takes the lock per conversation, so searches go on during a rebuild.
@@ -42,7 +42,7 @@ SCHEMA_VERSION = 1
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 BUDGET = 5_000  # rows bm25 may rank per query: about 15 ms here
 MAX_QUERY_CHARS = 20_000  # bounds the work on a pasted document; the terms are capped anyway
-MAX_TERMS = 16
+MAX_TERMS = 12  # bm25 costs more per row with every word (16 words: 2.4 times one)
 MAX_WORD_CHARS = 64  # longer runs are hashes or noise, not words anyone asks about
 SNIPPET_TOKENS = 24
 SNIPPET_CHARS = 240
@@ -276,14 +276,15 @@ class MemoryIndex:
         rows = {t: self._db.execute("SELECT count(*) FROM (SELECT 1 FROM memory WHERE memory "
                                     "MATCH ? LIMIT ?)", (_any_of([t]), BUDGET + 1)).fetchone()[0]
                 for t in terms}
+        by_rarity = sorted(terms, key=rows.__getitem__)  # rare words say the most
         chosen: list[str] = []
         total = 0
-        for term in sorted(terms, key=rows.__getitem__):  # rarest first: they say the most
+        for term in by_rarity:
             total += rows[term]
             if total > BUDGET:
                 break
             chosen.append(term)
-        match, floor = _any_of(chosen or terms), 0
+        match, floor = _any_of(chosen or by_rarity[:4]), 0
         if not chosen:  # every word is in thousands of rows and says little: rank the newest
             newest = self._db.execute("SELECT rowid FROM memory WHERE memory MATCH ? ORDER BY "
                                       "rowid DESC LIMIT 1 OFFSET ?", (match, BUDGET)).fetchone()

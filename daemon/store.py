@@ -377,10 +377,26 @@ class Store:
         self.index.table("outbox").update(fields, Query().id == item_id)
 
     @_locked
+    def updates_accept(self, channel: str, key: str, payload: Mapping[str, Any],
+                       received: float) -> bool:
+        """Persist a raw platform payload before the platform gets its 200, unless `key` was
+        seen before (a redelivery): then False. The payload is translated into inbox messages
+        afterwards (which may need downloads), and again after a crash.
+
+        The payload is written before its dedupe key: a crash between the two leaves it
+        pending, and a redelivery meanwhile is recognised by the pending payload itself.
+        """
+        if self.index.table("updates").contains(Query().key == key) or self.index.table(
+                "dedupe").contains(Query().key == key):
+            return False
+        self.updates_add(channel, key, payload, received)
+        self.dedupe_claim(key, received)
+        return True
+
+    @_locked
     def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
                     received: float) -> None:
-        """Persist a raw platform payload before the platform gets its 200; it is translated
-        into inbox messages afterwards (which may need downloads), and again after a crash."""
+        """Persist a raw payload without the redelivery check (`updates_accept` has it)."""
         self.index.table("updates").insert(
             {"channel": channel, "key": key, "payload": dict(payload), "received": received})
 

@@ -351,8 +351,8 @@ class TurnRunner:
         for item in items:
             if item.id in present:
                 continue
-            meta = {"inbox_id": item.id, **({"platform_id": item.platform_id}
-                                            if item.platform_id else {})}
+            meta = {**item.meta, "inbox_id": item.id,
+                    **({"platform_id": item.platform_id} if item.platform_id else {})}
             self.store.append_message(
                 conversation.id, "user", item.text, created=item.received,
                 channel_message_ids=(item.platform_id,) if item.platform_id else (),

@@ -328,7 +328,7 @@ async def test_a_blocked_bot_marks_the_chat_and_stops_retrying(
     assert await daemon.post(message(1, "then I block you")) == 200
     await fake_telegram.wait_for("sendMessage")
     await daemon.settle()
-    assert "blocked" in daemon.store.chat_flags(CHAT_KEY)
+    assert "undeliverable" in daemon.store.chat_flags(CHAT_KEY)
     assert daemon.store.outbox_pending() == []
     await asyncio.sleep(0.3)  # several retry_backoffs: no retry comes
     assert len(fake_telegram.calls_to("sendMessage")) == 1

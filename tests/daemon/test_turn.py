@@ -351,7 +351,7 @@ async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
         await say(engine, "hello")
         assert channel.attempts == 1 and channel.sent == []
         assert store.outbox_pending() == []
-        assert "blocked" in store.chat_flags(CHAT)
+        assert "undeliverable" in store.chat_flags(CHAT)
         conversation = store.active_conversation(CHAT)
         assert conversation is not None  # the reply itself is kept in the conversation
         assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
