@@ -132,22 +132,25 @@ class MediaFetcher:
             data = await self._download(ref.file_id, f'the {ref.what} "{ref.name}"')
         except _DownloadFailed as exc:
             return Fetched(problems=(str(exc),))
+        problems: tuple[str, ...] = ()
         if ref.kind == "document" and (ref.mime or "").startswith("image/"):
             # A picture sent "as a file" keeps its full size; the model still sees it as an
-            # image. One the image pipeline cannot read is kept as a plain file instead.
+            # image. One the image pipeline cannot read is kept as a plain file instead, and
+            # the user is told why the model will not see it as a picture.
             try:
                 image = await asyncio.to_thread(store_image, data, self.attachments_dir,
                                                 limits=self.limits, name_hint=ref.name)
                 return Fetched(attachments=(image.to_doc(),))
             except AttachmentError as exc:
                 log.info("image document stored as a file: %s", exc.reason)
+                problems = (str(exc),)
         try:
             stored = await asyncio.to_thread(store_file, data, self.attachments_dir,
                                              name=ref.name, mime=ref.mime, kind=ref.kind,
                                              limits=self.limits)
         except AttachmentError as exc:
-            return Fetched(problems=(str(exc),))
-        return Fetched(attachments=(stored.to_doc(),))
+            return Fetched(problems=(*problems, str(exc)))
+        return Fetched(attachments=(stored.to_doc(),), problems=problems)
 
     async def _download(self, file_id: str, what: str) -> bytes:
         """The file's bytes; network failures are retried, then reported to the user."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from io import BytesIO
@@ -406,6 +408,46 @@ async def test_a_corrupt_photo_gets_a_clear_message_and_the_caption_still_goes(
     assert reply == "echo: and this?"
     (stored,) = daemon.user_messages()
     assert stored.attachments == ()
+
+
+def png_bomb(width: int = 40_000, height: int = 40_000) -> bytes:
+    """A tiny PNG whose header declares a huge image: a decompression bomb."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize(("data", "as_document", "expected"), [
+    (png_bomb(), False, "too many pixels"),
+    (jpeg(640, 480)[:900], False, "damaged"),
+    (b"Dear diary,\nthis is plain text, not a picture.\n", True, "not in an image format"),
+], ids=["decompression bomb", "truncated jpeg", "text renamed .png"])
+async def test_a_bad_image_gets_a_clear_reply_and_harms_nothing_else(
+        start: Start, fake_telegram: FakeTelegram, data: bytes, as_document: bool,
+        expected: str) -> None:
+    daemon = await start()
+    fake_telegram.add_file("bad", data, "photos/bad.png")
+    if as_document:
+        document = {"file_id": "bad", "file_unique_id": "b", "file_name": "holiday.png",
+                    "mime_type": "image/png", "file_size": len(data)}
+        update = message(1, None, document=document, caption="look at this")
+    else:
+        update = photo_message(1, "bad", "look at this")
+    assert await daemon.post(update) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    notice, reply = texts(fake_telegram)
+    assert expected in notice.lower()
+    assert reply == "echo: look at this"
+    # The next message is answered as usual.
+    assert await daemon.post(message(2, "still there?")) == 200
+    await fake_telegram.wait_for("sendMessage", 3)
+    await daemon.settle()
+    assert texts(fake_telegram)[-1] == "echo: still there?"
 
 
 async def test_an_album_arrives_as_one_user_message(
