@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from daemon.config import Settings
 from daemon.context.fold import (
+    FOLD_KEEP,
     fold_messages,
     folded_state,
     merge_user_notes,
@@ -30,6 +31,7 @@ from daemon.context.fold import (
     plan_fold,
     summary_cap_chars,
 )
+from daemon.context.replay import PROTECT_LAST
 from daemon.conversations import SummaryState
 from daemon.errors import LLMError, Preempted
 from daemon.llm import ModelClient
@@ -37,6 +39,9 @@ from daemon.logs import fold_log as log
 from daemon.records import Records
 from daemon.store import Store
 
+# A request that had to drop messages: keep only the messages replay always protects, so the
+# next requests fit without dropping and restoring messages turn after turn.
+CROWDED_KEEP = PROTECT_LAST
 RETRY_AFTER_PREEMPTION = 5.0
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
@@ -89,7 +94,7 @@ class Folder:
             return
         if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
             return
-        self._start(conversation_id, force=urgent)
+        self._start(conversation_id, force=urgent, keep=CROWDED_KEEP if urgent else FOLD_KEEP)
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:
         """Fold whatever lies before the verbatim tail now (`/compact`), waiting for it."""
@@ -114,16 +119,18 @@ class Folder:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _start(self, conversation_id: str, force: bool) -> asyncio.Task[FoldOutcome]:
-        task = asyncio.create_task(self._guarded(conversation_id, force),
+    def _start(
+        self, conversation_id: str, force: bool, keep: int = FOLD_KEEP
+    ) -> asyncio.Task[FoldOutcome]:
+        task = asyncio.create_task(self._guarded(conversation_id, force, keep),
                                    name=f"roost-fold-{conversation_id}")
         self._tasks[conversation_id] = task
         return task
 
-    async def _guarded(self, conversation_id: str, force: bool) -> FoldOutcome:
+    async def _guarded(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
         """The boundary of a background fold: it may fail, but never takes anything down."""
         try:
-            outcome = await self._fold(conversation_id, force)
+            outcome = await self._fold(conversation_id, force, keep)
         except Preempted:
             self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION)
             return FoldOutcome(0, None, "the model was needed for a reply; will fold later")
@@ -154,14 +161,14 @@ class Folder:
         self._retry_at.pop(conversation_id, None)
         self.schedule(conversation_id)
 
-    async def _fold(self, conversation_id: str, force: bool) -> FoldOutcome:
+    async def _fold(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
         conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)
         if conversation is None:
             return FoldOutcome(0, None, "no such conversation")
         history = await asyncio.to_thread(self.store.messages, conversation_id)
         num_ctx = await self.llm.num_ctx()
         ratio = conversation.token_ratio
-        plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force)
+        plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force, keep=keep)
         if plan is None:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
         notes = merge_user_notes(conversation.summary.user_notes, plan.messages)

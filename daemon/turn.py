@@ -50,6 +50,9 @@ NEW_CONVERSATION_LINE = (
 # old messages), provided the prompt was not tiny; one that fills num_ctx to the brim was cut too.
 SILENT_CUT_SHARE = 0.6
 RATIO_DECAY = 0.2
+# A request this full of its budget will have to leave messages out next turn: fold now instead,
+# so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
+CROWDED_SHARE = 0.8
 
 
 class Outcome(enum.Enum):
@@ -63,7 +66,7 @@ class TurnResult:
     outcome: Outcome
     outbound: Outbound | None = None
     conversation_id: str | None = None
-    # The request had to leave whole messages out: fold now rather than at the threshold.
+    # The request had to leave messages out, or nearly: fold now rather than at the threshold.
     crowded: bool = False
 
 
@@ -200,8 +203,9 @@ class TurnRunner:
         log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
                  conversation.id, first.prompt_eval_count, prepared.request.estimate,
                  prepared.budget, done.calls)
-        return TurnResult(Outcome.ANSWERED, outbound, conversation.id,
-                          crowded=prepared.request.omitted > 0)
+        crowded = (prepared.request.omitted > 0
+                   or prepared.request.estimate > CROWDED_SHARE * prepared.budget)
+        return TurnResult(Outcome.ANSWERED, outbound, conversation.id, crowded=crowded)
 
     async def _prepare(
         self, conversation: Conversation, history: Sequence[Message], ratio: float | None = None

@@ -76,15 +76,16 @@ def fold_mark(tail: Sequence[Message], keep: int = FOLD_KEEP) -> int | None:
 
 def plan_fold(
     history: Sequence[Message], summary: SummaryState, window: int, ratio: float,
-    *, force: bool = False,
+    *, force: bool = False, keep: int = FOLD_KEEP,
 ) -> FoldPlan | None:
-    """What to fold now, or None. `force` (the /compact command) skips the threshold.
+    """What to fold now, or None. `force` (the /compact command) skips the threshold; `keep`
+    is how many of the newest messages stay verbatim (before walking back to a user message).
 
     One fold takes at most `fold_batch(window)` messages (a backlog is folded over several
     folds), so that every folded message keeps a useful excerpt within the prompt.
     """
     tail = [m for m in history if m.seq > summary.through_seq]
-    mark = fold_mark(tail)
+    mark = fold_mark(tail, keep)
     if mark is None:
         return None
     batch = fold_batch(window)
