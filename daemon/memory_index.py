@@ -14,8 +14,9 @@ rebuilt; a file of another schema version is emptied and rebuilt. Nothing here i
 * A query is never FTS5 syntax: its words are quoted and OR-ed, stop words dropped. bm25
   costs about 3 us per matching row, so a query ranks at most BUDGET rows to stay inside the
   50 ms target: its rarest words first, or if even the rarest alone is in more rows than that,
-  the newest BUDGET rows holding one of its four rarest. The best candidates are then ordered by how many distinct query
-  words they hold, then by bm25: a message with two of the words beats one with one.
+  the newest BUDGET rows holding one of its four rarest words. The best candidates are then
+  ordered by how many distinct query words they hold, then by bm25: a message holding two of
+  the words beats one holding one.
 * One connection behind one lock, since the daemon calls in through `asyncio.to_thread`.
   `sync` takes the lock per conversation, so searches go on during a rebuild.
 """
