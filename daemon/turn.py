@@ -42,6 +42,7 @@ from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry
 
 MAX_BACKOFF = 60.0
+FILES_CAPABILITY = "files"
 EMPTY_REPLY = "(The model returned an empty reply.)"
 NEW_CONVERSATION_LINE = (
     "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
@@ -157,6 +158,12 @@ class TurnRunner:
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
         stream = _Stream(self.stream, chat_key, intro)
+        if FILES_CAPABILITY not in conversation.active_tools and any(
+                a.get("kind") != "image" for item in items for a in item.attachments):
+            # The user sent a file: the model will want file_read, so load it now rather than
+            # spending two model calls on tool_activate.
+            conversation = replace(conversation,
+                                   active_tools=(*conversation.active_tools, FILES_CAPABILITY))
         context = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools))

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from channels.base import Inbound
-from daemon.attachments import store_image
+from daemon.attachments import store_file, store_image
 from daemon.config import Settings
 from daemon.context.compact import STATE_REQUEST
 from daemon.context.fold import FOLD_SYSTEM
@@ -344,3 +344,20 @@ async def test_a_model_that_cannot_see_gets_a_note_and_the_user_is_told(
     assert "images" not in last and "cannot see images" in last["content"]
     [notice] = blind.channel.texts("notice")
     assert "cannot see images" in notice
+
+
+async def test_sending_a_file_loads_file_read_for_that_conversation(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for()
+    stored = store_file(b"alpha\nbeta\ngamma\n", setup.store.state_dir / "attachments",
+                        name="list.txt", mime="text/plain", kind="document")
+    setup.fake.script(Reply(tool_calls=[call("file_read", path=stored.ref, from_line=3)]),
+                      Reply(content="Line 3 is gamma."))
+    await setup.say("What is the third line?", attachments=(stored.to_doc(),))
+    [(name, result)] = tool_messages(setup)
+    assert name == "file_read" and result.endswith("3: gamma")
+    first = setup.turn_requests()[0]
+    assert "file_read" in [t["function"]["name"] for t in first["tools"]]
+    assert "[document: list.txt" in first["messages"][-1]["content"]
+    assert setup.channel.texts("reply") == ["Line 3 is gamma."]
