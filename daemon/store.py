@@ -348,10 +348,8 @@ class Store:
 
     @_locked
     def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
-        items = [dict(d) for d in self.index.table("inbox").all()]
-        if chat_key is not None:
-            items = [i for i in items if i["chat_key"] == chat_key]
-        return sorted(items, key=lambda i: (i["received"], i["id"]))
+        """Inbound messages not yet answered, oldest first."""
+        return self._queued("inbox", "received", chat_key)
 
     @_locked
     def inbox_done(self, item_ids: list[str]) -> None:
@@ -366,10 +364,8 @@ class Store:
 
     @_locked
     def outbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
-        items = [dict(d) for d in self.index.table("outbox").all()]
-        if chat_key is not None:
-            items = [i for i in items if i["chat_key"] == chat_key]
-        return sorted(items, key=lambda i: (i["created"], i["id"]))
+        """Replies and notices not yet delivered, oldest first."""
+        return self._queued("outbox", "created", chat_key)
 
     @_locked
     def outbox_update(self, item_id: str, **fields: Any) -> None:
@@ -442,6 +438,11 @@ class Store:
         return True
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _queued(self, table: str, time_field: str, chat_key: str | None) -> list[dict[str, Any]]:
+        docs = self.index.table(table)
+        found = docs.all() if chat_key is None else docs.search(Query().chat_key == chat_key)
+        return sorted((dict(d) for d in found), key=lambda d: (d[time_field], d["id"]))
 
     def _conversations(self) -> Any:
         return self.index.table("conversations")

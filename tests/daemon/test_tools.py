@@ -277,6 +277,8 @@ async def test_the_context_full_guard_stops_a_length_loop(
     assert len(setup.turn_requests()) == 1
     reply = setup.channel.texts("reply")[0]
     assert reply.endswith(CONTEXT_FULL_NOTE) and reply.startswith("word word")
+    events = setup.engine.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
+    assert any("**context-full**" in e for e in events)
 
 
 async def test_a_cut_off_answer_is_continued_a_bounded_number_of_times(
@@ -291,6 +293,8 @@ async def test_a_cut_off_answer_is_continued_a_bounded_number_of_times(
     continued = setup.turn_requests()[1]["messages"]
     assert continued[-2] == {"role": "assistant", "content": "part. "}
     assert "Continue exactly where" in continued[-1]["content"]
+    events = setup.engine.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
+    assert sum("**continuation**" in e for e in events) == 3
 
 
 async def test_system_message_first_templates_are_adapted_and_remembered(
