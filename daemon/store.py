@@ -242,8 +242,10 @@ class Store:
 
     @_locked
     def get_conversation(self, conversation_id: str) -> Conversation | None:
-        doc = self._conversations().get(Query().id == conversation_id)
-        return None if doc is None else self._with_summary(doc)
+        # search, not get: TinyDB answers a repeated search from its query cache (cleared by
+        # every write through it) instead of parsing the whole index again.
+        docs = self._conversations().search(Query().id == conversation_id)
+        return self._with_summary(docs[0]) if docs else None
 
     @_locked
     def active_conversation(self, chat_key: str) -> Conversation | None:
