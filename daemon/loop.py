@@ -30,7 +30,7 @@ from daemon.context.compact import (
     shrink,
     state_messages,
 )
-from daemon.context.replay import ChatMessage, excerpt
+from daemon.context.replay import ChatMessage, shown_result
 from daemon.llm import ChatResult
 from daemon.records import Records
 from daemon.tools.builtin import ToolContext
@@ -44,6 +44,7 @@ TEXT_CALL_NUDGE = (
     "as JSON in your reply. If you need no tool, answer in plain words.]"
 )
 LAST_CALL_NUDGE = "\n\n[Note: this is your last step. Answer the user now with what you have.]"
+NO_STATE = "(No state was written. Work out what is left from the messages above.)"
 CONTINUE = "Continue exactly where your last message stopped. Do not repeat anything."
 TEXT_CALL_APOLOGY = ("I tried to use one of my tools but did not manage to. Could you ask again, "
                      "perhaps in other words?")
@@ -129,8 +130,7 @@ class ToolLoop:
     async def run(self, messages: list[ChatMessage], first: ChatResult) -> LoopResult:
         result, calls, tools_run = first, 1, 0
         if first.prompt_eval_count:
-            self.ratio = max(self.ratio, calibrated_ratio(
-                first.prompt_eval_count, request_tokens(messages, 1.0), _overhead(messages)))
+            self._learn(first, messages, self._schemas())
         pieces: list[str] = []
         nudged = False
         continuations = 0
@@ -180,11 +180,17 @@ class ToolLoop:
         ever raised here: the turn's own calibration happens once it is saved)."""
         result = await self.call(messages, tools)
         if result.prompt_eval_count:
-            raw = request_tokens(messages, 1.0) + (
-                estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
-            measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
-            self.ratio = max(self.ratio, measured)
+            self._learn(result, messages, tools)
         return result
+
+    def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
+               tools: list[dict[str, Any]] | None) -> None:
+        """Raise the turn's ratio to what Ollama counted for this request (tools included)."""
+        assert result.prompt_eval_count
+        raw = request_tokens(messages, 1.0) + (
+            estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
+        measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
+        self.ratio = max(self.ratio, measured)
 
     def _schemas(self) -> list[dict[str, Any]]:
         return self.registry.schemas(self.context.active)
@@ -197,22 +203,18 @@ class ToolLoop:
         for raw in calls:
             call = ToolCall.from_ollama(raw)
             outcome = await self.registry.run(call, self.context, self.context.active)
-            meta = {"error": True} if outcome.error else {}
+            # The model sees at most a sixth of the budget of one result, so the three newest
+            # (which compaction never cuts) fit in half of it. The store keeps all of it, and
+            # remembers the cap so that replay shows the same bytes on later turns.
+            cap = int(self.budget / TOOL_RESULT_SHARE * 4 / self.ratio)
+            shown = len(outcome.content) > cap
+            meta = {**({"error": True} if outcome.error else {}),
+                    **({"shown_chars": cap} if shown else {})}
             seq = await self.save("tool", outcome.content, tool_name=call.name, meta=meta)
-            messages.append({"role": "tool", "content": self._in_memory(outcome.content, seq),
-                             "tool_name": call.name})
+            content = (shown_result(self.context.conversation_id, seq, outcome.content, cap)
+                       if shown else outcome.content)
+            messages.append({"role": "tool", "content": content, "tool_name": call.name})
         return len(calls)
-
-    def _in_memory(self, content: str, seq: int) -> str:
-        """A tool result as the model sees it this turn: at most a sixth of the budget, so the
-        three newest results (which compaction never cuts) fit in half of it. The store keeps
-        the whole result, and the label says how to read the rest."""
-        cap = int(self.budget / TOOL_RESULT_SHARE * 4 / self.ratio)
-        if len(content) <= cap:
-            return content
-        cid = self.context.conversation_id
-        return excerpt(content, cap, f'not shown; conversation_read("{cid}", {seq}, {seq}, '
-                                     f"offset=...) reads it in pages")
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult
@@ -224,8 +226,11 @@ class ToolLoop:
             return messages, 0
         started = time.monotonic()
         shrunk = shrink(messages, self.ratio, self.budget)
-        state = await self._call(state_messages(shrunk.messages), None)
-        compacted = continue_from(shrunk.messages, state.content)
+        # The same tool schemas as every other call of the turn: changing them would make
+        # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
+        state = await self._call(state_messages(shrunk.messages), self._schemas())
+        written = state.content.strip() or NO_STATE
+        compacted = continue_from(shrunk.messages, written)
         await self._record("compaction", (
             f"{shrunk.targets} targets cut, {shrunk.images_dropped} images dropped; "
             f"{shrunk.tokens_before} -> {request_tokens(compacted, self.ratio)} estimated "

@@ -79,9 +79,23 @@ def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk
             images = message.pop("images", None)
             if isinstance(images, list):
                 images_dropped += len(images)
-    targets = 0
-    for index in _targets(out, protected):
-        if request_tokens(out, ratio) <= target:
+    targets = _cut_down(out, _targets(out, protected), ratio, target)
+    if request_tokens(out, ratio) > budget:
+        # Still over the window itself: the protected tool results must give way too, since a
+        # request over the budget is what makes Ollama cut silently. Errors stay whole.
+        last_resort = sorted(
+            (i for i in protected if out[i].get("role") == "tool"
+             and not str(out[i].get("content", "")).startswith(ERROR_PREFIX)),
+            key=lambda i: len(str(out[i].get("content") or "")), reverse=True)
+        targets += _cut_down(out, last_resort, ratio, budget)
+    return Shrunk(out, targets, images_dropped, before, request_tokens(out, ratio))
+
+
+def _cut_down(out: list[ChatMessage], order: Sequence[int], ratio: float, goal: float) -> int:
+    """Cut the messages at `order` to an excerpt, one by one, until the request fits `goal`."""
+    cut = 0
+    for index in order:
+        if request_tokens(out, ratio) <= goal:
             break
         content = str(out[index].get("content") or "")
         if len(content) <= EXCERPT_CHARS + 100:
@@ -89,8 +103,8 @@ def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk
         out[index]["content"] = excerpt(
             content, EXCERPT_CHARS, "left out of this in-memory copy to fit the context "
             "window; the full text is saved")
-        targets += 1
-    return Shrunk(out, targets, images_dropped, before, request_tokens(out, ratio))
+        cut += 1
+    return cut
 
 
 def state_messages(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

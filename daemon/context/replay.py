@@ -121,6 +121,13 @@ def stub_text(conversation_id: str, message: Message) -> str:
     )
 
 
+def shown_result(conversation_id: str, seq: int, content: str, cap: int) -> str:
+    """A long tool result as the turn that ran the tool showed it to the model: head and tail
+    within `cap` characters. Replay shows the same bytes later, so the prompt cache matches."""
+    return excerpt(content, cap, f'not shown; conversation_read("{conversation_id}", {seq}, '
+                                 f"{seq}, offset=...) reads it in pages")
+
+
 def omitted_note(count: int) -> ChatMessage:
     return {"role": "user", "content": f"[{count} earlier messages omitted to fit the context "
                                        "window]"}
@@ -217,6 +224,9 @@ def _entries(
         if message.role == "tool" and i < recent_start and len(content) >= STUB_MIN_CHARS:
             content = stub_text(conversation_id, message)
             stubbed += 1
+        elif message.role == "tool" and isinstance(message.meta.get("shown_chars"), int):
+            content = shown_result(conversation_id, message.seq, content,
+                                   message.meta["shown_chars"])
         images = _images_of(message)
         if images and i != newest_images:
             size = ", ".join(f"{img.get('width')}x{img.get('height')}" for img in images)

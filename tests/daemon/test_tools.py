@@ -365,3 +365,29 @@ async def test_sending_a_file_loads_file_read_for_that_conversation(
     assert "file_read" in [t["function"]["name"] for t in first["tools"]]
     assert "[document: list.txt" in first["messages"][-1]["content"]
     assert setup.channel.texts("reply") == ["Line 3 is gamma."]
+
+
+async def test_the_next_turn_shows_a_long_tool_result_exactly_as_the_turn_did(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for()
+    page = ("A long page about compost. " * 2000)[:40_000]
+
+    async def fetch(context: object) -> str:
+        return page
+
+    setup.engine.registry.register(Capability(name="web", core=True, description="pages",
+                                              tools=(Tool("fetch", "Fetch the page.",
+                                                          {"type": "object", "properties": {}},
+                                                          fetch),)))
+    setup.fake.script(Reply(tool_calls=[call("fetch")]), Reply(content="It is about compost."))
+    await setup.say("What is on the page?")
+    await setup.say("Thanks")
+    follow_up, next_turn = setup.turn_requests()[1], setup.turn_requests()[2]
+    shown = follow_up["messages"][-1]["content"]
+    assert "[TRUNCATED — " in shown and len(shown) < len(page) // 3
+    replayed = [m for m in next_turn["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in replayed] == [shown]
+    # The store keeps every byte.
+    [(_, stored)] = tool_messages(setup)
+    assert stored == page
