@@ -96,10 +96,6 @@ class StoredImage:
         """The path relative to the state dir, e.g. `attachments/2026-12/01J….jpg`."""
         return _ref(self.path)
 
-    def token_estimate(self) -> int:
-        """Tokens the image costs a vision model: one per 1024 pixels, at least 256."""
-        return max(256, math.ceil(self.width * self.height / 1024))
-
     def to_doc(self) -> dict[str, Any]:
         """A JSON-able entry for `Message.attachments`."""
         doc: dict[str, Any] = {"kind": "image", "path": self.ref, "mime": self.mime,
@@ -205,18 +201,6 @@ def store_file(data: bytes, attachments_dir: Path, *, name: str, mime: str | Non
     return StoredFile(path=path, name=clean, mime=mime, size=len(data),
                       sha256=hashlib.sha256(data).hexdigest(), line_count=_count_lines(data),
                       kind=kind)
-
-
-def image_note(image: StoredImage, *, model_sees_images: bool) -> str:
-    """A one-line stand-in for an image whose pixels are not sent in this request."""
-    label = image.mime.removeprefix("image/").upper()
-    what = f"{image.name}, " if image.name else ""
-    note = (f"[image: {what}{image.width}x{image.height} {label}, {_human_size(image.size)},"
-            f" stored at {image.ref}; ")
-    if model_sees_images:
-        return note + "shown when it was sent, no longer attached]"
-    return note + ("the current model cannot see images, so say so if the user asks about it"
-                   " and ask them to describe it]")
 
 
 def read_image_base64(image_doc: dict[str, Any], attachments_dir: Path) -> str:

@@ -21,7 +21,6 @@ from daemon.logs import configure as configure_logging
 from daemon.store import Store
 
 EX_USAGE = 64
-EX_SOFTWARE = 70
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -52,7 +52,6 @@ class ChatResult:
     eval_count: int | None = None
     done_reason: str | None = None
     num_ctx: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ModelClient:

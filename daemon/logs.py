@@ -10,7 +10,6 @@ llm_log = logging.getLogger("roost.llm")
 turn_log = logging.getLogger("roost.turn")
 fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
-console_log = logging.getLogger("roost.console")
 telegram_log = logging.getLogger("roost.telegram")
 
 

@@ -7,7 +7,6 @@ real `prompt_eval_count`, so that the estimate tracks the model's own tokenizer.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators the chat template adds per message
 RATIO_MIN = 0.5
@@ -17,14 +16,6 @@ RATIO_MAX = 4.0
 def estimate_tokens(text: str, ratio: float = 1.0) -> int:
     """Estimated tokens of `text`: characters/4, scaled by the conversation's ratio."""
     return math.ceil(len(text) / 4 * ratio)
-
-
-def estimate_messages(messages: Sequence[Mapping[str, object]], ratio: float = 1.0) -> int:
-    """Estimated prompt tokens of chat messages as sent to Ollama."""
-    return sum(
-        MESSAGE_OVERHEAD_TOKENS + estimate_tokens(str(m.get("content", "")), ratio)
-        for m in messages
-    )
 
 
 def request_budget(num_ctx: int, response_reserve: int) -> int:

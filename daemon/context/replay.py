@@ -417,8 +417,3 @@ def _render(
         messages[-1] = {**last, "content": f"{last.get('content') or ''}{tail_note}"}
     return messages, images
 
-
-def as_chat(message: Message) -> ChatMessage:
-    """A stored message as a plain chat message (no lens), e.g. for status estimates."""
-    return {"role": message.role, "content": message.content}
-

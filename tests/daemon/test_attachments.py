@@ -24,7 +24,6 @@ from daemon.attachments import (
     AttachmentLimits,
     StoredFile,
     StoredImage,
-    image_note,
     read_image_base64,
     store_file,
     store_image,
@@ -204,15 +203,6 @@ def test_attachment_error_is_a_roost_error() -> None:
     assert issubclass(AttachmentError, RoostError)
 
 
-def test_token_estimate() -> None:
-    def image(width: int, height: int) -> StoredImage:
-        return StoredImage(Path("a/2026-01/x.jpg"), width, height, "image/jpeg", 1, "0")
-
-    assert image(1024, 768).token_estimate() == 768
-    assert image(10, 10).token_estimate() == 256
-    assert image(1025, 1024).token_estimate() == 1025  # rounded up
-
-
 def test_image_doc_round_trips_and_reads_as_base64(attachments: Path) -> None:
     stored = store_image(encode(Image.new("RGB", (30, 20), "red"), "JPEG"), attachments,
                          name_hint="red.jpg")
@@ -233,16 +223,6 @@ def test_read_image_refuses_a_reference_outside_the_attachments(attachments: Pat
     with pytest.raises(AttachmentError) as info:
         read_image_base64({"kind": "image", "path": "attachments/2026-01/gone.jpg"}, attachments)
     assert "send it again" in str(info.value)
-
-
-def test_image_note(attachments: Path) -> None:
-    stored = store_image(encode(Image.new("RGB", (30, 20)), "PNG"), attachments)
-    seen = image_note(stored, model_sees_images=True)
-    blind = image_note(stored, model_sees_images=False)
-    for note in (seen, blind):
-        assert note.startswith("[image: 30x20 JPEG, ") and stored.ref in note
-        assert "\n" not in note and note.endswith("]")
-    assert "cannot see images" in blind and "cannot see images" not in seen
 
 
 # --- files -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from daemon.context.budget import estimate_tokens
-from daemon.context.replay import DoesNotFit, Request, build_request
+from daemon.context.replay import DoesNotFit, Request, build_request, image_tokens
 from daemon.conversations import Message, Role, SummaryState
 
 CID = "01JCONVERSATION0000000000A"
@@ -641,3 +641,10 @@ def test_random_histories_never_exceed_the_budget_and_keep_the_rules() -> None:
     print(f"{ran} scenarios, fitting steps taken: {fitted}")
     assert ran >= 90
     assert all(fitted.values()), fitted
+
+
+def test_an_image_costs_its_pixels_over_1024_and_at_least_256_tokens() -> None:
+    assert image_tokens({"width": 1024, "height": 768}) == 768
+    assert image_tokens({"width": 1025, "height": 1024}) == 1025  # rounded up
+    assert image_tokens({"width": 10, "height": 10}) == 256
+    assert image_tokens({}) == 256  # unknown size: the floor
