@@ -2,10 +2,14 @@
 
 Two modes, never both at once:
 
-* **webhook**: the Application is built with `updater(None)`; Telegram posts updates to roost's
-  own aiohttp route (`Telegram.webhook`), and roost registers the URL with `setWebhook`.
-* **polling**: for a box without public HTTPS. roost deletes any webhook first, then starts
-  PTB's `Updater.start_polling()` itself; a `TypeHandler` hands each update to the same intake.
+* **webhook**: Telegram posts updates to roost's own aiohttp route (`Telegram.webhook`), and
+  roost registers the URL with `setWebhook`.
+* **polling**: for a box without public HTTPS. roost deletes any webhook first, then long-polls
+  `getUpdates` in its own loop (`Telegram._poll`), which confirms an update only once it is on
+  disk, and hands each to the same intake.
+
+The Application is built with `updater(None)` in both modes: it provides the Bot, its HTTP
+clients and the rate limiter.
 
 Delivery (`TelegramChannel.send`) renders the model's Markdown to Telegram HTML, split at 4,096
 visible characters, and records after each part how many were sent, so a restart resumes after
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from telegram import Bot, BotCommand, Update
+from telegram import Bot, BotCommand
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
     BadRequest,
@@ -38,8 +42,9 @@ from telegram.error import (
     NetworkError,
     RetryAfter,
     TelegramError,
+    TimedOut,
 )
-from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import Outbound
@@ -60,6 +65,7 @@ from daemon.logs import telegram_log as log
 from daemon.store import Store
 
 WEBHOOK_PATH = "/webhooks/telegram"
+POLL_BACKOFF_MAX = 60.0  # seconds between polls while the Bot API cannot be reached
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secret_token
 _TAG = re.compile(r"<[^>]*>")
@@ -85,6 +91,7 @@ class TelegramTuning:
     rate_limit_retries: int = 5  # 429s waited out per request before it counts as failed
     download_limit: int = BOT_API_DOWNLOAD_LIMIT
     download_backoff: float = 0.5
+    poll_backoff: float = 1.0  # first pause after a failed poll or store, doubled up to a minute
 
 
 def check_settings(settings: TelegramSettings) -> None:
@@ -103,7 +110,7 @@ def check_settings(settings: TelegramSettings) -> None:
 
 def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> Application[
         Any, Any, Any, Any, Any, Any]:
-    """PTB's Application pointed at the configured Bot API; no updater in webhook mode."""
+    """PTB's Application pointed at the configured Bot API (for its Bot and rate limiter)."""
     # PTB 22.8 reads its own deprecated int `retry_after` while constructing every RetryAfter
     # (each 429), which warns unless $PTB_TIMEDELTA is set. roost never reads that attribute
     # (the rate limiter uses the timedelta), so this one warning is noise for an operator.
@@ -118,9 +125,9 @@ def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> App
         .rate_limiter(AIORateLimiter(max_retries=tuning.rate_limit_retries))
         .job_queue(None)  # roost has its own scheduler
     )
-    if settings.mode == "webhook":
-        builder = builder.updater(None)
-    return builder.build()
+    # No Updater in either mode: webhooks come through roost's own route, and polling is roost's
+    # own loop (`Telegram._poll`) so that an update is confirmed only once it is on disk.
+    return builder.updater(None).build()
 
 
 def visible_text(part: str) -> str:
@@ -227,6 +234,7 @@ class Telegram:
         self.identity: BotIdentity | None = None
         self.intake: Intake | None = None
         self._polling = False
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def webhook_mode(self) -> bool:
@@ -285,38 +293,55 @@ class Telegram:
         log.info("webhook registered")
 
     async def _start_polling(self) -> None:
-        updater = self.application.updater
-        assert updater is not None  # built with one in polling mode
         try:
             # A webhook and getUpdates exclude each other: the webhook goes first, its pending
             # updates stay and are fetched by the first poll.
             await self.bot.delete_webhook(drop_pending_updates=False)
-            self.application.add_handler(TypeHandler(Update, self._polled))
-            await self.application.start()
-            self._polling = True
-            await updater.start_polling(timeout=dt.timedelta(seconds=self.tuning.poll_timeout),
-                                        allowed_updates=list(UPDATE_KINDS))
         except TelegramError as exc:
             raise ChannelError(f"cannot start polling Telegram: {exc}") from exc
+        self._polling = True
+        self._poller = asyncio.create_task(self._poll(), name="roost-telegram-poll")
         log.info("polling Telegram for updates")
 
-    async def _polled(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """PTB's handler in polling mode: the same intake as the webhook route."""
+    async def _poll(self) -> None:
+        """Long-poll getUpdates. An update is confirmed to Telegram (by asking for the offset
+        after it) only once it is on disk, so a crash in between loses nothing: Telegram sends
+        it again and the redelivery check drops what was stored already. PTB's Updater
+        confirms before its handlers run, which is why roost does not use it."""
         assert self.intake is not None
-        try:
-            await self.intake.accept(update.to_dict(), update)
-        except Exception:  # the boundary of one update, as in the webhook route
-            log.exception("storing polled update %d failed", update.update_id)
+        offset: int | None = None
+        failures = 0
+        while self._polling:
+            try:
+                updates = await self.bot.get_updates(
+                    offset=offset, timeout=dt.timedelta(seconds=self.tuning.poll_timeout),
+                    allowed_updates=list(UPDATE_KINDS))
+            except TimedOut:
+                continue  # a long poll that ran out is the normal quiet case
+            except TelegramError as exc:
+                failures += 1
+                delay = min(self.tuning.poll_backoff * 2 ** (failures - 1), POLL_BACKOFF_MAX)
+                log.warning("polling Telegram failed (%s); again in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            for update in updates:
+                try:
+                    await self.intake.accept(update.to_dict(), update)
+                except Exception:  # the boundary of one update: keep it unconfirmed, retry
+                    log.exception("storing polled update %d failed; fetching it again",
+                                  update.update_id)
+                    await asyncio.sleep(self.tuning.poll_backoff)
+                    break
+                offset = update.update_id + 1
 
     async def stop(self) -> None:
         """Stop receiving (polling first), then the intake's workers."""
         if self._polling:
             self._polling = False
-            updater = self.application.updater
-            if updater is not None and updater.running:
-                await updater.stop()
-            if self.application.running:
-                await self.application.stop()  # hands what was fetched to the intake first
+            if self._poller is not None:
+                self._poller.cancel()
+                await asyncio.gather(self._poller, return_exceptions=True)
         if self.intake is not None:
             await self.intake.stop()
 

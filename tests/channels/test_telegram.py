@@ -30,7 +30,7 @@ from daemon.app import ENGINE, STORE, TELEGRAM, build_app, serve
 from daemon.commands import GREETING, Commands
 from daemon.conversations import Message
 from daemon.engine import Engine
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StoreError
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
 from tests.fakes.ollama import FakeOllama, Reply
@@ -41,7 +41,7 @@ USER = 1111111
 CHAT_KEY = f"telegram:{USER}"
 HOOK_URL = "https://bot.example.org/webhooks/telegram"
 FAST = TelegramTuning(album_window=0.3, typing_interval=0.1, download_backoff=0.01,
-                      poll_timeout=1)
+                      poll_timeout=1, poll_backoff=0.05)
 
 
 def fixture(name: str) -> dict[str, Any]:
@@ -594,6 +594,28 @@ async def test_polling_deletes_the_webhook_then_polls_and_replies(
     assert await daemon.post(message(6, "webhook?")) == 404  # never both modes
     await daemon.stop()
     assert daemon.store.updates_pending("telegram") == []
+
+
+async def test_polling_confirms_an_update_only_once_it_is_stored(
+        start: Start, fake_telegram: FakeTelegram, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_telegram.queue_update(message(7, "kept through a full disk"))
+    daemon = await start(telegram={"mode": "polling", "webhook_url": None, "secret": None})
+    real = daemon.store.updates_accept
+    failures = [StoreError("cannot write index.json: No space left on device")]
+
+    def full_disk_once(*args: Any, **kwargs: Any) -> bool:
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(daemon.store, "updates_accept", full_disk_once)
+    await fake_telegram.wait_for("sendMessage", timeout=15)
+    await daemon.settle()
+    assert texts(fake_telegram) == ["echo: kept through a full disk"]
+    offsets = [c.params.get("offset") for c in fake_telegram.calls_to("getUpdates")]
+    # Asked again from the same place after the failed store, then past the update.
+    assert offsets[:2] == [None, None] and 8 in offsets
+    await daemon.stop()
 
 
 async def test_updates_left_by_a_crash_are_processed_at_the_next_start(
