@@ -23,15 +23,15 @@ CHAT = "console:local"
 @pytest.fixture
 async def engine_for(
     recording_channel: RecordingChannel,
-) -> AsyncIterator[Callable[[Settings], Awaitable[Engine]]]:
+) -> AsyncIterator[Callable[..., Awaitable[Engine]]]:
     """Start an engine for settings; everything started is stopped and closed afterwards."""
     started: list[tuple[Engine, ModelClient, Store]] = []
 
-    async def start(settings: Settings) -> Engine:
+    async def start(settings: Settings, channel: RecordingChannel | None = None) -> Engine:
         store = Store.open(settings.daemon.state_dir)
         llm = ModelClient(settings.model)
         engine = Engine(settings=settings, store=store, llm=llm,
-                        channels={"console": recording_channel})
+                        channels={"console": channel or recording_channel})
         await engine.start()
         started.append((engine, llm, store))
         return engine
@@ -315,47 +315,30 @@ class FlakyChannel(RecordingChannel):
 
 
 async def test_a_failed_delivery_stays_queued_and_is_retried(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for
 ) -> None:
-    settings = fast(make_settings, fake_ollama)
     channel = FlakyChannel(failures=2, permanent=False)
-    store = Store.open(settings.daemon.state_dir)
-    llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
-    await engine.start()
-    try:
-        assert await engine.submit(inbound("hello"))
-        for _ in range(200):
-            if channel.sent:
-                break
-            await asyncio.sleep(0.02)
-        assert channel.texts("reply") == ["echo: hello"]
-        assert channel.attempts == 3
-        assert store.outbox_pending() == []
-    finally:
-        await engine.stop(grace=0)
-        await llm.close()
-        store.close()
+    engine = await engine_for(fast(make_settings, fake_ollama), channel)
+    assert await engine.submit(inbound("hello"))
+    for _ in range(200):
+        if channel.sent:
+            break
+        await asyncio.sleep(0.02)
+    assert channel.texts("reply") == ["echo: hello"]
+    assert channel.attempts == 3
+    assert engine.store.outbox_pending() == []
 
 
 async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for
 ) -> None:
-    settings = fast(make_settings, fake_ollama)
     channel = FlakyChannel(failures=1, permanent=True)
-    store = Store.open(settings.daemon.state_dir)
-    llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
-    await engine.start()
-    try:
-        await say(engine, "hello")
-        assert channel.attempts == 1 and channel.sent == []
-        assert store.outbox_pending() == []
-        assert "undeliverable" in store.chat_flags(CHAT)
-        conversation = store.active_conversation(CHAT)
-        assert conversation is not None  # the reply itself is kept in the conversation
-        assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
-    finally:
-        await engine.stop(grace=0)
-        await llm.close()
-        store.close()
+    engine = await engine_for(fast(make_settings, fake_ollama), channel)
+    store = engine.store
+    await say(engine, "hello")
+    assert channel.attempts == 1 and channel.sent == []
+    assert store.outbox_pending() == []
+    assert "undeliverable" in store.chat_flags(CHAT)
+    conversation = store.active_conversation(CHAT)
+    assert conversation is not None  # the reply itself is kept in the conversation
+    assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
