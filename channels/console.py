@@ -73,7 +73,11 @@ async def read_line(prompt: str | None) -> str | None:
                 line = line.rstrip("\n")
         except EOFError:
             line = None
-        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(line))
+        def deliver() -> None:
+            if not future.done():  # the chat may have been left (Ctrl-C) while we waited
+                future.set_result(line)
+
+        loop.call_soon_threadsafe(deliver)
 
     threading.Thread(target=read, name="roost-console-input", daemon=True).start()
     return await future

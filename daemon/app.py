@@ -71,8 +71,8 @@ async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM],
-                    channels=app[CHANNELS])
+    channels: dict[str, Channel] = app[CHANNELS]
+    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
     app[ENGINE] = engine
     await engine.start()
     yield
@@ -102,6 +102,11 @@ async def telegram_webhook(request: web.Request) -> web.Response:
     return await request.app[TELEGRAM].webhook(request)
 
 
+def channel_names(app: web.Application) -> list[str]:
+    channels: dict[str, Channel] = app[CHANNELS]
+    return list(channels)
+
+
 async def healthz(request: web.Request) -> web.Response:
     """Liveness and what an operator wants at a glance: model, channels, queues, version."""
     app = request.app
@@ -119,7 +124,7 @@ async def healthz(request: web.Request) -> web.Response:
         "status": "ok" if model["reachable"] else "degraded",
         "version": __version__,
         "model": model,
-        "channels": sorted(app[CHANNELS]),
+        "channels": sorted(channel_names(app)),
         "queues": engine.queue_depths(),
         "in_flight": llm.in_flight,
         "accepting": engine.accepting,

@@ -28,7 +28,7 @@ from daemon.attachments import AttachmentError, read_image_base64
 from daemon.config import Settings
 from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
 from daemon.context.replay import ChatMessage, DoesNotFit
-from daemon.conversations import Conversation, Message
+from daemon.conversations import Conversation, Message, Role
 from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
@@ -229,7 +229,8 @@ class TurnRunner:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
             messages = await self._messages(chat_key, prepared)
-            result = await self._call_model(chat_key, messages, list(prepared.tools) or None,
+            result = await self._call_model(chat_key, messages,
+                                            [dict(t) for t in prepared.tools] or None,
                                             stream, announce_outage)
             return result, prepared, messages
         except ContextOverflow as exc:
@@ -247,7 +248,8 @@ class TurnRunner:
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
                 messages = await self._messages(chat_key, refit, notify=False)
-            result = await self._call_model(chat_key, messages, list(refit.tools) or None,
+            result = await self._call_model(chat_key, messages,
+                                            [dict(t) for t in refit.tools] or None,
                                             stream, announce_outage)
             return result, refit, messages
 
@@ -303,7 +305,7 @@ class TurnRunner:
                     "one. Describe it in words, or use a vision model."))
         return messages
 
-    async def _save_step(self, conversation_id: str, role: str, content: str,
+    async def _save_step(self, conversation_id: str, role: Role, content: str,
                          **fields: Any) -> int:
         """A tool call or tool result of this turn, saved as it happens; returns its seq."""
         message = await asyncio.to_thread(self.store.append_message, conversation_id, role,
