@@ -39,10 +39,13 @@ from channels.telegram_updates import (
     message_text,
     parse_update,
 )
+from daemon.errors import StoreError
 from daemon.logs import telegram_log as log
 from daemon.store import Store
 
 CHANNEL = "telegram"
+STORE_RETRIES = 5  # then the update waits, stored, for the next start
+STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
 RECENT_MESSAGES = 50  # how far back a resumed update looks for its own message
 
 
@@ -157,7 +160,10 @@ class Intake:
             # An album arrives as one update per photo, close together: wait for the rest.
             while group is not None:
                 try:
-                    following = await asyncio.wait_for(queue.get(), self.album_window)
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
+                    # cancellation that stop() sends.
+                    async with asyncio.timeout(self.album_window):
+                        following = await queue.get()
                 except TimeoutError:
                     break
                 if media_group_of(following.update) != group:
@@ -173,16 +179,25 @@ class Intake:
 
     async def _process(self, batch: list[_Pending]) -> None:
         keys = [item.key for item in batch]
-        try:
-            handled = await self._handle(batch)
-        except Exception:
-            # The boundary of one update's processing: a bug must not kill the chat's worker,
-            # nor make the update fail again at every start.
-            log.exception("processing Telegram updates %s failed", ", ".join(keys))
-            handled = True
-        if handled:
-            for key in keys:
-                await asyncio.to_thread(self.store.updates_done, key)
+        for attempt in range(STORE_RETRIES):
+            try:
+                handled = await self._handle(batch)
+            except StoreError as exc:
+                # A full or failing disk: the update stays pending (retried here, and at the
+                # next start at the latest) rather than being lost after Telegram's 200.
+                log.error("cannot store Telegram updates %s (%s); retry %d of %d",
+                          ", ".join(keys), exc, attempt + 1, STORE_RETRIES)
+                await asyncio.sleep(STORE_RETRY_DELAY * 2**attempt)
+                continue
+            except Exception:
+                # The boundary of one update's processing: a bug must not kill the chat's
+                # worker, nor make the update fail again at every start.
+                log.exception("processing Telegram updates %s failed", ", ".join(keys))
+                handled = True
+            if handled:
+                for key in keys:
+                    await asyncio.to_thread(self.store.updates_done, key)
+            return
 
     async def _handle(self, batch: list[_Pending]) -> bool:
         """Gate, translate, submit; False when the engine is stopping (the updates stay)."""

@@ -20,7 +20,7 @@ from channels.base import Channel, Inbound, Outbound
 from daemon.commands import Commands
 from daemon.config import Settings
 from daemon.conversations import kind_of
-from daemon.errors import DeliveryError
+from daemon.errors import DeliveryError, StoreError
 from daemon.folding import Folder
 from daemon.llm import ModelClient
 from daemon.logs import turn_log as log
@@ -139,9 +139,9 @@ class Engine:
         """Persist `inbound` and wake its chat's worker; False when shutting down."""
         if not self._accepting:
             return False
-        await asyncio.to_thread(self.store.inbox_add, inbound.to_doc())
-        self._depth[inbound.chat_key] = self._depth.get(inbound.chat_key, 0) + 1
-        self._kick(inbound.chat_key)
+        if await asyncio.to_thread(self.store.inbox_add, inbound.to_doc()):
+            self._depth[inbound.chat_key] = self._depth.get(inbound.chat_key, 0) + 1
+            self._kick(inbound.chat_key)
         return True
 
     def queue_depths(self) -> dict[str, int]:
@@ -201,27 +201,41 @@ class Engine:
 
     async def _worker(self, chat_key: str) -> None:
         wake, idle = self._wake[chat_key], self._idle[chat_key]
+        failures = 0
         while True:
             wake.clear()
-            if not await self._flush_outbox(chat_key):
-                await self._sleep_or_wake(wake, self._delivery_delay(chat_key))
-                continue
-            docs = await asyncio.to_thread(self.store.inbox_pending, chat_key)
-            self._depth[chat_key] = len(docs)
-            if not docs or not self._accepting:
-                idle.set()
-                await wake.wait()
-                continue
-            idle.clear()
-            self._in_turn.add(chat_key)
-            channel = self.channels.get(kind_of(chat_key))
             try:
-                async with channel.working(chat_key) if channel else contextlib.nullcontext():
-                    await self._handle([Inbound.from_doc(d) for d in docs])
-            finally:
-                self._in_turn.discard(chat_key)
-            if chat_key in self._parked:
-                await self._sleep_or_wake(wake, self._park_interval())
+                await self._work_once(chat_key, wake, idle)
+                failures = 0
+            except StoreError as exc:
+                # A full or failing disk: nothing is marked done, so everything is retried.
+                failures += 1
+                delay = min(self.settings.model.retry_backoff * 2**failures, MAX_BACKOFF)
+                log.error("chat %s cannot use the store (%s); retrying in %.0fs",
+                          chat_key, exc, delay)
+                await self._sleep_or_wake(wake, delay)
+
+    async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> None:
+        """Send what waits in the outbox, then answer what waits in the inbox."""
+        if not await self._flush_outbox(chat_key):
+            await self._sleep_or_wake(wake, self._delivery_delay(chat_key))
+            return
+        docs = await asyncio.to_thread(self.store.inbox_pending, chat_key)
+        self._depth[chat_key] = len(docs)
+        if not docs or not self._accepting:
+            idle.set()
+            await wake.wait()
+            return
+        idle.clear()
+        self._in_turn.add(chat_key)
+        channel = self.channels.get(kind_of(chat_key))
+        try:
+            async with channel.working(chat_key) if channel else contextlib.nullcontext():
+                await self._handle([Inbound.from_doc(d) for d in docs])
+        finally:
+            self._in_turn.discard(chat_key)
+        if chat_key in self._parked:
+            await self._sleep_or_wake(wake, self._park_interval())
 
     async def _handle(self, items: list[Inbound]) -> None:
         """Run the leading command, or one turn for the messages before the next command."""
@@ -250,6 +264,8 @@ class Engine:
                 self._parked.add(chat_key)
             else:
                 self._parked.discard(chat_key)
+        except StoreError:
+            raise  # the worker retries: the items must stay pending
         except Exception:
             # The boundary of a turn: log, tell the user, keep the worker alive. The items are
             # cleared so that a bug cannot make the worker loop on them forever.
@@ -268,6 +284,9 @@ class Engine:
             return True
         for doc in docs:
             outbound = Outbound.from_doc(doc)
+            if await asyncio.to_thread(self.store.was_sent, outbound.id):
+                await asyncio.to_thread(self.store.outbox_done, outbound.id)  # crash after send
+                continue
             try:
                 assert channel is not None
                 await channel.send(outbound)
@@ -285,7 +304,7 @@ class Engine:
                 log.warning("delivery to %s failed (%d in a row): %s", chat_key, failures, exc)
                 return False
             self._delivery_failures.pop(chat_key, None)
-            await asyncio.to_thread(self.store.outbox_done, outbound.id)
+            await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
 
     def _stream(self, chat_key: str, delta: str) -> None:
@@ -303,5 +322,8 @@ class Engine:
 
     @staticmethod
     async def _sleep_or_wake(wake: asyncio.Event, seconds: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands just as the event fires, and stop() would wait for this worker forever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await wake.wait()

@@ -344,9 +344,17 @@ class Store:
     # ---- inbox, outbox, dedupe -------------------------------------------------------------
 
     @_locked
-    def inbox_add(self, item: Mapping[str, Any]) -> None:
-        """Persist an inbound message before it is acknowledged to the platform."""
-        self.index.table("inbox").insert(dict(item))
+    def inbox_add(self, item: Mapping[str, Any]) -> bool:
+        """Persist an inbound message before it is acknowledged to the platform; False (and
+        nothing written) when an item with its id was added before, so a channel that submits
+        again after a crash does not make roost answer twice."""
+        key = f"inbox:{item['id']}"
+        inbox = self.index.table("inbox")
+        if inbox.contains(Query().id == item["id"]) or self._seen(key):
+            return False
+        inbox.insert(dict(item))
+        self.dedupe_claim(key, float(item.get("received", time.time())))
+        return True
 
     @_locked
     def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
@@ -384,8 +392,7 @@ class Store:
         The payload is written before its dedupe key: a crash between the two leaves it
         pending, and a redelivery meanwhile is recognised by the pending payload itself.
         """
-        if self.index.table("updates").contains(Query().key == key) or self.index.table(
-                "dedupe").contains(Query().key == key):
+        if self.index.table("updates").contains(Query().key == key) or self._seen(key):
             return False
         self.updates_add(channel, key, payload, received)
         self.dedupe_claim(key, received)
@@ -406,6 +413,17 @@ class Store:
     @_locked
     def updates_done(self, key: str) -> None:
         self.index.table("updates").remove(Query().key == key)
+
+    @_locked
+    def mark_sent(self, item_id: str, now: float) -> None:
+        """An outbox item reached the platform: remember that, then forget the item. A crash
+        between the two leaves the item queued but known as sent, so it is not sent again."""
+        self.dedupe_claim(f"sent:{item_id}", now)
+        self.outbox_done(item_id)
+
+    @_locked
+    def was_sent(self, item_id: str) -> bool:
+        return self._seen(f"sent:{item_id}")
 
     @_locked
     def outbox_done(self, item_id: str) -> None:
@@ -440,6 +458,9 @@ class Store:
         return True
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _seen(self, key: str) -> bool:
+        return self.index.table("dedupe").contains(Query().key == key)
 
     def _queued(self, table: str, time_field: str, chat_key: str | None) -> list[dict[str, Any]]:
         docs = self.index.table(table)

@@ -42,6 +42,7 @@ from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry
 
 MAX_BACKOFF = 60.0
+RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
 FILES_CAPABILITY = "files"
 EMPTY_REPLY = "(The model returned an empty reply.)"
 NEW_CONVERSATION_LINE = (
@@ -146,13 +147,11 @@ class TurnRunner:
         self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True
     ) -> TurnResult:
         """Answer `items` (the chat's pending messages) in one model call."""
-        conversation, answered = await asyncio.to_thread(
+        conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
         )
-        if answered is not None:
-            # A reply to these messages was saved before a crash: queue it, do not ask again.
-            outbound = await asyncio.to_thread(self._requeue, conversation, answered, items)
-            return TurnResult(Outcome.ANSWERED, outbound, conversation.id)
+        if not items:  # every one was answered before a crash; the replies are queued again
+            return TurnResult(Outcome.ANSWERED, None, conversation.id)
         history = await asyncio.to_thread(self.store.messages, conversation.id)
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
@@ -351,16 +350,26 @@ class TurnRunner:
 
     def _record_user_messages(
         self, chat_key: str, items: Sequence[Inbound]
-    ) -> tuple[Conversation, Message | None]:
-        """Append the items not yet in the conversation; return any reply already saved to them."""
+    ) -> tuple[Conversation, list[Inbound]]:
+        """Append the items not yet in the conversation; return the ones still to answer.
+
+        After a crash some items may already have a saved reply: that reply is queued again
+        (unless it was delivered) instead of asking the model twice.
+        """
         now = self.clock()
         conversation = self.router.conversation_for(chat_key, now)
-        recent = self.store.messages(conversation.id)[-(len(items) + 50):]
+        recent = self.store.messages(conversation.id)[-(len(items) + RESUME_LOOKBACK):]
         present = {m.meta.get("inbox_id") for m in recent if m.role == "user"}
         wanted = {i.id for i in items}
-        for message in reversed(recent):
-            if message.role == "assistant" and wanted <= set(message.meta.get("inbox_ids", ())):
-                return conversation, message
+        answered: set[str] = set()
+        for message in recent:
+            replied = wanted & set(message.meta.get("inbox_ids", ()))
+            if message.role == "assistant" and replied:
+                self._requeue(conversation, message)
+                answered |= replied
+        if answered:
+            self.store.inbox_done(sorted(answered))
+        items = [i for i in items if i.id not in answered]
         for item in items:
             if item.id in present:
                 continue
@@ -371,9 +380,10 @@ class TurnRunner:
                 channel_message_ids=(item.platform_id,) if item.platform_id else (),
                 attachments=item.attachments, meta=meta,
             )
-        conversation = conversation.touched(now)
-        self.store.save_conversation(conversation)
-        return conversation, None
+        if items:
+            conversation = conversation.touched(now)
+            self.store.save_conversation(conversation)
+        return conversation, list(items)
 
     def _save_reply(
         self,
@@ -401,14 +411,11 @@ class TurnRunner:
         self.store.save_conversation(after.touched(now))
         return outbound
 
-    def _requeue(
-        self, conversation: Conversation, message: Message, items: Sequence[Inbound]
-    ) -> Outbound:
+    def _requeue(self, conversation: Conversation, message: Message) -> None:
         outbound = self._outbound_for(conversation, message, "")
-        if not any(o["id"] == outbound.id for o in self.store.outbox_pending()):
+        queued = any(o["id"] == outbound.id for o in self.store.outbox_pending())
+        if not queued and not self.store.was_sent(outbound.id):
             self.store.outbox_add(outbound.to_doc())
-        self.store.inbox_done([i.id for i in items])
-        return outbound
 
     def _outbound_for(self, conversation: Conversation, message: Message, intro: str) -> Outbound:
         # The outbox id is the message id, so a reply is queued at most once. The intro line is

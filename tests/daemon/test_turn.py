@@ -11,7 +11,7 @@ import pytest
 from channels.base import Inbound, Outbound
 from daemon.config import Settings
 from daemon.engine import Engine
-from daemon.errors import DeliveryError
+from daemon.errors import DeliveryError, StoreError
 from daemon.llm import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
@@ -209,30 +209,62 @@ async def test_pending_inbox_is_answered_after_a_restart(
     assert engine.store.inbox_pending() == []
 
 
+def crashed_after_the_reply(store: Store, *, sent: bool) -> tuple[str, str]:
+    """The state a crash leaves when it comes after a reply was saved, before the inbox item
+    was cleared: the user's message and the reply are in the conversation, the item pending;
+    the reply was delivered (`sent`) or never queued. Returns the conversation and reply ids."""
+    now = time.time()
+    item = Inbound(chat_key=CHAT, text="hello", received=now)
+    assert store.inbox_add(item.to_doc())
+    conversation = store.create_conversation(CHAT, now)
+    store.append_message(conversation.id, "user", "hello", created=now,
+                         meta={"inbox_id": item.id})
+    reply = store.append_message(conversation.id, "assistant", "saved before the crash",
+                                 created=now + 1, meta={"inbox_ids": [item.id]})
+    if sent:
+        store.mark_sent(reply.id, now + 2)
+    return conversation.id, reply.id
+
+
 async def test_a_reply_saved_before_a_crash_is_sent_once_not_asked_again(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
 ) -> None:
     settings = fast(make_settings, fake_ollama)
+    store = Store.open(settings.daemon.state_dir)
+    conversation_id, _ = crashed_after_the_reply(store, sent=False)
+    store.close()
     engine = await engine_for(settings)
-    await say(engine, "hello")
-    # Simulate a crash after the reply was saved but before the outbox and inbox were updated.
-    conversation = engine.store.active_conversation(CHAT)
-    assert conversation is not None
-    reply = engine.store.messages(conversation.id)[-1]
-    [inbox_id] = reply.meta["inbox_ids"]
-    user = engine.store.messages(conversation.id)[0]
-    engine.store.inbox_add(Inbound(chat_key=CHAT, text=user.content, received=user.created,
-                                   id=inbox_id).to_doc())
-    await engine.stop(grace=0)
-    recording_channel.sent.clear()
-    restarted = Engine(settings=settings, store=engine.store, llm=engine.llm,
-                       channels={"console": recording_channel})
-    await restarted.start()
-    await asyncio.wait_for(restarted.wait_idle(CHAT), 10)
-    await restarted.stop(grace=0)
-    assert recording_channel.texts("reply") == ["echo: hello"]
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["saved before the crash"]
+    assert fake_ollama.chat_requests == []
+    assert engine.store.message_count(conversation_id) == 2
+    assert engine.store.inbox_pending() == [] and engine.store.outbox_pending() == []
+
+
+async def test_a_reply_delivered_before_a_crash_is_not_sent_again(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    settings = fast(make_settings, fake_ollama)
+    store = Store.open(settings.daemon.state_dir)
+    crashed_after_the_reply(store, sent=True)
+    store.close()
+    engine = await engine_for(settings)
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.sent == [] and fake_ollama.chat_requests == []
+    assert engine.store.inbox_pending() == [] and engine.store.outbox_pending() == []
+
+
+async def test_the_same_inbound_submitted_twice_is_answered_once(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    item = inbound("only once")
+    assert await engine.submit(item)
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert await engine.submit(item)  # a channel resubmitting after a crash
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: only once"]
     assert len(fake_ollama.chat_requests) == 1
-    assert engine.store.message_count(conversation.id) == 2
 
 
 async def test_commands_run_in_order_with_messages(
@@ -342,3 +374,29 @@ async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
     conversation = store.active_conversation(CHAT)
     assert conversation is not None  # the reply itself is kept in the conversation
     assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
+
+
+async def test_a_failing_disk_delays_a_turn_but_loses_nothing(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    real = engine.store.append_message
+    failures = [StoreError("cannot write seg-000000001.json: No space left on device")] * 2
+
+    def full_disk(*args: object, **kwargs: object) -> object:
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.store, "append_message", full_disk)
+    assert await engine.submit(inbound("written when the disk has room"))
+    for _ in range(300):
+        if recording_channel.sent:
+            break
+        await asyncio.sleep(0.02)
+    assert recording_channel.texts("reply") == ["echo: written when the disk has room"]
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    assert [m.content for m in engine.store.messages(conversation.id)] == [
+        "written when the disk has room", "echo: written when the disk has room"]
