@@ -177,6 +177,9 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     sd_notify("STOPPING=1")
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(signum)
+    # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
+    # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
+    await app[ENGINE].drain(daemon.shutdown_grace)
     await runner.cleanup()
     log.info("stopped")
     return 0

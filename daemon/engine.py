@@ -103,22 +103,28 @@ class Engine:
             log.info("resuming %d inbox and %d outbox items in %d chats",
                      len(inbox), len(outbox), len(resumed))
 
-    async def stop(self, grace: float) -> None:
-        """Take no new work; give turns in flight `grace` seconds, then cancel the rest.
-
-        A cancelled turn loses nothing: its messages stay in the inbox and are answered after
-        the next start.
-        """
+    async def drain(self, grace: float) -> None:
+        """Take no new work (submit answers False, /healthz 503) and give turns in flight up
+        to `grace` seconds to finish."""
         self._accepting = False
-        if self._rotation is not None:
-            self._rotation.cancel()
         for wake in self._wake.values():
             wake.set()
         busy = [self._idle[k].wait() for k in self._in_turn]
         if busy:
             log.info("waiting up to %.0fs for %d turns in flight", grace, len(busy))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*busy), grace)
+                async with asyncio.timeout(grace):
+                    await asyncio.gather(*busy)
+
+    async def stop(self, grace: float) -> None:
+        """Drain, then cancel what is left and close the index.
+
+        A cancelled turn loses nothing: its messages stay in the inbox and are answered after
+        the next start.
+        """
+        if self._rotation is not None:
+            self._rotation.cancel()
+        await self.drain(grace)
         for task in self._workers.values():
             task.cancel()
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
@@ -252,15 +258,13 @@ class Engine:
                 await self.notify(chat_key, reply)
                 await asyncio.to_thread(self.store.inbox_done, [handled[0].id])
                 return
+            # The user is told about an outage once (by the turn's first failed try); while
+            # the chat is parked, the retries are silent.
             announce = chat_key not in self._parked
             result = await self.turns.run(chat_key, handled, announce_outage=announce)
             if result.outcome is Outcome.ANSWERED and result.conversation_id:
                 self.folder.schedule(result.conversation_id, urgent=result.crowded)
             if result.outcome is Outcome.PARKED:
-                if announce:
-                    await self.notify(chat_key, (
-                        f"Still no answer from the model server at {self.llm.host}. Your "
-                        "message is kept and will be answered as soon as it is back."))
                 self._parked.add(chat_key)
             else:
                 self._parked.discard(chat_key)

@@ -149,3 +149,26 @@ async def test_roost_run_serves_health_and_exits_0_on_sigterm(
             daemon.kill()
             await daemon.wait()
 
+
+
+async def test_while_draining_healthz_says_stopping_and_new_work_is_refused(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    channel = RecordingChannel("telegram")
+    fake_ollama.script(Reply(content="the last answer", delay=0.5))
+    app = build_app(make_settings(model={"host": fake_ollama.url}), {"telegram": channel})
+    runner, url = await start(app)
+    engine = app[ENGINE]
+    try:
+        assert await engine.submit(Inbound(chat_key=CHAT, text="one", received=time.time()))
+        await fake_ollama.wait_for_chats(1)
+        draining = asyncio.create_task(engine.drain(5.0))
+        await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
+            assert reply.status == 503
+            assert (await reply.json())["accepting"] is False
+        assert not await engine.submit(Inbound(chat_key=CHAT, text="two", received=time.time()))
+        await draining
+        assert channel.texts("reply") == ["the last answer"]
+    finally:
+        await runner.cleanup()

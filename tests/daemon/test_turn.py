@@ -106,13 +106,9 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     await say(engine, "warm up")  # the model info is cached; now take the server away
     await fake_ollama.refuse_connections()
     assert await engine.submit(inbound("are you there?"))
-    for _ in range(200):
-        if len(recording_channel.texts("notice")) >= 2:
-            break
-        await asyncio.sleep(0.02)
-    notices = recording_channel.texts("notice")
-    assert "not answering" in notices[0] and fake_ollama.url in notices[0]
-    assert "Still no answer" in notices[1]
+    await asyncio.sleep(0.5)  # every retry fails and the chat is parked
+    [notice] = recording_channel.texts("notice")  # told once
+    assert "not answering" in notice and fake_ollama.url in notice and "saved" in notice
     # The message is on disk while the model is away.
     reopened = Store.open(settings.daemon.state_dir, read_only=True)
     conversation = reopened.active_conversation(CHAT)
@@ -121,7 +117,7 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     await fake_ollama.accept_connections()
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
     assert recording_channel.texts("reply") == ["echo: warm up", "echo: are you there?"]
-    assert len(recording_channel.texts("notice")) == 2  # no repeated notices while parked
+    assert len(recording_channel.texts("notice")) == 1  # no repeated notices while parked
 
 
 async def test_five_messages_during_a_turn_are_answered_together_in_order(
@@ -320,11 +316,9 @@ async def test_a_model_that_stops_answering_is_retried_and_answered_once_it_resp
     await say(engine, "warm up")
     fake_ollama.hang = True
     assert await engine.submit(inbound("slow day?"))
-    for _ in range(200):
-        if len(recording_channel.texts("notice")) >= 2:
-            break
-        await asyncio.sleep(0.02)
-    assert "not answering" in recording_channel.texts("notice")[0]
+    await asyncio.sleep(0.8)  # both tries time out and the chat is parked
+    [notice] = recording_channel.texts("notice")
+    assert "not answering" in notice
     fake_ollama.hang = False
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
     assert recording_channel.texts("reply") == ["echo: warm up", "echo: slow day?"]
