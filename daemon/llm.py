@@ -8,9 +8,10 @@ the model, which costs seconds and throws away its prompt cache.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ class ModelClient:
         self._system_only_first: set[str] = set()
         self.in_flight = 0
         self.waiting = 0
+        self.turns_active = 0
 
     async def close(self) -> None:
         await self._client.close()
@@ -148,9 +150,30 @@ class ModelClient:
             self.in_flight -= 1
             self._gate.release()
 
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Held for a whole turn: between its model calls (while tools run) no background call
+        may slip into the turn's request slot and evict its prompt from Ollama's cache; one
+        running there is stopped."""
+        self.turns_active += 1
+        if self._no_room_for_background():
+            for task in list(self._background):
+                task.cancel()
+        try:
+            yield
+        finally:
+            self.turns_active -= 1
+
+    def _no_room_for_background(self) -> bool:
+        """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""
+        return bool(self.waiting) or self.turns_active >= self.settings.concurrency
+
     async def _background_call(self, call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+        if self._no_room_for_background():
+            call.close()
+            raise Preempted("turns are using the model")
         await self._gate.acquire()
-        if self.waiting:  # a turn arrived while we queued for the gate: let it go first
+        if self._no_room_for_background():  # a turn arrived while we queued: it goes first
             self._gate.release()
             call.close()
             raise Preempted("a turn needs the model")

@@ -146,7 +146,13 @@ class TurnRunner:
     async def run(
         self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True
     ) -> TurnResult:
-        """Answer `items` (the chat's pending messages) in one model call."""
+        """Answer `items` (the chat's pending messages): one model call, or a few with tools."""
+        async with self.llm.turn():
+            return await self._run(chat_key, items, announce_outage)
+
+    async def _run(
+        self, chat_key: str, items: Sequence[Inbound], announce_outage: bool
+    ) -> TurnResult:
         conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
         )

@@ -391,3 +391,31 @@ async def test_the_next_turn_shows_a_long_tool_result_exactly_as_the_turn_did(
     # The store keeps every byte.
     [(_, stored)] = tool_messages(setup)
     assert stored == page
+
+
+async def test_a_fold_never_slips_in_between_the_model_calls_of_a_turn(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for()
+    for n in range(12):
+        await setup.say(f"Some history, message {n}. " * 20)
+    cid = setup.conversation_id()
+
+    async def slow_tool(context: object) -> str:
+        setup.engine.folder.schedule(cid, urgent=True)  # a fold wants the model right now
+        await asyncio.sleep(0.3)
+        return "done"
+
+    setup.engine.registry.register(Capability(name="slow", core=True, description="slow",
+                                              tools=(Tool("slow", "Takes a while.",
+                                                          {"type": "object", "properties": {}},
+                                                          slow_tool),)))
+    setup.fake.default_reply = lambda body: (
+        Reply(content="Summary.") if is_fold(body) else echo_reply(body))
+    setup.fake.script(Reply(tool_calls=[call("slow")]), Reply(content="Finished."))
+    before = len(setup.fake.chat_requests)
+    await setup.say("Run the slow tool")
+    await setup.engine.folder.wait(cid)
+    kinds = ["fold" if is_fold(r) else "turn" for r in setup.fake.chat_requests[before:]]
+    assert kinds[:2] == ["turn", "turn"], kinds  # the turn's two calls back to back
+    assert setup.channel.texts("reply")[-1] == "Finished."
