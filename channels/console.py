@@ -31,25 +31,29 @@ class ConsoleChannel:
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
-        self._mid_reply = False
+        self._streamed = ""  # what this reply showed so far, piece by piece
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
-        if not self._mid_reply:
+        if not self._streamed:
             self.out.write("roost> ")
-            self._mid_reply = True
+        self._streamed += delta
         self.out.write(delta)
         self.out.flush()
 
     async def send(self, outbound: Outbound) -> None:
-        if self._mid_reply:
-            self.out.write("\n")
-            self._mid_reply = False
-            if outbound.kind == "reply":  # already shown piece by piece
-                self.out.flush()
-                return
+        streamed, self._streamed = self._streamed, ""
+        if streamed and outbound.kind == "reply":
+            # Shown piece by piece already; what the turn added at the end (a note that the
+            # answer was cut off, say) is still to show.
+            rest = outbound.text[len(streamed):] if outbound.text.startswith(streamed) else ""
+            self.out.write(f"{rest}\n")
+            self.out.flush()
+            return
+        if streamed:
+            self.out.write("\n")  # a notice in the middle of a streamed reply
         prefix = "[roost] " if outbound.kind == "notice" else "roost> "
         self.out.write(f"{prefix}{outbound.text}\n")
         self.out.flush()

@@ -108,3 +108,17 @@ async def test_unreachable_ollama_exits_with_one_line_naming_the_host(tmp_path: 
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1
     assert "http://127.0.0.1:9" in lines[0] and "ollama serve" in lines[0]
+
+
+async def test_a_note_added_after_a_streamed_reply_is_shown(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    fake_ollama.default_reply = lambda body: Reply(content="part. ", done_reason="length")
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout
+    chat.stdin.write(b"go on and on\n")
+    chat.stdin.close()
+    out = (await asyncio.wait_for(chat.stdout.read(), 20)).decode()
+    assert await chat.wait() == 0
+    assert "roost> part. part. part. part. " in out
+    assert "The answer was cut off; ask me to go on." in out
