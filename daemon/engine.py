@@ -60,7 +60,8 @@ class Engine:
         # Derived from the store and rebuilt from it when lost; open between start() and stop().
         self.index = MemoryIndex.open(store.state_dir / "memory.sqlite3")
         self._index_open = True
-        self.prompting = Prompting(settings=settings, store=store, llm=llm, clock=clock)
+        self.prompting = Prompting(settings=settings, store=store, llm=llm,
+                                   registry=self.registry, clock=clock)
         self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
                              clock=clock, on_fold=lambda cid: self.index.mark_dirty(cid))
         self.commands = Commands(settings=settings, store=store, router=self.router, llm=llm,

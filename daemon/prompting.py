@@ -20,6 +20,7 @@ from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.conversations import Conversation, Message
 from daemon.llm import ModelClient
 from daemon.store import Store
+from daemon.tools.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,13 @@ class Prompting:
     """Builds requests; caches the memory map for the calendar day it was made on."""
 
     def __init__(
-        self, *, settings: Settings, store: Store, llm: ModelClient, clock: Callable[[], float]
+        self, *, settings: Settings, store: Store, llm: ModelClient, registry: Registry,
+        clock: Callable[[], float],
     ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
+        self.registry = registry
         self.clock = clock
         self._memory: MemoryMap | None = None
 
@@ -96,19 +99,17 @@ class Prompting:
                              variables=self.settings.variables)
 
     async def prepare(
-        self,
-        conversation: Conversation,
-        history: Sequence[Message],
-        *,
+        self, conversation: Conversation, history: Sequence[Message], *,
         ratio: float | None = None,
-        tools: Sequence[Mapping[str, Any]] = (),
-        capabilities: Sequence[Capability] = (),
     ) -> Prepared:
-        """The request for the conversation's next model call, fitted to its budget.
+        """The request for the conversation's next model call, fitted to its budget, with the
+        tools of its loaded capabilities.
 
         Raises `DoesNotFit` when the protected messages alone are larger than the budget.
         """
         ratio = conversation.token_ratio if ratio is None else ratio
+        tools = self.registry.schemas(conversation.active_tools)
+        capabilities = self.registry.index(conversation.active_tools)
         num_ctx = await self.llm.num_ctx()
         tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
                        if tools else 0)

@@ -173,7 +173,7 @@ class TurnRunner:
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools))
         try:
-            prepared = await self._prepare(conversation, history)
+            prepared = await self.prompting.prepare(conversation, history)
             first, prepared, messages = await self._answer(
                 chat_key, conversation, history, prepared, stream, announce_outage)
             loop = ToolLoop(
@@ -219,14 +219,6 @@ class TurnRunner:
                    or prepared.request.estimate > CROWDED_SHARE * prepared.budget)
         return TurnResult(Outcome.ANSWERED, outbound, conversation.id, crowded=crowded)
 
-    async def _prepare(
-        self, conversation: Conversation, history: Sequence[Message], ratio: float | None = None
-    ) -> Prepared:
-        active = conversation.active_tools
-        return await self.prompting.prepare(
-            conversation, history, ratio=ratio, tools=self.registry.schemas(active),
-            capabilities=self.registry.index(active))
-
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
         prepared: Prepared, stream: _Stream, announce_outage: bool,
@@ -249,7 +241,7 @@ class TurnRunner:
                                     f"Ollama refused {measured} tokens (estimated "
                                     f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
                                     f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self._prepare(conversation, history, ratio)
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio)
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
                 messages = await self._messages(chat_key, refit, notify=False)

@@ -316,7 +316,11 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     await rig.say("/status")
     status = rig.channel.texts("notice")[-1]
     assert "Window: 8,192 tokens" in status and "20 messages" in status
-    assert "of 7,168 tokens" in status and "Summary: none yet" in status
+    # The budget shown is the one the turns' requests are fitted to (window less the reply's
+    # reserve less the tool schemas), as recorded with the last request.
+    last = json.loads(max((rig.store.state_dir / "debug").glob("*.json")).read_text("utf-8"))
+    assert last["budget"] < 7_168
+    assert f"of {last['budget']:,} tokens" in status and "Summary: none yet" in status
     await rig.say("/compact")
     assert rig.channel.texts("notice")[-1].startswith("Folded ")
     await rig.say("/status")
