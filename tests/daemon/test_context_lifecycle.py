@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -317,10 +318,12 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     status = rig.channel.texts("notice")[-1]
     assert "Window: 8,192 tokens" in status and "20 messages" in status
     # The budget shown is the one the turns' requests are fitted to (window less the reply's
-    # reserve less the tool schemas), as recorded with the last request.
+    # reserve less the tool schemas), as recorded with the last request (the schemas' estimate
+    # moves a token or so with the calibration).
     last = json.loads(max((rig.store.state_dir / "debug").glob("*.json")).read_text("utf-8"))
-    assert last["budget"] < 7_168
-    assert f"of {last['budget']:,} tokens" in status and "Summary: none yet" in status
+    found = re.search(r"of ([\d,]+) tokens", status)
+    assert found is not None and "Summary: none yet" in status
+    assert abs(int(found.group(1).replace(",", "")) - last["budget"]) <= 3 < 7_168 - last["budget"]
     await rig.say("/compact")
     assert rig.channel.texts("notice")[-1].startswith("Folded ")
     await rig.say("/status")
