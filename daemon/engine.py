@@ -131,9 +131,10 @@ class Engine:
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
         self._workers.clear()
         await self.folder.stop()
+        # Closing first makes a first full build stop at its next conversation.
+        await asyncio.to_thread(self.index.close)
         if self._indexing is not None:
             await asyncio.gather(self._indexing, return_exceptions=True)
-        self.index.close()
         self._index_open = False
 
     # ---- taking work -----------------------------------------------------------------------

@@ -76,7 +76,8 @@ class Folder:
         self._tasks: dict[str, asyncio.Task[FoldOutcome]] = {}
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._stopped = False
         self.calls = 0  # model calls spent on folds (for /status and the benchmark)
 
     def busy(self, conversation_id: str) -> bool:
@@ -90,7 +91,7 @@ class Folder:
         verbatim tail without waiting for the threshold: the summary then carries what was
         left out, and the next requests stop dropping and restoring it turn by turn.
         """
-        if self.busy(conversation_id):
+        if self._stopped or self.busy(conversation_id):
             return
         if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
             return
@@ -112,7 +113,8 @@ class Folder:
                 await task
 
     async def stop(self) -> None:
-        for timer in self._timers:
+        self._stopped = True
+        for timer in self._timers.values():
             timer.cancel()
         tasks = [t for t in self._tasks.values() if not t.done()]
         for task in tasks:
@@ -125,6 +127,9 @@ class Folder:
         task = asyncio.create_task(self._guarded(conversation_id, force, keep),
                                    name=f"roost-fold-{conversation_id}")
         self._tasks[conversation_id] = task
+        # A finished fold is forgotten, so months of conversations do not pile up here.
+        task.add_done_callback(lambda done: self._tasks.get(conversation_id) is done
+                               and self._tasks.pop(conversation_id))
         return task
 
     async def _guarded(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
@@ -132,7 +137,7 @@ class Folder:
         try:
             outcome = await self._fold(conversation_id, force, keep)
         except Preempted:
-            self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION)
+            self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
             return FoldOutcome(0, None, "the model was needed for a reply; will fold later")
         except Exception as exc:
             failures = self._failures.get(conversation_id, 0) + 1
@@ -142,7 +147,7 @@ class Folder:
                 log.warning("fold of %s failed (%s); retry in %.0fs", conversation_id, exc, delay)
             else:
                 log.exception("fold of %s failed; retry in %.0fs", conversation_id, delay)
-            self._retry_later(conversation_id, delay)
+            self._retry_later(conversation_id, delay, urgent=force)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
         self._failures.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
@@ -151,15 +156,19 @@ class Folder:
             asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
         return outcome
 
-    def _retry_later(self, conversation_id: str, delay: float) -> None:
+    def _retry_later(self, conversation_id: str, delay: float, *, urgent: bool) -> None:
         self._retry_at[conversation_id] = time.monotonic() + delay
+        previous = self._timers.pop(conversation_id, None)
+        if previous is not None:
+            previous.cancel()
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(delay, self._retry, conversation_id)
-        self._timers.add(timer)
+        self._timers[conversation_id] = loop.call_later(delay, self._retry, conversation_id,
+                                                        urgent)
 
-    def _retry(self, conversation_id: str) -> None:
+    def _retry(self, conversation_id: str, urgent: bool) -> None:
+        self._timers.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
-        self.schedule(conversation_id)
+        self.schedule(conversation_id, urgent=urgent)
 
     async def _fold(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
         conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)

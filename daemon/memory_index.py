@@ -114,10 +114,14 @@ class MemoryIndex:
         self.path = path
         self._db = db
         self._lock = threading.Lock()
+        # Its own lock: mark_dirty is called from the event loop and must never wait for a
+        # sync that holds `_lock` while it reads the store and writes SQLite.
+        self._dirty_lock = threading.Lock()
         self._dirty: set[str] = set()
         # Anything may have changed while we were not running (a crash between an append and
         # its sync), so the first search with a store checks every conversation.
         self._all_dirty = True
+        self._closing = threading.Event()
 
     @classmethod
     def open(cls, path: Path) -> MemoryIndex:
@@ -133,12 +137,15 @@ class MemoryIndex:
         return cls(path, db)
 
     def close(self) -> None:
+        """Close the index; a full sync running in another thread stops at the next
+        conversation."""
+        self._closing.set()
         with self._lock:
             self._db.close()
 
     def mark_dirty(self, conversation_id: str) -> None:
         """Remember that a conversation changed; the next `search` with a store syncs it."""
-        with self._lock:
+        with self._dirty_lock:
             self._dirty.add(conversation_id)
 
     def sync(self, store: Store, conversation_ids: Iterable[str] | None = None) -> int:
@@ -150,14 +157,19 @@ class MemoryIndex:
         if conversation_ids is not None:
             return sum(self._sync_one(store, cid) for cid in dict.fromkeys(conversation_ids))
         conversations = store.list_conversations()
-        with self._lock:
+        with self._dirty_lock:
             dirty = set(self._dirty)
+        with self._lock:
             known = {c.id for c in conversations}
             for (cid,) in self._db.execute("SELECT conversation_id FROM indexed").fetchall():
                 if cid not in known:
                     self._forget(cid)
-        written = sum(self._sync_one(store, c.id, None if c.id in dirty else c)
-                      for c in conversations)
+        written = 0
+        for conversation in conversations:
+            if self._closing.is_set():  # shutting down: the next start carries on
+                return written
+            written += self._sync_one(store, conversation.id,
+                                      None if conversation.id in dirty else conversation)
         with self._lock:
             self._all_dirty = False
         return written
@@ -175,7 +187,8 @@ class MemoryIndex:
                 # Sealed: an archived conversation gets no messages, and a fold finishing after
                 # archiving calls mark_dirty. So a full sync reads a list, not every message.
                 return 0
-            self._dirty.discard(cid)
+            with self._dirty_lock:
+                self._dirty.discard(cid)
             conversation = store.get_conversation(cid)
             if conversation is None:
                 return 0
@@ -236,7 +249,7 @@ class MemoryIndex:
 
     def _search(self, terms: list[str], limit: int, store: Store | None) -> list[Hit]:
         if store is not None:
-            with self._lock:
+            with self._dirty_lock:
                 everything, dirty = self._all_dirty, sorted(self._dirty)
             try:
                 self.sync(store, None if everything else dirty)
