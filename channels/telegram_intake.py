@@ -147,13 +147,15 @@ class Intake:
         queue.put_nowait(item)
         task = self._workers.get(chat)
         if task is None or task.done():
-            self._workers[chat] = asyncio.create_task(self._worker(queue),
+            self._workers[chat] = asyncio.create_task(self._worker(chat, queue),
                                                       name=f"roost-telegram-{chat}")
 
-    async def _worker(self, queue: asyncio.Queue[_Pending]) -> None:
+    async def _worker(self, chat: int, queue: asyncio.Queue[_Pending]) -> None:
         carry: _Pending | None = None
-        while True:
-            item = carry or await queue.get()
+        # A worker lives while its chat has updates queued, so chats that wrote once (a
+        # stranger, say) leave no task behind.
+        while carry is not None or not queue.empty():
+            item = carry or queue.get_nowait()
             carry = None
             batch = [item]
             group = media_group_of(item.update)
@@ -176,6 +178,9 @@ class Intake:
                 # task_done once per item taken from the queue; the carried one is not done yet.
                 for _ in batch:
                     queue.task_done()
+        # No await between the emptiness check and here: nothing can be queued in between.
+        self._workers.pop(chat, None)
+        self._queues.pop(chat, None)
 
     async def _process(self, batch: list[_Pending]) -> None:
         keys = [item.key for item in batch]

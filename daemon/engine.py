@@ -288,6 +288,14 @@ class Engine:
         if docs and channel is None:
             log.warning("%d replies for %s wait: its channel is not enabled", len(docs), chat_key)
             return True
+        if docs and "undeliverable" in await asyncio.to_thread(self.store.chat_flags, chat_key):
+            # The platform refused this chat for good (the user blocked the bot); the replies
+            # stay in the conversation. The channel clears the mark when the user writes again.
+            log.info("dropping %d replies for %s: the chat is marked undeliverable",
+                     len(docs), chat_key)
+            for doc in docs:
+                await asyncio.to_thread(self.store.outbox_done, doc["id"])
+            return True
         for doc in docs:
             outbound = Outbound.from_doc(doc)
             if await asyncio.to_thread(self.store.was_sent, outbound.id):

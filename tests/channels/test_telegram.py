@@ -560,6 +560,9 @@ async def test_an_unknown_sender_is_ignored_and_logged(
     logged = [r.getMessage() for r in caplog.records if r.name == "roost.telegram"]
     assert any("unknown Telegram user 999" in line for line in logged)
     assert not any("let me in" in line for line in logged)  # no message bodies in the log
+    # Nothing is left running for a chat that wrote once.
+    await asyncio.sleep(0)
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "roost-telegram-999"]
 
 
 # ---- start-up, polling and restarts ------------------------------------------------------------

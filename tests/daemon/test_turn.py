@@ -368,6 +368,10 @@ async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
     conversation = store.active_conversation(CHAT)
     assert conversation is not None  # the reply itself is kept in the conversation
     assert [m.content for m in store.messages(conversation.id)] == ["hello", "echo: hello"]
+    # Nothing more is tried while the chat is marked.
+    await engine.notify(CHAT, "a notice nobody can receive")
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert channel.attempts == 1 and store.outbox_pending() == []
 
 
 async def test_a_failing_disk_delays_a_turn_but_loses_nothing(
