@@ -46,7 +46,6 @@ from daemon.store import Store
 CHANNEL = "telegram"
 STORE_RETRIES = 5  # then the update waits, stored, for the next start
 STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
-RECENT_MESSAGES = 50  # how far back a resumed update looks for its own message
 
 
 class Submitter(Protocol):
@@ -222,7 +221,8 @@ class Intake:
             return True
         first = batch[0]
         item_id = inbound_id(first.received, first.key)
-        if first.resumed and await asyncio.to_thread(self._submitted, item_id, key):
+        # Checked before any download, so a resumed update does not fetch its media twice.
+        if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
             log.info("update %s was submitted before the last stop; not again", first.key)
             return True
         texts: list[str] = []
@@ -257,18 +257,6 @@ class Intake:
         )
         await self._unblock(key)
         return await self.engine.submit(inbound)
-
-    def _submitted(self, item_id: str, key: str) -> bool:
-        """Whether an earlier run already put this inbox item in the inbox or the conversation
-        (checked before any download, so a resumed update does not fetch its media twice)."""
-        if any(doc["id"] == item_id for doc in self.store.inbox_pending(key)):
-            return True
-        conversation = self.store.active_conversation(key)
-        if conversation is None:
-            return False
-        count = self.store.message_count(conversation.id)
-        recent = self.store.messages(conversation.id, max(1, count - RECENT_MESSAGES))
-        return any(m.meta.get("inbox_id") == item_id for m in recent)
 
     async def _unblock(self, key: str) -> None:
         """A user who blocked the bot and writes again has unblocked it."""

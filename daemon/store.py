@@ -348,13 +348,17 @@ class Store:
         """Persist an inbound message before it is acknowledged to the platform; False (and
         nothing written) when an item with its id was added before, so a channel that submits
         again after a crash does not make roost answer twice."""
-        key = f"inbox:{item['id']}"
-        inbox = self.index.table("inbox")
-        if inbox.contains(Query().id == item["id"]) or self._seen(key):
+        if self.inbox_known(item["id"]):
             return False
-        inbox.insert(dict(item))
-        self.dedupe_claim(key, float(item.get("received", time.time())))
+        self.index.table("inbox").insert(dict(item))
+        self.dedupe_claim(f"inbox:{item['id']}", float(item.get("received", time.time())))
         return True
+
+    @_locked
+    def inbox_known(self, item_id: str) -> bool:
+        """Whether an item with this id was ever added (pending, or answered since)."""
+        return (self.index.table("inbox").contains(Query().id == item_id)
+                or self._seen(f"inbox:{item_id}"))
 
     @_locked
     def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
