@@ -50,6 +50,7 @@ from daemon.logs import store_log as log
 SEGMENT_MAX_MESSAGES = 200
 SEGMENT_MAX_BYTES = 512 * 1024
 DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
+DEDUPE_PRUNE_EVERY = 3600.0
 _CACHED_CONVERSATIONS = 32
 
 P = ParamSpec("P")
@@ -164,6 +165,7 @@ class Store:
         self._lock_file: int | None = None
         self._dbs: dict[Path, TinyDB] = {}
         self._checked: set[Path] = set()
+        self._pruned = 0.0  # when old dedupe keys were last removed
         # conversation id -> its messages, most recently used last (bounded LRU)
         self._messages: OrderedDict[str, list[Message]] = OrderedDict()
         self.index = self._index_db()
@@ -457,7 +459,10 @@ class Store:
         table = self.index.table("dedupe")
         if table.contains(Query().key == key):
             return False
-        table.remove(Query().seen < now - DEDUPE_KEEP_SECONDS)
+        if now - self._pruned >= DEDUPE_PRUNE_EVERY:
+            # TinyDB rewrites the file even when nothing matches: prune now and then only.
+            table.remove(Query().seen < now - DEDUPE_KEEP_SECONDS)
+            self._pruned = now
         table.insert({"key": key, "seen": now})
         return True
 
