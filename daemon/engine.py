@@ -57,13 +57,13 @@ class Engine:
         self.records = Records(store.state_dir, settings.daemon.tz)
         self.registry = Registry()
         register_builtin(self.registry)
-        # Derived from the store and rebuilt from it when lost; open between start() and stop().
+        # Derived from the store and rebuilt from it when lost; filled at start(), closed at
+        # stop() (an engine runs once).
         self.index = MemoryIndex.open(store.state_dir / "memory.sqlite3")
-        self._index_open = True
         self.prompting = Prompting(settings=settings, store=store, llm=llm,
                                    registry=self.registry, clock=clock)
         self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
-                             clock=clock, on_fold=lambda cid: self.index.mark_dirty(cid))
+                             clock=clock, on_fold=self.index.mark_dirty)
         self.commands = Commands(settings=settings, store=store, router=self.router, llm=llm,
                                  prompting=self.prompting, folder=self.folder, clock=clock)
         self.turns = TurnRunner(settings=settings, store=store, llm=llm, router=self.router,
@@ -86,10 +86,6 @@ class Engine:
     async def start(self) -> None:
         """Resume what a previous run left: pending inbox items and unsent replies."""
         self._accepting = True
-        if not self._index_open:
-            self.index = MemoryIndex.open(self.store.state_dir / "memory.sqlite3")
-            self.turns.index = self.index
-            self._index_open = True
         self._rotation = asyncio.create_task(self._rotation_loop(), name="roost-rotation")
         # Catch the search index up with the store (everything, the first time) in the
         # background; a search before it is done syncs what it needs itself.
@@ -135,7 +131,6 @@ class Engine:
         await asyncio.to_thread(self.index.close)
         if self._indexing is not None:
             await asyncio.gather(self._indexing, return_exceptions=True)
-        self._index_open = False
 
     # ---- taking work -----------------------------------------------------------------------
 

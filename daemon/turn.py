@@ -66,7 +66,6 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True)
 class TurnResult:
     outcome: Outcome
-    outbound: Outbound | None = None
     conversation_id: str | None = None
     # The request had to leave messages out, or nearly: fold now rather than at the threshold.
     crowded: bool = False
@@ -157,7 +156,7 @@ class TurnRunner:
             self._record_user_messages, chat_key, items
         )
         if not items:  # every one was answered before a crash; the replies are queued again
-            return TurnResult(Outcome.ANSWERED, None, conversation.id)
+            return TurnResult(Outcome.ANSWERED, conversation.id)
         history = await asyncio.to_thread(self.store.messages, conversation.id)
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
@@ -196,7 +195,7 @@ class TurnRunner:
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
         except (LLMUnavailable, LLMTimeout):
-            return TurnResult(Outcome.PARKED, None, conversation.id)
+            return TurnResult(Outcome.PARKED, conversation.id)
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
             return await self._fail(chat_key, items, (
@@ -204,7 +203,7 @@ class TurnRunner:
                 "send another message to try again."))
         ratio = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
-        outbound = await asyncio.to_thread(
+        await asyncio.to_thread(
             self._save_reply, conversation, after, items, first, done.text, intro)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
@@ -217,7 +216,7 @@ class TurnRunner:
                  prepared.budget, done.calls)
         crowded = (prepared.request.omitted > 0
                    or prepared.request.estimate > CROWDED_SHARE * prepared.budget)
-        return TurnResult(Outcome.ANSWERED, outbound, conversation.id, crowded=crowded)
+        return TurnResult(Outcome.ANSWERED, conversation.id, crowded=crowded)
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
@@ -391,7 +390,7 @@ class TurnRunner:
         result: ChatResult,
         text: str,
         intro: str,
-    ) -> Outbound:
+    ) -> None:
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],
@@ -402,12 +401,10 @@ class TurnRunner:
         }
         message = self.store.append_message(before.id, "assistant", text.strip() or EMPTY_REPLY,
                                             created=now, meta=meta)
-        outbound = self._outbound_for(after, message, intro)
-        self.store.outbox_add(outbound.to_doc())
+        self.store.outbox_add(self._outbound_for(after, message, intro).to_doc())
         self.store.inbox_done([i.id for i in items])
-        # Re-read: a fold may have written the summary meanwhile; only the record changes here.
+        # Only the index record: a fold meanwhile wrote the summary to its own file.
         self.store.save_conversation(after.touched(now))
-        return outbound
 
     def _requeue(self, conversation: Conversation, message: Message) -> None:
         outbound = self._outbound_for(conversation, message, "")

@@ -50,7 +50,6 @@ class Shrunk:
     targets: int
     images_dropped: int
     tokens_before: int
-    tokens_after: int
 
 
 def request_tokens(messages: Sequence[ChatMessage], ratio: float) -> int:
@@ -88,7 +87,7 @@ def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk
              and not str(out[i].get("content", "")).startswith(ERROR_PREFIX)),
             key=lambda i: len(str(out[i].get("content") or "")), reverse=True)
         targets += _cut_down(out, last_resort, ratio, budget)
-    return Shrunk(out, targets, images_dropped, before, request_tokens(out, ratio))
+    return Shrunk(out, targets, images_dropped, before)
 
 
 def _cut_down(out: list[ChatMessage], order: Sequence[int], ratio: float, goal: float) -> int:
