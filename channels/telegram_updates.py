@@ -23,7 +23,7 @@ UPDATE_KINDS = ("message", "edited_message")
 CHAT_PREFIX = "telegram:"
 
 # Fields that hold a User object. Telegram has sent `is_bot` on every user since Bot API 3.0 and
-# PTB 22 refuses a user without it; older recorded updates (the shared fixtures) lack it.
+# PTB 22 refuses a user without it; older recorded updates (the fixtures in tests/fixtures) lack it.
 _USER_FIELDS = frozenset({"from", "forward_from", "via_bot", "user", "left_chat_member",
                           "new_chat_members", "sender_business_bot"})
 _GROUPS = (ChatType.GROUP, ChatType.SUPERGROUP)  # a tuple: `in` compares, so a plain str works

@@ -15,7 +15,8 @@ from daemon.config import Settings
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+# Real payloads from public sources (see fixtures/README.md); the project carries its own copy.
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)

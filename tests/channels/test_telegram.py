@@ -151,7 +151,7 @@ async def start(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
         await daemon.stop()
 
 
-# ---- the shared fixtures through the webhook ---------------------------------------------------
+# ---- the recorded fixtures through the webhook -------------------------------------------------
 
 
 async def test_start_fixture_is_answered_with_the_greeting(

@@ -26,7 +26,7 @@ from telegram.ext import AIORateLimiter, ApplicationBuilder, ContextTypes, Messa
 
 from tests.fakes.telegram import FakeTelegram, parse_html
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "telegram"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "telegram"
 CHAT = 1111111
 
 
