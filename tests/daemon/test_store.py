@@ -232,13 +232,13 @@ def test_files_are_utf8_json_and_no_temp_files_are_left(state_dir: Path) -> None
         store.save_conversation(conversation.touched(T0 + 1))
 
     jsons = [p for p in all_files(state_dir) if p.suffix == ".json"]
-    assert {p.name for p in jsons} >= {"index.json", "record.json", "summary.json",
+    assert {p.name for p in jsons} >= {"active.json", "record.json", "summary.json",
                                        "seg-000000001.json"}
     for path in jsons:
         raw = path.read_bytes()
         json.loads(raw.decode("utf-8"))
         assert b"\\u" not in raw, path
-    for name in ("index.json", "summary.json", "seg-000000001.json"):
+    for name in ("in-1.json", "out-1.json", "summary.json", "seg-000000001.json"):
         (path,) = [p for p in jsons if p.name == name]
         assert text.encode("utf-8") in path.read_bytes(), name
     assert temp_files(state_dir) == []
@@ -306,12 +306,21 @@ def test_dedupe_claim_is_true_once_then_false_also_after_reopen(state_dir: Path)
 
 
 def test_dedupe_keys_are_forgotten_after_the_keep_period(state_dir: Path) -> None:
-    later = T0 + DEDUPE_KEEP_SECONDS + 1
+    # Keys are dropped a whole hour at a time: kept at least the period, at most an hour more.
+    assert store_kept_at_least_the_period(state_dir)
+    later = T0 + DEDUPE_KEEP_SECONDS + 2 * 3600
     with Store.open(state_dir) as store:
         assert store.dedupe_claim("old", T0) is True
         assert store.dedupe_claim("new", later) is True  # prunes keys older than the period
         assert store.dedupe_claim("old", later) is True
         assert store.dedupe_claim("new", later) is False
+
+
+def store_kept_at_least_the_period(state_dir: Path) -> bool:
+    with Store.open(state_dir / "kept") as store:
+        store.dedupe_claim("old", T0)
+        store.dedupe_claim("new", T0 + DEDUPE_KEEP_SECONDS - 1)
+        return store.dedupe_claim("old", T0 + DEDUPE_KEEP_SECONDS - 1) is False
 
 
 # ---- conversations -------------------------------------------------------------------------
@@ -430,12 +439,12 @@ def test_truncated_index_is_moved_aside_and_rebuilt_from_the_records(
         first_messages = append_many(store, first.id, 3)
         other = store.create_conversation(OTHER, T0 + 1)
         other_messages = append_many(store, other.id, 2, start=10)
-    index = state_dir / "index.json"
+    index = state_dir / "conversations" / "active.json"
     truncated = index.read_bytes()[: index.stat().st_size // 2]
     index.write_bytes(truncated)
 
     with Store.open(state_dir) as store:
-        (aside,) = state_dir.glob("index.json.corrupt-*")
+        (aside,) = index.parent.glob("active.json.corrupt-*")
         assert aside.read_bytes() == truncated
         assert any(str(index) in line and aside.name in line for line in error_lines(store_log))
 
@@ -609,7 +618,7 @@ def test_open_that_fails_on_a_full_disk_releases_the_directory(
     disk = FullDisk(os.fsync)
     monkeypatch.setattr(os, "fsync", disk)
     disk.armed = True
-    with pytest.raises(StoreError, match=r"index\.json"):
+    with pytest.raises(StoreError, match=r"meta\.json"):
         Store.open(state_dir)
     disk.armed = False
     Store.open(state_dir).close()

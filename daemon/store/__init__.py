@@ -1,0 +1,516 @@
+"""The store: everything roost keeps, as TinyDB JSON files under the state directory.
+
+Layout (the README's "Where roost keeps things" explains it for operators)::
+
+    <state_dir>/
+      roost.lock                     held by the one process that owns this directory
+      meta.json                      schema migrations applied
+      chats.json                     flags per chat (e.g. undeliverable)
+      intake/<time>-<n>.json         raw platform payloads acknowledged together, until done
+      inbox/<id>.json                one inbound message each, until answered
+      outbox/<id>.json               one reply or notice each, until delivered
+      quarantine/<time>-<id>.json    items that failed twice, with their error (roost doctor)
+      dedupe/<hour>.json             keys seen in that hour; dropped whole after 14 days
+      conversations/
+        active.json                  the active conversations (at most one per chat)
+        archive-YYYY-MM.json         archived conversations, by month of creation
+        <id>/record.json             the conversation's record, written at creation
+        <id>/summary.json            its rolling summary (rewritten by the fold)
+        <id>/seg-000000001.json      its messages in bounded segments, never rewritten once closed
+
+Design:
+
+* Cost follows the active set, not history: acking an update, starting a turn and recording a
+  reply write only files whose size is bounded by what is pending or active now. Archived
+  conversations, old dedupe keys and closed segments are never rewritten on that path.
+* Every write is atomic (temp file, fsync, rename, folder fsync). A crash leaves the old file or
+  the new one, never half; each step writes its record before the one that marks it done, so
+  a crash between them is recognised at the next open (see `queues`).
+* The process is the only writer (it holds `roost.lock`), so every file is parsed at most once
+  and then served from memory.
+* TinyDB is not thread-safe. The `Store` facade is synchronous and serialised by one lock; the
+  daemon's coroutines call it through `asyncio.to_thread` so disk waits stay off the event loop.
+* A file that does not parse is moved aside (`<name>.corrupt-<time>`), never deleted, with a log
+  line naming it; everything else keeps working. No file can stop the daemon from starting.
+* Schema changes are numbered migrations recorded in `meta.json`, each run once; migration 3
+  splits the single `index.json` of earlier versions into this layout (and keeps it, renamed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from tinydb import TinyDB
+from tinydb.table import Document
+
+from daemon.conversations import Conversation, Message, Role, SummaryState, new_id
+from daemon.errors import StoreError
+from daemon.logs import store_log as log
+from daemon.store.book import ConversationBook, index_doc
+from daemon.store.files import (
+    AtomicJSONStorage,
+    CorruptFile,
+    atomic_write,
+    move_aside,
+    read_json,
+    remove_stale_temp_files,
+)
+from daemon.store.queues import (
+    DEDUPE_KEEP_SECONDS,
+    ChatFlags,
+    Dedupe,
+    ItemFolder,
+    UpdateBatches,
+)
+from daemon.store.segments import SEGMENT_MAX_BYTES, SEGMENT_MAX_MESSAGES, MessageLog
+
+__all__ = [
+    "DEDUPE_KEEP_SECONDS", "SEGMENT_MAX_BYTES", "SEGMENT_MAX_MESSAGES", "AtomicJSONStorage",
+    "CorruptFile", "Store", "StoreStats", "atomic_write",
+]
+
+SCHEMA_VERSION = 3
+_CACHED_SUMMARIES = 64
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    conversations: int
+    messages: int
+    summaries: int
+    first: float | None
+    last: float | None
+
+
+def _locked(method: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        store = args[0]
+        assert isinstance(store, Store)
+        with store._lock:
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+class Store:
+    """All of roost's persistent state, one facade over the record keepers; see the module
+    docstring for the design."""
+
+    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
+        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations."""
+        self.state_dir = state_dir
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._lock_file: int | None = None
+        self.meta = TinyDB(state_dir / "meta.json", storage=AtomicJSONStorage)
+        self.book = ConversationBook(state_dir / "conversations", read_only=read_only)
+        self.log = MessageLog(state_dir / "conversations", read_only=read_only)
+        self.dedupe = Dedupe(state_dir / "dedupe", read_only=read_only)
+        self.updates = UpdateBatches(state_dir / "intake", self.dedupe, read_only=read_only)
+        self.inbox = ItemFolder(state_dir / "inbox", read_only=read_only)
+        self.outbox = ItemFolder(state_dir / "outbox", read_only=read_only)
+        self.quarantine = ItemFolder(state_dir / "quarantine", read_only=read_only)
+        self.flags = ChatFlags(state_dir / "chats.json")
+        self._summaries: OrderedDict[str, TinyDB] = OrderedDict()
+
+    # ---- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, state_dir: Path, *, read_only: bool = False) -> Store:
+        """Open (creating if needed) a state directory, owning it until `close()`.
+
+        `read_only` is for looking while the daemon runs (`roost conversations`): no lock, no
+        migrations, and a corrupt file is reported instead of moved. Reading is safe during
+        writes because every write is an atomic rename.
+        """
+        if read_only:
+            if not any((state_dir / n).exists() for n in ("meta.json", "index.json")):
+                raise StoreError(f"no roost state in {state_dir}")
+            return cls(state_dir, read_only=True)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            for sub in ("conversations", "attachments", "corpus", "debug"):
+                (state_dir / sub).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create state directory {state_dir}: {exc}") from exc
+        lock_fd = os.open(state_dir / "roost.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StoreError(
+                f"another roost process is using {state_dir}; stop it first "
+                "(or give this one its own daemon.state_dir)"
+            ) from None
+        try:
+            remove_stale_temp_files(state_dir)
+            store = cls(state_dir)
+            store._lock_file = lock_fd
+            store._migrate()
+            store._drop_finished()
+            store._check_active_conversations()
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return store
+
+    def close(self) -> None:
+        """Release the state directory. Every write is already on disk; nothing to flush."""
+        with self._lock:
+            self.log.forget()
+            self._summaries.clear()
+            if self._lock_file is not None:
+                os.close(self._lock_file)
+                self._lock_file = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- conversations ---------------------------------------------------------------------
+
+    @_locked
+    def create_conversation(
+        self, chat_key: str, now: float, *, after_idle: bool = False, token_ratio: float = 1.0
+    ) -> Conversation:
+        """Start a new active conversation for `chat_key`."""
+        conversation = Conversation.start(chat_key, now, after_idle=after_idle,
+                                          token_ratio=token_ratio)
+        self.book.create(conversation, self.log.folder(conversation.id))
+        self.log.created(conversation.id)
+        return conversation
+
+    @_locked
+    def get_conversation(self, conversation_id: str) -> Conversation | None:
+        doc = self.book.get(conversation_id)
+        return self._with_summary(doc) if doc else None
+
+    @_locked
+    def active_conversation(self, chat_key: str) -> Conversation | None:
+        """The chat's active conversation, if it has one."""
+        doc = self.book.active_of(chat_key)
+        return self._with_summary(doc) if doc else None
+
+    @_locked
+    def list_conversations(
+        self, chat_key: str | None = None, status: str | None = None
+    ) -> list[Conversation]:
+        """Conversations, oldest first, optionally of one chat or one status."""
+        found = [
+            Conversation.from_doc(d)
+            for d in self.book.all()
+            if (chat_key is None or d["chat_key"] == chat_key)
+            and (status is None or d["status"] == status)
+        ]
+        return sorted(found, key=lambda c: c.created)
+
+    @_locked
+    def save_conversation(self, conversation: Conversation) -> None:
+        """Update a conversation's record (status, last_active, token ratio). Archiving fixes
+        its message count and whether it has a summary in the archive, for the memory map."""
+        extra: dict[str, Any] = {}
+        if conversation.status != "active":
+            extra = {"messages": self.log.count(conversation.id),
+                     "summarised": self._summary_path(conversation.id).exists()}
+        self.book.save(index_doc(conversation), **extra)
+
+    @_locked
+    def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
+        """Replace the conversation's summary state (one summary per conversation)."""
+        db = self._summary_db(conversation_id)
+        db.table("summary").upsert(Document(summary.to_doc(), doc_id=1))
+
+    # ---- messages --------------------------------------------------------------------------
+
+    @_locked
+    def append_message(
+        self,
+        conversation_id: str,
+        role: Role,
+        content: str,
+        *,
+        created: float,
+        **fields: Any,
+    ) -> Message:
+        """Append one message; it is on disk when this returns. Returns it with id and seq."""
+        messages = self.log.messages(conversation_id)
+        seq = messages[-1].seq + 1 if messages else 1
+        message = Message(id=new_id(created), seq=seq, role=role, content=content,
+                          created=created, **fields)
+        self.log.append(conversation_id, message)
+        return message
+
+    @_locked
+    def messages(
+        self, conversation_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Message]:
+        """The conversation's messages with `from_seq <= seq <= to_seq`, in order."""
+        loaded = self.log.messages(conversation_id)
+        if not loaded:
+            return []
+        # Seqs run 1, 2, 3...: slice instead of filtering every message.
+        base = loaded[0].seq
+        start = max(from_seq - base, 0)
+        stop = len(loaded) if to_seq is None else max(to_seq - base + 1, 0)
+        return loaded[start:stop]
+
+    @_locked
+    def message_count(self, conversation_id: str) -> int:
+        return len(self.log.messages(conversation_id))
+
+    @_locked
+    def stats(self) -> StoreStats:
+        """Counts for the memory map: conversations, messages, summaries, and the date span.
+        Archived conversations carry their counts; only active ones are looked at."""
+        docs = self.book.all()
+        messages = summaries = 0
+        for doc in docs:
+            if "messages" in doc:
+                messages += doc["messages"]
+                summaries += bool(doc.get("summarised"))
+            else:
+                messages += self.log.count(doc["id"])
+                summaries += self._summary_path(doc["id"]).exists()
+        return StoreStats(
+            conversations=len(docs),
+            messages=messages,
+            summaries=summaries,
+            first=min((d["created"] for d in docs), default=None),
+            last=max((d["last_active"] for d in docs), default=None),
+        )
+
+    # ---- inbox, outbox, quarantine ---------------------------------------------------------
+
+    @_locked
+    def inbox_add(self, item: Mapping[str, Any]) -> bool:
+        """Persist an inbound message before it is acknowledged to the platform; False (and
+        nothing written) when an item with its id was added before, so a channel that submits
+        again after a crash does not make roost answer twice."""
+        if self.inbox_known(item["id"]):
+            return False
+        self.inbox.add(item)
+        return True
+
+    @_locked
+    def inbox_known(self, item_id: str) -> bool:
+        """Whether an item with this id was ever added (pending, or answered since)."""
+        return item_id in self.inbox.items or f"inbox:{item_id}" in self.dedupe
+
+    @_locked
+    def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        """Inbound messages not yet answered, oldest first."""
+        return self.inbox.pending("received", chat_key)
+
+    @_locked
+    def inbox_done(self, item_ids: list[str]) -> None:
+        """Forget inbox items whose messages are now in their conversation (remembering their
+        ids first, so that the same message submitted again is recognised)."""
+        self.dedupe.claim((f"inbox:{i}" for i in item_ids), time.time())
+        for item_id in item_ids:
+            self.inbox.remove(item_id)
+
+    @_locked
+    def outbox_add(self, item: Mapping[str, Any]) -> None:
+        """Persist a reply before it is sent, so a crash cannot lose it."""
+        self.outbox.add(item)
+
+    @_locked
+    def outbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        """Replies and notices not yet delivered, oldest first."""
+        return self.outbox.pending("created", chat_key)
+
+    @_locked
+    def outbox_update(self, item_id: str, **fields: Any) -> None:
+        """Record delivery progress on an outbox item (e.g. how many parts were sent)."""
+        self.outbox.update(item_id, fields)
+
+    @_locked
+    def outbox_done(self, item_id: str) -> None:
+        self.outbox.remove(item_id)
+
+    @_locked
+    def mark_sent(self, item_id: str, now: float) -> None:
+        """An outbox item reached the platform: remember that, then forget the item. A crash
+        between the two leaves the item queued but known as sent, so it is not sent again."""
+        self.dedupe.claim([f"sent:{item_id}"], now)
+        self.outbox.remove(item_id)
+
+    @_locked
+    def was_sent(self, item_id: str) -> bool:
+        return f"sent:{item_id}" in self.dedupe
+
+    @_locked
+    def quarantine_add(self, kind: str, key: str, item: Mapping[str, Any], error: str,
+                       now: float) -> None:
+        """Keep an item that failed twice, with its error, out of the way of its chat; `roost
+        doctor` lists it. Written before the caller removes the item from its queue."""
+        self.quarantine.add({"id": f"{kind}:{key}", "kind": kind, "key": key,
+                             "chat_key": str(item.get("chat_key", "")), "error": error,
+                             "quarantined": now, "item": dict(item)})
+
+    @_locked
+    def quarantined(self) -> list[dict[str, Any]]:
+        """Items set aside after failing, oldest first."""
+        return self.quarantine.pending("quarantined")
+
+    # ---- raw updates, dedupe, chat flags ----------------------------------------------------
+
+    @_locked
+    def updates_accept(self, channel: str, key: str, payload: Mapping[str, Any],
+                       received: float) -> bool:
+        """Persist a raw platform payload before the platform gets its 200, unless `key` was
+        seen before (a redelivery): then False."""
+        return self.updates_accept_many(channel, [(key, payload)], received)[0]
+
+    @_locked
+    def updates_accept_many(self, channel: str, items: Iterable[tuple[str, Mapping[str, Any]]],
+                            received: float) -> list[bool]:
+        """The group commit: persist every payload whose key is new in one file, one fsync;
+        for each item, whether it was new. A key is new when it is neither pending nor done
+        (remembered) nor earlier in the same call."""
+        fresh: list[dict[str, Any]] = []
+        taken: set[str] = set()
+        answers = []
+        for key, payload in items:
+            new = key not in taken and not self.updates.known(key)
+            answers.append(new)
+            if new:
+                taken.add(key)
+                fresh.append({"channel": channel, "key": key, "payload": dict(payload),
+                              "received": received})
+        self.updates.add(fresh)
+        return answers
+
+    @_locked
+    def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
+                    received: float) -> None:
+        """Persist a raw payload without the redelivery check (`updates_accept` has it)."""
+        self.updates.add([{"channel": channel, "key": key, "payload": dict(payload),
+                           "received": received}])
+
+    @_locked
+    def updates_pending(self, channel: str) -> list[dict[str, Any]]:
+        return self.updates.of_channel(channel)
+
+    @_locked
+    def updates_done(self, key: str, *, remember: bool = True) -> None:
+        """A payload is handled. Its key is remembered for the keep period so a redelivery is
+        dropped; `remember=False` for payloads that left nothing behind (a stranger's message),
+        which then cost no lasting state: a redelivery is simply dropped again."""
+        self.updates.done(key, time.time(), remember=remember)
+
+    @_locked
+    def dedupe_claim(self, key: str, now: float) -> bool:
+        """Record `key` as seen; False if it was seen before (a redelivery)."""
+        return bool(self.dedupe.claim([key], now))
+
+    @_locked
+    def set_chat_flag(self, chat_key: str, flag: str, value: Any) -> None:
+        """Remember something about a chat (e.g. `blocked`: the user blocked the bot); None
+        removes the flag."""
+        self.flags.set(chat_key, flag, value)
+
+    @_locked
+    def chat_flags(self, chat_key: str) -> dict[str, Any]:
+        return self.flags.get(chat_key)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _summary_path(self, conversation_id: str) -> Path:
+        return self.log.folder(conversation_id) / "summary.json"
+
+    def _summary_db(self, conversation_id: str) -> TinyDB:
+        db = self._summaries.get(conversation_id)
+        if db is not None:
+            self._summaries.move_to_end(conversation_id)
+            return db
+        path = self._summary_path(conversation_id)
+        db = TinyDB(path, storage=AtomicJSONStorage)
+        try:
+            db.table("summary").get(doc_id=1)
+        except CorruptFile as exc:
+            if self.read_only:
+                raise
+            move_aside(path, str(exc), "continuing without it")
+            db = TinyDB(path, storage=AtomicJSONStorage)
+        self._summaries[conversation_id] = db
+        while len(self._summaries) > _CACHED_SUMMARIES:
+            self._summaries.popitem(last=False)
+        return db
+
+    def _with_summary(self, doc: Mapping[str, Any]) -> Conversation:
+        conversation = Conversation.from_doc(doc)
+        found = self._summary_db(conversation.id).table("summary").get(doc_id=1)
+        summary = SummaryState.from_doc(found) if isinstance(found, Mapping) else SummaryState()
+        return replace(conversation, summary=summary)
+
+    def _migrate(self) -> None:
+        meta = self.meta.table("_migrations")
+        done = {doc["version"] for doc in meta.all()}
+        for version in range(1, SCHEMA_VERSION + 1):
+            if version in done:
+                continue
+            if version == 3:
+                self._split_legacy_index()
+            # 1 and 2 created tables of the old index.json, which migration 3 replaces.
+            meta.insert({"version": version, "applied": time.time()})
+
+    def _split_legacy_index(self) -> None:
+        """Migration 3: move what the single index.json of earlier versions held into the
+        layout above, then keep the old file renamed. Each record is written before the file
+        is renamed, and written again (idempotently) if a crash repeats the migration."""
+        legacy = self.state_dir / "index.json"
+        try:
+            data = read_json(legacy)
+        except CorruptFile as exc:
+            move_aside(legacy, str(exc), "rebuilding the conversation list from disk")
+            data = None
+            self.book._rebuild()
+        if not isinstance(data, dict):
+            return
+        tables = {name: list(rows.values()) for name, rows in data.items()
+                  if isinstance(rows, dict)}
+        self.book.load_legacy(tables.get("conversations", []))
+        for doc in tables.get("dedupe", []):
+            self.dedupe.claim([doc["key"]], doc["seen"])
+        for doc in tables.get("inbox", []):
+            if doc["id"] not in self.inbox.items:
+                self.inbox.add(doc)
+        for doc in tables.get("outbox", []):
+            if doc["id"] not in self.outbox.items:
+                self.outbox.add(doc)
+        self.updates.add([d for d in tables.get("updates", []) if not self.updates.known(d["key"])])
+        for doc in tables.get("chats", []):
+            for flag, value in doc.items():
+                if flag != "chat_key":
+                    self.flags.set(doc["chat_key"], flag, value)
+        os.replace(legacy, legacy.with_name("index.json.v2"))
+        log.info("moved the state in index.json to the per-record layout (kept as index.json.v2)")
+
+    def _drop_finished(self) -> None:
+        """Inbox items answered just before a crash (their id remembered, the file not yet
+        removed) are done."""
+        for item_id in [i for i in self.inbox.items if f"inbox:{i}" in self.dedupe]:
+            self.inbox.remove(item_id)
+
+    def _check_active_conversations(self) -> None:
+        """Open the files of active conversations now, so corruption shows at startup."""
+        for conversation in self.list_conversations(status="active"):
+            self._with_summary(conversation.to_doc())
+            self.log.messages(conversation.id)
+

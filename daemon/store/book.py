@@ -1,0 +1,129 @@
+"""The list of conversations: active ones in one small file, archived ones by month.
+
+`conversations/active.json` holds only the conversations that are active now (at most one per
+chat), so starting a turn rewrites a file the size of the active set. When a conversation is
+archived its record moves to `conversations/archive-YYYY-MM.json` (the month it was created),
+with its message count fixed, so the memory map never needs to open an archived conversation.
+Every record is also in the conversation's own `record.json`, written at creation: a lost
+`active.json` is rebuilt from those (the conversations it held come back as archived).
+
+All records are read once at open and then served from memory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tinydb import Query, TinyDB
+
+from daemon.conversations import Conversation
+from daemon.logs import store_log as log
+from daemon.store.files import AtomicJSONStorage, CorruptFile, atomic_write, dumps, move_aside
+
+ACTIVE = "active.json"
+
+
+def index_doc(conversation: Conversation) -> dict[str, Any]:
+    """The record as listed: everything but the summary (that has its own file)."""
+    return {k: v for k, v in conversation.to_doc().items() if k != "summary"}
+
+
+def _month(created: float) -> str:
+    return time.strftime("%Y-%m", time.gmtime(created))
+
+
+class ConversationBook:
+    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+        self.folder = folder
+        self.read_only = read_only
+        self.docs: dict[str, dict[str, Any]] = {}
+        self._archives: dict[str, TinyDB] = {}
+        for path in sorted(folder.glob("archive-*.json")):
+            db = self._open(path, "its conversations are rebuilt from their records")
+            self._archives[path.stem.removeprefix("archive-")] = db
+            for doc in db.all():
+                self.docs[doc["id"]] = dict(doc)
+        active = folder / ACTIVE
+        self.active = self._open(active, "rebuilding the conversation list from disk",
+                                 on_corrupt=self._rebuild)
+        for doc in self.active.all():
+            self.docs[doc["id"]] = dict(doc)
+
+    def _open(self, path: Path, consequence: str, on_corrupt: Any = None) -> TinyDB:
+        db = TinyDB(path, storage=AtomicJSONStorage)
+        try:
+            db.all()
+        except CorruptFile as exc:
+            if self.read_only:
+                raise
+            move_aside(path, str(exc), consequence)
+            db = TinyDB(path, storage=AtomicJSONStorage)
+            if on_corrupt is not None:
+                on_corrupt()
+        return db
+
+    def _rebuild(self) -> None:
+        """Records not listed in any archive come back, as archived, from their record.json."""
+        count = 0
+        for record_path in sorted(self.folder.glob("*/record.json")):
+            try:
+                record = json.loads(record_path.read_text("utf-8"))
+            except (OSError, ValueError):
+                log.error("cannot read %s while rebuilding the index; skipped", record_path)
+                continue
+            if record.get("id") in self.docs:
+                continue
+            record["status"] = "archived"
+            self._archive_db(record["created"]).insert(record)
+            self.docs[record["id"]] = record
+            count += 1
+        log.warning("rebuilt the conversation list with %d conversations", count)
+
+    def _archive_db(self, created: float) -> TinyDB:
+        month = _month(created)
+        db = self._archives.get(month)
+        if db is None:
+            db = TinyDB(self.folder / f"archive-{month}.json", storage=AtomicJSONStorage)
+            self._archives[month] = db
+        return db
+
+    def create(self, conversation: Conversation, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = index_doc(conversation)
+        atomic_write(folder / "record.json", dumps(doc))
+        self.save(doc)
+
+    def save(self, doc: Mapping[str, Any], **extra: Any) -> None:
+        """Write a record where its status says it belongs (moving it when that changed)."""
+        doc = {**doc, **extra}
+        was = self.docs.get(doc["id"])
+        q = Query().id == doc["id"]
+        if doc["status"] == "active":
+            self.active.upsert(doc, q)
+        else:
+            # Archive first: a crash between the two leaves it listed in both files; active.json
+            # is read last and wins, so it is merely still active, and archived again later.
+            self._archive_db(doc["created"]).upsert(doc, q)
+            if was is not None and was.get("status") == "active":
+                self.active.remove(q)
+        self.docs[doc["id"]] = doc
+
+    def get(self, conversation_id: str) -> dict[str, Any] | None:
+        return self.docs.get(conversation_id)
+
+    def active_of(self, chat_key: str) -> dict[str, Any] | None:
+        found = [d for d in self.active.all() if d["chat_key"] == chat_key]
+        return max(found, key=lambda d: d["created"]) if found else None
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self.docs.values())
+
+    def load_legacy(self, docs: list[dict[str, Any]]) -> None:
+        """Take over the records of a pre-split index.json (migration 3)."""
+        for doc in docs:
+            if doc["id"] not in self.docs:
+                self.save(doc)

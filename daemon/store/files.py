@@ -1,0 +1,130 @@
+"""Files under the state directory: atomic replacement, TinyDB storage served from memory,
+corrupt files moved aside, and names for items that become files.
+
+Every write goes through `atomic_write`: temp file in the same folder, flush, fsync,
+`os.replace`, fsync of the folder. A crash leaves the old file or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from tinydb.storages import Storage
+
+from daemon.errors import StoreError
+from daemon.logs import store_log as log
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+
+
+class CorruptFile(StoreError):
+    """A state file exists but does not hold valid JSON."""
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Replace `path` with `payload` so that a crash leaves either the old or the new bytes."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        # The rename is durable only once the folder entry is on disk.
+        sync_folder(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def dumps(data: object) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file, None when it does not exist; `CorruptFile` when it does not parse
+    (also when it is nested too deeply for Python's parser: no file can stop a start)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not raw.strip():
+        raise CorruptFile(f"{path} is empty")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise CorruptFile(f"{path}: {exc}") from exc
+
+
+class AtomicJSONStorage(Storage):
+    """TinyDB storage: UTF-8 JSON replaced atomically on every write, and read from disk once.
+
+    roost is the only writer of its state directory (it holds the lock), so after the first
+    read the parsed data is kept and served from memory; TinyDB would otherwise parse the whole
+    file again for every query. A failed write drops the copy, since TinyDB may have changed
+    it in place before writing: the next read goes back to what is on disk.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._data: dict[str, dict[str, Any]] | None = None
+
+    def read(self) -> dict[str, dict[str, Any]] | None:
+        if self._data is None:
+            data = read_json(self.path)
+            if data is not None and not isinstance(data, dict):
+                raise CorruptFile(f"{self.path}: top level is not an object")
+            self._data = data
+        return self._data
+
+    def write(self, data: dict[str, dict[str, Any]]) -> None:
+        try:
+            atomic_write(self.path, dumps(data))
+        except StoreError:
+            self._data = None
+            raise
+        self._data = data
+
+    def close(self) -> None:
+        self._data = None
+
+
+def file_name(item_id: str) -> str:
+    """A file name for an item id: the id itself when it is tame, else a digest of it."""
+    if _SAFE_NAME.fullmatch(item_id) and not item_id.startswith("."):
+        return item_id.replace(":", "_")
+    return "h-" + hashlib.sha256(item_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def move_aside(path: Path, reason: str, consequence: str) -> Path:
+    """Keep a corrupt file under a new name (never deleted), logging where it went."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    counter = 1
+    while target.exists():  # never overwrite an earlier corrupt copy
+        counter += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{counter}")
+    os.replace(path, target)
+    log.error("corrupt state file %s moved aside to %s (%s); %s",
+              path, target.name, reason, consequence)
+    return target
+
+
+def remove_stale_temp_files(state_dir: Path) -> None:
+    """Temp files of writes a crash interrupted; the real files are intact without them."""
+    for stale in state_dir.glob("**/.*.tmp"):
+        stale.unlink(missing_ok=True)

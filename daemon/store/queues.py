@@ -1,0 +1,258 @@
+"""Pending work and what roost remembers about it: each kind of record in its own small files.
+
+* `ItemFolder`: one file per item (inbox, outbox, quarantine), removed when the item is done.
+  Adding or finishing an item costs one small file, however many items came before.
+* `UpdateBatches`: raw platform payloads awaiting translation. Payloads acknowledged together
+  share one file and one fsync (the intake's group commit); the file is removed once every
+  payload in it is done.
+* `Dedupe`: keys seen (platform update ids, answered inbox items, sent replies), in one file per
+  hour, dropped whole when its hour is older than the keep period. Queries are answered from
+  an in-memory map rebuilt from the files at open.
+* `ChatFlags`: a few flags per chat (e.g. `undeliverable`), one small file.
+
+All are synchronous and unlocked: the `Store` facade holds the lock around them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tinydb import Query, TinyDB
+
+from daemon.errors import StoreError
+from daemon.logs import store_log as log
+from daemon.store.files import (
+    AtomicJSONStorage,
+    CorruptFile,
+    atomic_write,
+    dumps,
+    file_name,
+    move_aside,
+    read_json,
+)
+
+DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
+DEDUPE_BUCKET_SECONDS = 3600
+_TABLE = "_default"  # TinyDB's default table: every file here is a valid TinyDB database
+
+
+def _wrap(doc: Mapping[str, Any]) -> bytes:
+    return dumps({_TABLE: {"1": dict(doc)}})
+
+
+def _unwrap(path: Path, data: Any) -> dict[str, Any]:
+    try:
+        doc = data[_TABLE]["1"]
+    except (KeyError, TypeError) as exc:
+        raise CorruptFile(f"{path}: not a one-item file") from exc
+    if not isinstance(doc, dict):
+        raise CorruptFile(f"{path}: the item is not an object")
+    return doc
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot remove {path}: {exc.strerror or exc}") from exc
+
+
+class ItemFolder:
+    """Items with an `id`, one file each, all held in memory (the folder is the active set)."""
+
+    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+        self.folder = folder
+        self.items: dict[str, dict[str, Any]] = {}
+        if not read_only:
+            folder.mkdir(parents=True, exist_ok=True)
+        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            try:
+                doc = _unwrap(path, read_json(path))
+                self.items[str(doc["id"])] = doc
+            except (CorruptFile, KeyError) as exc:
+                if read_only:
+                    raise CorruptFile(str(exc)) from exc
+                move_aside(path, str(exc), "that item is skipped")
+
+    def add(self, item: Mapping[str, Any]) -> None:
+        doc = dict(item)
+        atomic_write(self._path(str(doc["id"])), _wrap(doc))
+        self.items[str(doc["id"])] = doc
+
+    def update(self, item_id: str, fields: Mapping[str, Any]) -> None:
+        if item_id in self.items:
+            self.add({**self.items[item_id], **fields})
+
+    def remove(self, item_id: str) -> None:
+        # No folder fsync: an unlink a crash undoes brings back an item that its dedupe key
+        # (written before) marks as done, and the owner drops it again.
+        if self.items.pop(item_id, None) is not None:
+            _unlink(self._path(item_id))
+
+    def pending(self, time_field: str, chat_key: str | None = None) -> list[dict[str, Any]]:
+        found = (d for d in self.items.values() if chat_key is None or d["chat_key"] == chat_key)
+        return sorted((dict(d) for d in found), key=lambda d: (d[time_field], d["id"]))
+
+    def _path(self, item_id: str) -> Path:
+        return self.folder / f"{file_name(item_id)}.json"
+
+
+class Dedupe:
+    """Keys seen, kept at least `DEDUPE_KEEP_SECONDS`, in hourly files."""
+
+    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+        self.folder = folder
+        self.seen: dict[str, float] = {}
+        self._buckets: dict[int, TinyDB] = {}
+        if not read_only:
+            folder.mkdir(parents=True, exist_ok=True)
+        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            try:
+                bucket = int(path.stem)
+                db = TinyDB(path, storage=AtomicJSONStorage)
+                for doc in db.all():
+                    self.seen[doc["key"]] = doc["seen"]
+            except (ValueError, CorruptFile, KeyError, TypeError) as exc:
+                if read_only:
+                    continue
+                move_aside(path, str(exc), "its keys are forgotten")
+                continue
+            self._buckets[bucket] = db
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.seen
+
+    def claim(self, keys: Iterable[str], now: float) -> list[str]:
+        """Record the keys not seen before (one write for all); returns those."""
+        new = [k for k in dict.fromkeys(keys) if k not in self.seen]
+        if not new:
+            return []
+        self._prune(now)
+        bucket = int(now // DEDUPE_BUCKET_SECONDS)
+        db = self._buckets.get(bucket)
+        if db is None:
+            db = TinyDB(self.folder / f"{bucket}.json", storage=AtomicJSONStorage)
+            self._buckets[bucket] = db
+        db.insert_multiple({"key": k, "seen": now} for k in new)
+        for key in new:
+            self.seen[key] = now
+        return new
+
+    def _prune(self, now: float) -> None:
+        """Whole hourly files whose every key is older than the keep period go at once."""
+        last_expired = int((now - DEDUPE_KEEP_SECONDS) // DEDUPE_BUCKET_SECONDS) - 1
+        for bucket in [b for b in self._buckets if b <= last_expired]:
+            db = self._buckets.pop(bucket)
+            for doc in db.all():
+                self.seen.pop(doc["key"], None)
+            db.close()
+            _unlink(self.folder / f"{bucket}.json")
+
+
+@dataclass
+class _Batch:
+    path: Path
+    pending: set[str]
+
+
+class UpdateBatches:
+    """Raw payloads in batch files; `pending` maps each key to its stored doc."""
+
+    def __init__(self, folder: Path, dedupe: Dedupe, *, read_only: bool = False) -> None:
+        self.folder = folder
+        self.dedupe = dedupe
+        self.pending: dict[str, dict[str, Any]] = {}
+        self._batch_of: dict[str, _Batch] = {}
+        self._counter = 0
+        if not read_only:
+            folder.mkdir(parents=True, exist_ok=True)
+        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            try:
+                data = read_json(path)
+                docs = list(data[_TABLE].values())
+                keys = {str(d["key"]) for d in docs}
+            except (CorruptFile, KeyError, TypeError, AttributeError) as exc:
+                if read_only:
+                    continue
+                move_aside(path, str(exc), "its updates are not resumed")
+                continue
+            batch = _Batch(path, {k for k in keys if k not in dedupe})
+            if not batch.pending and not read_only:
+                _unlink(path)  # everything in it was done before the crash
+                continue
+            for doc in docs:
+                if doc["key"] in batch.pending:
+                    self.pending[doc["key"]] = doc
+                    self._batch_of[doc["key"]] = batch
+
+    def known(self, key: str) -> bool:
+        return key in self.pending or key in self.dedupe
+
+    def add(self, docs: list[dict[str, Any]]) -> None:
+        """One file and one fsync for all of `docs` (keys the caller checked as new)."""
+        if not docs:
+            return
+        self._counter += 1
+        name = f"{time.time_ns():020d}-{os.getpid()}-{self._counter}.json"
+        path = self.folder / name
+        atomic_write(path, dumps({_TABLE: {str(i): d for i, d in enumerate(docs, 1)}}))
+        batch = _Batch(path, {d["key"] for d in docs})
+        for doc in docs:
+            self.pending[doc["key"]] = doc
+            self._batch_of[doc["key"]] = batch
+
+    def done(self, key: str, now: float, *, remember: bool) -> None:
+        """Finish one payload: its key is remembered (so a redelivery is dropped) unless the
+        caller says the payload left nothing behind; its file goes with its last payload."""
+        if remember:
+            self.dedupe.claim([key], now)
+        self.pending.pop(key, None)
+        batch = self._batch_of.pop(key, None)
+        if batch is None:
+            return
+        batch.pending.discard(key)
+        if not batch.pending:
+            _unlink(batch.path)
+
+    def of_channel(self, channel: str) -> list[dict[str, Any]]:
+        docs = (dict(d) for d in self.pending.values() if d["channel"] == channel)
+        return sorted(docs, key=lambda d: (d["received"], d["key"]))
+
+
+class ChatFlags:
+    """Flags per chat, in one small TinyDB file (only chats that have a flag are in it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.db = TinyDB(path, storage=AtomicJSONStorage)
+            self.db.all()
+        except CorruptFile as exc:
+            move_aside(path, str(exc), "chat flags are forgotten")
+            self.db = TinyDB(path, storage=AtomicJSONStorage)
+
+    def get(self, chat_key: str) -> dict[str, Any]:
+        doc = self.db.get(Query().chat_key == chat_key)
+        return {k: v for k, v in dict(doc or {}).items() if k != "chat_key"}  # type: ignore[arg-type]
+
+    def set(self, chat_key: str, flag: str, value: Any) -> None:
+        flags = self.get(chat_key)
+        if value is None and flag not in flags:
+            return
+        flags.pop(flag, None)
+        if value is not None:
+            flags[flag] = value
+        # Replace the document: TinyDB's update merges and could not remove a flag.
+        self.db.remove(Query().chat_key == chat_key)
+        if flags:
+            self.db.insert({"chat_key": chat_key, **flags})
+
+
+def log_dropped(kind: str, count: int) -> None:
+    if count:
+        log.info("dropped %d %s items finished before the last stop", count, kind)
