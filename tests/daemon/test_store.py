@@ -541,7 +541,7 @@ def test_two_corruptions_in_one_second_keep_both_copies(state_dir: Path) -> None
         store.create_conversation(CHAT, T0)
     while time.time() % 1 > 0.5:  # start early in a second so both opens fall into it
         time.sleep(0.05)
-    index = state_dir / "index.json"
+    index = state_dir / "conversations" / "active.json"
     index.write_bytes(b'{"first corruption')
     Store.open(state_dir).close()
     index.write_bytes(b'{"second corruption')
