@@ -49,18 +49,13 @@ from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import Outbound
 from channels.formatting import split_telegram
-from channels.telegram_intake import Intake, Submitter
+from channels.telegram_intake import TelegramIntake
 from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
-from channels.telegram_updates import (
-    UPDATE_KINDS,
-    BotIdentity,
-    NotAnUpdate,
-    chat_id_of,
-    parse_update,
-)
+from channels.telegram_updates import UPDATE_KINDS, BotIdentity, chat_id_of
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, TelegramSettings
 from daemon.errors import ChannelError, ConfigError, DeliveryError
+from daemon.intake import Submitter
 from daemon.logs import telegram_log as log
 from daemon.store import Store
 
@@ -232,7 +227,7 @@ class Telegram:
         self.channel = TelegramChannel(self.bot, store,
                                        typing_interval=self.tuning.typing_interval)
         self.identity: BotIdentity | None = None
-        self.intake: Intake | None = None
+        self.intake: TelegramIntake | None = None
         self._polling = False
         self._poller: asyncio.Task[None] | None = None
 
@@ -262,9 +257,9 @@ class Telegram:
         media = MediaFetcher(self.bot, self.store.state_dir / "attachments", limits=self.limits,
                              download_limit=self.tuning.download_limit,
                              backoff=self.tuning.download_backoff)
-        self.intake = Intake(store=self.store, engine=engine, media=media,
-                             identity=self.identity, allow=self.settings.allow,
-                             album_window=self.tuning.album_window)
+        self.intake = TelegramIntake(store=self.store, engine=engine, media=media,
+                                     identity=self.identity, allow=self.settings.allow,
+                                     album_window=self.tuning.album_window)
         await self.intake.resume()
         try:
             await self.bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
@@ -327,7 +322,7 @@ class Telegram:
             failures = 0
             for update in updates:
                 try:
-                    await self.intake.accept(update.to_dict(), update)
+                    await self.intake.accept(update.to_dict())
                 except Exception:  # the boundary of one update: keep it unconfirmed, retry
                     log.exception("storing polled update %d failed; fetching it again",
                                   update.update_id)
@@ -365,19 +360,25 @@ class Telegram:
             return web.Response(status=413, text="too large\n")
         try:
             payload = json.loads(body)
-            update = parse_update(payload)
-        except (ValueError, UnicodeDecodeError) as exc:  # NotAnUpdate is a ValueError too
-            reason = str(exc) if isinstance(exc, NotAnUpdate) else "malformed JSON"
-            log.warning("webhook body refused: %s", reason)
-            return web.Response(status=400, text=f"{reason}\n")
+        except (ValueError, UnicodeDecodeError):
+            log.warning("webhook body refused: malformed JSON")
+            return web.Response(status=400, text="malformed JSON\n")
+        except RecursionError:  # valid JSON nested too deep to read: no update roost handles
+            log.warning("webhook body nested too deeply to read; dropped")
+            return web.Response(status=200)
+        if not isinstance(payload, dict) or type(payload.get("update_id")) is not int:
+            log.warning("webhook body refused: not a Telegram update")
+            return web.Response(status=400, text="not a Telegram update\n")
         if self.intake is None:  # between open() and start(): the site is not up yet anyway
             return web.Response(status=503, text="starting\n")
         try:
-            await self.intake.accept(payload, update)
+            # An update roost cannot read or does not handle is dropped with a 200: answering
+            # otherwise only makes Telegram send it again, for ever.
+            await self.intake.accept(payload)
         except Exception:
-            # The boundary of the route: without a 2xx Telegram delivers the update again.
-            log.exception("storing update %d failed", update.update_id)
-            return web.Response(status=500, text="not stored\n")
+            # The boundary of the route: 503 so that Telegram delivers the update again.
+            log.exception("storing update %s failed", payload["update_id"])
+            return web.Response(status=503, text="not stored\n")
         return web.Response(status=200)
 
 

@@ -1,17 +1,18 @@
-"""From a Telegram update to the engine's inbox, losing nothing on the way.
+"""Telegram's side of the shared intake (`daemon.intake`): route, admit, translate.
 
-`accept()` is what the webhook route (and the polling handler) call before Telegram gets its
-answer: it claims the update id (a redelivery is dropped, also after a restart) and writes the
-raw update to the store's update inbox. Processing comes after, in one worker per chat so a
-chat's messages keep their order: the gate (`admit`), then translation (text, media downloads)
-into one `Inbound`, `engine.submit`, and only then is the raw update marked done. Photos sent as
-an album share a `media_group_id` and arrive as separate updates; the worker collects them for
-`album_window` seconds into one Inbound.
+The webhook route and the polling loop call `TelegramIntake.accept(payload)` before Telegram
+gets its answer. It reads the update as far as needed to know its chat, and lets only what roost
+handles into the store: an update PTB cannot read, of a kind roost does not handle, nested
+absurdly deep, or from someone not allowed to talk (`admit`) is logged and dropped, costing no
+state. The rest goes to `daemon.intake.Intake`, which persists it (group commit), dedupes by
+update id, and feeds it back here, in order per chat, to `process`: translation (text, media
+downloads) into one `Inbound` and `engine.submit`. Photos sent as an album share a
+`media_group_id` and arrive as separate updates; the intake groups them for `album_window`
+seconds into one Inbound.
 
-A crash between the 200 and the end of processing leaves the raw update in the store, and
-`resume()` processes it again at the next start. The Inbound's id is derived from the update, so
-when the crash came after `submit` (the message is already in the inbox or the conversation),
-the second pass sees that and does not submit it twice.
+A crash between the 200 and the end of processing leaves the raw update stored, and the intake
+resumes it at the next start. The Inbound's id is derived from the update, so when the crash
+came after `submit`, the second pass sees that and does not submit it twice.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from telegram import Message, Update
+from telegram import Message
 
 from channels.base import Inbound
 from channels.telegram_media import UNSUPPORTED, MediaFetcher
@@ -31,45 +31,27 @@ from channels.telegram_updates import (
     NotAnUpdate,
     admit,
     chat_key,
-    chat_of,
     edit_text,
     inbound_id,
     media_group_of,
     message_of,
     message_text,
     parse_update,
+    routable_message,
 )
-from daemon.errors import StoreError
+from daemon.intake import Intake, Outcome, Pending, Submitter
 from daemon.logs import telegram_log as log
 from daemon.store import Store
 
 CHANNEL = "telegram"
-STORE_RETRIES = 5  # then the update waits, stored, for the next start
-STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
-
-
-class Submitter(Protocol):
-    """What the intake needs of the engine."""
-
-    async def submit(self, inbound: Inbound) -> bool: ...
-
-    async def notify(self, chat_key: str, text: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class _Pending:
-    key: str  # "telegram:update:<update_id>", the dedupe and update-inbox key
-    update: Update
-    received: float
-    resumed: bool  # stored by an earlier run: may already have been submitted
 
 
 def update_key(update_id: int) -> str:
     return f"telegram:update:{update_id}"
 
 
-class Intake:
-    """Accepts updates, persists them, and feeds them to the engine in order per chat."""
+class TelegramIntake:
+    """Telegram updates into the shared intake; see the module docstring."""
 
     def __init__(
         self,
@@ -87,154 +69,73 @@ class Intake:
         self.media = media
         self.identity = identity
         self.allow = frozenset(allow)
-        self.album_window = album_window
-        self.clock = clock
-        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
-        self._workers: dict[int, asyncio.Task[None]] = {}
+        self.intake = Intake(store=store, channel=CHANNEL, handler=self,
+                             group_window=album_window, clock=clock)
 
-    async def accept(self, payload: Mapping[str, Any], update: Update) -> bool:
-        """Claim and persist one update before the platform is answered; False for a
-        redelivery (already claimed) or a kind roost does not handle."""
-        chat = chat_of(update)
-        if chat is None:
+    async def accept(self, payload: Mapping[str, Any]) -> bool:
+        """Persist one update before Telegram is answered, if roost handles it; False for a
+        redelivery or an update that is dropped. Raises when it could not be stored."""
+        try:
+            update = parse_update(payload)
+        except NotAnUpdate as exc:
+            log.warning("update %s cannot be read (%s); dropped", payload.get("update_id"), exc)
+            return False
+        message = routable_message(update)
+        if message is None:
             log.debug("update %d is of a kind roost does not handle", update.update_id)
             return False
-        key = update_key(update.update_id)
-        now = self.clock()
-        if not await asyncio.to_thread(self.store.updates_accept, CHANNEL, key, payload, now):
-            log.info("update %d for %s delivered again; dropped", update.update_id,
-                     chat_key(chat))
-            return False
-        self._enqueue(chat, _Pending(key, update, now, resumed=False))
-        return True
-
-    async def resume(self) -> int:
-        """Queue the updates an earlier run accepted but did not finish; returns how many."""
-        pending = await asyncio.to_thread(self.store.updates_pending, CHANNEL)
-        for doc in pending:
-            try:
-                update = parse_update(doc["payload"])
-            except NotAnUpdate as exc:  # it passed the same check when it was accepted
-                log.error("stored update %s cannot be read (%s); dropped", doc["key"], exc)
-                await asyncio.to_thread(self.store.updates_done, doc["key"])
-                continue
-            chat = chat_of(update)
-            if chat is None:
-                await asyncio.to_thread(self.store.updates_done, doc["key"])
-                continue
-            self._enqueue(chat, _Pending(doc["key"], update, doc["received"], resumed=True))
-        if pending:
-            log.info("resuming %d Telegram updates received before the last stop", len(pending))
-        return len(pending)
-
-    async def stop(self) -> None:
-        """Cancel the workers; what they had not finished stays stored for `resume()`."""
-        for task in self._workers.values():
-            task.cancel()
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
-        self._workers.clear()
-        self._queues.clear()
-
-    async def idle(self) -> None:
-        """Wait until every queued update has been processed (for tests and shutdown)."""
-        await asyncio.gather(*(queue.join() for queue in self._queues.values()))
-
-    # ---- the per-chat worker ---------------------------------------------------------------
-
-    def _enqueue(self, chat: int, item: _Pending) -> None:
-        queue = self._queues.setdefault(chat, asyncio.Queue())
-        queue.put_nowait(item)
-        task = self._workers.get(chat)
-        if task is None or task.done():
-            self._workers[chat] = asyncio.create_task(self._worker(chat, queue),
-                                                      name=f"roost-telegram-{chat}")
-
-    async def _worker(self, chat: int, queue: asyncio.Queue[_Pending]) -> None:
-        carry: _Pending | None = None
-        # A worker lives while its chat has updates queued, so chats that wrote once (a
-        # stranger, say) leave no task behind.
-        while carry is not None or not queue.empty():
-            item = carry or queue.get_nowait()
-            carry = None
-            batch = [item]
-            group = media_group_of(item.update)
-            # An album arrives as one update per photo, close together: wait for the rest.
-            while group is not None:
-                try:
-                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the
-                    # cancellation that stop() sends.
-                    async with asyncio.timeout(self.album_window):
-                        following = await queue.get()
-                except TimeoutError:
-                    break
-                if media_group_of(following.update) != group:
-                    carry = following
-                    break
-                batch.append(following)
-            try:
-                await self._process(batch)
-            finally:
-                # task_done once per item taken from the queue; the carried one is not done yet.
-                for _ in batch:
-                    queue.task_done()
-        # No await between the emptiness check and here: nothing can be queued in between.
-        self._workers.pop(chat, None)
-        self._queues.pop(chat, None)
-
-    async def _process(self, batch: list[_Pending]) -> None:
-        keys = [item.key for item in batch]
-        for attempt in range(STORE_RETRIES):
-            try:
-                handled = await self._handle(batch)
-            except StoreError as exc:
-                # A full or failing disk: the update stays pending (retried here, and at the
-                # next start at the latest) rather than being lost after Telegram's 200.
-                log.error("cannot store Telegram updates %s (%s); retry %d of %d",
-                          ", ".join(keys), exc, attempt + 1, STORE_RETRIES)
-                await asyncio.sleep(STORE_RETRY_DELAY * 2**attempt)
-                continue
-            except Exception:
-                # The boundary of one update's processing: a bug must not kill the chat's
-                # worker, nor make the update fail again at every start.
-                log.exception("processing Telegram updates %s failed", ", ".join(keys))
-                handled = True
-            if handled:
-                for key in keys:
-                    await asyncio.to_thread(self.store.updates_done, key)
-            return
-
-    async def _handle(self, batch: list[_Pending]) -> bool:
-        """Gate, translate, submit; False when the engine is stopping (the updates stay)."""
-        found = message_of(batch[0].update)
-        assert found is not None  # updates without a message are never queued
-        message, edited = found
-        key = chat_key(message.chat.id)
         verdict = admit(message, self.identity, self.allow)
         if not verdict.admitted:
-            user = message.from_user.id if message.from_user else None
-            if verdict.reason == "unknown sender":
-                # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
-                log.warning("ignored a message from unknown Telegram user %s in %s (not in "
-                            "telegram.allow)", user, key)
-            else:
-                log.debug("ignored a message in %s from %s: %s", key, user, verdict.reason)
-            return True
+            self._log_refused(message, verdict.reason)
+            return False
+        return await self.intake.accept(update_key(update.update_id), chat_key(message.chat.id),
+                                        payload)
+
+    async def resume(self) -> int:
+        return await self.intake.resume()
+
+    async def idle(self) -> None:
+        await self.intake.idle()
+
+    async def stop(self) -> None:
+        await self.intake.stop()
+
+    # ---- the intake's Handler --------------------------------------------------------------
+
+    def route(self, payload: Mapping[str, Any]) -> str | None:
+        message = routable_message(parse_update(payload))
+        return chat_key(message.chat.id) if message is not None else None
+
+    def group(self, item: Pending) -> str | None:
+        return media_group_of(parse_update(item.payload))
+
+    async def process(self, batch: list[Pending]) -> Outcome:
+        """Gate, translate, submit; LATER when the engine is stopping (the updates stay)."""
+        updates = [parse_update(item.payload) for item in batch]
+        message = routable_message(updates[0])
+        if message is None:
+            return Outcome.DROPPED
+        edited = message_of(updates[0]) == (message, True)
+        key = chat_key(message.chat.id)
+        verdict = admit(message, self.identity, self.allow)  # again: the allow list may change
+        if not verdict.admitted:
+            self._log_refused(message, verdict.reason)
+            return Outcome.DROPPED
         first = batch[0]
         item_id = inbound_id(first.received, first.key)
         # Checked before any download, so a resumed update does not fetch its media twice.
         if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
             log.info("update %s was submitted before the last stop; not again", first.key)
-            return True
+            return Outcome.DONE
         texts: list[str] = []
         attachments: list[dict[str, Any]] = []
-        for item in batch:
-            part = message_of(item.update)
-            assert part is not None
-            if text := message_text(part[0], self.identity):
+        parts = [m for u in updates if (m := routable_message(u)) is not None]
+        for part in parts:
+            if text := message_text(part, self.identity):
                 texts.append(text)
             if edited:
                 continue  # an edit changes the words; its media was handled the first time
-            fetched = await self.media.fetch(part[0])
+            fetched = await self.media.fetch(part)
             attachments.extend(fetched.attachments)
             for problem in fetched.problems:
                 await self.engine.notify(key, problem)
@@ -242,13 +143,13 @@ class Intake:
                 await self.engine.notify(key, UNSUPPORTED)
         text = "\n".join(texts)
         if not text and not attachments:
-            return True
+            return Outcome.DONE
         meta: dict[str, Any] = {}
         if edited:
             text = edit_text(message.message_id, text)
             meta["edit_of"] = str(message.message_id)
-        if len(batch) > 1:
-            meta["album"] = [str(m.message_id) for i in batch if (m := _message(i))]
+        if len(parts) > 1:
+            meta["album"] = [str(m.message_id) for m in parts]
         assert message.from_user is not None  # admit() checked
         inbound = Inbound(
             chat_key=key, text=text, received=first.received, id=item_id,
@@ -256,7 +157,7 @@ class Intake:
             attachments=tuple(attachments), meta=meta,
         )
         await self._unblock(key)
-        return await self.engine.submit(inbound)
+        return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
     async def _unblock(self, key: str) -> None:
         """A user who blocked the bot and writes again has unblocked it."""
@@ -265,7 +166,14 @@ class Intake:
             await asyncio.to_thread(self.store.set_chat_flag, key, "undeliverable", None)
             log.info("%s writes again: no longer marked as blocked", key)
 
+    @staticmethod
+    def _log_refused(message: Message, reason: str) -> None:
+        user = message.from_user.id if message.from_user else None
+        key = chat_key(message.chat.id)
+        if reason == "unknown sender":
+            # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
+            log.warning("ignored a message from unknown Telegram user %s in %s (not in "
+                        "telegram.allow)", user, key)
+        else:
+            log.debug("ignored a message in %s from %s: %s", key, user, reason)
 
-def _message(item: _Pending) -> Message | None:
-    found = message_of(item.update)
-    return found[0] if found else None

@@ -18,6 +18,7 @@ from typing import Any
 from telegram import Message, Update
 from telegram.constants import ChatType
 
+MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
 # The update kinds roost handles, given to setWebhook / getUpdates as `allowed_updates`.
 UPDATE_KINDS = ("message", "edited_message")
 CHAT_PREFIX = "telegram:"
@@ -51,18 +52,37 @@ class Verdict:
 
 
 def parse_update(payload: object) -> Update:
-    """A raw update (JSON-decoded) as PTB's `Update`; `NotAnUpdate` when it is not one."""
+    """A raw update (JSON-decoded) as PTB's `Update`; `NotAnUpdate` when it is not one, or
+    not one PTB can read (a field missing that it requires, a value of the wrong type)."""
     if not isinstance(payload, dict):
         raise NotAnUpdate("the body is not a JSON object")
     update_id = payload.get("update_id")
     if type(update_id) is not int:  # not isinstance(): True is no update id
         raise NotAnUpdate("update_id is missing or not an integer")
+    if too_deep(payload, MAX_DEPTH):
+        # Real updates nest about ten levels; copying or reading one nested hundreds deep
+        # would exhaust Python's recursion limit (and crash every start, as it once did).
+        raise NotAnUpdate(f"nested more than {MAX_DEPTH} levels deep")
     data = copy.deepcopy(payload)  # de_json and the is_bot default must not touch what we store
     _default_is_bot(data)
     try:
         return Update.de_json(data, None)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise NotAnUpdate(f"not a Telegram Update: {exc}") from exc
+    except (TypeError, KeyError, ValueError, AttributeError, RecursionError) as exc:
+        raise NotAnUpdate(f"not a Telegram Update: {exc!r}") from exc
+
+
+def too_deep(value: object, limit: int) -> bool:
+    """Whether a JSON value nests deeper than `limit` (checked without recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(current, dict):
+            stack.extend((v, depth + 1) for v in current.values())
+        elif isinstance(current, list):
+            stack.extend((v, depth + 1) for v in current)
+    return False
 
 
 def _default_is_bot(value: Any) -> None:
@@ -145,9 +165,16 @@ def media_group_of(update: Update) -> str | None:
     return found[0].media_group_id if found else None
 
 
-def chat_of(update: Update) -> int | None:
+def routable_message(update: Update) -> Message | None:
+    """The message roost would handle: a message or edit with a chat whose id is an integer.
+    None for other kinds, and for a message without a usable chat (nothing to answer to)."""
     found = message_of(update)
-    return found[0].chat.id if found else None
+    if found is None:
+        return None
+    chat = getattr(found[0], "chat", None)
+    if chat is None or type(chat.id) is not int:
+        return None
+    return found[0]
 
 
 def inbound_id(received: float, update_key: str) -> str:

@@ -375,18 +375,19 @@ class Store:
                        received: float) -> bool:
         """Persist a raw platform payload before the platform gets its 200, unless `key` was
         seen before (a redelivery): then False."""
-        return self.updates_accept_many(channel, [(key, payload)], received)[0]
+        return self.updates_accept_many(channel, [(key, payload, received)])[0]
 
     @_locked
-    def updates_accept_many(self, channel: str, items: Iterable[tuple[str, Mapping[str, Any]]],
-                            received: float) -> list[bool]:
+    def updates_accept_many(
+        self, channel: str, items: Iterable[tuple[str, Mapping[str, Any], float]]
+    ) -> list[bool]:
         """The group commit: persist every payload whose key is new in one file, one fsync;
         for each item, whether it was new. A key is new when it is neither pending nor done
         (remembered) nor earlier in the same call."""
         fresh: list[dict[str, Any]] = []
         taken: set[str] = set()
         answers = []
-        for key, payload in items:
+        for key, payload, received in items:
             new = key not in taken and not self.updates.known(key)
             answers.append(new)
             if new:
@@ -486,15 +487,20 @@ class Store:
         tables = {name: list(rows.values()) for name, rows in data.items()
                   if isinstance(rows, dict)}
         self.book.load_legacy(tables.get("conversations", []))
+        # The old index claimed an update's key when it was accepted; now a remembered key
+        # means done, so the keys of updates still pending are not carried over.
+        pending = {d["key"] for d in tables.get("updates", [])}
         for doc in tables.get("dedupe", []):
-            self.dedupe.claim([doc["key"]], doc["seen"])
+            if doc["key"] not in pending:
+                self.dedupe.claim([doc["key"]], doc["seen"])
         for doc in tables.get("inbox", []):
             if doc["id"] not in self.inbox.items:
                 self.inbox.add(doc)
         for doc in tables.get("outbox", []):
             if doc["id"] not in self.outbox.items:
                 self.outbox.add(doc)
-        self.updates.add([d for d in tables.get("updates", []) if not self.updates.known(d["key"])])
+        updates = tables.get("updates", [])
+        self.updates.add([d for d in updates if d["key"] not in self.updates.pending])
         for doc in tables.get("chats", []):
             for flag, value in doc.items():
                 if flag != "chat_key":

@@ -203,7 +203,8 @@ async def test_bad_requests_are_refused_and_never_processed(
     assert await daemon.post(body=b'{"update_id": 6, "message": ') == 400
     assert await daemon.post(body=b"[1, 2]") == 400
     assert await daemon.post({"update_id": "7"}) == 400
-    assert await daemon.post({"update_id": 8, "message": {"text": "no chat"}}) == 400
+    # An update Telegram sent but roost cannot use: 200, or Telegram sends it for ever.
+    assert await daemon.post({"update_id": 8, "message": {"text": "no chat"}}) == 200
     big = message(9, "x" * (FAST.max_body + 10))
     assert await daemon.post(big) == 413
     # Chunked: no Content-Length, the body is counted as it arrives.
@@ -603,7 +604,7 @@ async def test_polling_confirms_an_update_only_once_it_is_stored(
         start: Start, fake_telegram: FakeTelegram, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_telegram.queue_update(message(7, "kept through a full disk"))
     daemon = await start(telegram={"mode": "polling", "webhook_url": None, "secret": None})
-    real = daemon.store.updates_accept
+    real = daemon.store.updates_accept_many
     failures = [StoreError("cannot write index.json: No space left on device")]
 
     def full_disk_once(*args: Any, **kwargs: Any) -> bool:
@@ -611,7 +612,7 @@ async def test_polling_confirms_an_update_only_once_it_is_stored(
             raise failures.pop()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(daemon.store, "updates_accept", full_disk_once)
+    monkeypatch.setattr(daemon.store, "updates_accept_many", full_disk_once)
     await fake_telegram.wait_for("sendMessage", timeout=15)
     await daemon.settle()
     assert texts(fake_telegram) == ["echo: kept through a full disk"]
@@ -624,7 +625,6 @@ async def test_polling_confirms_an_update_only_once_it_is_stored(
 async def test_updates_left_by_a_crash_are_processed_at_the_next_start(
         start: Start, fake_telegram: FakeTelegram, state_dir: Path) -> None:
     with Store.open(state_dir) as store:
-        store.dedupe_claim("telegram:update:9", time.time())
         store.updates_add("telegram", "telegram:update:9", message(9, "left behind"),
                           time.time())
     daemon = await start()
