@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import itertools
 import time
+import traceback
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from channels.base import Channel, Inbound, Outbound
 from daemon.commands import Commands
@@ -22,7 +24,8 @@ from daemon.config import Settings
 from daemon.conversations import kind_of
 from daemon.errors import DeliveryError, StoreError
 from daemon.folding import Folder
-from daemon.llm import ModelClient
+from daemon.intake import ATTEMPTS
+from daemon.llm import ModelClient, holding_model
 from daemon.logs import turn_log as log
 from daemon.memory_index import MemoryIndex
 from daemon.prompting import Prompting
@@ -79,6 +82,8 @@ class Engine:
         self._in_turn: set[str] = set()
         self._parked: set[str] = set()
         self._delivery_failures: dict[str, int] = {}
+        # What each chat's worker is doing, to quarantine it if it fails twice.
+        self._current: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         self._accepting = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -204,12 +209,12 @@ class Engine:
 
     async def _worker(self, chat_key: str) -> None:
         wake, idle = self._wake[chat_key], self._idle[chat_key]
-        failures = 0
+        failures = errors = 0
         while True:
             wake.clear()
             try:
                 await self._work_once(chat_key, wake, idle)
-                failures = 0
+                failures = errors = 0
             except StoreError as exc:
                 # A full or failing disk: nothing is marked done, so everything is retried.
                 failures += 1
@@ -217,6 +222,43 @@ class Engine:
                 log.error("chat %s cannot use the store (%s); retrying in %.0fs",
                           chat_key, exc, delay)
                 await self._sleep_or_wake(wake, delay)
+            except Exception as exc:
+                # The boundary of a chat's work: whatever an item does, the worker lives. The
+                # item is tried once more, then quarantined so that the chat carries on.
+                errors += 1
+                log.exception("chat %s: processing %s failed (attempt %d of %d)", chat_key,
+                              self._current.get(chat_key, ("nothing",))[0], errors, ATTEMPTS)
+                if errors >= ATTEMPTS:
+                    errors = 0
+                    await self._quarantine_current(chat_key, exc)
+            finally:
+                self._current.pop(chat_key, None)
+
+    async def _quarantine_current(self, chat_key: str, exc: Exception) -> None:
+        """Set aside what failed twice (an outbox item, or the inbox items of a turn)."""
+        current = self._current.get(chat_key)
+        if current is None:
+            return
+        kind, docs = current
+        error = "".join(traceback.format_exception_only(exc)).strip()
+        try:
+            for doc in docs:
+                await asyncio.to_thread(self.store.quarantine_add, kind, str(doc["id"]), doc,
+                                        error, self.clock())
+            if kind == "outbox":
+                await asyncio.to_thread(self.store.outbox_done, str(docs[0]["id"]))
+            else:
+                await asyncio.to_thread(self.store.inbox_done, [str(d["id"]) for d in docs])
+        except StoreError as store_exc:
+            log.error("cannot quarantine %s items of %s (%s); retried later", kind, chat_key,
+                      store_exc)
+            return
+        log.error("%d %s items of %s quarantined after failing twice: %s", len(docs), kind,
+                  chat_key, error)
+        if kind == "inbox":
+            with contextlib.suppress(Exception):  # the chat may be what is broken
+                await self.notify(chat_key, (
+                    "Something went wrong inside roost while answering. Please try again."))
 
     async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> None:
         """Send what waits in the outbox, then answer what waits in the inbox."""
@@ -231,10 +273,9 @@ class Engine:
             return
         idle.clear()
         self._in_turn.add(chat_key)
-        channel = self.channels.get(kind_of(chat_key))
+        self._current[chat_key] = ("inbox", docs)
         try:
-            async with channel.working(chat_key) if channel else contextlib.nullcontext():
-                await self._handle([Inbound.from_doc(d) for d in docs])
+            await self._handle([Inbound.from_doc(d) for d in docs])
         finally:
             self._in_turn.discard(chat_key)
         if chat_key in self._parked:
@@ -249,32 +290,29 @@ class Engine:
         else:
             handled = list(itertools.takewhile(
                 lambda i: i.command not in self.commands.names, items))
+        if command in self.commands.names:
+            self._current[chat_key] = ("inbox", [handled[0].to_doc()])
+            reply = await self.commands.run(command, chat_key)
+            await self.notify(chat_key, reply)
+            await asyncio.to_thread(self.store.inbox_done, [handled[0].id])
+            return
+        self._current[chat_key] = ("inbox", [i.to_doc() for i in handled])
+        # The user is told about an outage once (by the turn's first failed try); while the
+        # chat is parked, the retries are silent. An unexpected failure goes to the worker,
+        # which tries the items once more and then quarantines them.
+        announce = chat_key not in self._parked
+        channel = self.channels.get(kind_of(chat_key))
+        token = holding_model.set((lambda: channel.working(chat_key)) if channel else None)
         try:
-            if command in self.commands.names:
-                reply = await self.commands.run(command, chat_key)
-                await self.notify(chat_key, reply)
-                await asyncio.to_thread(self.store.inbox_done, [handled[0].id])
-                return
-            # The user is told about an outage once (by the turn's first failed try); while
-            # the chat is parked, the retries are silent.
-            announce = chat_key not in self._parked
             result = await self.turns.run(chat_key, handled, announce_outage=announce)
-            if result.outcome is Outcome.ANSWERED and result.conversation_id:
-                self.folder.schedule(result.conversation_id, urgent=result.crowded)
-            if result.outcome is Outcome.PARKED:
-                self._parked.add(chat_key)
-            else:
-                self._parked.discard(chat_key)
-        except StoreError:
-            raise  # the worker retries: the items must stay pending
-        except Exception:
-            # The boundary of a turn: log, tell the user, keep the worker alive. The items are
-            # cleared so that a bug cannot make the worker loop on them forever.
-            log.exception("turn for %s failed unexpectedly", chat_key)
-            await asyncio.to_thread(self.store.inbox_done, [i.id for i in handled])
-            with contextlib.suppress(Exception):
-                await self.notify(chat_key, (
-                    "Something went wrong inside roost while answering. Please try again."))
+        finally:
+            holding_model.reset(token)
+        if result.outcome is Outcome.ANSWERED and result.conversation_id:
+            self.folder.schedule(result.conversation_id, urgent=result.crowded)
+        if result.outcome is Outcome.PARKED:
+            self._parked.add(chat_key)
+        else:
+            self._parked.discard(chat_key)
 
     async def _flush_outbox(self, chat_key: str) -> bool:
         """Send the chat's outbox in order; False when a delivery failed and must wait."""
@@ -292,6 +330,7 @@ class Engine:
                 await asyncio.to_thread(self.store.outbox_done, doc["id"])
             return True
         for doc in docs:
+            self._current[chat_key] = ("outbox", [doc])
             outbound = Outbound.from_doc(doc)
             if await asyncio.to_thread(self.store.was_sent, outbound.id):
                 await asyncio.to_thread(self.store.outbox_done, outbound.id)  # crash after send

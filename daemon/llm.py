@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -28,6 +29,12 @@ from daemon.errors import (
     Preempted,
 )
 from daemon.logs import llm_log as log
+
+# Set by the engine around a turn: entered while a call of that turn holds the model, so a
+# channel shows "typing…" for the chat being answered and not for chats waiting their turn.
+holding_model: contextvars.ContextVar[
+    Callable[[], contextlib.AbstractAsyncContextManager[None]] | None
+] = contextvars.ContextVar("roost_holding_model", default=None)
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -144,8 +151,10 @@ class ModelClient:
         finally:
             self.waiting -= 1
         self.in_flight += 1
+        hold = holding_model.get()
         try:
-            return await call
+            async with hold() if hold is not None else contextlib.nullcontext():
+                return await call
         finally:
             self.in_flight -= 1
             self._gate.release()
