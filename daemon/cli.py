@@ -18,7 +18,7 @@ from daemon.config import Settings, load_settings
 from daemon.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.llm import ModelClient
 from daemon.logs import configure as configure_logging
-from daemon.store import Store
+from daemon.store import Store, quarantined_items
 
 EX_USAGE = 64
 
@@ -109,10 +109,28 @@ async def _doctor(settings: Settings) -> int:
         print(f"ollama: {exc}; start it with `ollama serve`, or set [model] host in the config")
     finally:
         await llm.close()
+    _print_quarantine(state_dir)
     channels = [name for name, on in (("telegram", settings.telegram.enabled),
                                       ("whatsapp", settings.whatsapp.enabled)) if on]
     print(f"channels: {', '.join(channels) or 'none (terminal chat only)'}")
     return 1 if problems else 0
+
+
+def _print_quarantine(state_dir: Path) -> None:
+    """Items that failed twice and were set aside so their chat could carry on."""
+    try:
+        items = quarantined_items(state_dir)
+    except StoreError as exc:
+        print(f"quarantine: cannot read it: {exc}")
+        return
+    if not items:
+        print("quarantine: empty")
+    else:
+        print(f"quarantine: {len(items)} items set aside after failing twice:")
+    for item in items:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(item["quarantined"]))
+        print(f"  {when}  {item['kind']} {item['key']} ({item['chat_key'] or 'no chat'}): "
+              f"{item['error']}")
 
 
 def _conversations(args: argparse.Namespace, settings: Settings) -> int:

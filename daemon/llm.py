@@ -156,6 +156,7 @@ class ModelClient:
             async with hold() if hold is not None else contextlib.nullcontext():
                 return await call
         finally:
+            call.close()  # a no-op once awaited; frees it when entering `hold` failed
             self.in_flight -= 1
             self._gate.release()
 

@@ -75,7 +75,7 @@ from daemon.store.segments import SEGMENT_MAX_BYTES, SEGMENT_MAX_MESSAGES, Messa
 
 __all__ = [
     "DEDUPE_KEEP_SECONDS", "SEGMENT_MAX_BYTES", "SEGMENT_MAX_MESSAGES", "AtomicJSONStorage",
-    "CorruptFile", "Store", "StoreStats", "atomic_write",
+    "CorruptFile", "Store", "StoreStats", "atomic_write", "quarantined_items",
 ]
 
 SCHEMA_VERSION = 3
@@ -92,6 +92,12 @@ class StoreStats:
     summaries: int
     first: float | None
     last: float | None
+
+
+def quarantined_items(state_dir: Path) -> list[dict[str, Any]]:
+    """The quarantine of a state directory, read without opening (or locking) the store: for
+    `roost doctor` while the daemon runs."""
+    return ItemFolder(state_dir / "quarantine", read_only=True).pending("quarantined")
 
 
 def _locked(method: Callable[P, R]) -> Callable[P, R]:

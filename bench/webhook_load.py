@@ -1,0 +1,332 @@
+"""How fast roost acknowledges Telegram webhooks, and what it adds to a turn, on an empty store
+and on a store holding a year of use. Every figure comes with its baseline from the same run.
+
+    python bench/webhook_load.py                 # everything, a year at full scale
+    python bench/webhook_load.py --scale 0.1     # a tenth of the year (3,000 -> 300 ...)
+    python bench/webhook_load.py --skip-year --turns 100
+
+* **acks**: 2,000 updates from 50 chats posted at concurrency 64 to a bare aiohttp handler
+  (reads and parses the body, answers 200), then to roost (`POST /webhooks/telegram`, every
+  update fsynced before its 200) on an empty store, then on the year. Acks/s and ack latency
+  p50/p99, with ratios to the bare handler and to the empty store.
+* **year**: 3,000 archived conversations with 100,000 messages and 50,000 dedupe keys of the
+  last 14 days, built through the Store's own methods (with fsync switched off while building,
+  one `sync` at the end); **cold start** is the time from nothing to a running daemon on it.
+* **turn overhead**: one chat, one message at a time, against a fake model that answers at
+  once: webhook in -> request at the fake Ollama, and webhook in -> sendMessage, p50 of turns
+  1-10 against turns N-9..N; then 20 chats writing at once.
+
+The fakes are the test suite's (tests/fakes), speaking the real wire protocols on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning  # noqa: E402
+from daemon.app import build_app  # noqa: E402
+from daemon.config import Settings  # noqa: E402
+from daemon.store import Store  # noqa: E402
+from tests.fakes.ollama import FakeOllama  # noqa: E402
+from tests.fakes.telegram import FakeTelegram  # noqa: E402
+
+SECRET = "bench-secret"
+FIRST_USER = 2_000_000
+TUNING = TelegramTuning(album_window=0.3, typing_interval=4.0)
+DAY = 86400.0
+
+
+# ---- payloads --------------------------------------------------------------------------------
+
+
+def update(update_id: int, user: int, text: str) -> dict[str, Any]:
+    person = {"id": user, "is_bot": False, "first_name": "Bench"}
+    return {"update_id": update_id, "message": {
+        "message_id": update_id, "date": int(time.time()), "text": text,
+        "from": person, "chat": {"id": user, "type": "private", "first_name": "Bench"}}}
+
+
+def burst(count: int, chats: int, first_id: int) -> list[bytes]:
+    return [json.dumps(update(first_id + i, FIRST_USER + i % chats, f"load {i}")).encode()
+            for i in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---- acks ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class AckFigures:
+    rate: float
+    p50: float
+    p99: float
+    statuses: dict[int, int]
+
+    def line(self, name: str, *ratios: tuple[str, float]) -> str:
+        extra = "".join(f"  {self.rate / base:5.2f}x {label}" for label, base in ratios)
+        bad = {s: n for s, n in self.statuses.items() if s != 200}
+        return (f"  {name:<28} {self.rate:8.1f} acks/s  p50 {self.p50 * 1000:8.1f} ms  "
+                f"p99 {self.p99 * 1000:8.1f} ms{extra}{f'  non-200: {bad}' if bad else ''}")
+
+
+async def post_all(url: str, bodies: list[bytes], concurrency: int) -> AckFigures:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    queue = list(reversed(bodies))
+    headers = {"Content-Type": "application/json", SECRET_HEADER: SECRET}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        async def client() -> None:
+            while queue:
+                body = queue.pop()
+                started = time.perf_counter()
+                async with http.post(url, data=body, headers=headers) as reply:
+                    await reply.read()
+                    statuses[reply.status] = statuses.get(reply.status, 0) + 1
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return AckFigures(len(bodies) / elapsed, percentile(latencies, 0.5),
+                      percentile(latencies, 0.99), statuses)
+
+
+async def bare_handler(bodies: list[bytes], concurrency: int) -> AckFigures:
+    async def handle(request: web.Request) -> web.Response:
+        json.loads(await request.read())
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post(WEBHOOK_PATH, handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        return await post_all(f"http://127.0.0.1:{port}{WEBHOOK_PATH}", bodies, concurrency)
+    finally:
+        await runner.cleanup()
+
+
+def settings_for(state_dir: Path, telegram: FakeTelegram, ollama: FakeOllama,
+                 chats: int) -> Settings:
+    base = Settings.defaults(env={"STATE_DIRECTORY": str(state_dir)})
+    return dataclasses.replace(
+        base,
+        daemon=dataclasses.replace(base.daemon, state_dir=state_dir),
+        model=dataclasses.replace(base.model, host=ollama.url, retry_backoff=0.05),
+        telegram=dataclasses.replace(
+            base.telegram, enabled=True, mode="webhook",
+            webhook_url="https://bot.example.org/webhooks/telegram",
+            api_base=telegram.api_base, file_base=telegram.file_base, token=telegram.token,
+            secret=SECRET, allow=tuple(FIRST_USER + i for i in range(chats))))
+
+
+@contextlib.asynccontextmanager
+async def roost(settings: Settings) -> Any:
+    app = build_app(settings, telegram_tuning=TUNING)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    started = time.perf_counter()
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    cold = time.perf_counter() - started
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", cold
+    finally:
+        await runner.cleanup()
+
+
+async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int,
+                     concurrency: int) -> tuple[AckFigures, float]:
+    async with FakeTelegram() as telegram, FakeOllama() as ollama:
+        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, cold):
+            figures = await post_all(url + WEBHOOK_PATH, bodies, concurrency)
+    return figures, cold
+
+
+# ---- a year of data --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def no_fsync() -> Iterator[None]:
+    """Building the year is set-up, not what is measured: no fsync per write, one sync after."""
+    real = os.fsync
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        os.fsync = real
+        os.sync()
+
+
+def build_year(state_dir: Path, scale: float) -> dict[str, int]:
+    rng = random.Random(12)
+    conversations = int(3000 * scale)
+    messages = int(100_000 * scale)
+    keys = int(50_000 * scale)
+    per_conversation = max(messages // max(conversations, 1), 1)
+    now = time.time()
+    start = now - 365 * DAY
+    with no_fsync(), Store.open(state_dir) as store:
+        for c in range(conversations):
+            created = start + c * (365 * DAY - 15 * DAY) / max(conversations, 1)
+            chat = f"telegram:{3_000_000 + c % 300}"
+            conversation = store.create_conversation(chat, created)
+            for m in range(per_conversation):
+                role = "user" if m % 2 == 0 else "assistant"
+                text = f"year message {m} of conversation {c}: " + "lorem ipsum " * rng.randint(
+                    3, 40)
+                store.append_message(conversation.id, role, text, created=created + m * 60)
+            store.save_conversation(conversation.touched(created + per_conversation * 60)
+                                    .archived("idle"))
+        for k in range(keys):
+            store.dedupe_claim(f"telegram:update:{10**9 + k}", now - 14 * DAY * (1 - k / keys))
+    return {"conversations": conversations, "messages": per_conversation * conversations,
+            "keys": keys}
+
+
+# ---- turn overhead ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Turn:
+    to_model: float
+    total: float
+
+
+async def one_chat_turns(state_dir: Path, turns: int) -> list[Turn]:
+    async with FakeTelegram() as telegram, FakeOllama() as ollama:
+        async with roost(settings_for(state_dir, telegram, ollama, 1)) as (url, _):
+            results = []
+            async with aiohttp.ClientSession() as http:
+                for i in range(1, turns + 1):
+                    marker = f"turn {i} marker"
+                    body = json.dumps(update(5_000_000 + i, FIRST_USER, marker)).encode()
+                    posted = time.monotonic()
+                    async with http.post(url + WEBHOOK_PATH, data=body, headers={
+                            "Content-Type": "application/json", SECRET_HEADER: SECRET}) as r:
+                        assert r.status == 200, r.status
+                    sent = await telegram.wait_for("sendMessage", count=i, timeout=60)
+                    results.append(Turn(model_time(ollama, marker) - posted,
+                                        sent[i - 1].time - posted))
+            return results
+
+
+def model_time(ollama: FakeOllama, marker: str) -> float:
+    for request in ollama.requests:
+        if request.path == "/api/chat" and request.body and marker in json.dumps(
+                request.body.get("messages", [])[-1:]):
+            return request.time
+    return float("nan")
+
+
+async def many_chat_turns(state_dir: Path, chats: int, turns: int) -> list[list[float]]:
+    """Per round r: the in->sendMessage times of every chat's r-th message, all sent at once."""
+    async with FakeTelegram() as telegram, FakeOllama() as ollama:
+        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, _):
+            rounds = []
+            async with aiohttp.ClientSession() as http:
+                for r in range(1, turns + 1):
+                    posted = time.monotonic()
+
+                    async def send(c: int, r: int = r) -> None:
+                        body = json.dumps(update(6_000_000 + r * chats + c, FIRST_USER + c,
+                                                 f"round {r} chat {c}")).encode()
+                        async with http.post(url + WEBHOOK_PATH, data=body, headers={
+                                "Content-Type": "application/json", SECRET_HEADER: SECRET}) as x:
+                            assert x.status == 200, x.status
+
+                    await asyncio.gather(*(send(c) for c in range(chats)))
+                    sent = await telegram.wait_for("sendMessage", count=r * chats, timeout=120)
+                    rounds.append([c.time - posted for c in sent[(r - 1) * chats:r * chats]])
+            return rounds
+
+
+def p50_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+
+async def main(args: argparse.Namespace) -> None:
+    bodies = burst(args.updates, args.chats, 1)
+    print(f"acks: {args.updates} updates from {args.chats} chats, concurrency {args.concurrency}")
+    bare = await bare_handler(bodies, args.concurrency)
+    print(bare.line("bare aiohttp handler"))
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        empty, cold_empty = await roost_acks(Path(tmp) / "empty", bodies, args.chats,
+                                             args.concurrency)
+        print(empty.line("roost, empty store", ("bare", bare.rate)))
+        year_state = Path(tmp) / "year"
+        if not args.skip_year:
+            started = time.perf_counter()
+            built = build_year(year_state, args.scale)
+            print(f"year (scale {args.scale}): {built['conversations']} archived conversations, "
+                  f"{built['messages']} messages, {built['keys']} dedupe keys; built in "
+                  f"{time.perf_counter() - started:.0f} s")
+            year, cold_year = await roost_acks(year_state, bodies, args.chats, args.concurrency)
+            print(year.line("roost, a year of data", ("bare", bare.rate),
+                            ("empty", empty.rate)))
+            print(f"  ack p50 year/empty: {year.p50 / empty.p50:.2f}x")
+            print(f"cold start: empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s "
+                  f"(the second includes the {args.updates} updates of the ack run)")
+        print(f"turn overhead, one chat, {args.turns} turns (fake model answers at once):")
+        for name, state in (("empty", Path(tmp) / "turns-empty"),
+                            *((("year", year_state),) if not args.skip_year else ())):
+            turns = await one_chat_turns(state, args.turns)
+            head, tail = turns[:10], turns[-10:]
+            h_model, t_model = p50_ms([t.to_model for t in head]), p50_ms(
+                [t.to_model for t in tail])
+            h_total, t_total = p50_ms([t.total for t in head]), p50_ms([t.total for t in tail])
+            print(f"  {name:<6} in->model p50 turns 1-10 {h_model:7.1f} ms, "
+                  f"turns {args.turns - 9}-{args.turns} {t_model:7.1f} ms ({t_model / h_model:.2f}x)"
+                  f";  in->sendMessage {h_total:7.1f} ms -> {t_total:7.1f} ms "
+                  f"({t_total / h_total:.2f}x)")
+        if args.group_turns:
+            rounds = await many_chat_turns(Path(tmp) / "group", 20, args.group_turns)
+            head = [t for r in rounds[:10] for t in r]
+            tail = [t for r in rounds[-10:] for t in r]
+            print(f"turn overhead, 20 chats at once, {args.group_turns} rounds: in->sendMessage "
+                  f"p50 rounds 1-10 {p50_ms(head):7.1f} ms, last 10 rounds {p50_ms(tail):7.1f} ms "
+                  f"({p50_ms(tail) / p50_ms(head):.2f}x)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=2000)
+    parser.add_argument("--chats", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of a year of data")
+    parser.add_argument("--skip-year", action="store_true")
+    parser.add_argument("--turns", type=int, default=500)
+    parser.add_argument("--group-turns", type=int, default=30,
+                        help="rounds of 20 chats writing at once (0: skip)")
+    parser.add_argument("--tmp", default=None, help="where the state directories go")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,108 @@
+"""A chat's worker survives whatever an item does: what fails twice is quarantined (and listed
+by `roost doctor`), and the chat carries on with its next message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from channels.base import Inbound, Outbound
+from daemon.cli import main as roost
+from daemon.engine import Engine
+from daemon.llm import ModelClient
+from daemon.store import Store
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.fakes.ollama import FakeOllama
+
+CHAT = "console:local"
+
+
+class Flaky(RecordingChannel):
+    """Sending a reply with `poison` in it raises (a bug, not a delivery error); the first
+    `broken_turns` turns fail inside the model call (where "typing…" is entered)."""
+
+    def __init__(self, broken_turns: int = 0) -> None:
+        super().__init__()
+        self.broken_turns = broken_turns
+
+    @contextlib.asynccontextmanager
+    async def _working(self) -> AsyncIterator[None]:
+        if self.broken_turns:
+            self.broken_turns -= 1
+            raise RuntimeError("the channel broke while the model was held")
+        yield
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._working()
+
+    async def send(self, outbound: Outbound) -> None:
+        if "poison" in outbound.text:
+            raise RuntimeError(f"cannot render {outbound.text!r}")
+        await super().send(outbound)
+
+
+async def run_engine(make_settings: SettingsFactory, fake: FakeOllama, channel: Flaky,
+                     *texts: str) -> Store:
+    settings = make_settings(model={"host": fake.url, "retry_backoff": 0.02})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    await engine.start()
+    try:
+        for text in texts:
+            assert await engine.submit(Inbound(chat_key=CHAT, text=text, received=time.time()))
+            await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+    return store
+
+
+async def test_a_reply_that_makes_the_channel_raise_is_quarantined_and_the_chat_goes_on(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama) -> None:
+    channel = Flaky()
+    store = await run_engine(make_settings, fake_ollama, channel, "poison pill", "and then?")
+    try:
+        assert channel.texts("reply") == ["echo: and then?"]
+        (item,) = store.quarantined()
+        assert item["kind"] == "outbox" and item["item"]["text"] == "echo: poison pill"
+        assert "RuntimeError: cannot render" in item["error"]
+        assert store.outbox_pending() == []
+    finally:
+        store.close()
+
+
+async def test_a_turn_that_fails_twice_is_quarantined_the_user_told_and_the_chat_goes_on(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama, state_dir) -> None:
+    channel = Flaky(broken_turns=2)
+    store = await run_engine(make_settings, fake_ollama, channel, "first", "second")
+    try:
+        assert channel.texts("reply") == ["echo: second"]
+        assert any("went wrong" in t for t in channel.texts("notice"))
+        (item,) = store.quarantined()
+        assert item["kind"] == "inbox" and item["item"]["text"] == "first"
+        assert store.inbox_pending() == []
+    finally:
+        store.close()
+    config = state_dir.parent / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state_dir}"\n\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n')
+    lines: list[str] = []
+    with contextlib.redirect_stdout(_Lines(lines)):
+        await asyncio.to_thread(roost, ["doctor", "--config", str(config)])
+    listed = [line for line in lines if "inbox" in line and "the channel broke" in line]
+    assert listed, lines
+
+
+class _Lines:
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+
+    def write(self, text: str) -> int:
+        self.into.extend(text.splitlines())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
