@@ -41,12 +41,12 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning  # noqa: E402
-from daemon.app import build_app  # noqa: E402
-from daemon.config import Settings  # noqa: E402
-from daemon.store import Store  # noqa: E402
-from tests.fakes.ollama import FakeOllama  # noqa: E402
-from tests.fakes.telegram import FakeTelegram  # noqa: E402
+from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
+from daemon.app import build_app
+from daemon.config import Settings
+from daemon.store import Store
+from tests.fakes.ollama import FakeOllama
+from tests.fakes.telegram import FakeTelegram
 
 SECRET = "bench-secret"
 FIRST_USER = 2_000_000
@@ -305,8 +305,9 @@ async def main(args: argparse.Namespace) -> None:
             h_model, t_model = p50_ms([t.to_model for t in head]), p50_ms(
                 [t.to_model for t in tail])
             h_total, t_total = p50_ms([t.total for t in head]), p50_ms([t.total for t in tail])
+            last = f"turns {args.turns - 9}-{args.turns}"
             print(f"  {name:<6} in->model p50 turns 1-10 {h_model:7.1f} ms, "
-                  f"turns {args.turns - 9}-{args.turns} {t_model:7.1f} ms ({t_model / h_model:.2f}x)"
+                  f"{last} {t_model:7.1f} ms ({t_model / h_model:.2f}x)"
                   f";  in->sendMessage {h_total:7.1f} ms -> {t_total:7.1f} ms "
                   f"({t_total / h_total:.2f}x)")
         if args.group_turns:

@@ -20,7 +20,7 @@ from tests.channels.test_telegram import (  # noqa: F401  (start is a fixture)
     start,
     texts,
 )
-from tests.fakes.ollama import FakeOllama, Reply
+from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
 PERSON = {"id": USER, "is_bot": False, "first_name": "Test"}
