@@ -156,3 +156,53 @@ def test_sigkill_never_loses_acknowledged_writes_or_corrupts_files(state_dir: Pa
     # The kills did land among writes, and segments were closed along the way.
     assert len(acked.messages) >= KILLS, f"seed {seed}: too few writes to prove anything"
     assert len(segments) >= 2, f"seed {seed}"
+
+
+INTAKE_CHILD = Path(__file__).with_name("crash_intake_child.py")
+INTAKE_KILLS = 10
+
+
+def test_sigkill_during_group_commits_loses_no_acknowledged_update(state_dir: Path) -> None:
+    seed = int(os.environ.get("ROOST_CRASH_SEED", time.time_ns() % 2**32))
+    print(f"crash test seed: ROOST_CRASH_SEED={seed}")
+    rng = random.Random(seed)
+    Store.open(state_dir).close()
+    acked: list[str] = []
+    for kill in range(1, INTAKE_KILLS + 1):
+        delay = rng.uniform(MIN_DELAY, MAX_DELAY)
+        where = f"seed {seed}, kill {kill} after {delay * 1000:.0f} ms"
+        with subprocess.Popen(
+            [sys.executable, str(INTAKE_CHILD), str(state_dir), str(kill)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+        ) as child:
+            assert child.stdout is not None and child.stderr is not None
+            try:
+                output = read_until_ready(child.stdout.fileno(), time.monotonic() + 20)
+            except AssertionError:
+                child.kill()
+                child.wait()
+                raise AssertionError(f"{where}: {child.stderr.read().decode()}") from None
+            time.sleep(delay)
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            output += read_to_end(child.stdout.fileno())
+            errors = child.stderr.read().decode()
+        assert child.returncode == -signal.SIGKILL, f"{where}: the child died by itself: {errors}"
+        for line in output.decode("utf-8").splitlines(keepends=True):
+            if line.endswith("\n") and line.startswith("ack "):
+                acked.append(line[4:].strip())
+        check_files(state_dir, where)
+        # What a restarted daemon finds: every acknowledged update is pending, or was done
+        # and is remembered; a redelivery of a forgotten one (a stranger's) is simply new.
+        with Store.open(state_dir) as store:
+            pending = {u["key"] for u in store.updates_pending("telegram")}
+            lost = [k for k in acked if k not in pending and not _done(k)
+                    and store.updates_accept("telegram", k, {}, 0.0)]
+            assert not lost, f"{where}: acknowledged updates lost: {lost[:5]}"
+    assert len(acked) >= 32, f"seed {seed}: too few acks to prove anything"
+
+
+def _done(key: str) -> bool:
+    """Whether the child marked `key` done and forgotten (then a redelivery counts as new)."""
+    index = int(key.rsplit("-", 1)[1])
+    return index % 4 == 2  # keys[::2] with i odd: index 2, 6, 10, ...

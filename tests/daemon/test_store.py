@@ -643,3 +643,55 @@ def test_raw_updates_outbox_progress_and_chat_flags_survive_a_reopen(state_dir: 
         store.set_chat_flag("telegram:1", "blocked", None)
         assert store.chat_flags("telegram:1") == {}
         assert store.chat_flags("telegram:2") == {}
+
+
+def test_a_state_directory_of_the_single_index_layout_is_taken_over_whole(
+        state_dir: Path) -> None:
+    """Migration 3: what an earlier roost kept in index.json is found in the new layout."""
+    from daemon.conversations import Conversation
+    from daemon.store.book import index_doc
+
+    active = Conversation.start(CHAT, T0)
+    archived = Conversation.start(OTHER, T0 - 10).archived("idle")
+    with Store.open(state_dir) as store:  # the conversation folders exist in both layouts
+        for conversation in (active, archived):
+            (state_dir / "conversations" / conversation.id).mkdir()
+            store.log.created(conversation.id)
+            store.append_message(conversation.id, "user", "kept", created=T0)
+    for name in ("meta.json", "conversations/active.json"):
+        (state_dir / name).unlink(missing_ok=True)
+    for stale in (state_dir / "conversations").glob("archive-*.json"):
+        stale.unlink()
+
+    def table(*docs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {str(i): doc for i, doc in enumerate(docs, 1)}
+
+    legacy = {
+        "_migrations": table({"version": 1, "applied": T0}, {"version": 2, "applied": T0}),
+        "conversations": table(index_doc(active), index_doc(archived)),
+        "inbox": table({"id": "in-1", "chat_key": CHAT, "received": T0, "text": "waiting"}),
+        "outbox": table({"id": "out-1", "chat_key": CHAT, "created": T0, "text": "unsent",
+                         "parts_sent": 1}),
+        "updates": table({"channel": "telegram", "key": "telegram:update:7",
+                          "payload": {"update_id": 7}, "received": T0}),
+        "dedupe": table({"key": "telegram:update:7", "seen": time.time()},
+                        {"key": "telegram:update:6", "seen": time.time()},
+                        {"key": "sent:out-0", "seen": time.time()}),
+        "chats": table({"chat_key": CHAT, "undeliverable": T0}),
+    }
+    (state_dir / "index.json").write_text(json.dumps(legacy), "utf-8")
+
+    for _ in range(2):  # and once more: the migration ran once and is recorded
+        with Store.open(state_dir) as store:
+            assert [c.id for c in store.list_conversations()] == [archived.id, active.id]
+            now_active = store.active_conversation(CHAT)
+            assert now_active is not None and now_active.id == active.id
+            assert [m.content for m in store.messages(active.id)] == ["kept"]
+            assert [i["id"] for i in store.inbox_pending()] == ["in-1"]
+            assert store.outbox_pending()[0]["parts_sent"] == 1
+            assert [u["key"] for u in store.updates_pending("telegram")] == ["telegram:update:7"]
+            assert store.dedupe_claim("telegram:update:6", time.time()) is False
+            assert store.was_sent("out-0")
+            assert store.chat_flags(CHAT) == {"undeliverable": T0}
+    assert not (state_dir / "index.json").exists()
+    assert json.loads((state_dir / "index.json.v2").read_text("utf-8")) == legacy
