@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
 from daemon.app import build_app
 from daemon.config import Settings
+from daemon.memory_index import MemoryIndex
 from daemon.store import Store
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
@@ -207,6 +208,10 @@ def build_year(state_dir: Path, scale: float) -> dict[str, int]:
                                     .archived("idle"))
         for k in range(keys):
             store.dedupe_claim(f"telegram:update:{10**9 + k}", now - 14 * DAY * (1 - k / keys))
+        # A year-old install has its search index; building it is the first start's work.
+        index = MemoryIndex.open(state_dir / "memory.sqlite3")
+        index.sync(store)
+        index.close()
     return {"conversations": conversations, "messages": per_conversation * conversations,
             "keys": keys}
 

@@ -10,7 +10,7 @@ Layout (the README's "Where roost keeps things" explains it for operators)::
       inbox/<id>.json                one inbound message each, until answered
       outbox/<id>.json               one reply or notice each, until delivered
       quarantine/<time>-<id>.json    items that failed twice, with their error (roost doctor)
-      dedupe/<hour>.json             keys seen in that hour; dropped whole after 14 days
+      dedupe/<n>.json                keys seen in ten minutes n; dropped whole after 14 days
       conversations/
         active.json                  the active conversations (at most one per chat)
         archive-YYYY-MM.json         archived conversations, by month of creation

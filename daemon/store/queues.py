@@ -6,7 +6,7 @@
   share one file and one fsync (the intake's group commit); the file is removed once every
   payload in it is done.
 * `Dedupe`: keys seen (platform update ids, answered inbox items, sent replies), in one file per
-  hour, dropped whole when its hour is older than the keep period. Queries are answered from
+  ten minutes, dropped whole when its span is older than the keep period. Queries are answered from
   an in-memory map rebuilt from the files at open.
 * `ChatFlags`: a few flags per chat (e.g. `undeliverable`), one small file.
 
@@ -37,7 +37,7 @@ from daemon.store.files import (
 )
 
 DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
-DEDUPE_BUCKET_SECONDS = 3600
+DEDUPE_BUCKET_SECONDS = 600  # ten minutes: a busy hour rewrites small files
 _TABLE = "_default"  # TinyDB's default table: every file here is a valid TinyDB database
 
 
@@ -103,7 +103,7 @@ class ItemFolder:
 
 
 class Dedupe:
-    """Keys seen, kept at least `DEDUPE_KEEP_SECONDS`, in hourly files."""
+    """Keys seen, kept at least `DEDUPE_KEEP_SECONDS`, in one file per ten minutes."""
 
     def __init__(self, folder: Path, *, read_only: bool = False) -> None:
         self.folder = folder
@@ -144,7 +144,7 @@ class Dedupe:
         return new
 
     def _prune(self, now: float) -> None:
-        """Whole hourly files whose every key is older than the keep period go at once."""
+        """Whole files whose every key is older than the keep period go at once."""
         last_expired = int((now - DEDUPE_KEEP_SECONDS) // DEDUPE_BUCKET_SECONDS) - 1
         for bucket in [b for b in self._buckets if b <= last_expired]:
             db = self._buckets.pop(bucket)

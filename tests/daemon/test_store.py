@@ -306,7 +306,7 @@ def test_dedupe_claim_is_true_once_then_false_also_after_reopen(state_dir: Path)
 
 
 def test_dedupe_keys_are_forgotten_after_the_keep_period(state_dir: Path) -> None:
-    # Keys are dropped a whole hour at a time: kept at least the period, at most an hour more.
+    # Keys are dropped ten minutes at a time: kept at least the period, not much longer.
     assert store_kept_at_least_the_period(state_dir)
     later = T0 + DEDUPE_KEEP_SECONDS + 2 * 3600
     with Store.open(state_dir) as store:
