@@ -42,8 +42,9 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
-from daemon.app import build_app
+from daemon.app import STORE, build_app
 from daemon.config import Settings
+from daemon.conversations import Role
 from daemon.memory_index import MemoryIndex
 from daemon.store import Store
 from tests.fakes.ollama import FakeOllama
@@ -158,17 +159,27 @@ async def roost(settings: Settings) -> Any:
     cold = time.perf_counter() - started
     port = runner.addresses[0][1]
     try:
-        yield f"http://127.0.0.1:{port}", cold
+        yield f"http://127.0.0.1:{port}", cold, app[STORE]
     finally:
         await runner.cleanup()
 
 
-async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int,
-                     concurrency: int) -> tuple[AckFigures, float]:
+async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurrency: int,
+                     drain_timeout: float) -> tuple[AckFigures, float, float]:
+    """Ack figures, cold start, and how long after the last ack every message was answered
+    (the backlog drained) with a fake model that answers at once; inf if not in time."""
     async with FakeTelegram() as telegram, FakeOllama() as ollama:
-        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, cold):
+        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, cold, store):
             figures = await post_all(url + WEBHOOK_PATH, bodies, concurrency)
-    return figures, cold
+            acked = time.perf_counter()
+            drained = float("inf")
+            while time.perf_counter() - acked < drain_timeout:
+                if not (store.updates_pending("telegram") or store.inbox_pending()
+                        or store.outbox_pending()):
+                    drained = time.perf_counter() - acked
+                    break
+                await asyncio.sleep(0.05)
+    return figures, cold, drained
 
 
 # ---- a year of data --------------------------------------------------------------------------
@@ -200,7 +211,7 @@ def build_year(state_dir: Path, scale: float) -> dict[str, int]:
             chat = f"telegram:{3_000_000 + c % 300}"
             conversation = store.create_conversation(chat, created)
             for m in range(per_conversation):
-                role = "user" if m % 2 == 0 else "assistant"
+                role: Role = "user" if m % 2 == 0 else "assistant"
                 text = f"year message {m} of conversation {c}: " + "lorem ipsum " * rng.randint(
                     3, 40)
                 store.append_message(conversation.id, role, text, created=created + m * 60)
@@ -227,7 +238,7 @@ class Turn:
 
 async def one_chat_turns(state_dir: Path, turns: int) -> list[Turn]:
     async with FakeTelegram() as telegram, FakeOllama() as ollama:
-        async with roost(settings_for(state_dir, telegram, ollama, 1)) as (url, _):
+        async with roost(settings_for(state_dir, telegram, ollama, 1)) as (url, _, _):
             results = []
             async with aiohttp.ClientSession() as http:
                 for i in range(1, turns + 1):
@@ -254,7 +265,7 @@ def model_time(ollama: FakeOllama, marker: str) -> float:
 async def many_chat_turns(state_dir: Path, chats: int, turns: int) -> list[list[float]]:
     """Per round r: the in->sendMessage times of every chat's r-th message, all sent at once."""
     async with FakeTelegram() as telegram, FakeOllama() as ollama:
-        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, _):
+        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, _, _):
             rounds = []
             async with aiohttp.ClientSession() as http:
                 for r in range(1, turns + 1):
@@ -286,9 +297,10 @@ async def main(args: argparse.Namespace) -> None:
     bare = await bare_handler(bodies, args.concurrency)
     print(bare.line("bare aiohttp handler"))
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        empty, cold_empty = await roost_acks(Path(tmp) / "empty", bodies, args.chats,
-                                             args.concurrency)
+        empty, cold_empty, drain = await roost_acks(Path(tmp) / "empty", bodies, args.chats,
+                                                    args.concurrency, args.drain_timeout)
         print(empty.line("roost, empty store", ("bare", bare.rate)))
+        print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
         year_state = Path(tmp) / "year"
         if not args.skip_year:
             started = time.perf_counter()
@@ -296,9 +308,11 @@ async def main(args: argparse.Namespace) -> None:
             print(f"year (scale {args.scale}): {built['conversations']} archived conversations, "
                   f"{built['messages']} messages, {built['keys']} dedupe keys; built in "
                   f"{time.perf_counter() - started:.0f} s")
-            year, cold_year = await roost_acks(year_state, bodies, args.chats, args.concurrency)
+            year, cold_year, drain = await roost_acks(year_state, bodies, args.chats,
+                                                      args.concurrency, args.drain_timeout)
             print(year.line("roost, a year of data", ("bare", bare.rate),
                             ("empty", empty.rate)))
+            print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
             print(f"  ack p50 year/empty: {year.p50 / empty.p50:.2f}x")
             print(f"cold start: empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s "
                   f"(the second includes the {args.updates} updates of the ack run)")
@@ -310,18 +324,18 @@ async def main(args: argparse.Namespace) -> None:
             h_model, t_model = p50_ms([t.to_model for t in head]), p50_ms(
                 [t.to_model for t in tail])
             h_total, t_total = p50_ms([t.total for t in head]), p50_ms([t.total for t in tail])
-            last = f"turns {args.turns - 9}-{args.turns}"
+            tail_label = f"turns {args.turns - 9}-{args.turns}"
             print(f"  {name:<6} in->model p50 turns 1-10 {h_model:7.1f} ms, "
-                  f"{last} {t_model:7.1f} ms ({t_model / h_model:.2f}x)"
+                  f"{tail_label} {t_model:7.1f} ms ({t_model / h_model:.2f}x)"
                   f";  in->sendMessage {h_total:7.1f} ms -> {t_total:7.1f} ms "
                   f"({t_total / h_total:.2f}x)")
         if args.group_turns:
             rounds = await many_chat_turns(Path(tmp) / "group", 20, args.group_turns)
-            head = [t for r in rounds[:10] for t in r]
-            tail = [t for r in rounds[-10:] for t in r]
+            first = p50_ms([t for r in rounds[:10] for t in r])
+            last = p50_ms([t for r in rounds[-10:] for t in r])
             print(f"turn overhead, 20 chats at once, {args.group_turns} rounds: in->sendMessage "
-                  f"p50 rounds 1-10 {p50_ms(head):7.1f} ms, last 10 rounds {p50_ms(tail):7.1f} ms "
-                  f"({p50_ms(tail) / p50_ms(head):.2f}x)")
+                  f"p50 rounds 1-10 {first:7.1f} ms, last 10 rounds {last:7.1f} ms "
+                  f"({last / first:.2f}x)")
 
 
 if __name__ == "__main__":
@@ -334,5 +348,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--group-turns", type=int, default=30,
                         help="rounds of 20 chats writing at once (0: skip)")
+    parser.add_argument("--drain-timeout", type=float, default=300.0,
+                        help="seconds to wait for the backlog after the acks")
     parser.add_argument("--tmp", default=None, help="where the state directories go")
     asyncio.run(main(parser.parse_args()))

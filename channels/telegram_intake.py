@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from telegram import Message
+from telegram import Message, Update
 
 from channels.base import Inbound
 from channels.telegram_media import UNSUPPORTED, MediaFetcher
@@ -71,6 +71,8 @@ class TelegramIntake:
         self.allow = frozenset(allow)
         self.intake = Intake(store=store, channel=CHANNEL, handler=self,
                              group_window=album_window, clock=clock)
+        # Updates read at the door, until their worker is done with them (not read twice).
+        self._parsed: dict[str, Update] = {}
 
     async def accept(self, payload: Mapping[str, Any]) -> bool:
         """Persist one update before Telegram is answered, if roost handles it; False for a
@@ -88,8 +90,16 @@ class TelegramIntake:
         if not verdict.admitted:
             self._log_refused(message, verdict.reason)
             return False
-        return await self.intake.accept(update_key(update.update_id), chat_key(message.chat.id),
-                                        payload)
+        key = update_key(update.update_id)
+        self._parsed[key] = update
+        try:
+            accepted = await self.intake.accept(key, chat_key(message.chat.id), payload)
+        except BaseException:
+            self._parsed.pop(key, None)
+            raise
+        if not accepted:
+            self._parsed.pop(key, None)
+        return accepted
 
     async def resume(self) -> int:
         return await self.intake.resume()
@@ -107,11 +117,21 @@ class TelegramIntake:
         return chat_key(message.chat.id) if message is not None else None
 
     def group(self, item: Pending) -> str | None:
-        return media_group_of(parse_update(item.payload))
+        return media_group_of(self._update(item))
 
     async def process(self, batch: list[Pending]) -> Outcome:
         """Gate, translate, submit; LATER when the engine is stopping (the updates stay)."""
-        updates = [parse_update(item.payload) for item in batch]
+        try:
+            return await self._process([self._update(item) for item in batch], batch)
+        finally:
+            for item in batch:
+                self._parsed.pop(item.key, None)
+
+    def _update(self, item: Pending) -> Update:
+        update = self._parsed.get(item.key)
+        return update if update is not None else parse_update(item.payload)
+
+    async def _process(self, updates: list[Update], batch: list[Pending]) -> Outcome:
         message = routable_message(updates[0])
         if message is None:
             return Outcome.DROPPED

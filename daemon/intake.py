@@ -26,6 +26,7 @@ import enum
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,6 +87,9 @@ class GroupCommit:
     def __init__(self, store: Store, channel: str) -> None:
         self.store = store
         self.channel = channel
+        # A thread of its own: in the default executor the commit would queue behind the
+        # turns' store calls, and every ack would wait for them.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="roost-commit")
         self._waiting: list[tuple[str, Mapping[str, Any], float, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
         self.writes = 0  # for tests and the bench: how many group writes were made
@@ -102,8 +106,8 @@ class GroupCommit:
             group, self._waiting = self._waiting, []
             items = [(key, payload, received) for key, payload, received, _ in group]
             try:
-                answers = await asyncio.to_thread(self.store.updates_accept_many,
-                                                  self.channel, items)
+                answers = await asyncio.get_running_loop().run_in_executor(
+                    self._thread, self.store.updates_accept_many, self.channel, items)
             except Exception as exc:  # every caller in the group answers "not stored"
                 for *_, future in group:
                     if not future.done():
@@ -113,6 +117,12 @@ class GroupCommit:
             for (*_, future), new in zip(group, answers, strict=True):
                 if not future.done():
                     future.set_result(new)
+
+    async def close(self) -> None:
+        """Finish the write in flight, then release the thread."""
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        self._thread.shutdown(wait=False)
 
 
 class Intake:
@@ -165,6 +175,7 @@ class Intake:
         await asyncio.gather(*self._workers.values(), return_exceptions=True)
         self._workers.clear()
         self._queues.clear()
+        await self.commit.close()
 
     async def idle(self) -> None:
         """Wait until every queued payload has been processed (for tests and shutdown)."""

@@ -120,6 +120,7 @@ class Store:
         self.state_dir = state_dir
         self.read_only = read_only
         self._lock = threading.RLock()
+        self._updates_lock = threading.Lock()
         self._lock_file: int | None = None
         self.meta = TinyDB(state_dir / "meta.json", storage=AtomicJSONStorage)
         self.book = ConversationBook(state_dir / "conversations", read_only=read_only)
@@ -376,50 +377,56 @@ class Store:
 
     # ---- raw updates, dedupe, chat flags ----------------------------------------------------
 
-    @_locked
+    # The raw updates have a lock of their own: the intake's group commit must not wait for a
+    # turn's writes. Marking one done takes the main lock for its dedupe key, then this one;
+    # never both at once.
+
     def updates_accept(self, channel: str, key: str, payload: Mapping[str, Any],
                        received: float) -> bool:
         """Persist a raw platform payload before the platform gets its 200, unless `key` was
         seen before (a redelivery): then False."""
         return self.updates_accept_many(channel, [(key, payload, received)])[0]
 
-    @_locked
     def updates_accept_many(
         self, channel: str, items: Iterable[tuple[str, Mapping[str, Any], float]]
     ) -> list[bool]:
         """The group commit: persist every payload whose key is new in one file, one fsync;
         for each item, whether it was new. A key is new when it is neither pending nor done
         (remembered) nor earlier in the same call."""
-        fresh: list[dict[str, Any]] = []
-        taken: set[str] = set()
-        answers = []
-        for key, payload, received in items:
-            new = key not in taken and not self.updates.known(key)
-            answers.append(new)
-            if new:
-                taken.add(key)
-                fresh.append({"channel": channel, "key": key, "payload": dict(payload),
-                              "received": received})
-        self.updates.add(fresh)
-        return answers
+        with self._updates_lock:
+            fresh: list[dict[str, Any]] = []
+            taken: set[str] = set()
+            answers = []
+            for key, payload, received in items:
+                new = key not in taken and not self.updates.known(key)
+                answers.append(new)
+                if new:
+                    taken.add(key)
+                    fresh.append({"channel": channel, "key": key, "payload": dict(payload),
+                                  "received": received})
+            self.updates.add(fresh)
+            return answers
 
-    @_locked
     def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
                     received: float) -> None:
         """Persist a raw payload without the redelivery check (`updates_accept` has it)."""
-        self.updates.add([{"channel": channel, "key": key, "payload": dict(payload),
-                           "received": received}])
+        with self._updates_lock:
+            self.updates.add([{"channel": channel, "key": key, "payload": dict(payload),
+                               "received": received}])
 
-    @_locked
     def updates_pending(self, channel: str) -> list[dict[str, Any]]:
-        return self.updates.of_channel(channel)
+        with self._updates_lock:
+            return self.updates.of_channel(channel)
 
-    @_locked
     def updates_done(self, key: str, *, remember: bool = True) -> None:
         """A payload is handled. Its key is remembered for the keep period so a redelivery is
         dropped; `remember=False` for payloads that left nothing behind (a stranger's message),
         which then cost no lasting state: a redelivery is simply dropped again."""
-        self.updates.done(key, time.time(), remember=remember)
+        if remember:
+            with self._lock:
+                self.dedupe.claim([key], time.time())
+        with self._updates_lock:
+            self.updates.done(key)
 
     @_locked
     def dedupe_claim(self, key: str, now: float) -> bool:

@@ -191,6 +191,8 @@ class UpdateBatches:
                     self._batch_of[doc["key"]] = batch
 
     def known(self, key: str) -> bool:
+        # Read without the main lock: a dict lookup is atomic, and a key being remembered
+        # meanwhile was pending (so known) until then.
         return key in self.pending or key in self.dedupe
 
     def add(self, docs: list[dict[str, Any]]) -> None:
@@ -206,11 +208,9 @@ class UpdateBatches:
             self.pending[doc["key"]] = doc
             self._batch_of[doc["key"]] = batch
 
-    def done(self, key: str, now: float, *, remember: bool) -> None:
-        """Finish one payload: its key is remembered (so a redelivery is dropped) unless the
-        caller says the payload left nothing behind; its file goes with its last payload."""
-        if remember:
-            self.dedupe.claim([key], now)
+    def done(self, key: str) -> None:
+        """Forget one payload (the caller remembered its key first, where it should be); its
+        file goes with its last payload."""
         self.pending.pop(key, None)
         batch = self._batch_of.pop(key, None)
         if batch is None:
