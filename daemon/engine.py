@@ -316,6 +316,17 @@ class Engine:
 
     async def _flush_outbox(self, chat_key: str) -> bool:
         """Send the chat's outbox in order; False when a delivery failed and must wait."""
+        # Called from inside a turn too (a notice): what the worker was doing before is what
+        # it is doing again after, unless a send raises (then that item is the culprit).
+        previous = self._current.get(chat_key)
+        result = await self._send_outbox(chat_key)
+        if previous is None:
+            self._current.pop(chat_key, None)
+        else:
+            self._current[chat_key] = previous
+        return result
+
+    async def _send_outbox(self, chat_key: str) -> bool:
         docs = await asyncio.to_thread(self.store.outbox_pending, chat_key)
         channel = self.channels.get(kind_of(chat_key))
         if docs and channel is None:
