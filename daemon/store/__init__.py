@@ -54,16 +54,15 @@ from tinydb.table import Document
 
 from daemon.conversations import Conversation, Message, Role, SummaryState, new_id
 from daemon.errors import StoreError
-from daemon.logs import store_log as log
 from daemon.store.book import ConversationBook, index_doc
 from daemon.store.files import (
     AtomicJSONStorage,
     CorruptFile,
     atomic_write,
     move_aside,
-    read_json,
     remove_stale_temp_files,
 )
+from daemon.store.migrate import split_legacy_index
 from daemon.store.queues import (
     DEDUPE_KEEP_SECONDS,
     ChatFlags,
@@ -79,6 +78,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
+QUARANTINE_FIELDS = ("kind", "key", "chat_key", "error", "quarantined")
 _CACHED_SUMMARIES = 64
 
 P = ParamSpec("P")
@@ -97,7 +97,8 @@ class StoreStats:
 def quarantined_items(state_dir: Path) -> list[dict[str, Any]]:
     """The quarantine of a state directory, read without opening (or locking) the store: for
     `roost doctor` while the daemon runs."""
-    return ItemFolder(state_dir / "quarantine", read_only=True).pending("quarantined")
+    return ItemFolder(state_dir / "quarantine", QUARANTINE_FIELDS,
+                      read_only=True).pending("quarantined")
 
 
 def _locked(method: Callable[P, R]) -> Callable[P, R]:
@@ -127,9 +128,12 @@ class Store:
         self.log = MessageLog(state_dir / "conversations", read_only=read_only)
         self.dedupe = Dedupe(state_dir / "dedupe", read_only=read_only)
         self.updates = UpdateBatches(state_dir / "intake", self.dedupe, read_only=read_only)
-        self.inbox = ItemFolder(state_dir / "inbox", read_only=read_only)
-        self.outbox = ItemFolder(state_dir / "outbox", read_only=read_only)
-        self.quarantine = ItemFolder(state_dir / "quarantine", read_only=read_only)
+        self.inbox = ItemFolder(state_dir / "inbox", ("chat_key", "received"),
+                                read_only=read_only)
+        self.outbox = ItemFolder(state_dir / "outbox", ("chat_key", "created"),
+                                 read_only=read_only)
+        self.quarantine = ItemFolder(state_dir / "quarantine", QUARANTINE_FIELDS,
+                                     read_only=read_only)
         self.flags = ChatFlags(state_dir / "chats.json")
         self._summaries: OrderedDict[str, TinyDB] = OrderedDict()
 
@@ -480,46 +484,11 @@ class Store:
             if version in done:
                 continue
             if version == 3:
-                self._split_legacy_index()
+                split_legacy_index(self.state_dir, book=self.book, dedupe=self.dedupe,
+                                   updates=self.updates, inbox=self.inbox,
+                                   outbox=self.outbox, flags=self.flags)
             # 1 and 2 created tables of the old index.json, which migration 3 replaces.
             meta.insert({"version": version, "applied": time.time()})
-
-    def _split_legacy_index(self) -> None:
-        """Migration 3: move what the single index.json of earlier versions held into the
-        layout above, then keep the old file renamed. Each record is written before the file
-        is renamed, and written again (idempotently) if a crash repeats the migration."""
-        legacy = self.state_dir / "index.json"
-        try:
-            data = read_json(legacy)
-        except CorruptFile as exc:
-            move_aside(legacy, str(exc), "rebuilding the conversation list from disk")
-            data = None
-            self.book._rebuild()
-        if not isinstance(data, dict):
-            return
-        tables = {name: list(rows.values()) for name, rows in data.items()
-                  if isinstance(rows, dict)}
-        self.book.load_legacy(tables.get("conversations", []))
-        # The old index claimed an update's key when it was accepted; now a remembered key
-        # means done, so the keys of updates still pending are not carried over.
-        pending = {d["key"] for d in tables.get("updates", [])}
-        for doc in tables.get("dedupe", []):
-            if doc["key"] not in pending:
-                self.dedupe.claim([doc["key"]], doc["seen"])
-        for doc in tables.get("inbox", []):
-            if doc["id"] not in self.inbox.items:
-                self.inbox.add(doc)
-        for doc in tables.get("outbox", []):
-            if doc["id"] not in self.outbox.items:
-                self.outbox.add(doc)
-        updates = tables.get("updates", [])
-        self.updates.add([d for d in updates if d["key"] not in self.updates.pending])
-        for doc in tables.get("chats", []):
-            for flag, value in doc.items():
-                if flag != "chat_key":
-                    self.flags.set(doc["chat_key"], flag, value)
-        os.replace(legacy, legacy.with_name("index.json.v2"))
-        log.info("moved the state in index.json to the per-record layout (kept as index.json.v2)")
 
     def _drop_finished(self) -> None:
         """Inbox items answered just before a crash (their id remembered, the file not yet

@@ -49,7 +49,7 @@ class ConversationBook:
                 self.docs[doc["id"]] = dict(doc)
         active = folder / ACTIVE
         self.active = self._open(active, "rebuilding the conversation list from disk",
-                                 on_corrupt=self._rebuild)
+                                 on_corrupt=self.rebuild)
         for doc in self.active.all():
             self.docs[doc["id"]] = dict(doc)
 
@@ -66,7 +66,7 @@ class ConversationBook:
                 on_corrupt()
         return db
 
-    def _rebuild(self) -> None:
+    def rebuild(self) -> None:
         """Records not listed in any archive come back, as archived, from their record.json."""
         count = 0
         for record_path in sorted(self.folder.glob("*/record.json")):

@@ -65,7 +65,8 @@ def _unlink(path: Path) -> None:
 class ItemFolder:
     """Items with an `id`, one file each, all held in memory (the folder is the active set)."""
 
-    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+    def __init__(self, folder: Path, required: tuple[str, ...], *,
+                 read_only: bool = False) -> None:
         self.folder = folder
         self.items: dict[str, dict[str, Any]] = {}
         if not read_only:
@@ -73,8 +74,11 @@ class ItemFolder:
         for path in sorted(folder.glob("*.json")) if folder.exists() else ():
             try:
                 doc = _unwrap(path, read_json(path))
+                missing = [k for k in ("id", *required) if k not in doc]
+                if missing:  # listing or sorting it would fail at every start
+                    raise CorruptFile(f"{path}: the item has no {', '.join(missing)}")
                 self.items[str(doc["id"])] = doc
-            except (CorruptFile, KeyError) as exc:
+            except CorruptFile as exc:
                 if read_only:
                     raise CorruptFile(str(exc)) from exc
                 move_aside(path, str(exc), "that item is skipped")
