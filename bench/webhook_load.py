@@ -314,8 +314,8 @@ async def main(args: argparse.Namespace) -> None:
                             ("empty", empty.rate)))
             print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
             print(f"  ack p50 year/empty: {year.p50 / empty.p50:.2f}x")
-            print(f"cold start: empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s "
-                  f"(the second includes the {args.updates} updates of the ack run)")
+            print(f"cold start (store, Telegram, engine; until the webhook is served): "
+                  f"empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s")
         print(f"turn overhead, one chat, {args.turns} turns (fake model answers at once):")
         for name, state in (("empty", Path(tmp) / "turns-empty"),
                             *((("year", year_state),) if not args.skip_year else ())):
