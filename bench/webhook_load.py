@@ -179,6 +179,10 @@ async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurren
                     drained = time.perf_counter() - acked
                     break
                 await asyncio.sleep(0.05)
+            replies = len(telegram.calls_to("sendMessage"))
+            typing = len(telegram.calls_to("sendChatAction"))
+    print(f"  (the drain sent {replies} replies and {typing} typing actions; Telegram's flood "
+          f"limit, kept by PTB's rate limiter, is 30 calls/s)")
     return figures, cold, drained
 
 
