@@ -10,7 +10,7 @@ Layout (the README's "Where roost keeps things" explains it for operators)::
       inbox/<id>.json                one inbound message each, until answered
       outbox/<id>.json               one reply or notice each, until delivered
       quarantine/<time>-<id>.json    items that failed twice, with their error (roost doctor)
-      dedupe/<n>.json                keys seen in ten minutes n; dropped whole after 14 days
+      dedupe/<n>.json                up to 256 keys seen; dropped whole 14 days after the newest
       conversations/
         active.json                  the active conversations (at most one per chat)
         archive-YYYY-MM.json         archived conversations, by month of creation

@@ -7,6 +7,7 @@ written again, idempotently, if a crash makes the migration run once more.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from daemon.logs import store_log as log
@@ -34,9 +35,8 @@ def split_legacy_index(state_dir: Path, *, book: ConversationBook, dedupe: Dedup
     # The old index claimed an update's key when it was accepted; now a remembered key
     # means done, so the keys of updates still pending are not carried over.
     pending = {d["key"] for d in tables.get("updates", [])}
-    for doc in tables.get("dedupe", []):
-        if doc["key"] not in pending:
-            dedupe.claim([doc["key"]], doc["seen"])
+    dedupe.remember([(d["key"], d["seen"]) for d in tables.get("dedupe", [])
+                     if d["key"] not in pending], time.time())
     for doc in tables.get("inbox", []):
         if doc["id"] not in inbox.items:
             inbox.add(doc)

@@ -5,9 +5,9 @@
 * `UpdateBatches`: raw platform payloads awaiting translation. Payloads acknowledged together
   share one file and one fsync (the intake's group commit); the file is removed once every
   payload in it is done.
-* `Dedupe`: keys seen (platform update ids, answered inbox items, sent replies), in one file per
-  ten minutes, dropped whole when its span is older than the keep period. Queries are answered from
-  an in-memory map rebuilt from the files at open.
+* `Dedupe`: keys seen (platform update ids, answered inbox items, sent replies), in files of
+  at most 256 keys, each dropped whole when its newest key is older than the keep period.
+  Queries are answered from an in-memory map rebuilt from the files at open.
 * `ChatFlags`: a few flags per chat (e.g. `undeliverable`), one small file.
 
 All are synchronous and unlocked: the `Store` facade holds the lock around them.
@@ -37,7 +37,7 @@ from daemon.store.files import (
 )
 
 DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
-DEDUPE_BUCKET_SECONDS = 600  # ten minutes: a busy hour rewrites small files
+DEDUPE_FILE_KEYS = 256  # keys per dedupe file: the most one claim rewrites
 _TABLE = "_default"  # TinyDB's default table: every file here is a valid TinyDB database
 
 
@@ -106,56 +106,83 @@ class ItemFolder:
         return self.folder / f"{file_name(item_id)}.json"
 
 
+@dataclass
+class _KeyFile:
+    db: TinyDB
+    path: Path
+    count: int
+    newest: float
+
+
 class Dedupe:
-    """Keys seen, kept at least `DEDUPE_KEEP_SECONDS`, in one file per ten minutes."""
+    """Keys seen, kept at least `DEDUPE_KEEP_SECONDS`, in files of at most `DEDUPE_FILE_KEYS`
+    keys: a claim rewrites one small file however busy the hour, and a file goes whole once
+    its newest key is older than the keep period."""
 
     def __init__(self, folder: Path, *, read_only: bool = False) -> None:
         self.folder = folder
         self.seen: dict[str, float] = {}
-        self._buckets: dict[int, TinyDB] = {}
+        self._files: list[_KeyFile] = []
+        self._serial = 0
         if not read_only:
             folder.mkdir(parents=True, exist_ok=True)
         for path in sorted(folder.glob("*.json")) if folder.exists() else ():
             try:
-                bucket = int(path.stem)
+                serial = int(path.stem)
                 db = TinyDB(path, storage=AtomicJSONStorage)
-                for doc in db.all():
-                    self.seen[doc["key"]] = doc["seen"]
+                docs = db.all()
+                seen = {str(doc["key"]): float(doc["seen"]) for doc in docs}
             except (ValueError, CorruptFile, KeyError, TypeError) as exc:
-                if read_only:
-                    continue
-                move_aside(path, str(exc), "its keys are forgotten")
+                if not read_only:
+                    move_aside(path, str(exc), "its keys are forgotten")
                 continue
-            self._buckets[bucket] = db
+            self.seen.update(seen)
+            self._serial = max(self._serial, serial)
+            self._files.append(_KeyFile(db, path, len(docs), max(seen.values(), default=0.0)))
 
     def __contains__(self, key: str) -> bool:
         return key in self.seen
 
     def claim(self, keys: Iterable[str], now: float) -> list[str]:
-        """Record the keys not seen before (one write for all); returns those."""
-        new = [k for k in dict.fromkeys(keys) if k not in self.seen]
+        """Record the keys not seen before; returns those."""
+        return self.remember([(k, now) for k in keys], now)
+
+    def remember(self, pairs: Iterable[tuple[str, float]], now: float) -> list[str]:
+        """Record (key, seen) pairs not seen before, filling files up; returns the new keys."""
+        new: dict[str, float] = {}
+        for key, seen in pairs:
+            if key not in self.seen and key not in new:
+                new[key] = seen
         if not new:
             return []
         self._prune(now)
-        bucket = int(now // DEDUPE_BUCKET_SECONDS)
-        db = self._buckets.get(bucket)
-        if db is None:
-            db = TinyDB(self.folder / f"{bucket}.json", storage=AtomicJSONStorage)
-            self._buckets[bucket] = db
-        db.insert_multiple({"key": k, "seen": now} for k in new)
-        for key in new:
-            self.seen[key] = now
-        return new
+        todo = list(new.items())
+        while todo:
+            current = self._files[-1] if self._files else None
+            if current is None or current.count >= DEDUPE_FILE_KEYS:
+                self._serial += 1
+                path = self.folder / f"{self._serial:09d}.json"
+                current = _KeyFile(TinyDB(path, storage=AtomicJSONStorage), path, 0, 0.0)
+                self._files.append(current)
+            chunk, todo = (todo[:DEDUPE_FILE_KEYS - current.count],
+                           todo[DEDUPE_FILE_KEYS - current.count:])
+            current.db.insert_multiple({"key": k, "seen": t} for k, t in chunk)
+            current.count += len(chunk)
+            current.newest = max(current.newest, *(t for _, t in chunk))
+            for key, seen in chunk:
+                self.seen[key] = seen
+        return list(new)
 
     def _prune(self, now: float) -> None:
         """Whole files whose every key is older than the keep period go at once."""
-        last_expired = int((now - DEDUPE_KEEP_SECONDS) // DEDUPE_BUCKET_SECONDS) - 1
-        for bucket in [b for b in self._buckets if b <= last_expired]:
-            db = self._buckets.pop(bucket)
-            for doc in db.all():
-                self.seen.pop(doc["key"], None)
-            db.close()
-            _unlink(self.folder / f"{bucket}.json")
+        cutoff = now - DEDUPE_KEEP_SECONDS
+        for old in [f for f in self._files if f.newest < cutoff]:
+            self._files.remove(old)
+            for doc in old.db.all():
+                if self.seen.get(doc["key"]) == doc["seen"]:
+                    del self.seen[doc["key"]]
+            old.db.close()
+            _unlink(old.path)
 
 
 @dataclass

@@ -20,8 +20,8 @@ from daemon.conversations import Message
 from daemon.errors import StoreError
 from daemon.store.files import AtomicJSONStorage, CorruptFile, move_aside
 
-SEGMENT_MAX_MESSAGES = 200
-SEGMENT_MAX_BYTES = 512 * 1024
+SEGMENT_MAX_MESSAGES = 100
+SEGMENT_MAX_BYTES = 128 * 1024  # an append rewrites at most this much
 _CACHED_CONVERSATIONS = 32
 
 
