@@ -66,6 +66,10 @@ class StoreStats:
     last: float | None
 
 
+class NoState(StoreError):
+    """The state directory holds no roost state yet (a fresh install)."""
+
+
 class CorruptFile(StoreError):
     """A state file exists but does not hold valid JSON."""
 
@@ -182,7 +186,7 @@ class Store:
         """
         if read_only:
             if not (state_dir / "index.json").exists():
-                raise StoreError(f"no roost state in {state_dir}")
+                raise NoState(f"no roost state in {state_dir}")
             return cls(state_dir, read_only=True)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
