@@ -31,13 +31,16 @@ from channels.telegram_updates import (
     NotAnUpdate,
     admit,
     chat_key,
+    chat_key_of,
     chat_of,
+    context_lines,
     edit_text,
     inbound_id,
     media_group_of,
     message_of,
     message_text,
     parse_update,
+    with_context,
 )
 from daemon.errors import StoreError
 from daemon.logs import telegram_log as log
@@ -208,7 +211,7 @@ class Intake:
         found = message_of(batch[0].update)
         assert found is not None  # updates without a message are never queued
         message, edited = found
-        key = chat_key(message.chat.id)
+        key = chat_key_of(message)
         verdict = admit(message, self.identity, self.allow)
         if not verdict.admitted:
             user = message.from_user.id if message.from_user else None
@@ -225,6 +228,10 @@ class Intake:
         if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
             log.info("update %s was submitted before the last stop; not again", first.key)
             return True
+        if edited and not await self._seen(key, message.message_id):
+            # The model never read the original (sent before roost ran, or not meant for the
+            # bot until the edit): to it, this is a new message.
+            edited = False
         texts: list[str] = []
         attachments: list[dict[str, Any]] = []
         for item in batch:
@@ -247,6 +254,8 @@ class Intake:
         if edited:
             text = edit_text(message.message_id, text)
             meta["edit_of"] = str(message.message_id)
+        else:
+            text = with_context(text, context_lines(message, self.identity))
         if len(batch) > 1:
             meta["album"] = [str(m.message_id) for i in batch if (m := _message(i))]
         assert message.from_user is not None  # admit() checked
@@ -257,6 +266,22 @@ class Intake:
         )
         await self._unblock(key)
         return await self.engine.submit(inbound)
+
+    async def _seen(self, key: str, message_id: int) -> bool:
+        """Whether the chat's current conversation (or its inbox) holds that message."""
+        wanted = str(message_id)
+
+        def look() -> bool:
+            if any(doc.get("platform_id") == wanted or wanted in doc.get("meta", {}).get(
+                    "album", ()) for doc in self.store.inbox_pending(key)):
+                return True
+            conversation = self.store.active_conversation(key)
+            if conversation is None:
+                return False
+            return any(wanted in m.channel_message_ids or wanted in m.meta.get("album", ())
+                       for m in self.store.messages(conversation.id) if m.role == "user")
+
+        return await asyncio.to_thread(look)
 
     async def _unblock(self, key: str) -> None:
         """A user who blocked the bot and writes again has unblocked it."""
