@@ -276,6 +276,14 @@ class Telegram:
         except TelegramError as exc:
             # The HTTP clients were opened before getMe failed; nothing else would close them.
             await self.bot.shutdown()
+            answer = exc.__cause__ if isinstance(exc.__cause__, TelegramError) else exc
+            if isinstance(exc, InvalidToken) and "not found" in answer.message.lower():
+                # PTB reports a 404 (its cause) as a bad token too; mostly the URL is wrong.
+                raise ConfigError("telegram.api_base", (
+                    f"the Bot API answered 404 Not Found for getMe at {self.settings.api_base}"
+                    "<token>/getMe: api_base must be the address the token follows, such as "
+                    "https://api.telegram.org/bot (no slash at the end); or the token is "
+                    "malformed")) from None
             if isinstance(exc, InvalidToken):  # its message quotes the token: not passed on
                 raise ConfigError("ROOST_TELEGRAM_TOKEN", "Telegram refused the bot token; "
                                   "check it with @BotFather") from None

@@ -153,6 +153,8 @@ class FakeTelegram:
         app = web.Application(client_max_size=50 * 1024 * 1024)  # Telegram's upload limit
         app.router.add_post("/bot{token}/{method}", self._api)
         app.router.add_get("/file/bot{token}/{path:.+}", self._download)
+        # Any other path (e.g. a base URL with a slash too many) gets Telegram's JSON 404.
+        app.router.add_route("*", "/{path:.*}", self._not_found)
         # handler_cancellation: a client that gives up ends its long poll at once.
         runner = web.AppRunner(
             app, handler_cancellation=True, shutdown_timeout=0.05, access_log=None
@@ -261,6 +263,9 @@ class FakeTelegram:
         except ApiError as exc:
             return _error(exc.status, exc.description)
         return web.json_response({"ok": True, "result": result})
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return _error(404, "Not Found")
 
     async def _download(self, request: web.Request) -> web.Response:
         if request.match_info["token"] != self.token:
