@@ -3,12 +3,19 @@ means for delivery."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from io import BytesIO
+from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from channels.whatsapp_api import Failure, GraphClient, GraphError
+from channels.whatsapp_media import WhatsAppMedia
+from channels.whatsapp_payloads import Described, describe, parse_webhook
 from daemon.config import WhatsAppSettings
+from tests.conftest import FIXTURES
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph
 
 
@@ -85,3 +92,35 @@ async def test_media_is_found_and_downloaded_with_the_token(
     with pytest.raises(GraphError) as caught:
         await client.media_url("404404")
     assert caught.value.kind is Failure.REFUSED
+
+
+async def test_the_image_fixture_goes_through_media_download_into_the_image_pipeline(
+        graph: FakeGraph, client: GraphClient, tmp_path: Path) -> None:
+    (message,) = parse_webhook(json.loads((FIXTURES / "whatsapp" / "image_message.json")
+                                          .read_bytes())).messages
+    out = BytesIO()
+    Image.new("RGB", (3000, 2000), "teal").save(out, "JPEG")
+    graph.add_media("65463453", out.getvalue(), "image/jpeg")
+    fetched = await WhatsAppMedia(client, tmp_path).fetch(describe(message))
+    assert fetched.problems == ()
+    (image,) = fetched.attachments
+    assert image["kind"] == "image" and max(image["width"], image["height"]) < 3000
+    assert [c.kind for c in graph.calls] == ["media", "download"]
+
+
+async def test_a_broken_image_and_a_lost_file_get_a_message_for_the_user(
+        graph: FakeGraph, client: GraphClient, tmp_path: Path) -> None:
+    graph.add_media("m-broken", b"\xff\xd8 not really a jpeg", "image/jpeg")
+    media = WhatsAppMedia(client, tmp_path, backoff=0.01)
+    broken = await media.fetch(Described("", media_id="m-broken", media_kind="image"))
+    assert broken.attachments == () and broken.problems
+    lost = await media.fetch(Described("", media_id="m-gone", media_kind="document",
+                                       filename="plan.pdf"))
+    assert lost.problems == ("I could not download that document from WhatsApp; please send "
+                             "it again.",)
+    graph.add_media("m-voice", b"OggS voice", "audio/ogg")
+    graph.fail_next("download", 131000)  # a 500 from Meta: tried again
+    voice = await media.fetch(Described("", media_id="m-voice", media_kind="audio",
+                                        mime_type="audio/ogg"))
+    (stored,) = voice.attachments
+    assert stored["kind"] == "audio" and voice.problems == ()
