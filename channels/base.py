@@ -72,6 +72,7 @@ class Outbound:
     id: str = ""
     conversation_id: str | None = None
     message_id: str | None = None
+    reply_to: str | None = None  # the platform's id of the message this answers
 
     def __post_init__(self) -> None:
         if not self.id:

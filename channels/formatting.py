@@ -6,7 +6,10 @@ lives in `channels.markdown_render`; this module is the API the channels call, a
 Splitting happens after rendering, because the limits count what the user sees: Telegram's
 4096 is the text after entity parsing (tags gone, entities one character). We count UTF-16 code
 units, the unit of Telegram's entity offsets; it is never less than the count of code points,
-so a part cannot run over whichever of the two the server checks.
+so a part cannot run over whichever of the two the server checks. The Bot API also refuses a
+`text` over 32,768 bytes before it parses anything, which a link-heavy answer reaches long
+before 4096 visible characters (each `<a href="...">` costs its URL): a Telegram part stays
+under both.
 
 A part is cut at the last paragraph break that fits, else a line break, else a space, else
 anywhere; tags open at the cut (a <pre> around a long code block, a <blockquote>) are closed
@@ -26,16 +29,21 @@ from typing import Literal
 from channels.markdown_render import PlainRenderer, TelegramRenderer, WhatsAppRenderer
 
 TELEGRAM_LIMIT = 4096  # characters of a message's text after entity parsing (what the user sees)
+TELEGRAM_RAW_LIMIT = 32768  # bytes of the text as sent, markup included, checked before parsing
 WHATSAPP_LIMIT = 4096
 
 # Below this a part could not hold a reopened ``` fence, a closing one and any text.
 _MIN_LIMIT = 8
+# Bytes kept free under a raw limit for the closing tags of what is open at the cut (tags
+# opened inside the part; those reopened at its start are counted exactly).
+_RAW_RESERVE = 256
 # A paragraph (or line) break is worth a shorter part only while the part stays at least this
 # full; otherwise a later line (or word) break wins and fewer messages are sent.
 _MIN_FILL = 0.5
 
 __all__ = [
     "TELEGRAM_LIMIT",
+    "TELEGRAM_RAW_LIMIT",
     "WHATSAPP_LIMIT",
     "html_visible_length",
     "split_telegram",
@@ -61,14 +69,16 @@ def to_plain(markdown: str) -> str:
     return PlainRenderer().render(markdown)
 
 
-def split_telegram(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[str]:
-    """Render for Telegram and split into parts of at most `limit` visible UTF-16 units.
+def split_telegram(markdown: str, limit: int = TELEGRAM_LIMIT,
+                   raw_limit: int = TELEGRAM_RAW_LIMIT) -> list[str]:
+    """Render for Telegram and split into parts of at most `limit` visible UTF-16 units and
+    `raw_limit` UTF-8 bytes of HTML.
 
     Every part is balanced HTML; their visible texts add up to the whole, less the whitespace
     at the cuts. No parts for a reply that renders to nothing.
     """
     _check_limit(limit)
-    return _split(_html_atoms(to_telegram_html(markdown)), limit, reserve=0)
+    return _split(_html_atoms(to_telegram_html(markdown)), limit, reserve=0, raw_limit=raw_limit)
 
 
 def split_text(text: str, limit: int) -> list[str]:
@@ -162,10 +172,13 @@ def _check_limit(limit: int) -> None:
         raise ValueError(f"limit must be at least {_MIN_LIMIT}, got {limit}")
 
 
-def _split(atoms: Sequence[_Atom], limit: int, reserve: int) -> list[str]:
-    """Cut `atoms` into parts of at most `limit` visible units; `reserve` is kept free for
-    closing what is open at a cut when closing costs visible text (a ``` fence)."""
+def _split(atoms: Sequence[_Atom], limit: int, reserve: int,
+           raw_limit: int | None = None) -> list[str]:
+    """Cut `atoms` into parts of at most `limit` visible units (and `raw_limit` bytes as
+    written, when given); `reserve` is kept free for closing what is open at a cut when
+    closing costs visible text (a ``` fence)."""
     widths = [_units(atom.visible) for atom in atoms]
+    sizes = [len(atom.raw.encode()) for atom in atoms]
     total = len(atoms)
     parts: list[str] = []
     stack: list[_Atom] = []  # tags (or fence) open where the current part starts
@@ -173,9 +186,14 @@ def _split(atoms: Sequence[_Atom], limit: int, reserve: int) -> list[str]:
     while start < total:
         reopened = list(stack)
         budget = limit - sum(_units(atom.visible) for atom in reopened)
-        end, used = start, 0
-        while end < total and used + widths[end] <= budget:
+        # Room for the tags reopened here and for closing, at the cut, whatever is open then.
+        room = (raw_limit - sum(len(a.raw.encode()) * 2 + 3 for a in reopened) - _RAW_RESERVE
+                if raw_limit is not None else None)
+        end, used, size = start, 0, 0
+        while (end < total and used + widths[end] <= budget
+               and (room is None or size + sizes[end] <= room)):
             used += widths[end]
+            size += sizes[end]
             end += 1
         if end < total:  # does not all fit: leave room to close what is open at the cut
             budget -= reserve

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from telegram import Bot, BotCommand
+from telegram import Bot, BotCommand, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
     BadRequest,
@@ -48,10 +48,10 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import Outbound
-from channels.formatting import split_telegram
+from channels.formatting import split_telegram, split_text
 from channels.telegram_intake import TelegramIntake
 from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
-from channels.telegram_updates import UPDATE_KINDS, BotIdentity, chat_id_of
+from channels.telegram_updates import UPDATE_KINDS, BotIdentity, address_of
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, TelegramSettings
 from daemon.errors import ChannelError, ConfigError, DeliveryError
@@ -64,6 +64,7 @@ POLL_BACKOFF_MAX = 60.0  # seconds between polls while the Bot API cannot be rea
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secret_token
 _TAG = re.compile(r"<[^>]*>")
+SMALLER_PIECE = 1024  # characters: the last try for a part Telegram refused whole
 
 # Shown in Telegram's command menu; the engine runs them (daemon/commands.py).
 COMMANDS = (
@@ -149,7 +150,7 @@ class TelegramChannel:
 
     @contextlib.asynccontextmanager
     async def _typing(self, chat_key: str) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep_typing(chat_id_of(chat_key)),
+        task = asyncio.create_task(self._keep_typing(*address_of(chat_key)),
                                    name=f"roost-typing-{chat_key}")
         try:
             yield
@@ -157,21 +158,27 @@ class TelegramChannel:
             task.cancel()
             await asyncio.wait([task])  # gone before the reply is sent: no "typing…" after it
 
-    async def _keep_typing(self, chat_id: int) -> None:
+    async def _keep_typing(self, chat_id: int, topic: int | None) -> None:
         while True:
             try:
-                await self.bot.send_chat_action(chat_id, ChatAction.TYPING)
+                await self.bot.send_chat_action(chat_id, ChatAction.TYPING,
+                                                message_thread_id=topic)
             except TelegramError as exc:  # cosmetic: never worth failing a turn for
                 log.debug("sendChatAction to %d failed: %s", chat_id, exc)
             await asyncio.sleep(self.typing_interval)
 
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress after each one."""
-        chat_id = chat_id_of(outbound.chat_key)
+        chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
         done = await asyncio.to_thread(self._parts_sent, outbound)
         for index in range(done, len(parts)):
-            await self._send_part(chat_id, parts[index], outbound.chat_key)
+            # In a group the answer quotes the message that asked, so everyone sees whom it
+            # answers; sent anyway when that message has been deleted meanwhile.
+            reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
+                     if index == 0 and chat_id < 0 and outbound.reply_to else None)
+            await self._send_part(_Destination(chat_id, topic, reply), parts[index],
+                                  outbound.chat_key)
             await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
 
     def _parts_sent(self, outbound: Outbound) -> int:
@@ -181,29 +188,50 @@ class TelegramChannel:
                 return int(doc.get("parts_sent", 0))
         return 0
 
-    async def _send_part(self, chat_id: int, part: str, chat_key: str) -> None:
+    async def _send_part(self, where: _Destination, part: str, chat_key: str) -> None:
+        """One part, HTML first. A refusal of the content (not of the chat) is tried again as
+        plain text, then in smaller pieces; only then is this reply given up, and the engine
+        tells the user. Only 403 (blocked, removed from the group) gives up on the chat."""
         try:
             try:
-                await self.bot.send_message(chat_id, part, parse_mode=ParseMode.HTML)
+                await self._send(where, part, ParseMode.HTML)
+                return
             except BadRequest as exc:
-                # PTB drops "Bad Request: " and capitalises the rest: compare case-insensitively.
-                if "can't parse entities" not in exc.message.lower():
-                    raise
-                log.warning("Telegram could not parse a part for %s (%s); sent as plain text",
+                # PTB drops "Bad Request: " and capitalises the rest.
+                log.warning("Telegram refused a part for %s (%s); sending it as plain text",
                             chat_key, exc.message)
-                await self.bot.send_message(chat_id, visible_text(part))
+            plain = visible_text(part)
+            try:
+                await self._send(where, plain, None)
+                return
+            except BadRequest as exc:
+                log.warning("Telegram refused the plain text for %s too (%s); sending it in "
+                            "smaller pieces", chat_key, exc.message)
+            for piece in split_text(plain, SMALLER_PIECE):
+                await self._send(where, piece, None)
         except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
             raise DeliveryError(f"Telegram refused delivery: {exc.message}",
-                                permanent=True) from exc
-        except BadRequest as exc:  # chat not found, message too long...: the same again fails too
-            raise DeliveryError(f"Telegram rejected the message: {exc.message}",
-                                permanent=True) from exc
+                                permanent=True, chat_blocked=True) from exc
+        except BadRequest as exc:  # refused whatever its form: this reply cannot go out
+            raise DeliveryError(f"Telegram refused it: {exc.message}", permanent=True) from exc
         except RetryAfter as exc:  # still flooded after the rate limiter's retries
             raise DeliveryError(f"Telegram flood control: {exc}") from exc
         except NetworkError as exc:
             raise DeliveryError(f"cannot reach Telegram: {exc}") from exc
         except TelegramError as exc:
             raise DeliveryError(f"Telegram error: {exc}") from exc
+
+    async def _send(self, where: _Destination, text: str, parse_mode: str | None) -> None:
+        await self.bot.send_message(where.chat_id, text, parse_mode=parse_mode,
+                                    message_thread_id=where.topic,
+                                    reply_parameters=where.reply)
+
+
+@dataclass(frozen=True)
+class _Destination:
+    chat_id: int
+    topic: int | None  # a forum topic's message_thread_id
+    reply: ReplyParameters | None
 
 
 class Telegram:
@@ -243,6 +271,14 @@ class Telegram:
         except TelegramError as exc:
             # The HTTP clients were opened before getMe failed; nothing else would close them.
             await self.bot.shutdown()
+            answer = exc.__cause__ if isinstance(exc.__cause__, TelegramError) else exc
+            if isinstance(exc, InvalidToken) and "not found" in answer.message.lower():
+                # PTB reports a 404 (its cause) as a bad token too; mostly the URL is wrong.
+                raise ConfigError("telegram.api_base", (
+                    f"the Bot API answered 404 Not Found for getMe at {self.settings.api_base}"
+                    "<token>/getMe: api_base must be the address the token follows, such as "
+                    "https://api.telegram.org/bot (no slash at the end); or the token is "
+                    "malformed")) from None
             if isinstance(exc, InvalidToken):  # its message quotes the token: not passed on
                 raise ConfigError("ROOST_TELEGRAM_TOKEN", "Telegram refused the bot token; "
                                   "check it with @BotFather") from None

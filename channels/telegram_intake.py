@@ -30,7 +30,8 @@ from channels.telegram_updates import (
     BotIdentity,
     NotAnUpdate,
     admit,
-    chat_key,
+    chat_key_of,
+    context_lines,
     edit_text,
     inbound_id,
     media_group_of,
@@ -38,6 +39,7 @@ from channels.telegram_updates import (
     message_text,
     parse_update,
     routable_message,
+    with_context,
 )
 from daemon.intake import Intake, Outcome, Pending, Submitter
 from daemon.logs import telegram_log as log
@@ -93,7 +95,7 @@ class TelegramIntake:
         key = update_key(update.update_id)
         self._parsed[key] = update
         try:
-            accepted = await self.intake.accept(key, chat_key(message.chat.id), payload)
+            accepted = await self.intake.accept(key, chat_key_of(message), payload)
         except BaseException:
             self._parsed.pop(key, None)
             raise
@@ -114,7 +116,7 @@ class TelegramIntake:
 
     def route(self, payload: Mapping[str, Any]) -> str | None:
         message = routable_message(parse_update(payload))
-        return chat_key(message.chat.id) if message is not None else None
+        return chat_key_of(message) if message is not None else None
 
     def group(self, item: Pending) -> str | None:
         return media_group_of(self._update(item))
@@ -136,7 +138,7 @@ class TelegramIntake:
         if message is None:
             return Outcome.DROPPED
         edited = message_of(updates[0]) == (message, True)
-        key = chat_key(message.chat.id)
+        key = chat_key_of(message)
         verdict = admit(message, self.identity, self.allow)  # again: the allow list may change
         if not verdict.admitted:
             self._log_refused(message, verdict.reason)
@@ -147,6 +149,10 @@ class TelegramIntake:
         if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
             log.info("update %s was submitted before the last stop; not again", first.key)
             return Outcome.DONE
+        if edited and not await self._seen(key, message.message_id):
+            # The model never read the original (sent before roost ran, or not meant for the
+            # bot until the edit): to it, this is a new message.
+            edited = False
         texts: list[str] = []
         attachments: list[dict[str, Any]] = []
         parts = [m for u in updates if (m := routable_message(u)) is not None]
@@ -168,6 +174,8 @@ class TelegramIntake:
         if edited:
             text = edit_text(message.message_id, text)
             meta["edit_of"] = str(message.message_id)
+        else:
+            text = with_context(text, context_lines(message, self.identity))
         if len(parts) > 1:
             meta["album"] = [str(m.message_id) for m in parts]
         assert message.from_user is not None  # admit() checked
@@ -179,6 +187,22 @@ class TelegramIntake:
         await self._unblock(key)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
+    async def _seen(self, key: str, message_id: int) -> bool:
+        """Whether the chat's current conversation (or its inbox) holds that message."""
+        wanted = str(message_id)
+
+        def look() -> bool:
+            if any(doc.get("platform_id") == wanted or wanted in doc.get("meta", {}).get(
+                    "album", ()) for doc in self.store.inbox_pending(key)):
+                return True
+            conversation = self.store.active_conversation(key)
+            if conversation is None:
+                return False
+            return any(wanted in m.channel_message_ids or wanted in m.meta.get("album", ())
+                       for m in self.store.messages(conversation.id) if m.role == "user")
+
+        return await asyncio.to_thread(look)
+
     async def _unblock(self, key: str) -> None:
         """A user who blocked the bot and writes again has unblocked it."""
         flags = await asyncio.to_thread(self.store.chat_flags, key)
@@ -189,7 +213,7 @@ class TelegramIntake:
     @staticmethod
     def _log_refused(message: Message, reason: str) -> None:
         user = message.from_user.id if message.from_user else None
-        key = chat_key(message.chat.id)
+        key = chat_key_of(message)
         if reason == "unknown sender":
             # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
             log.warning("ignored a message from unknown Telegram user %s in %s (not in "

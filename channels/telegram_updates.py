@@ -3,7 +3,8 @@
 Pure functions over python-telegram-bot's objects: no clock, store or network. The intake
 (`channels.telegram_intake`) runs them in this order: `parse_update` at the door (a body that is
 not an Update gets a 400), `admit` before any handling (who may talk, and whether a group message
-is meant for the bot), then `message_text`/`edit_text` to build what the model reads.
+is meant for the bot), then `message_text`, `context_lines` and `edit_text` to build what the
+model reads.
 """
 
 from __future__ import annotations
@@ -15,13 +16,21 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from telegram import Message, Update
+from telegram import (
+    Message,
+    MessageOriginChannel,
+    MessageOriginChat,
+    MessageOriginHiddenUser,
+    MessageOriginUser,
+    Update,
+)
 from telegram.constants import ChatType
 
 MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
 # The update kinds roost handles, given to setWebhook / getUpdates as `allowed_updates`.
 UPDATE_KINDS = ("message", "edited_message")
 CHAT_PREFIX = "telegram:"
+QUOTE_CLIP = 200  # characters of a replied-to message the model sees; the rest is elsewhere
 
 # Fields that hold a User object. Telegram has sent `is_bot` on every user since Bot API 3.0 and
 # PTB 22 refuses a user without it; older recorded updates (the fixtures in tests/fixtures) lack it.
@@ -107,16 +116,30 @@ def message_of(update: Update) -> tuple[Message, bool] | None:
     return None
 
 
-def chat_key(chat_id: int) -> str:
-    """Each Telegram chat (private or group) has its own conversation."""
-    return f"{CHAT_PREFIX}{chat_id}"
+def chat_key(chat_id: int, topic: int | None = None) -> str:
+    """Each Telegram chat (private or group), and each topic of a forum, has its own
+    conversation: `telegram:<chat>` or `telegram:<chat>:<topic>`."""
+    return f"{CHAT_PREFIX}{chat_id}" + (f":{topic}" if topic else "")
+
+
+def chat_key_of(message: Message) -> str:
+    """The conversation a message belongs to; a forum topic's thread id keeps the topics apart
+    and sends the replies there (the General topic has none)."""
+    topic = message.message_thread_id if message.is_topic_message else None
+    return chat_key(message.chat.id, topic)
+
+
+def address_of(key: str) -> tuple[int, int | None]:
+    """`telegram:-1001:42` -> (-1001, 42): the chat id (negative for groups) and the topic."""
+    if not key.startswith(CHAT_PREFIX):
+        raise ValueError(f"not a Telegram chat key: {key!r}")
+    chat, _, topic = key.removeprefix(CHAT_PREFIX).partition(":")
+    return int(chat), int(topic) if topic else None
 
 
 def chat_id_of(key: str) -> int:
     """`telegram:1111111` -> 1111111 (group ids are negative)."""
-    if not key.startswith(CHAT_PREFIX):
-        raise ValueError(f"not a Telegram chat key: {key!r}")
-    return int(key.removeprefix(CHAT_PREFIX))
+    return address_of(key)[0]
 
 
 def admit(message: Message, identity: BotIdentity, allow: Collection[int]) -> Verdict:
@@ -150,6 +173,62 @@ def message_text(message: Message, identity: BotIdentity) -> str:
     the mention only addressed the bot, and `/new@bot` becomes the command `/new`."""
     text = message.text or message.caption or ""
     return _mention(identity).sub("", text).strip()
+
+
+def context_lines(message: Message, identity: BotIdentity) -> list[str]:
+    """What the model needs besides the words to read a message as the user meant it: in a
+    group who is speaking, where a forward comes from, what a reply answers (clipped).
+
+    This becomes part of the stored message and so of replayed history: the wording is fixed
+    and depends on the message alone, never on the time or on other state.
+    """
+    lines: list[str] = []
+    user = message.from_user
+    if message.chat.type in _GROUPS and user is not None:
+        lines.append(f"[From {_person(user.full_name, user.username)}]")
+    if (origin := message.forward_origin) is not None:
+        lines.append(f"[Forwarded from {_origin_name(origin)}]")
+    reply = message.reply_to_message
+    if reply is not None or message.quote is not None:
+        if reply is not None and reply.from_user is not None:
+            author = ("you" if reply.from_user.id == identity.id
+                      else _person(reply.from_user.full_name, reply.from_user.username))
+        else:
+            author = "an earlier message"
+        quoted = (message.quote.text if message.quote is not None
+                  else (reply.text or reply.caption or "") if reply is not None else "")
+        quoted = _clip(" ".join(quoted.split()), QUOTE_CLIP)
+        lines.append(f'[Replying to {author}: "{quoted}"]' if quoted
+                     else f"[Replying to {author}]")
+    return lines
+
+
+def with_context(text: str, context: list[str]) -> str:
+    """The text as the model reads it; a command stays a bare command so the engine sees it."""
+    if not context or text.startswith("/"):
+        return text
+    return "\n".join([*context, text])
+
+
+def _person(name: str, username: str | None) -> str:
+    return f"{name} (@{username})" if username else name
+
+
+def _origin_name(origin: object) -> str:
+    if isinstance(origin, MessageOriginUser):
+        user = origin.sender_user
+        return _person(user.full_name, user.username)
+    if isinstance(origin, MessageOriginHiddenUser):
+        return origin.sender_user_name
+    if isinstance(origin, MessageOriginChat):
+        return origin.sender_chat.title or "a chat"
+    if isinstance(origin, MessageOriginChannel):
+        return origin.chat.title or "a channel"
+    return "someone"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def edit_text(original_id: int, new_text: str) -> str:

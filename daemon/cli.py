@@ -14,13 +14,18 @@ from pathlib import Path
 from channels.console import chat
 from daemon import __version__
 from daemon.app import serve
-from daemon.config import Settings, load_settings
+from daemon.config import Settings, load_settings, missing_secrets
 from daemon.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.llm import ModelClient
 from daemon.logs import configure as configure_logging
-from daemon.store import Store, quarantined_items
+from daemon.store import NoState, Store, quarantined_items
 
-EX_USAGE = 64
+EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
+EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
+
+# Commands that only look at state or talk to the model: a missing channel secret must not stop
+# them (doctor reports it as a failed check instead).
+_READ_ONLY = frozenset({"chat", "doctor", "conversations"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Talk to the LLM on your own GPU box from your phone or terminal.",
     )
     parser.add_argument("--version", action="version", version=f"roost {__version__}")
+    _add_common(parser, suppress=False)
+    # --config and -v are accepted before or after any subcommand. A subparser's own copy
+    # defaults to SUPPRESS, so an option given earlier is not overwritten by its default.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", type=Path, metavar="PATH",
-                        help="config file (default: $ROOST_CONFIG, ./roost.toml, "
-                             "~/.config/roost/roost.toml, /etc/roost/roost.toml)")
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _add_common(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", parents=[common], help="run the daemon (HTTP server, channels)")
     commands.add_parser("chat", parents=[common], help="chat with the model in this terminal")
@@ -51,14 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    parser.add_argument("--config", type=Path, metavar="PATH",
+                        default=argparse.SUPPRESS if suppress else None,
+                        help="config file (default: $ROOST_CONFIG, ./roost.toml, "
+                             "~/.config/roost/roost.toml, /etc/roost/roost.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False, help="debug logging")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help(sys.stderr)
         return EX_USAGE
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
     except ConfigError as exc:
         print(f"roost: config error: {exc}", file=sys.stderr)
         return ConfigError.exit_status
@@ -66,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args, settings)
     except StoreError as exc:
         print(f"roost: {exc}", file=sys.stderr)
-        return 73
+        return EX_CANTCREAT
     except KeyboardInterrupt:
         return 0
 
@@ -113,6 +128,9 @@ async def _doctor(settings: Settings) -> int:
     channels = [name for name, on in (("telegram", settings.telegram.enabled),
                                       ("whatsapp", settings.whatsapp.enabled)) if on]
     print(f"channels: {', '.join(channels) or 'none (terminal chat only)'}")
+    for missing in missing_secrets(settings):
+        problems += 1
+        print(f"secret: {missing.key} {missing.problem}")
     return 1 if problems else 0
 
 
@@ -134,7 +152,13 @@ def _print_quarantine(state_dir: Path) -> None:
 
 
 def _conversations(args: argparse.Namespace, settings: Settings) -> int:
-    store = Store.open(settings.daemon.state_dir, read_only=True)
+    try:
+        store = Store.open(settings.daemon.state_dir, read_only=True)
+    except NoState:  # a fresh install: nothing stored yet
+        if args.action == "list":
+            return 0
+        print(f"roost: no conversation matches {args.id!r}", file=sys.stderr)
+        return 1
     try:
         found = store.list_conversations()
         if args.action == "list":

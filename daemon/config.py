@@ -312,12 +312,36 @@ def find_config_path(explicit: Path | None, env: Mapping[str, str]) -> Path | No
     return None
 
 
-def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate the config file (found by `find_config_path` when path is None)."""
+def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None, *,
+                  require_secrets: bool = True) -> Settings:
+    """Read and validate the config file (found by `find_config_path` when path is None).
+
+    Commands that only read state pass `require_secrets=False`: a missing channel secret then
+    does not stop them (`missing_secrets` tells what `roost run` would refuse)."""
     env = os.environ if env is None else env
     path = find_config_path(None, env) if path is None else Path(path)
+    settings = _build(_read_document(path), path, env)
+    if require_secrets and (missing := missing_secrets(settings)):
+        raise missing[0]
+    return settings
+
+
+def missing_secrets(settings: Settings) -> list[ConfigError]:
+    """The secrets the enabled channels need and do not have, as the errors `roost run` gives."""
+    source = str(settings.source) if settings.source else None
+    telegram, whatsapp = settings.telegram, settings.whatsapp
+    unset = [var for key, var in SECRETS["whatsapp"].items() if not getattr(whatsapp, key)]
+    return [ConfigError(key, problem, source) for key, broken, problem in (
+        ("telegram.enabled", telegram.enabled and not telegram.token, "needs the bot token: set "
+         "ROOST_TELEGRAM_TOKEN or $CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN"),
+        ("whatsapp.enabled", whatsapp.enabled and unset,
+         f"needs {', '.join(unset)} in the environment or in $CREDENTIALS_DIRECTORY"),
+    ) if broken]
+
+
+def _read_document(path: Path | None) -> Mapping[str, Any]:
     if path is None:
-        return _build({}, None, env)
+        return {}
     try:
         with path.open("rb") as file:
             document = tomllib.load(file)
@@ -326,7 +350,7 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
         raise ConfigError("config", problem, str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError("config", f"not valid TOML: {error}", str(path)) from None
-    return _build(document, path, env)
+    return document
 
 
 def read_secret(name: str, env: Mapping[str, str]) -> str | None:
@@ -378,16 +402,11 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     model = ModelSettings(**tables["model"])
     telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
     whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
-    unset = [var for key, var in SECRETS["whatsapp"].items() if not getattr(whatsapp, key)]
     for key, broken, problem in (
         ("model.response_reserve", model.response_reserve >= model.window,
          f"must be less than model.window ({model.window})"),
-        ("telegram.enabled", telegram.enabled and not telegram.token, "needs the bot token: set "
-         "ROOST_TELEGRAM_TOKEN or $CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN"),
         ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
          and not telegram.webhook_url, "is required when telegram.mode is 'webhook'"),
-        ("whatsapp.enabled", whatsapp.enabled and unset,
-         f"needs {', '.join(unset)} in the environment or in $CREDENTIALS_DIRECTORY"),
         ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
          "is required when WhatsApp is enabled"),
     ):

@@ -351,12 +351,7 @@ class Engine:
                 await channel.send(outbound)
             except DeliveryError as exc:
                 if exc.permanent:
-                    log.warning("giving up delivery to %s: %s", chat_key, exc)
-                    await asyncio.to_thread(self.store.set_chat_flag, chat_key,
-                                            "undeliverable", self.clock())
-                    await asyncio.to_thread(self.store.outbox_done, outbound.id)
-                    await asyncio.to_thread(self.records.event, self.clock(), "undeliverable",
-                                            outbound.conversation_id or chat_key, str(exc))
+                    await self._give_up(outbound, exc)
                     continue
                 failures = self._delivery_failures.get(chat_key, 0) + 1
                 self._delivery_failures[chat_key] = failures
@@ -365,6 +360,27 @@ class Engine:
             self._delivery_failures.pop(chat_key, None)
             await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
+
+    async def _give_up(self, outbound: Outbound, exc: DeliveryError) -> None:
+        """A delivery retrying cannot help. The reply stays in the conversation either way."""
+        chat_key = outbound.chat_key
+        await asyncio.to_thread(self.store.outbox_done, outbound.id)
+        where = outbound.conversation_id or chat_key
+        if exc.chat_blocked:
+            log.warning("giving up delivery to %s: %s", chat_key, exc)
+            await asyncio.to_thread(self.store.set_chat_flag, chat_key, "undeliverable",
+                                    self.clock())
+            await asyncio.to_thread(self.records.event, self.clock(), "undeliverable", where,
+                                    str(exc))
+            return
+        log.warning("a %s for %s could not be delivered: %s", outbound.kind, chat_key, exc)
+        await asyncio.to_thread(self.records.event, self.clock(), "undelivered", where, str(exc))
+        if outbound.kind == "reply":  # a notice that fails is not announced by another
+            notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice",
+                              text=f"A reply could not be delivered ({exc}). Ask again if "
+                                   "you need it; the conversation goes on.")
+            await asyncio.to_thread(self.store.outbox_add, notice.to_doc())
+            self._kick(chat_key)  # sent by this worker's next pass, after this flush
 
     def _stream(self, chat_key: str, delta: str) -> None:
         channel = self.channels.get(kind_of(chat_key))

@@ -77,10 +77,14 @@ class ChannelError(RoostError):
 class DeliveryError(ChannelError):
     """A reply could not be delivered to the user.
 
-    `permanent` means retrying cannot help (the user blocked the bot, the chat is gone): the
-    engine stops retrying and marks the chat instead of keeping the reply queued forever.
+    `permanent` means retrying this reply cannot help (the platform refused its content): the
+    engine gives it up and tells the user. `chat_blocked` means the platform refuses the whole
+    chat (the user blocked the bot): the engine marks the chat and sends it nothing more until
+    the user writes again.
     """
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
-        self.permanent = permanent
+    def __init__(self, message: str, *, permanent: bool = False,
+                 chat_blocked: bool = False) -> None:
+        self.permanent = permanent or chat_blocked
+        self.chat_blocked = chat_blocked
         super().__init__(message)

@@ -12,6 +12,7 @@ fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
 telegram_log = logging.getLogger("roost.telegram")
 intake_log = logging.getLogger("roost.intake")
+whatsapp_log = logging.getLogger("roost.whatsapp")
 
 
 def configure(level: int = logging.INFO) -> None:

@@ -394,6 +394,7 @@ class TurnRunner:
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],
+            "reply_to": items[-1].platform_id,  # where a group reply is threaded
             "prompt_eval_count": result.prompt_eval_count,
             "eval_count": result.eval_count,
             "done_reason": result.done_reason,
@@ -419,4 +420,5 @@ class TurnRunner:
             chat_key=conversation.chat_key, text=intro + message.content,
             created=message.created, kind="reply", id=message.id,
             conversation_id=conversation.id, message_id=message.id,
+            reply_to=message.meta.get("reply_to"),
         )

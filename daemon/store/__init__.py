@@ -94,6 +94,10 @@ class StoreStats:
     last: float | None
 
 
+class NoState(StoreError):
+    """The state directory holds no roost state yet (a fresh install)."""
+
+
 def quarantined_items(state_dir: Path) -> list[dict[str, Any]]:
     """The quarantine of a state directory, read without opening (or locking) the store: for
     `roost doctor` while the daemon runs."""
@@ -149,7 +153,7 @@ class Store:
         """
         if read_only:
             if not any((state_dir / n).exists() for n in ("meta.json", "index.json")):
-                raise StoreError(f"no roost state in {state_dir}")
+                raise NoState(f"no roost state in {state_dir}")
             return cls(state_dir, read_only=True)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import pytest
 
 from channels.formatting import (
     TELEGRAM_LIMIT,
+    TELEGRAM_RAW_LIMIT,
     WHATSAPP_LIMIT,
     html_visible_length,
     split_telegram,
@@ -290,6 +291,35 @@ def test_hard_split_of_a_word_longer_than_the_limit() -> None:
     parts = split_telegram(markdown, limit=100)
     check_telegram_parts(markdown, parts, 100)
     assert "".join(visible(part) for part in parts) == markdown.replace(" ", "")
+
+
+def link_heavy_answer(items: int = 400) -> str:
+    """Sources as a model lists them: few visible characters, long URLs behind each."""
+    return "\n".join(
+        f"- [source](https://example.org/research/archive/{i:04d}/a-rather-long-article-slug"
+        f"-about-topic-{i}?utm_source=assistant&ref=list)" for i in range(items))
+
+
+def test_a_link_heavy_answer_stays_under_the_raw_byte_limit() -> None:
+    markdown = link_heavy_answer()
+    html_text = to_telegram_html(markdown)
+    assert html_visible_length(html_text) < TELEGRAM_LIMIT  # one part by visible length alone
+    assert len(html_text.encode()) > TELEGRAM_RAW_LIMIT
+    parts = split_telegram(markdown)
+    assert len(parts) >= 2
+    check_telegram_parts(markdown, parts, TELEGRAM_LIMIT)
+    assert all(len(part.encode()) <= TELEGRAM_RAW_LIMIT for part in parts)
+    assert sum(part.count("<a href=") for part in parts) == 400  # no link cut or lost
+
+
+def test_raw_limit_counts_reopened_tags() -> None:
+    markdown = "> " + " ".join(f"[w{i}](https://example.org/{i})" for i in range(300))
+    parts = split_telegram(markdown, raw_limit=1024)
+    check_telegram_parts(markdown, parts, TELEGRAM_LIMIT)
+    assert len(parts) > 5
+    assert all(len(part.encode()) <= 1024 for part in parts)
+    assert all(part.startswith("<blockquote>") and part.endswith("</blockquote>")
+               for part in parts)
 
 
 def test_split_counts_entities_as_one_character() -> None:

@@ -177,16 +177,32 @@ async def test_start_fixture_is_answered_with_the_greeting(
 async def test_edited_fixture_reaches_the_model_as_an_edit(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
     daemon = await start()
+    original = message(9999, "Original text")
+    original["message"]["message_id"] = 1365  # the message the fixture edits
+    assert await daemon.post(original) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
     fake_ollama.script("Noted, you changed it.")
     assert await daemon.post(fixture("edited_message.json")) == 200
-    await fake_telegram.wait_for("sendMessage")
-    assert texts(fake_telegram) == ["Noted, you changed it."]
+    await fake_telegram.wait_for("sendMessage", 2)
+    assert texts(fake_telegram) == ["echo: Original text", "Noted, you changed it."]
     last_user = [m for m in fake_ollama.chat_requests[-1]["messages"] if m["role"] == "user"][-1]
     assert "edited their earlier message (id 1365)" in last_user["content"]
     assert "> Edited text" in last_user["content"]
     await daemon.settle()
+    assert [m.channel_message_ids for m in daemon.user_messages()] == [("1365",), ("1365",)]
+
+
+async def test_an_edit_of_a_message_roost_never_saw_is_a_new_message(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    assert await daemon.post(fixture("edited_message.json")) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    assert texts(fake_telegram) == ["echo: Edited text"]
     (stored,) = daemon.user_messages()
-    assert stored.channel_message_ids == ("1365",)
+    assert stored.content == "Edited text"
+    assert "edit" not in stored.content
 
 
 # ---- the webhook's door --------------------------------------------------------------------------
@@ -539,9 +555,10 @@ async def test_in_a_group_only_mentions_and_replies_are_answered(
                                      reply_to_message=reply_to_bot)) == 200
     await fake_telegram.wait_for("sendMessage", 2)
     await daemon.settle(key)
-    assert texts(fake_telegram) == ["echo: what is 2+2?", "echo: and 3+3?"]
     assert {p["chat_id"] for p in fake_telegram.sent_messages} == {-1001234567890}
-    assert [m.content for m in daemon.user_messages(key)] == ["what is 2+2?", "and 3+3?"]
+    assert [m.content for m in daemon.user_messages(key)] == [
+        "[From Test]\nwhat is 2+2?",
+        '[From Test]\n[Replying to you: "4"]\nand 3+3?']
     assert daemon.store.active_conversation(CHAT_KEY) is None  # the group has its own
 
 
@@ -656,3 +673,128 @@ async def test_an_update_submitted_just_before_a_crash_is_not_submitted_again(
     assert texts(fake_telegram) == ["echo: submitted once"]
     assert len(again.user_messages()) == 1
     assert again.store.updates_pending("telegram") == []
+
+
+# ---- groups, topics and what the model learns of them ------------------------------------------
+
+GROUP = {"id": -1001234567890, "type": "supergroup", "title": "Family", "is_forum": True}
+GROUP_KEY = "telegram:-1001234567890"
+BOT = {"id": 123456, "is_bot": True, "first_name": "Roost", "username": "roost_test_bot"}
+
+
+async def test_a_reply_in_a_forum_topic_stays_in_the_topic_and_threads_to_the_question(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    fake_ollama.script(Reply(content="Pasta.", delay=0.3))
+    asked = message(7, "@roost_test_bot what's for dinner?", chat=GROUP,
+                    message_thread_id=42, is_topic_message=True)
+    assert await daemon.post(asked) == 200
+    (sent,) = await fake_telegram.wait_for("sendMessage")
+    key = f"{GROUP_KEY}:42"
+    await daemon.settle(key)
+    assert sent.params["chat_id"] == GROUP["id"]
+    assert sent.params["message_thread_id"] == 42
+    assert sent.params["reply_parameters"] == {"message_id": 7,
+                                               "allow_sending_without_reply": True}
+    assert all(c.params.get("message_thread_id") == 42
+               for c in fake_telegram.calls_to("sendChatAction"))
+    # Each topic is its own conversation; the General topic (no thread) is the group's.
+    assert daemon.store.active_conversation(key) is not None
+    assert daemon.store.active_conversation(GROUP_KEY) is None
+    assert await daemon.post(message(8, "@roost_test_bot and in general?", chat=GROUP)) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle(GROUP_KEY)
+    general = fake_telegram.calls_to("sendMessage")[1].params
+    assert "message_thread_id" not in general
+    assert general["reply_parameters"]["message_id"] == 8
+
+
+async def test_a_private_reply_is_not_threaded(
+        start: Start, fake_telegram: FakeTelegram) -> None:
+    daemon = await start()
+    assert await daemon.post(message(3, "hi")) == 200
+    (sent,) = await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    assert "reply_parameters" not in sent.params and "message_thread_id" not in sent.params
+
+
+async def test_the_model_learns_who_speaks_what_is_quoted_and_where_a_forward_is_from(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    group = {"id": -100555, "type": "supergroup", "title": "Friends"}
+    key = "telegram:-100555"
+    long_answer = "The tides follow the moon. " * 20  # 540 characters
+    answered = {"message_id": 4, "date": 1, "chat": group, "from": BOT, "text": long_answer}
+    alice = {"id": USER, "is_bot": False, "first_name": "Alice", "last_name": "Smith",
+             "username": "alice"}
+    asked = message(5, "why twice a day?", chat=group, reply_to_message=answered)
+    asked["message"]["from"] = alice
+    assert await daemon.post(asked) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle(key)
+    forwarded = message(6, "look at this", forward_origin={
+        "type": "user", "date": 1, "sender_user": {"id": 77, "is_bot": False,
+                                                    "first_name": "Bob"}})
+    assert await daemon.post(forwarded) == 200
+    hidden = message(7, "and this", forward_origin={"type": "hidden_user", "date": 1,
+                                                    "sender_user_name": "Carol"})
+    assert await daemon.post(hidden) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    quote = " ".join(long_answer.split())[:199].rstrip() + "…"
+    assert [m.content for m in daemon.user_messages(key)] == [
+        f'[From Alice Smith (@alice)]\n[Replying to you: "{quote}"]\nwhy twice a day?']
+    assert [m.content for m in daemon.user_messages()] == [
+        "[Forwarded from Bob]\nlook at this", "[Forwarded from Carol]\nand this"]
+    seen = "\n".join(m["content"] for m in fake_ollama.chat_requests[-1]["messages"]
+                     if m["role"] == "user")
+    assert "[Forwarded from Bob]\nlook at this" in seen
+
+
+async def test_a_refused_reply_is_retried_plain_then_smaller_then_reported_and_chat_goes_on(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    fake_ollama.script("**first** answer " * 100, "second answer")
+    # Refused as HTML, as plain text, and as a smaller piece: this reply cannot go out.
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: message is too long", times=3)
+    assert await daemon.post(message(1, "one")) == 200
+    await fake_telegram.wait_for("sendMessage", 4)
+    await daemon.settle()
+    calls = fake_telegram.calls_to("sendMessage")
+    assert calls[0].params["parse_mode"] == "HTML"
+    assert "parse_mode" not in calls[1].params
+    assert len(calls[1].params["text"]) > 1024 >= len(calls[2].params["text"])
+    assert texts(fake_telegram) == [
+        "A reply could not be delivered (Telegram refused it: Message is too long). Ask again "
+        "if you need it; the conversation goes on."]
+    assert "undeliverable" not in daemon.store.chat_flags(CHAT_KEY)
+    assert await daemon.post(message(2, "two")) == 200
+    await fake_telegram.wait_for("sendMessage", 5)
+    await daemon.settle()
+    assert texts(fake_telegram)[-1] == "second answer"
+
+
+async def test_a_reply_refused_as_html_but_fine_as_plain_is_delivered_once(
+        start: Start, fake_telegram: FakeTelegram) -> None:
+    daemon = await start()
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: entities too long")
+    assert await daemon.post(message(1, "plain please")) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    assert texts(fake_telegram) == ["echo: plain please"]
+
+
+async def test_a_link_heavy_answer_is_split_under_the_byte_limit_and_delivered(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    links = "\n".join(f"- [source](https://example.org/research/archive/{i:04d}/a-rather-long"
+                      f"-article-slug?ref=list)" for i in range(400))
+    fake_ollama.script(links)
+    assert await daemon.post(message(1, "sources?")) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    calls = fake_telegram.calls_to("sendMessage")
+    assert len(fake_telegram.sent_messages) == len(calls) >= 2  # none refused
+    assert sum(texts(fake_telegram)[i].count("source") for i in range(len(calls))) == 400

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -237,3 +239,23 @@ async def test_a_refused_token_is_a_config_error_and_an_unreachable_api_exit_69(
     settings = make_settings(model={"host": fake_ollama.url},
                              telegram=telegram | {"api_base": nowhere, "token": "1:X"})
     assert await serve(settings) == 69
+
+
+async def test_an_api_base_with_a_slash_too_many_names_the_404(
+        fake_telegram: FakeTelegram, fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{free_port()}"\n'
+        f'[model]\nhost = "{fake_ollama.url}"\n'
+        f'[telegram]\nenabled = true\nmode = "polling"\n'
+        f'api_base = "{fake_telegram.api_base}/"\n')
+    env = {**os.environ, "ROOST_TELEGRAM_TOKEN": fake_telegram.token}
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(daemon.communicate(), 30)
+    assert daemon.returncode == 78
+    stderr = err.decode()
+    assert "telegram.api_base" in stderr and "404 Not Found" in stderr
+    assert "Traceback" not in stderr and "refused the bot token" not in stderr
+    assert fake_telegram.token not in stderr

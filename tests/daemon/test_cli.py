@@ -100,3 +100,75 @@ def test_doctor_reports_an_unreachable_ollama(tmp_path: Path) -> None:
     result = run("doctor", "--config", str(config))
     assert result.returncode == 1
     assert "ollama serve" in result.stdout and "(writable)" in result.stdout
+
+
+def _config_with_state(tmp_path: Path, extra: str = "") -> tuple[Path, Path]:
+    state = tmp_path / "state"
+    config = tmp_path / "elsewhere.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n[model]\nhost = "http://127.0.0.1:9"\n'
+                      + extra)
+    return config, state
+
+
+@pytest.mark.parametrize("where", ["before", "between", "after"])
+def test_config_is_honoured_wherever_it_stands(tmp_path: Path, where: str) -> None:
+    config, state = _config_with_state(tmp_path)
+    with Store.open(state) as store:
+        conversation = store.create_conversation("console:local", time.time())
+    option = ["--config", str(config)]
+    args = {"before": [*option, "conversations", "list"],
+            "between": ["conversations", *option, "list"],
+            "after": ["conversations", "list", *option]}[where]
+    # Run from a folder whose own roost.toml points elsewhere: X must win everywhere.
+    decoy = tmp_path / "cwd"
+    decoy.mkdir()
+    (decoy / "roost.toml").write_text(f'[daemon]\nstate_dir = "{tmp_path / "decoy"}"\n')
+    listed = run(*args, cwd=decoy)
+    assert listed.returncode == 0, listed.stderr
+    assert conversation.id in listed.stdout
+
+
+def test_config_before_doctor_is_read(tmp_path: Path) -> None:
+    config, state = _config_with_state(tmp_path)
+    result = run("--config", str(config), "doctor")
+    assert result.returncode == 1  # Ollama at port 9 is down, so doctor finds a problem
+    assert str(config) in result.stdout and str(state) in result.stdout
+
+
+def test_a_fresh_install_lists_no_conversations(tmp_path: Path) -> None:
+    config, state = _config_with_state(tmp_path)
+    listed = run("conversations", "list", "--config", str(config))
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "", "")
+    state.mkdir()  # e.g. made by doctor or by systemd's StateDirectory=, still without state
+    assert run("conversations", "list", "--config", str(config)).returncode == 0
+    shown = run("conversations", "show", "01ABC", "--config", str(config))
+    assert shown.returncode == 1 and "no conversation matches" in shown.stderr
+
+
+TELEGRAM_WITHOUT_TOKEN = ('[telegram]\nenabled = true\nmode = "polling"\n'
+                          'api_base = "http://127.0.0.1:9/bot"\n')
+
+
+def test_read_only_commands_need_no_channel_secrets(tmp_path: Path) -> None:
+    config, _ = _config_with_state(tmp_path, TELEGRAM_WITHOUT_TOKEN)
+    listed = run("conversations", "list", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    doctor = run("doctor", "--config", str(config))
+    assert doctor.returncode == 1  # a failed check, not a config error
+    assert "ROOST_TELEGRAM_TOKEN" in doctor.stdout
+    chat = subprocess.run([sys.executable, "-m", "daemon", "chat", "--config", str(config)],
+                          input="", capture_output=True, text=True, timeout=30)
+    assert chat.returncode == 69  # past the config: it stops at the unreachable Ollama
+    refused = run("run", "--config", str(config))
+    assert refused.returncode == 78 and "ROOST_TELEGRAM_TOKEN" in refused.stderr
+
+
+def test_usage_errors_exit_2_and_every_exit_status_is_in_the_readme(tmp_path: Path) -> None:
+    assert run().returncode == 2
+    assert run("nonsense").returncode == 2
+    assert run("conversations").returncode == 2
+    readme = README.read_text("utf-8")
+    listed = re.search(r"^Exit statuses:(.*?)\n\n", readme, re.MULTILINE | re.DOTALL)
+    assert listed is not None
+    statuses = {int(n) for n in re.findall(r"\b(\d+) ", listed.group(1))}
+    assert statuses == {0, 1, 2, 69, 71, 73, 78}

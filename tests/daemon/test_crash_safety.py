@@ -1,9 +1,10 @@
 """SIGKILL at random moments loses nothing that was acknowledged and corrupts no file.
 
 A child process (`crash_child.py`) appends to one conversation, now and then also to the inbox and
-the outbox, and prints each write once it returned. The parent kills it with SIGKILL after a random
-delay, then checks what a restarted daemon would find. The delay counts from the moment the child
-reports its store open, so the kills land among the writes rather than in interpreter startup.
+the outbox, and prints each write once it returned. The parent waits until the child has
+acknowledged a random number of messages, then kills it with SIGKILL after a further random delay,
+and checks what a restarted daemon would find. Counting acknowledgements rather than time keeps the
+kills among the writes, and the run long enough to close segments, however loaded the machine is.
 
 Replay a failure with the seed it prints: `ROOST_CRASH_SEED=<seed> pytest ...`.
 """
@@ -26,7 +27,8 @@ from tests.daemon.crash_child import content_for
 CHILD = Path(__file__).with_name("crash_child.py")
 CHAT = "telegram:1111111"
 KILLS = 24
-MIN_DELAY, MAX_DELAY = 0.020, 0.200
+MIN_ACKS, MAX_ACKS = 1, 20  # messages a child acknowledges before the kill is armed
+MIN_DELAY, MAX_DELAY = 0.0, 0.050
 
 
 class Acked:
@@ -69,6 +71,20 @@ def read_until_ready(fd: int, deadline: float) -> bytes:
     return buffer.split(b"ready\n", 1)[1]
 
 
+def read_until_acks(fd: int, output: bytes, count: int, deadline: float) -> bytes:
+    """Read until `output` holds `count` acknowledged messages (a bounded wait)."""
+    while output.count(b"\nmsg ") + output.startswith(b"msg ") < count:
+        left = deadline - time.monotonic()
+        readable, _, _ = select.select([fd], [], [], max(left, 0))
+        if not readable:
+            raise AssertionError(f"the child acknowledged fewer than {count} writes in time")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError("the child exited while writing")
+        output += chunk
+    return output
+
+
 def read_to_end(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 65536):
@@ -102,8 +118,9 @@ def test_sigkill_never_loses_acknowledged_writes_or_corrupts_files(state_dir: Pa
     temp_left = 0
     started = time.monotonic()
     for kill in range(1, KILLS + 1):
+        acks = rng.randint(MIN_ACKS, MAX_ACKS)
         delay = rng.uniform(MIN_DELAY, MAX_DELAY)
-        where = f"seed {seed}, kill {kill} after {delay * 1000:.0f} ms"
+        where = f"seed {seed}, kill {kill} after {acks} messages and {delay * 1000:.0f} ms"
         with subprocess.Popen(
             [sys.executable, str(CHILD), str(state_dir), conversation.id],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
@@ -111,6 +128,8 @@ def test_sigkill_never_loses_acknowledged_writes_or_corrupts_files(state_dir: Pa
             assert child.stdout is not None and child.stderr is not None
             try:
                 output = read_until_ready(child.stdout.fileno(), time.monotonic() + 20)
+                output = read_until_acks(child.stdout.fileno(), output, acks,
+                                         time.monotonic() + 20)
             except AssertionError:
                 child.kill()
                 child.wait()

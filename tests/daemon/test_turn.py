@@ -327,16 +327,18 @@ async def test_a_model_that_stops_answering_is_retried_and_answered_once_it_resp
 class FlakyChannel(RecordingChannel):
     """Fails its first `failures` sends, permanently or not."""
 
-    def __init__(self, failures: int, permanent: bool) -> None:
+    def __init__(self, failures: int, permanent: bool, chat_blocked: bool = False) -> None:
         super().__init__("console")
         self.failures = failures
         self.permanent = permanent
+        self.chat_blocked = chat_blocked
         self.attempts = 0
 
     async def send(self, outbound: Outbound) -> None:
         self.attempts += 1
         if self.attempts <= self.failures:
-            raise DeliveryError("platform said no", permanent=self.permanent)
+            raise DeliveryError("platform said no", permanent=self.permanent,
+                                chat_blocked=self.chat_blocked)
         await super().send(outbound)
 
 
@@ -355,10 +357,28 @@ async def test_a_failed_delivery_stays_queued_and_is_retried(
     assert engine.store.outbox_pending() == []
 
 
-async def test_a_permanent_delivery_failure_marks_the_chat_and_stops_retrying(
+async def test_a_refused_reply_is_reported_and_the_chat_goes_on(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for
 ) -> None:
     channel = FlakyChannel(failures=1, permanent=True)
+    engine = await engine_for(fast(make_settings, fake_ollama), channel)
+    await say(engine, "hello")
+    for _ in range(250):
+        if channel.sent:
+            break
+        await asyncio.sleep(0.02)
+    assert channel.attempts == 2
+    assert channel.texts() == ["A reply could not be delivered (platform said no). Ask again "
+                               "if you need it; the conversation goes on."]
+    assert "undeliverable" not in engine.store.chat_flags(CHAT)
+    await say(engine, "again")
+    assert channel.texts()[-1] == "echo: again"
+
+
+async def test_a_blocked_chat_is_marked_and_retrying_stops(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for
+) -> None:
+    channel = FlakyChannel(failures=1, permanent=True, chat_blocked=True)
     engine = await engine_for(fast(make_settings, fake_ollama), channel)
     store = engine.store
     await say(engine, "hello")

@@ -14,7 +14,9 @@ Order inside a call: record it, 401 for a wrong token, the next scripted fault o
 (``fail_next``/``drop_next``), 404 for an unknown method, then the answer. Method names are
 case-insensitive, as on Telegram. With ``parse_mode="HTML"`` a text is checked as Telegram's
 parser (tdlib) does: its tags only, balanced, in its wording with UTF-8 byte offsets. Lengths
-count the parsed text in code points (4096 for a message, 1024 for a caption).
+count the parsed text in code points (4096 for a message, 1024 for a caption); before any
+parsing, a ``text`` over 32,768 bytes as sent is refused (the Bot API server's own cap on the
+raw parameter, which a link-heavy HTML text reaches under 4096 visible characters).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ METHODS = (  # the Bot API methods the fake answers
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
 ).split()
 MESSAGE_LIMIT = 4096
+RAW_TEXT_LIMIT = 32768  # bytes of `text` as sent, checked before parse_mode is applied
 CAPTION_LIMIT = 1024
 
 # Free-text parameters: never JSON-decoded, even when they look like a number.
@@ -150,6 +153,8 @@ class FakeTelegram:
         app = web.Application(client_max_size=50 * 1024 * 1024)  # Telegram's upload limit
         app.router.add_post("/bot{token}/{method}", self._api)
         app.router.add_get("/file/bot{token}/{path:.+}", self._download)
+        # Any other path (e.g. a base URL with a slash too many) gets Telegram's JSON 404.
+        app.router.add_route("*", "/{path:.*}", self._not_found)
         # handler_cancellation: a client that gives up ends its long poll at once.
         runner = web.AppRunner(
             app, handler_cancellation=True, shutdown_timeout=0.05, access_log=None
@@ -203,7 +208,7 @@ class FakeTelegram:
 
         Like Telegram, an update of a kind the last ``allowed_updates`` (of getUpdates or
         setWebhook) excludes is never created. Telegram has sent ``is_bot`` on every user since
-        Bot API 3.0 and PTB 22 cannot parse a user without it; the fixtures in tests/fixtures predate it,
+        Bot API 3.0 and PTB 22 cannot parse a user without it; the recorded fixtures predate it,
         so a missing one is filled in (false).
         """
         if not self._allowed(update):
@@ -258,6 +263,9 @@ class FakeTelegram:
         except ApiError as exc:
             return _error(exc.status, exc.description)
         return web.json_response({"ok": True, "result": result})
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return _error(404, "Not Found")
 
     async def _download(self, request: web.Request) -> web.Response:
         if request.match_info["token"] != self.token:
@@ -352,7 +360,20 @@ class FakeTelegram:
         text = _plain_text(call.params, "text", MESSAGE_LIMIT)
         if not text.strip():
             raise _bad("message text is empty")
-        message = self._new_message(chat, call.params, text=text)
+        fields: dict[str, Any] = {"text": text}
+        if thread := call.params.get("message_thread_id"):
+            if chat["type"] == "private":
+                raise _bad("message thread not found")
+            fields |= {"message_thread_id": thread, "is_topic_message": True}
+        if reply := call.params.get("reply_parameters"):
+            # The fake knows only the bot's own messages and those a test marks as posted:
+            # anything else counts as deleted, which only allow_sending_without_reply forgives.
+            replied = self.messages.get((chat["id"], int(reply.get("message_id") or 0)))
+            if replied is not None:
+                fields["reply_to_message"] = replied
+            elif not reply.get("allow_sending_without_reply"):
+                raise _bad("message to be replied not found")
+        message = self._new_message(chat, call.params, **fields)
         self.sent_messages.append(call.params)
         return message
 
@@ -465,6 +486,8 @@ def _chat(call: Call) -> dict[str, Any]:
 def _plain_text(params: dict[str, Any], name: str, limit: int) -> str:
     """The text as Telegram shows it (HTML parsed), or Telegram's 400 for a bad or long one."""
     text = str(params.get(name) or "")
+    if name == "text" and len(text.encode()) > RAW_TEXT_LIMIT:
+        raise _bad("message is too long")
     if params.get("parse_mode") == "HTML":
         text = parse_html(text)
     elif params.get("parse_mode") not in (None, "", "Markdown", "MarkdownV2"):

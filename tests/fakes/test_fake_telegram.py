@@ -135,6 +135,16 @@ async def test_text_over_4096_characters_is_too_long(tg: FakeTelegram, bot: Bot)
         await bot.send_message(CHAT, "x" * 4097)
 
 
+async def test_text_over_32768_bytes_is_refused_before_parsing(
+        tg: FakeTelegram, bot: Bot) -> None:
+    link = '<a href="https://example.org/' + "p" * 63 + '">s</a>\n'  # 100 bytes, 2 shown
+    await bot.send_message(CHAT, link * 327, parse_mode=ParseMode.HTML)  # 32,700 bytes
+    with pytest.raises(BadRequest, match=r"(?i)message is too long"):
+        await bot.send_message(CHAT, link * 328, parse_mode=ParseMode.HTML)
+    with pytest.raises(BadRequest, match=r"(?i)message is too long"):
+        await bot.send_message(CHAT, "é" * 4000 + "x" * 24_769)  # 32,769 bytes, no markup
+
+
 async def test_429_raises_retry_after(tg: FakeTelegram, bot: Bot) -> None:
     tg.fail_next(
         "sendMessage", status=429, description="Too Many Requests: retry after 3", retry_after=3

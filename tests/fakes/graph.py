@@ -1,0 +1,253 @@
+"""A loopback fake of the WhatsApp Business Cloud API (Graph API), for roost's tests.
+
+It follows Meta's documented wire format (Cloud API reference, Graph API v23.0):
+
+* ``POST /{version}/{phone_number_id}/messages`` with a JSON body and
+  ``Authorization: Bearer <token>``. A text send (``type: text``) answers
+  ``{"messaging_product": "whatsapp", "contacts": [{"input", "wa_id"}], "messages": [{"id"}]}``;
+  a read receipt (``status: read``, optionally ``typing_indicator: {"type": "text"}``) answers
+  ``{"success": true}``. A body over 4096 characters is refused (code 100).
+* ``GET /{version}/{media_id}`` answers ``{"messaging_product", "url", "mime_type", "sha256",
+  "file_size", "id"}``; the url is served by this fake and, like Meta's lookaside URLs, needs the
+  same bearer token.
+* ``GET /{version}/{phone_number_id}`` answers the number's ``display_phone_number`` and
+  ``verified_name``.
+* Errors are ``{"error": {"message", "type": "OAuthException", "code", "error_subcode",
+  "error_data": {"messaging_product", "details"}, "fbtrace_id"}}`` with Meta's HTTP status: 401
+  and code 190 for a bad token, 400 for 131047 (re-engagement) and other refusals, 429 for
+  130429 and 131056, 5xx for Meta's own failures.
+
+Every call is recorded; ``fail_next`` and ``drop_next`` script faults per kind of call
+(``send``, ``read``, ``media``, ``download``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+API_VERSION = "v23.0"
+PHONE_NUMBER_ID = "277321005464405"
+DISPLAY_NUMBER = "15550953877"
+TEXT_LIMIT = 4096
+
+# HTTP status Meta answers with for an error code.
+_STATUS_OF = {131047: 400, 131056: 429, 130429: 429, 190: 401, 131026: 400, 100: 400,
+              131000: 500, 2: 503}
+_TITLES = {
+    131047: "Re-engagement message",
+    131056: "(Business Account, Consumer Account) pair rate limit hit",
+    130429: "Rate limit hit",
+    131000: "Something went wrong",
+    131026: "Message undeliverable",
+    2: "Service temporarily unavailable",
+}
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    kind: str  # send, read, media, download, number
+    body: dict[str, Any]
+    authorization: str
+    accepted: bool = False  # Meta answered 200
+
+
+@dataclass
+class _Fault:
+    code: int = 0  # 0: drop the connection
+    status: int | None = None
+
+
+@dataclass
+class FakeGraph:
+    token: str = "graph-test-token"
+    host: str = "127.0.0.1"
+    port: int = 0
+    calls: list[Call] = field(default_factory=list)
+    media: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    _faults: dict[str, deque[_Fault]] = field(default_factory=lambda: defaultdict(deque))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _runner: web.AppRunner | None = None
+    _recorded: asyncio.Condition | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def sent(self) -> list[Call]:
+        """Text sends Meta accepted, in order."""
+        return [c for c in self.calls if c.kind == "send" and c.accepted]
+
+    def texts(self, to: str | None = None) -> list[str]:
+        return [c.body["text"]["body"] for c in self.sent if to is None or c.body["to"] == to]
+
+    def calls_of(self, kind: str) -> list[Call]:
+        return [c for c in self.calls if c.kind == kind]
+
+    def add_media(self, media_id: str, content: bytes, mime_type: str) -> None:
+        self.media[media_id] = (content, mime_type)
+
+    def fail_next(self, kind: str, code: int, *, times: int = 1,
+                  status: int | None = None) -> None:
+        """Answer the next `times` calls of `kind` with Meta's error `code`."""
+        self._faults[kind].extend([_Fault(code, status)] * times)
+
+    def drop_next(self, kind: str, times: int = 1) -> None:
+        """Close the connection of the next `times` calls of `kind` without an answer."""
+        self._faults[kind].extend([_Fault()] * times)
+
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 5.0) -> list[Call]:  # noqa: ASYNC109
+        assert self._recorded is not None
+        async with asyncio.timeout(timeout), self._recorded:
+            await self._recorded.wait_for(lambda: len(self.calls_of(kind)) >= count)
+        return self.calls_of(kind)
+
+    async def wait_sent(self, count: int, timeout: float = 5.0) -> list[Call]:  # noqa: ASYNC109
+        assert self._recorded is not None
+        async with asyncio.timeout(timeout), self._recorded:
+            await self._recorded.wait_for(lambda: len(self.sent) >= count)
+        return self.sent
+
+    async def __aenter__(self) -> FakeGraph:
+        self._recorded = asyncio.Condition()
+        app = web.Application()
+        app.router.add_post("/{version}/{number}/messages", self._messages)
+        app.router.add_get("/download/{media_id}", self._download)
+        app.router.add_get("/{version}/{object_id}", self._object)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.05)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    async def _record(self, request: web.Request, kind: str, body: dict[str, Any]) -> Call:
+        call = Call(request.method, request.path, kind, body,
+                    request.headers.get("Authorization", ""))
+        self.calls.append(call)
+        assert self._recorded is not None
+        async with self._recorded:
+            self._recorded.notify_all()
+        return call
+
+    def _fault(self, request: web.Request, kind: str) -> web.Response | None:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return error(190, "Invalid OAuth access token - Cannot parse access token")
+        if faults := self._faults[kind]:
+            fault = faults.popleft()
+            if not fault.code:
+                if request.transport is not None:
+                    request.transport.close()
+                return web.Response()  # never reaches the client
+            return error(fault.code, _TITLES.get(fault.code, "Error"), fault.status)
+        return None
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            await self._record(request, "send", {})
+            return error(100, "Invalid parameter")
+        kind = "read" if body.get("status") == "read" else "send"
+        call = await self._record(request, kind, body)
+        if request.match_info["number"] != PHONE_NUMBER_ID:
+            return error(100, "Unsupported post request. Object with ID does not exist")
+        if (fault := self._fault(request, kind)) is not None:
+            return fault
+        if body.get("messaging_product") != "whatsapp":
+            return error(100, "The parameter messaging_product is required.")
+        if kind == "read":
+            if not str(body.get("message_id") or "").startswith("wamid."):
+                return error(100, "Invalid parameter")
+            return web.json_response({"success": True})
+        text = (body.get("text") or {}).get("body") if body.get("type") == "text" else None
+        if not isinstance(text, str) or not text.strip() or not body.get("to"):
+            return error(100, "Invalid parameter")
+        if len(text) > TEXT_LIMIT:
+            return error(100, "Param text['body'] must be at most 4096 characters long.")
+        call.accepted = True
+        wamid = f"wamid.FAKE{next(self._ids):06d}"
+        return web.json_response({"messaging_product": "whatsapp",
+                                  "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                                  "messages": [{"id": wamid}]})
+
+    async def _object(self, request: web.Request) -> web.Response:
+        object_id = request.match_info["object_id"]
+        kind = "number" if object_id == PHONE_NUMBER_ID else "media"
+        await self._record(request, kind, {})
+        if (fault := self._fault(request, kind)) is not None:
+            return fault
+        if kind == "number":
+            return web.json_response({"display_phone_number": DISPLAY_NUMBER,
+                                      "verified_name": "roost test", "id": PHONE_NUMBER_ID})
+        if object_id not in self.media:
+            return error(100, "Unsupported get request. Object with ID does not exist")
+        content, mime = self.media[object_id]
+        return web.json_response({
+            "messaging_product": "whatsapp", "url": f"{self.url}/download/{object_id}",
+            "mime_type": mime, "sha256": hashlib.sha256(content).hexdigest(),
+            "file_size": len(content), "id": object_id})
+
+    async def _download(self, request: web.Request) -> web.Response:
+        await self._record(request, "download", {})
+        if (fault := self._fault(request, "download")) is not None:
+            return fault
+        found = self.media.get(request.match_info["media_id"])
+        if found is None:
+            return web.Response(status=404)
+        return web.Response(body=found[0], content_type=found[1])
+
+
+def error(code: int, message: str, status: int | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": "OAuthException", "code": code,
+                      "error_data": {"messaging_product": "whatsapp", "details": message},
+                      "fbtrace_id": "AbCdEfGh"}}
+    return web.json_response(body, status=status or _STATUS_OF.get(code, 400))
+
+
+def sign(app_secret: str, body: bytes) -> str:
+    """The X-Hub-Signature-256 header Meta sends with `body`."""
+    return "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def webhook(*messages: dict[str, Any], statuses: tuple[dict[str, Any], ...] = (),
+            name: str = "Test User") -> bytes:
+    """A webhook body as Meta sends it (non-ASCII escaped, as Meta does)."""
+    senders = {m["from"] for m in messages}
+    value: dict[str, Any] = {
+        "messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": DISPLAY_NUMBER, "phone_number_id": PHONE_NUMBER_ID},
+    }
+    if messages:
+        value["contacts"] = [{"profile": {"name": name}, "wa_id": s} for s in sorted(senders)]
+        value["messages"] = list(messages)
+    if statuses:
+        value["statuses"] = list(statuses)
+    body = {"object": "whatsapp_business_account",
+            "entry": [{"id": "264937493375603", "changes": [{"value": value,
+                                                               "field": "messages"}]}]}
+    return json.dumps(body).encode()
+
+
+def text_message(wamid: str, sender: str, text: str, **fields: Any) -> dict[str, Any]:
+    return {"from": sender, "id": wamid, "timestamp": "1730231903", "type": "text",
+            "text": {"body": text}, **fields}
