@@ -171,8 +171,7 @@ class TelegramChannel:
         """Send the parts not yet delivered, recording progress after each one."""
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
-        done = await asyncio.to_thread(self._parts_sent, outbound)
-        for index in range(done, len(parts)):
+        for index in range(outbound.parts_sent, len(parts)):
             # In a group the answer quotes the message that asked, so everyone sees whom it
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
@@ -180,13 +179,6 @@ class TelegramChannel:
             await self._send_part(_Destination(chat_id, topic, reply), parts[index],
                                   outbound.chat_key)
             await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
-
-    def _parts_sent(self, outbound: Outbound) -> int:
-        # Outbound.from_doc keeps only the record's own fields; the progress is in the store.
-        for doc in self.store.outbox_pending(outbound.chat_key):
-            if doc["id"] == outbound.id:
-                return int(doc.get("parts_sent", 0))
-        return 0
 
     async def _send_part(self, where: _Destination, part: str, chat_key: str) -> None:
         """One part, HTML first. A refusal of the content (not of the chat) is tried again as

@@ -24,7 +24,7 @@ from typing import Any
 
 from telegram import Message, Update
 
-from channels.base import Inbound
+from channels.base import Inbound, inbound_id
 from channels.telegram_media import UNSUPPORTED, MediaFetcher
 from channels.telegram_updates import (
     BotIdentity,
@@ -33,7 +33,6 @@ from channels.telegram_updates import (
     chat_key_of,
     context_lines,
     edit_text,
-    inbound_id,
     media_group_of,
     message_of,
     message_text,

@@ -10,7 +10,6 @@ model reads.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ QUOTE_CLIP = 200  # characters of a replied-to message the model sees; the rest 
 _USER_FIELDS = frozenset({"from", "forward_from", "via_bot", "user", "left_chat_member",
                           "new_chat_members", "sender_business_bot"})
 _GROUPS = (ChatType.GROUP, ChatType.SUPERGROUP)  # a tuple: `in` compares, so a plain str works
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # the alphabet of daemon.conversations.new_id
 
 
 class NotAnUpdate(ValueError):
@@ -254,15 +252,6 @@ def routable_message(update: Update) -> Message | None:
     if chat is None or type(chat.id) is not int:
         return None
     return found[0]
-
-
-def inbound_id(received: float, update_key: str) -> str:
-    """A ULID-shaped id fixed by the update: processing the same stored update again after a
-    crash makes the same inbox id, so roost can tell it was already submitted."""
-    millis = int(received * 1000)
-    entropy = int.from_bytes(hashlib.sha256(update_key.encode()).digest()[:10], "big")
-    value = (millis << 80) | entropy
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 
 def _mention(identity: BotIdentity) -> re.Pattern[str]:

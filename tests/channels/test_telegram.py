@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from channels.base import inbound_id
 from channels.formatting import to_telegram_html
 from channels.telegram import COMMANDS, SECRET_HEADER, WEBHOOK_PATH, Telegram, TelegramTuning
-from channels.telegram_updates import inbound_id
 from daemon.app import ENGINE, STORE, TELEGRAM, build_app, serve
 from daemon.commands import GREETING, Commands
 from daemon.conversations import Message
