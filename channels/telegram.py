@@ -52,6 +52,7 @@ from channels.formatting import split_telegram, split_text
 from channels.telegram_intake import TelegramIntake
 from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram_updates import UPDATE_KINDS, BotIdentity, address_of
+from channels.webhooks import read_at_most
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, TelegramSettings
 from daemon.errors import ChannelError, ConfigError, DeliveryError
@@ -380,10 +381,7 @@ class Telegram:
             return web.Response(status=403, text="forbidden\n")
         if request.content_type != "application/json":
             return web.Response(status=403, text="expected application/json\n")
-        limit = self.tuning.max_body
-        if request.content_length is not None and request.content_length > limit:
-            return web.Response(status=413, text="too large\n")
-        body = await _read_at_most(request, limit)
+        body = await read_at_most(request, self.tuning.max_body)
         if body is None:
             return web.Response(status=413, text="too large\n")
         try:
@@ -415,15 +413,3 @@ def _limits(settings: AttachmentSettings) -> AttachmentLimits:
     return AttachmentLimits(image_max_side=settings.image_max_side,
                             image_max_bytes=settings.image_max_mb * mib,
                             file_max_bytes=settings.file_max_mb * mib)
-
-
-async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None once it grows past `limit` (a chunked body has no Content-Length)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

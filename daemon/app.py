@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from aiohttp import web
 
 from channels.base import Channel
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
+from channels.whatsapp import WEBHOOK_PATH as WHATSAPP_PATH
+from channels.whatsapp import WhatsApp, WhatsAppTuning
 from daemon import __version__
 from daemon.config import Settings
 from daemon.engine import Engine
 from daemon.errors import ChannelError, ConfigError, LLMError, StoreError
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
+from daemon.records import Records
 from daemon.sdnotify import sd_notify
 from daemon.store import Store
 
@@ -34,23 +37,37 @@ ENGINE = web.AppKey("engine", Engine)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
 TELEGRAM = web.AppKey("telegram", Telegram)
 TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
+WHATSAPP = web.AppKey("whatsapp", WhatsApp)
+WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
+Context = Callable[[web.Application], AsyncIterator[None]]
 
 HEALTH_PROBE_TIMEOUT = 2.0
 
 
 def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
-              telegram_tuning: TelegramTuning | None = None) -> web.Application:
+              telegram_tuning: TelegramTuning | None = None,
+              whatsapp_tuning: WhatsAppTuning | None = None) -> web.Application:
     """The application with its parts registered; nothing runs until it is started."""
     app = web.Application()
     app[SETTINGS] = settings
     app[CHANNELS] = dict(channels or {})
+    # Channels open before the engine (it delivers through them) and start receiving after it
+    # (they feed it), so they stop receiving first.
+    opening: list[Context] = []
+    starting: list[Context] = []
     if settings.telegram.enabled:
         app[TELEGRAM_TUNING] = telegram_tuning or TelegramTuning()
-        app.cleanup_ctx.extend([store_ctx, llm_ctx, telegram_ctx, engine_ctx, telegram_start_ctx])
+        opening.append(telegram_ctx)
+        starting.append(telegram_start_ctx)
         if settings.telegram.mode == "webhook":  # polling mode has no route: never both
             app.router.add_post(WEBHOOK_PATH, telegram_webhook)
-    else:
-        app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx])
+    if settings.whatsapp.enabled:
+        app[WHATSAPP_TUNING] = whatsapp_tuning or WhatsAppTuning()
+        opening.append(whatsapp_ctx)
+        starting.append(whatsapp_start_ctx)
+        app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
+        app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
+    app.cleanup_ctx.extend([store_ctx, llm_ctx, *opening, engine_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     return app
 
@@ -100,6 +117,33 @@ async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def telegram_webhook(request: web.Request) -> web.Response:
     return await request.app[TELEGRAM].webhook(request)
+
+
+async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    records = Records(app[STORE].state_dir, settings.daemon.tz)
+    whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
+                        settings.attachments)
+    await whatsapp.open()
+    app[WHATSAPP] = whatsapp
+    app[CHANNELS]["whatsapp"] = whatsapp.channel
+    yield
+    await whatsapp.close()
+
+
+async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
+    await app[WHATSAPP].start(app[ENGINE])
+    yield
+    await app[WHATSAPP].stop()
+    log.info("whatsapp stopped")
+
+
+async def whatsapp_verify(request: web.Request) -> web.Response:
+    return await request.app[WHATSAPP].verify(request)
+
+
+async def whatsapp_webhook(request: web.Request) -> web.Response:
+    return await request.app[WHATSAPP].webhook(request)
 
 
 def channel_names(app: web.Application) -> list[str]:
@@ -160,11 +204,6 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
         log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
                   exc.strerror or exc)
         return 71  # EX_OSERR
-    for name, enabled in (("telegram", settings.telegram.enabled),
-                          ("whatsapp", settings.whatsapp.enabled)):
-        if enabled and name not in app[CHANNELS]:
-            log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
-                        "its messages are not served", name, name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

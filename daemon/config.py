@@ -78,6 +78,7 @@ class WhatsAppSettings:
     api_base: str = "https://graph.facebook.com"
     api_version: str = "v23.0"
     allow: tuple[str, ...] = ()  # wa_ids, digits only
+    fallback: str | None = None  # a chat key for replies WhatsApp refuses after 24 hours
     token: str | None = field(default=None, repr=False)
     app_secret: str | None = field(default=None, repr=False)
     verify_token: str | None = field(default=None, repr=False)
@@ -274,7 +275,8 @@ _SPECS: Mapping[str, _Spec] = {
         "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id"))},
     "whatsapp": {
         "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
-        "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS)},
+        "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
+        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'")},
     "access": {"unknown_senders": _one_of("pair", "ignore")},
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),

@@ -341,6 +341,8 @@ class Engine:
                 await asyncio.to_thread(self.store.outbox_done, doc["id"])
             return True
         for doc in docs:
+            if doc.get("held"):
+                continue  # waits for the user to write again (the intake releases it)
             self._current[chat_key] = ("outbox", [doc])
             outbound = Outbound.from_doc(doc)
             if await asyncio.to_thread(self.store.was_sent, outbound.id):
@@ -350,6 +352,9 @@ class Engine:
                 assert channel is not None
                 await channel.send(outbound)
             except DeliveryError as exc:
+                if exc.window_closed:
+                    await self._hold(outbound, exc)
+                    continue
                 if exc.permanent:
                     await self._give_up(outbound, exc)
                     continue
@@ -360,6 +365,28 @@ class Engine:
             self._delivery_failures.pop(chat_key, None)
             await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
+
+    async def _hold(self, outbound: Outbound, exc: DeliveryError) -> None:
+        """The platform takes this reply only after the user writes again: send it through the
+        fallback chat when there is one, else keep it (a restart keeps it too) until then."""
+        where = outbound.conversation_id or outbound.chat_key
+        if exc.fallback:
+            rerouted = Outbound(chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}",
+                                created=self.clock(), kind=outbound.kind,
+                                conversation_id=outbound.conversation_id,
+                                message_id=outbound.message_id)
+            await asyncio.to_thread(self.store.outbox_add, rerouted.to_doc())
+            await asyncio.to_thread(self.store.outbox_done, outbound.id)
+            await asyncio.to_thread(self.records.event, self.clock(), "rerouted", where,
+                                    f"{exc}; sent to {exc.fallback}")
+            log.info("a %s for %s went to %s instead: %s", outbound.kind, outbound.chat_key,
+                     exc.fallback, exc)
+            self._kick(exc.fallback)
+            return
+        await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc))
+        await asyncio.to_thread(self.records.event, self.clock(), "held", where, str(exc))
+        log.info("a %s for %s waits until the user writes again: %s", outbound.kind,
+                 outbound.chat_key, exc)
 
     async def _give_up(self, outbound: Outbound, exc: DeliveryError) -> None:
         """A delivery retrying cannot help. The reply stays in the conversation either way."""

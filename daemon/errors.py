@@ -80,11 +80,17 @@ class DeliveryError(ChannelError):
     `permanent` means retrying this reply cannot help (the platform refused its content): the
     engine gives it up and tells the user. `chat_blocked` means the platform refuses the whole
     chat (the user blocked the bot): the engine marks the chat and sends it nothing more until
-    the user writes again.
+    the user writes again. `window_closed` means the platform takes messages to this user only
+    after they write again (WhatsApp's 24 hours): the reply goes to `fallback` (a chat key, with
+    `note` before it) when there is one, else it waits for the user's next message.
     """
 
-    def __init__(self, message: str, *, permanent: bool = False,
-                 chat_blocked: bool = False) -> None:
+    def __init__(self, message: str, *, permanent: bool = False, chat_blocked: bool = False,
+                 window_closed: bool = False, fallback: str | None = None,
+                 note: str = "") -> None:
         self.permanent = permanent or chat_blocked
         self.chat_blocked = chat_blocked
+        self.window_closed = window_closed
+        self.fallback = fallback
+        self.note = note
         super().__init__(message)

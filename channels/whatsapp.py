@@ -1,0 +1,321 @@
+"""WhatsApp through the official Business Cloud API: webhooks in, Graph API calls out.
+
+* `GET /webhooks/whatsapp` answers Meta's subscription check: `hub.mode=subscribe` with the right
+  `hub.verify_token` gets the raw `hub.challenge` back, anything else 403.
+* `POST /webhooks/whatsapp` checks `X-Hub-Signature-256` over the raw body (401 without it, 403
+  when wrong), then parses it (400 when it is not JSON) and hands every message, in the order
+  Meta listed them, to the shared intake (`daemon.intake`): each is on disk before the 200, keyed
+  by its wamid so Meta's retries (for days) are dropped. Status webhooks are recorded.
+* Processing (`WhatsAppIntake.process`, per sender in order): mark the message read, fetch its
+  media, build the `Inbound`, submit. A reaction is noted, not answered.
+* Delivery (`WhatsAppChannel.send`): the model's Markdown in WhatsApp's own syntax, split at 4,096
+  characters, progress recorded per part. Rate limits, 5xx and network errors are retried; a
+  refused message gives way to the next; outside the 24-hour window (131047) the reply goes to
+  `whatsapp.fallback` or waits until the user writes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from channels.base import Inbound, Outbound, inbound_id
+from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
+from channels.webhooks import read_at_most
+from channels.whatsapp_api import Failure, GraphClient, GraphError
+from channels.whatsapp_media import WhatsAppMedia
+from channels.whatsapp_payloads import (
+    SIGNATURE_HEADER,
+    NotAWebhook,
+    Signature,
+    WaMessage,
+    WaStatus,
+    chat_key,
+    check_signature,
+    describe,
+    parse_webhook,
+    wa_id_of,
+)
+from daemon.attachments import AttachmentLimits
+from daemon.config import AttachmentSettings, WhatsAppSettings
+from daemon.errors import DeliveryError
+from daemon.intake import Intake, Outcome, Pending, Submitter
+from daemon.logs import whatsapp_log as log
+from daemon.records import Records
+from daemon.store import Store
+
+WEBHOOK_PATH = "/webhooks/whatsapp"
+CHANNEL = "whatsapp"
+UNSUPPORTED = ("I can read text, photos, voice notes, audio, video, documents, locations and "
+               "contacts; that kind of message I cannot use. Please describe it in words.")
+REENGAGEMENT_NOTE = ("(WhatsApp would not take this reply: it has been more than 24 hours since "
+                     "you last wrote there.)")
+_SENT_REMEMBERED = 1000  # wamids of recent sends, to name the conversation in status records
+
+
+@dataclass(frozen=True)
+class WhatsAppTuning:
+    """Timings and limits that are not user settings; tests make them short."""
+
+    typing_refresh: float = 20.0  # WhatsApp drops the typing indicator after 25 seconds
+    max_body: int = 4 * 1024 * 1024  # above Meta's largest batches; larger bodies get a 413
+    media_backoff: float = 0.5
+
+
+def message_key(wamid: str) -> str:
+    return f"whatsapp:msg:{wamid}"
+
+
+class WhatsAppChannel:
+    """Delivery to WhatsApp users; the typing indicator while a turn holds the model."""
+
+    name = CHANNEL
+
+    def __init__(self, client: GraphClient, store: Store, settings: WhatsAppSettings, *,
+                 typing_refresh: float = 20.0) -> None:
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.typing_refresh = typing_refresh
+        self.last_received: dict[str, str] = {}  # chat key -> newest wamid (for typing)
+        self.sent: OrderedDict[str, str] = OrderedDict()  # wamid -> conversation or chat
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        """Ignored: WhatsApp messages cannot be edited as they grow."""
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._typing(chat_key)
+
+    @contextlib.asynccontextmanager
+    async def _typing(self, chat_key: str) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._keep_typing(chat_key), name=f"roost-typing-{chat_key}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _keep_typing(self, chat_key: str) -> None:
+        while True:
+            wamid = self.last_received.get(chat_key)
+            if wamid is not None:
+                try:
+                    await self.client.mark_read(wamid, typing=True)
+                except GraphError as exc:  # cosmetic: never worth failing a turn for
+                    log.debug("typing indicator for %s failed: %s", chat_key, exc)
+            await asyncio.sleep(self.typing_refresh)
+
+    async def send(self, outbound: Outbound) -> None:
+        """Send the parts not yet delivered, recording progress after each one."""
+        to = wa_id_of(outbound.chat_key)
+        parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
+        for index in range(outbound.parts_sent, len(parts)):
+            try:
+                wamid = await self.client.send_text(to, parts[index])
+            except GraphError as exc:
+                raise self._delivery_error(exc) from exc
+            self._remember(wamid, outbound.conversation_id or outbound.chat_key)
+            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+
+    def _delivery_error(self, exc: GraphError) -> DeliveryError:
+        if exc.kind is Failure.REENGAGE:
+            return DeliveryError(f"WhatsApp refused it: {exc.title}", window_closed=True,
+                                 fallback=self.settings.fallback, note=REENGAGEMENT_NOTE)
+        if exc.kind is Failure.REFUSED:
+            return DeliveryError(f"WhatsApp refused it: {exc.title} (code {exc.code})",
+                                 permanent=True)
+        return DeliveryError(f"WhatsApp did not take it yet: {exc}")
+
+    def _remember(self, wamid: str, where: str) -> None:
+        if wamid:
+            self.sent[wamid] = where
+            while len(self.sent) > _SENT_REMEMBERED:
+                self.sent.popitem(last=False)
+
+
+class WhatsAppIntake:
+    """WhatsApp messages into the shared intake, and out of it to the engine (its Handler)."""
+
+    def __init__(self, *, store: Store, engine: Submitter, channel: WhatsAppChannel,
+                 media: WhatsAppMedia, allow: Collection[str],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.engine = engine
+        self.channel = channel
+        self.media = media
+        self.allow = frozenset(allow)
+        self.intake = Intake(store=store, channel=CHANNEL, handler=self, clock=clock)
+
+    async def accept(self, message: WaMessage) -> bool:
+        """Persist one message before Meta is answered, if its sender may talk; False for a
+        redelivery or a message that is dropped. Raises when it could not be stored."""
+        if message.sender not in self.allow:
+            log.warning("ignored a message from unknown WhatsApp user %s (not in "
+                        "whatsapp.allow)", message.sender)
+            return False
+        payload = {"message": dict(message.body), "profile_name": message.profile_name,
+                   "business_number": message.business_number}
+        return await self.intake.accept(message_key(message.id), message.chat_key, payload)
+
+    # ---- the intake's Handler --------------------------------------------------------------
+
+    def route(self, payload: Mapping[str, Any]) -> str | None:
+        sender = payload["message"]["from"]
+        return chat_key(sender) if isinstance(sender, str) and sender.isdigit() else None
+
+    def group(self, item: Pending) -> str | None:
+        return None  # WhatsApp has no albums: several photos come as several messages
+
+    async def process(self, batch: list[Pending]) -> Outcome:
+        (item,) = batch
+        message = _stored_message(item.payload)
+        key = message.chat_key
+        item_id = inbound_id(item.received, item.key)
+        if item.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
+            log.info("%s was submitted before the last stop; not again", item.key)
+            return Outcome.DONE
+        self.channel.last_received[key] = message.id
+        try:
+            await self.channel.client.mark_read(message.id, typing=False)
+        except GraphError as exc:  # the blue ticks are a courtesy
+            log.debug("marking %s read failed: %s", message.id, exc)
+        await self._release_held(key)
+        described = describe(message)
+        if described.reaction is not None:
+            # Understood, not answered: a reaction is no new turn.
+            log.info("%s reacted %s to %s", key, described.reaction, described.reacted_to)
+            return Outcome.DONE
+        if described.unsupported:
+            await self.engine.notify(key, UNSUPPORTED)
+            return Outcome.DONE
+        fetched = await self.media.fetch(described)
+        for problem in fetched.problems:
+            await self.engine.notify(key, problem)
+        if not described.text and not fetched.attachments:
+            return Outcome.DONE
+        inbound = Inbound(chat_key=key, text=described.text, received=item.received,
+                          id=item_id, platform_id=message.id, sender=message.sender,
+                          attachments=fetched.attachments)
+        return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
+
+    async def _release_held(self, key: str) -> None:
+        """The user wrote: the 24-hour window is open again for replies that waited for it."""
+        for doc in await asyncio.to_thread(self.store.outbox_pending, key):
+            if doc.get("held"):
+                await asyncio.to_thread(self.store.outbox_update, doc["id"], held=None)
+                log.info("%s wrote again: a held reply goes out", key)
+
+
+def _stored_message(payload: Mapping[str, Any]) -> WaMessage:
+    body = payload["message"]
+    return WaMessage(id=body["id"], sender=body["from"], timestamp=int(body.get("timestamp", 0)),
+                     type=str(body.get("type")), body=body,
+                     profile_name=payload.get("profile_name"),
+                     business_number=payload.get("business_number"))
+
+
+class WhatsApp:
+    """The WhatsApp part of the daemon: the Graph client, delivery, intake and webhook routes.
+
+    `open()` (before the engine exists) starts the Graph client; `start(engine)` (after)
+    resumes stored messages; `stop()` stops the intake's workers; `close()` the client.
+    """
+
+    def __init__(self, settings: WhatsAppSettings, store: Store, records: Records,
+                 tuning: WhatsAppTuning | None = None,
+                 attachments: AttachmentSettings | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.records = records
+        self.tuning = tuning or WhatsAppTuning()
+        self.client = GraphClient(settings)
+        self.channel = WhatsAppChannel(self.client, store, settings,
+                                       typing_refresh=self.tuning.typing_refresh)
+        limits = attachments or AttachmentSettings()
+        mib = 1024 * 1024
+        self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
+                                   limits=AttachmentLimits(
+                                       image_max_side=limits.image_max_side,
+                                       image_max_bytes=limits.image_max_mb * mib,
+                                       file_max_bytes=limits.file_max_mb * mib),
+                                   backoff=self.tuning.media_backoff)
+        self.intake: WhatsAppIntake | None = None
+
+    async def open(self) -> None:
+        await self.client.start()
+
+    async def start(self, engine: Submitter) -> None:
+        self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
+                                     media=self.media, allow=self.settings.allow)
+        await self.intake.intake.resume()
+
+    async def stop(self) -> None:
+        if self.intake is not None:
+            await self.intake.intake.stop()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def verify(self, request: web.Request) -> web.Response:
+        """`GET /webhooks/whatsapp`: Meta's subscription handshake."""
+        query = request.query
+        token = query.get("hub.verify_token", "").encode("utf-8", "surrogateescape")
+        expected = (self.settings.verify_token or "").encode()
+        if (query.get("hub.mode") == "subscribe" and expected
+                and hmac.compare_digest(token, expected) and "hub.challenge" in query):
+            log.info("Meta verified the webhook subscription")
+            return web.Response(text=query["hub.challenge"], content_type="text/plain")
+        log.warning("webhook verification from %s refused", request.remote)
+        return web.Response(status=403, text="forbidden\n")
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        """`POST /webhooks/whatsapp`: check, persist, answer; processing comes after."""
+        body = await read_at_most(request, self.tuning.max_body)
+        if body is None:
+            return web.Response(status=413, text="too large\n")
+        assert self.settings.app_secret is not None  # config requires it when enabled
+        verdict = check_signature(self.settings.app_secret, body,
+                                  request.headers.get(SIGNATURE_HEADER))
+        if verdict is not Signature.OK:
+            log.warning("webhook call from %s with a %s signature; refused", request.remote,
+                        verdict.value)
+            status = 401 if verdict is Signature.MISSING else 403
+            return web.Response(status=status, text=f"signature {verdict.value}\n")
+        try:
+            hook = parse_webhook(json.loads(body))
+        except (ValueError, UnicodeDecodeError) as exc:  # NotAWebhook is a ValueError too
+            reason = str(exc) if isinstance(exc, NotAWebhook) else "malformed JSON"
+            log.warning("webhook body refused: %s", reason)
+            return web.Response(status=400, text=f"{reason}\n")
+        if self.intake is None:
+            return web.Response(status=503, text="starting\n")
+        intake = self.intake
+        try:
+            # Together, so one write (one fsync) stores the whole batch; the intake keeps the
+            # order in which they were handed over.
+            await asyncio.gather(*(intake.accept(m) for m in hook.messages))
+        except Exception:
+            # The boundary of the route: without a 2xx Meta delivers the batch again.
+            log.exception("storing a WhatsApp webhook failed")
+            return web.Response(status=503, text="not stored\n")
+        for delivery in hook.statuses:
+            await self._record_status(delivery)
+        return web.Response(status=200)
+
+    async def _record_status(self, status: WaStatus) -> None:
+        where = self.channel.sent.get(status.id, chat_key(status.recipient))
+        errors = "; ".join(f"{code} {title}" for code, title in status.errors)
+        detail = f"WhatsApp {status.status} {status.id}" + (f": {errors}" if errors else "")
+        if status.status == "failed":
+            log.warning("WhatsApp could not deliver %s to %s: %s", status.id, status.recipient,
+                        errors or "no reason given")
+        await asyncio.to_thread(self.records.event, time.time(), "delivery", where, detail)
