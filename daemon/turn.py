@@ -29,7 +29,14 @@ from daemon.config import Settings
 from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
 from daemon.context.replay import ChatMessage, DoesNotFit
 from daemon.conversations import Conversation, Message, Role
-from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
+from daemon.errors import (
+    ContextOverflow,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelCrashed,
+    ModelNotFound,
+)
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
 from daemon.loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
@@ -253,12 +260,23 @@ class TurnRunner:
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
         stream: _Stream, announce_outage: bool,
     ) -> ChatResult:
-        """Call the model, retrying with backoff while it is unreachable; tell the user once."""
+        """Call the model, retrying with backoff while it is unreachable (a refused connection,
+        or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
+        crashed on this request) is tried once more, then reported."""
         model = self.settings.model
+        crashed = False
         for attempt in range(model.retry_attempts):
             stream.begin()
             try:
                 result = await self.llm.chat(messages, tools=tools, on_delta=stream.delta)
+            except ModelCrashed as exc:
+                if crashed:
+                    raise
+                crashed = True
+                log.warning("Ollama failed on a request for %s (%s); trying once more",
+                            chat_key, exc)
+                await asyncio.sleep(model.retry_backoff)
+                continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                             self.llm.host, attempt + 1, model.retry_attempts, exc)
