@@ -34,6 +34,7 @@ async def collect(
     client: ollama.AsyncClient, messages: list[dict[str, Any]] = USER_HI, **kwargs: Any
 ) -> list[ollama.ChatResponse]:
     kwargs.setdefault("model", "qwen3:4b")
+    kwargs.setdefault("think", False)  # the default model thinks otherwise, as qwen3 does
     stream = await client.chat(messages=messages, stream=True, **kwargs)
     return [part async for part in stream]
 
@@ -75,7 +76,7 @@ async def test_stream_defaults_to_true_when_absent(fake: FakeOllama) -> None:
 async def test_non_streamed_chat_echoes_by_default(
     fake: FakeOllama, client: ollama.AsyncClient
 ) -> None:
-    response = await client.chat(model="qwen3:4b", messages=USER_HI, stream=False)
+    response = await client.chat(model="qwen3:4b", messages=USER_HI, stream=False, think=False)
     assert response.message.content == "echo: hi"
     assert response.done and response.prompt_eval_count == 5 and response.eval_count == 3
     fake.script("scripted")
@@ -88,7 +89,7 @@ async def test_show_list_ps_and_version_parse(fake: FakeOllama, client: ollama.A
     assert show.modelinfo is not None
     assert show.modelinfo["general.architecture"] == "qwen3"
     assert show.modelinfo["qwen3.context_length"] == 32768
-    assert show.capabilities == ["completion", "tools"]
+    assert show.capabilities == ["completion", "tools", "thinking"]
     assert show.details is not None and show.details.family == "qwen3"
     assert [m.model for m in (await client.list()).models] == ["qwen3:4b"]
     assert (await client.ps()).models == []
@@ -188,7 +189,7 @@ async def test_tool_calls_and_thinking_arrive_parsed(
 ) -> None:
     call = {"function": {"name": "memory_search", "arguments": {"query": "dentist"}}}
     fake.script(Reply(tool_calls=[call], thinking="let me look"), Reply(tool_calls=[call]))
-    parts = await collect(client)
+    parts = await collect(client, think=True)
     assert parts[0].message.thinking == "let me look"
     calls = [c for p in parts for c in p.message.tool_calls or []]
     assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
@@ -226,7 +227,7 @@ async def test_scripted_status_error(fake: FakeOllama, client: ollama.AsyncClien
 
 async def test_drop_mid_stream(fake: FakeOllama, client: ollama.AsyncClient) -> None:
     fake.script(Reply("abcdefgh", chunks=4, drop_after_chunks=2))
-    stream = await client.chat(model="qwen3:4b", messages=USER_HI, stream=True)
+    stream = await client.chat(model="qwen3:4b", messages=USER_HI, stream=True, think=False)
     received: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError):
         async for part in stream:
