@@ -193,10 +193,12 @@ class TurnRunner:
             )
             done = await loop.run(messages, first)
         except DoesNotFit as exc:
+            # Messages are excerpted to fit, so only the fixed part can be too large: a window
+            # too small for the setup, not a message too long.
             return await self._fail(chat_key, items, (
-                f"Your message is too long for the model's context window (about "
-                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Please send it in "
-                "parts."))
+                f"The model's context window is too small for this conversation's setup (about "
+                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
+                "saved; raise model.window or lower model.response_reserve."))
         except ModelNotFound as exc:
             return await self._fail(chat_key, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
