@@ -134,13 +134,14 @@ class ModelClient:
         on_delta: Callable[[str], None] | None = None,
         num_predict: int | None = None,
         background: bool = False,
+        think: bool | None = None,
     ) -> ChatResult:
         """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
 
         roost decides thinking: a background call never thinks, a turn thinks only with
         `model.think` (its tokens count against `num_predict`). `think` is always stated to a
         thinking model, since Ollama thinks when it is unset. Tools go only to a model whose
-        capabilities list them.
+        capabilities list them. `think` False keeps a foreground call from thinking too.
 
         A `background` call (the fold) yields to turns: it waits while a turn waits, and a turn
         that finds the gate held by a background call cancels that call, which then raises
@@ -152,7 +153,10 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        think = (self.settings.think and not background) if info.thinks else None
+        if info.thinks:
+            think = bool(self.settings.think and not background and think is not False)
+        else:
+            think = None
         if not info.tools:
             tools = None
         call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta, think)

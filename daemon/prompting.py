@@ -22,6 +22,9 @@ from daemon.llm import ModelClient
 from daemon.store import Store
 from daemon.tools.registry import Registry
 
+BUDGET_MARGIN_SHARE = 50  # 2% of the budget
+BUDGET_MARGIN_MIN = 16
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -117,6 +120,9 @@ class Prompting:
         tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
                        if tools else 0)
         budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens
+        # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
+        # off still inside the window Ollama would otherwise cut silently.
+        budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
         request = build_request(
             conversation_id=conversation.id,
             prefix=await self.prefix(conversation, capabilities, tools=with_tools),

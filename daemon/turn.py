@@ -37,6 +37,7 @@ from daemon.errors import (
     ModelCrashed,
     ModelNotFound,
 )
+from daemon.folding import Folder
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
 from daemon.loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
@@ -61,7 +62,7 @@ SILENT_CUT_SHARE = 0.6
 RATIO_DECAY = 0.2
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
-CROWDED_SHARE = 0.8
+CROWDED_SHARE = 0.9
 
 
 class Outcome(enum.Enum):
@@ -136,8 +137,10 @@ class TurnRunner:
         notify: Notify,
         stream: StreamDelta,
         clock: Callable[[], float],
+        folder: Folder | None = None,
     ) -> None:
         self.settings = settings
+        self.folder = folder
         self.store = store
         self.llm = llm
         self.router = router
@@ -164,6 +167,11 @@ class TurnRunner:
         )
         if not items:  # every one was answered before a crash; the replies are queued again
             return TurnResult(Outcome.ANSWERED, conversation.id)
+        if self.folder is not None and self.folder.owes(conversation.id):
+            # The last request reached its budget and no background fold landed since: fold
+            # now, as this chat's own work, so this request does not drop messages again.
+            await self.folder.land(conversation.id)
+            conversation = await asyncio.to_thread(self._reread, conversation)
         history = await asyncio.to_thread(self.store.messages, conversation.id)
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
@@ -364,6 +372,10 @@ class TurnRunner:
         return TurnResult(Outcome.FAILED)
 
     # Synchronous steps, run in a worker thread ---------------------------------------------
+
+    def _reread(self, conversation: Conversation) -> Conversation:
+        """The conversation with the summary a fold just wrote."""
+        return self.store.get_conversation(conversation.id) or conversation
 
     def _record_user_messages(
         self, chat_key: str, items: Sequence[Inbound]
