@@ -171,6 +171,19 @@ async def test_other_ollama_errors_give_a_clear_message_and_keep_the_conversatio
         "first", "second", "echo: second"]
 
 
+@pytest.mark.parametrize("status", [502, 503, 504])
+async def test_a_gateway_error_is_an_outage_and_the_message_is_answered(
+    status: int, fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for,
+    recording_channel,
+) -> None:
+    fake_ollama.script(Reply(status=status, error="upstream went away"))
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "still there?")
+    assert recording_channel.texts("reply") == ["echo: still there?"]
+    [notice] = recording_channel.texts("notice")
+    assert "not answering" in notice
+
+
 async def test_one_500_is_retried_and_answered(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
 ) -> None:
