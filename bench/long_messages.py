@@ -12,9 +12,9 @@ Every request Ollama receives counts, fold prompts included. A request's *uncach
 prompt less the prefix it shares with the request Ollama received just before it (the tool
 schemas when they are the same, since templates render them first; then whole shared messages
 count their tokens, and the first differing message its shared characters in proportion).
-Printed for turns 50-100 and 250-300: turns answered, mean prompt tokens of the turns' requests,
-folds written, mean uncached tokens per turn (the turn's requests and any fold before it), and
-the summary's size (summary plus user notes, in the fake's tokens). Then over the whole run:
+Printed for turns 50-100 and 250-300 (and 0-50): turns answered, mean prompt tokens of the
+turns' requests, folds written, mean uncached tokens per turn (the turn's requests and any fold
+before it), and the summary's size (summary plus user notes, in the fake's tokens). Then over the whole run:
 requests over the budget or cut by Ollama, turns answered by the model, and total uncached tokens
 against the new content (user messages plus replies).
 
@@ -52,7 +52,7 @@ START = 1_796_112_000.0
 TURN_GAP = 60.0
 USER_BYTES = 870  # ~290 tokens: the fake counts bytes / 3
 ANSWER_BYTES = 450  # ~150 tokens
-SPANS = ((50, 100), (250, 300))
+SPANS = ((0, 50), (50, 100), (250, 300))  # the issue's two spans, and the start for context
 
 Body = dict[str, Any]
 
@@ -210,8 +210,9 @@ def report(records: Sequence[TurnRecord], totals: dict[str, int]) -> str:
     lines.append(f"turns answered by the model: {answered} of {len(records)}")
     lines.append(f"total uncached {uncached:,} tokens vs new content {totals['new']:,} "
                  f"({uncached / max(totals['new'], 1):.2f}x)")
-    if len(per_span) == 2:
-        lines.append(f"uncached per turn, late vs early: {per_span[1] / max(per_span[0], 1):.2f}x")
+    if len(per_span) == 3:
+        lines.append(f"uncached per turn, 250-300 vs 50-100: "
+                     f"{per_span[2] / max(per_span[1], 1):.2f}x")
     return "\n".join(lines)
 
 
