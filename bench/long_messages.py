@@ -14,9 +14,9 @@ schemas when they are the same, since templates render them first; then whole sh
 count their tokens, and the first differing message its shared characters in proportion).
 Printed for turns 50-100 and 250-300 (and 0-50): turns answered, mean prompt tokens of the
 turns' requests, folds written, mean uncached tokens per turn (the turn's requests and any fold
-before it), and the summary's size (summary plus user notes, in the fake's tokens). Then over the whole run:
-requests over the budget or cut by Ollama, turns answered by the model, and total uncached tokens
-against the new content (user messages plus replies).
+before it), and the summary's size (summary plus user notes, in the fake's tokens). Then over
+the whole run: requests over the budget or cut by Ollama, turns answered by the model, and total
+uncached tokens against the new content (user messages plus replies).
 
 Targets: uncached per turn in 250-300 at most 1.2x that in 50-100; summary within its cap; 0
 requests over budget or cut; every turn answered; total uncached at most 3x the new content.
