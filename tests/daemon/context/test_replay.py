@@ -676,3 +676,17 @@ def test_an_image_costs_its_pixels_over_1024_and_at_least_256_tokens() -> None:
     assert image_tokens({"width": 1025, "height": 1024}) == 1025  # rounded up
     assert image_tokens({"width": 10, "height": 10}) == 256
     assert image_tokens({}) == 256  # unknown size: the floor
+
+
+def test_an_old_long_message_is_excerpted_the_same_way_on_every_turn() -> None:
+    script = Script()
+    script.user("here is the article: " + filler(20_000, 3))  # ~5,000 tokens
+    script.assistant("read it")
+    requests = []
+    for turn in range(3):
+        script.exchange(f"question {turn}", f"answer {turn}")
+        requests.append(build(script.messages, 7_000))
+    firsts = [tail_of(r)[0]["content"] for r in requests]
+    assert len(set(firsts)) == 1  # the same bytes: Ollama's cache keeps matching
+    assert "[TRUNCATED" in firsts[0] and all(r.shortened == 1 for r in requests)
+    check_invariants(requests[-1], script, 7_000, 1.0)
