@@ -123,6 +123,11 @@ class Folder:
             log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
         self._owed.discard(conversation_id)
+        # A background try that was preempted would otherwise fold again, needlessly.
+        timer = self._timers.pop(conversation_id, None)
+        if timer is not None:
+            timer.cancel()
+        self._retry_at.pop(conversation_id, None)
         return outcome
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:

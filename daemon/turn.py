@@ -5,9 +5,12 @@ The turn is a thin coordinator over the store, the pure context functions and th
 1. route the chat to its active conversation and append the pending user messages, each marked
    with its inbox id, so they are on disk before the model is called (and appended only once,
    however often the turn is retried);
-2. build the request (`Prompting`: prefix + summary preamble + tail, fitted to the budget);
-3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable;
-   an overflow rejection (before anything streamed) recalibrates, refits and retries once;
+2. if the last request reached its budget and no background fold landed since, fold first, as
+   the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
+   preamble + tail, fitted to the budget);
+3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable
+   (a refused connection, or a 502/503/504), once more after a 500; an overflow rejection
+   (before anything streamed) recalibrates, refits and retries once;
 4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
 5. save the reply, put it in the outbox and only then clear the inbox items.
 
