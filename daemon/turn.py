@@ -27,9 +27,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from channels.base import Inbound, Outbound
-from daemon.attachments import AttachmentError, read_image_base64
+from daemon.attachments import AttachmentError, read_image_base64, store_file
 from daemon.config import Settings
-from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
+from daemon.context.budget import (
+    RATIO_MAX,
+    RATIO_MIN,
+    calibrated_ratio,
+    estimate_tokens,
+    request_budget,
+)
 from daemon.context.replay import ChatMessage, DoesNotFit
 from daemon.conversations import Conversation, Message, Role
 from daemon.errors import (
@@ -180,9 +186,13 @@ class TurnRunner:
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
         stream = _Stream(self.stream, chat_key, intro)
+        answering = {i.id for i in items}
         if FILES_CAPABILITY not in conversation.active_tools and any(
-                a.get("kind") != "image" for item in items for a in item.attachments):
-            # The user sent a file: the model will want file_read, so load it now rather than
+                a.get("kind") != "image" for m in history
+                if m.role == "user" and m.meta.get("inbox_id") in answering
+                for a in m.attachments):
+            # The user sent a file (or a message so long it was kept as one): the model will
+            # want file_read, so load it now rather than
             # spending two model calls on tool_activate.
             conversation = replace(conversation,
                                    active_tools=(*conversation.active_tools, FILES_CAPABILITY))
@@ -410,12 +420,25 @@ class TurnRunner:
             self.store.append_message(
                 conversation.id, "user", item.text, created=item.received,
                 channel_message_ids=(item.platform_id,) if item.platform_id else (),
-                attachments=item.attachments, meta=meta,
+                attachments=(*item.attachments, *self._as_file(item.text, conversation)),
+                meta=meta,
             )
         if items:
             conversation = conversation.touched(now)
             self.store.save_conversation(conversation)
         return conversation, list(items)
+
+    def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:
+        """A message too large for the whole window is also stored as a text file, so that the
+        model, which gets its start and end, can read the rest with file_read. The message
+        itself is kept whole in the conversation as always."""
+        model = self.settings.model
+        if estimate_tokens(text, conversation.token_ratio) <= request_budget(
+                model.window, model.response_reserve):
+            return ()
+        stored = store_file(text.encode("utf-8"), self.store.state_dir / "attachments",
+                            name="message.txt", mime="text/plain")
+        return (stored.to_doc(),)
 
     def _save_reply(
         self,

@@ -16,7 +16,9 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
   messages themselves are shortened, in fixed steps, the newest user message after all others.
 
 So no single message can wedge a conversation. The newest user message is sent whole whenever it
-fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest.
+fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
+(and, for one larger than the window, the note of the file the turn stored it in). An excerpt
+keeps a message's file notes and sent stamp whole.
 Protected from dropping: the conversation's first user message, the last 6 messages, the newest
 message with images, the newest tool call with its results. Only when the prefix and summary
 alone leave no room is `DoesNotFit` raised and nothing sent.
@@ -89,7 +91,8 @@ class _Entry:
     dropped: bool = False
     condensed_into: str | None = None
     current: bool = False  # one of the newest user messages, the ones this turn answers
-    full: str = ""  # the content before any excerpt (sent stamp and notes included)
+    full: str = ""  # the content before any excerpt (file notes and sent stamp included)
+    suffix: str = ""  # the end of `full` that an excerpt keeps whole: file notes, sent stamp
 
 
 def image_tokens(image: Mapping[str, JSONValue]) -> int:
@@ -248,21 +251,21 @@ def _entries(
             size = ", ".join(f"{img.get('width')}x{img.get('height')}" for img in images)
             content = f"{content}\n[image {size} sent earlier; not shown again]".lstrip()
             images = ()
+        text = content.strip()
         content = _with_attachment_notes(content, message)
         if tz is not None and message.role == "user":
             content += sent_stamp(message.created, tz)
+        suffix = content[len(text):] if text and content.startswith(text) else ""
         entries.append(_Entry(
             message=message, content=content, group=group,
             age=len(users) - bisect_right(users, i), images=images,
-            tool_calls=tuple(message.tool_calls),
+            tool_calls=tuple(message.tool_calls), full=content, suffix=suffix,
         ))
     _protect(entries, first_user, newest_images)
     for entry in reversed(entries):
         if entry.message.role != "user":
             break
         entry.current = True
-    for entry in entries:
-        entry.full = entry.content
     return entries, stubbed
 
 
@@ -287,10 +290,16 @@ def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio:
             continue
         if estimate_tokens(entry.content, ratio) <= share:
             continue
-        entry.content = excerpt(entry.content, keep, _read_label(
+        entry.content = _excerpt_entry(entry, keep, _read_label(
             conversation_id, entry.message.seq, "of a long earlier message left out"))
         shortened += 1
     return shortened
+
+
+def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
+    """Head and tail of the message's text; its file notes and sent stamp stay whole."""
+    body = entry.full[: len(entry.full) - len(entry.suffix)]
+    return excerpt(body, keep, label) + entry.suffix
 
 
 def _shorten(
@@ -310,8 +319,8 @@ def _shorten(
                 continue
             why = ("too long to send whole; this is its start and end" if entry.current
                    else "of a long message left out to fit the context window")
-            entry.content = excerpt(entry.full, keep,
-                                    _read_label(conversation_id, entry.message.seq, why))
+            entry.content = _excerpt_entry(
+                entry, keep, _read_label(conversation_id, entry.message.seq, why))
             shortened += 1
     return shortened
 

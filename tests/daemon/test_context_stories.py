@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -144,6 +145,28 @@ async def test_one_long_answer_then_three_short_messages_at_4096(
     assert story.channel.texts("reply")[1:] == ["echo: ok", "echo: and the raid?",
                                                 "echo: thanks"]
     story.assert_nothing_cut_or_over_budget()
+
+
+async def test_a_message_larger_than_the_window_is_answered_from_an_excerpt_and_a_file(
+    story_for: Callable[..., Any],
+) -> None:
+    story: Story = await story_for(window=4096)
+    paste = words(30_000, 4, "HUGE LOG")  # ~10,000 tokens: more than the whole window
+    await story.say(paste)
+    assert story.notices() == []
+    assert story.channel.texts("reply") == ["echo: " + paste[:200].rstrip()]
+    story.assert_nothing_cut_or_over_budget()
+    [request] = story.turns()
+    last = request["messages"][-1]["content"]
+    assert last.startswith(paste[:100]) and "[TRUNCATED" in last
+    found = re.search(r'file_read\("(attachments/[^"]+)"', last)
+    assert found is not None
+    assert "file_read" in {t["function"]["name"] for t in request["tools"]}
+    stored = story.store.state_dir / found.group(1)
+    assert stored.read_text("utf-8") == paste
+    conversation = story.store.active_conversation(CHAT)
+    assert conversation is not None
+    assert story.store.messages(conversation.id)[0].content == paste  # kept whole, as always
 
 
 async def test_200_long_turns_with_a_model_that_ignores_the_notes_format(
