@@ -310,7 +310,7 @@ def _shorten(
     shortened = 0
     candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
     order = [e for e in candidates if not e.current] + [e for e in candidates if e.current]
-    for share in (8, 16, 32, 64):
+    for share in (2, 4, 8, 16, 32, 64):
         keep = _excerpt_chars(budget // share, ratio)
         for entry in order:
             if total() <= budget:
