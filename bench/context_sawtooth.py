@@ -1,6 +1,7 @@
 """Prompt tokens, overflow and prefix reuse over a 500-turn conversation at an 8,192 window.
 
     python bench/context_sawtooth.py [--turns 500] [--seed 7] [--out bench/out/context_sawtooth.png]
+    python bench/context_sawtooth.py --profile long [--turns 300]   (see bench/long_messages.py)
 
 One scripted conversation (`bench/scenario.py`: short chat, 2-6 KB answers, and turns on which
 the model fetches a 10-40 KB web page) is played against the loopback fake Ollama three ways:
@@ -71,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is not i
 import aiohttp
 from PIL import Image, ImageDraw, ImageFont
 
+from bench import long_messages
 from bench.scenario import ScriptedModel, Turn, is_fold, is_state_request, script, web_capability
 from channels.base import Inbound
 from daemon.config import Settings
@@ -911,11 +913,16 @@ async def run(turns: int, seed: int, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=500)
+    parser.add_argument("--profile", choices=("mixed", "long"), default="mixed",
+                        help="mixed: the scripted chat with tools; long: ~290-token messages")
+    parser.add_argument("--turns", type=int, default=None, help="500 mixed, 300 long")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "context_sawtooth.png")
     args = parser.parse_args()
-    asyncio.run(run(args.turns, args.seed, args.out))
+    if args.profile == "long":
+        asyncio.run(long_messages.main(args.turns or 300, args.seed))
+    else:
+        asyncio.run(run(args.turns or 500, args.seed, args.out))
 
 
 if __name__ == "__main__":

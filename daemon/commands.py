@@ -84,6 +84,13 @@ class Commands:
             lines.append(f"Window: unknown ({exc})")
             return "\n".join(lines)
         lines.append(f"Window: {num_ctx:,} tokens")
+        info = await self.llm.model_info()
+        if not info.tools:
+            lines.append(f"Tools: none ({model.name} has no tools capability, so no searches "
+                         "or files)")
+        if info.thinks:
+            lines.append("Thinking: " + ("on for replies (model.think)" if model.think
+                                         else "off (model.think = false)"))
         if conversation is None:
             lines.append("Conversation: none yet; your next message starts one.")
             return "\n".join(lines)

@@ -72,7 +72,8 @@ class Engine:
         self.turns = TurnRunner(settings=settings, store=store, llm=llm, router=self.router,
                                 prompting=self.prompting, registry=self.registry,
                                 index=self.index, records=self.records,
-                                notify=self.notify, stream=self._stream, clock=clock)
+                                notify=self.notify, stream=self._stream, clock=clock,
+                                folder=self.folder)
         self._rotation: asyncio.Task[None] | None = None
         self._indexing: asyncio.Task[int] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}

@@ -8,6 +8,7 @@
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
     │   ├── ModelNotFound           the configured model is not pulled
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
+    │   ├── ModelCrashed            a 500: the runner failed on this request (retried once)
     │   └── Preempted               a background call gave the model up to a turn
     └── ChannelError                a messaging platform refused or failed
         └── DeliveryError           a reply could not be delivered
@@ -64,6 +65,10 @@ class ContextOverflow(LLMError):
         self.prompt_tokens = prompt_tokens
         self.context_size = context_size
         super().__init__(message)
+
+
+class ModelCrashed(LLMError):
+    """Ollama answered 500: its runner failed on this request; worth one more try."""
 
 
 class Preempted(LLMError):

@@ -3,8 +3,13 @@
 Rules (the pure decisions are in `daemon/context/fold.py`):
 
 * One fold in flight per conversation; `schedule()` after a turn never waits for it.
-* It never delays a turn: its model call is a background call, which waits while a turn waits and
-  is cancelled (`Preempted`) when a turn needs the model; it is simply tried again later.
+* A fold that can wait never delays a turn: its model call is a background call, which waits
+  while a turn waits and is cancelled (`Preempted`) when a turn needs the model.
+* A fold that cannot wait always lands: once a conversation's request reached its budget
+  (`schedule(urgent=True)`), the fold is owed, and unless a background try lands it first, the
+  chat's next turn runs it (`land()`) under its own model hold before building its request. So
+  under any load, a busy chat folds as part of its own work instead of starving.
+* Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
 * It uses the chat's model and num_ctx, so Ollama never reloads the model for it.
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
@@ -22,16 +27,16 @@ from dataclasses import dataclass
 
 from daemon.config import Settings
 from daemon.context.fold import (
-    FOLD_KEEP,
     fold_messages,
     folded_state,
     merge_user_notes,
+    notes_cap_tokens,
     notes_need_condensing,
     parse_fold_reply,
     plan_fold,
-    summary_cap_chars,
+    summary_cap_tokens,
+    trim_notes,
 )
-from daemon.context.replay import PROTECT_LAST
 from daemon.conversations import SummaryState
 from daemon.errors import LLMError, Preempted
 from daemon.llm import ModelClient
@@ -39,9 +44,7 @@ from daemon.logs import fold_log as log
 from daemon.records import Records
 from daemon.store import Store
 
-# A request that had to drop messages: keep only the messages replay always protects, so the
-# next requests fit without dropping and restoring messages turn after turn.
-CROWDED_KEEP = PROTECT_LAST
+FOLD_PROMPT_SHARE = 4
 RETRY_AFTER_PREEMPTION = 5.0
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
@@ -77,6 +80,7 @@ class Folder:
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._owed: set[str] = set()  # conversations whose next turn must fold first
         self._stopped = False
         self.calls = 0  # model calls spent on folds (for /status and the benchmark)
 
@@ -87,23 +91,52 @@ class Folder:
     def schedule(self, conversation_id: str, *, urgent: bool = False) -> None:
         """Fold the conversation in the background if it needs it; never waits.
 
-        `urgent` (the last request had to leave messages out) folds whatever lies before the
-        verbatim tail without waiting for the threshold: the summary then carries what was
-        left out, and the next requests stop dropping and restoring it turn by turn.
+        `urgent` (the last request reached its budget, or nearly) folds down to the low-water
+        mark without waiting for the high-water mark, and makes the fold owed: if no background
+        try lands it, the chat's next turn does (`land`).
         """
+        if urgent:
+            self._owed.add(conversation_id)
         if self._stopped or self.busy(conversation_id):
             return
         if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
             return
-        self._start(conversation_id, force=urgent, keep=CROWDED_KEEP if urgent else FOLD_KEEP)
+        self._start(conversation_id, force=urgent)
+
+    def owes(self, conversation_id: str) -> bool:
+        return conversation_id in self._owed
+
+    async def land(self, conversation_id: str) -> FoldOutcome:
+        """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
+        model hold, so the call is not preempted). A failure is logged and the turn goes on:
+        its request still fits, by leaving messages out."""
+        running = self._tasks.get(conversation_id)
+        if running is not None and not running.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await running
+        if conversation_id not in self._owed:
+            return FoldOutcome(0, None, "a background fold landed it")
+        try:
+            outcome = await self._fold(conversation_id, force=True, keep_tokens=None,
+                                       foreground=True)
+        except LLMError as exc:
+            log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
+            return FoldOutcome(0, None, f"the fold failed: {exc}")
+        self._owed.discard(conversation_id)
+        # A background try that was preempted would otherwise fold again, needlessly.
+        timer = self._timers.pop(conversation_id, None)
+        if timer is not None:
+            timer.cancel()
+        self._retry_at.pop(conversation_id, None)
+        return outcome
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:
-        """Fold whatever lies before the verbatim tail now (`/compact`), waiting for it."""
+        """Fold everything but the newest exchange now (`/compact`), waiting for it."""
         running = self._tasks.get(conversation_id)
         if running is not None and not running.done():
             with contextlib.suppress(Exception):
                 await running
-        return await self._start(conversation_id, force=True)
+        return await self._start(conversation_id, force=True, keep_tokens=0)
 
     async def wait(self, conversation_id: str) -> None:
         """Wait for a fold in flight (for tests and shutdown)."""
@@ -122,9 +155,9 @@ class Folder:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start(
-        self, conversation_id: str, force: bool, keep: int = FOLD_KEEP
+        self, conversation_id: str, force: bool, keep_tokens: int | None = None
     ) -> asyncio.Task[FoldOutcome]:
-        task = asyncio.create_task(self._guarded(conversation_id, force, keep),
+        task = asyncio.create_task(self._guarded(conversation_id, force, keep_tokens),
                                    name=f"roost-fold-{conversation_id}")
         self._tasks[conversation_id] = task
         # A finished fold is forgotten, so months of conversations do not pile up here.
@@ -132,10 +165,12 @@ class Folder:
                                and self._tasks.pop(conversation_id))
         return task
 
-    async def _guarded(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
+    async def _guarded(
+        self, conversation_id: str, force: bool, keep_tokens: int | None
+    ) -> FoldOutcome:
         """The boundary of a background fold: it may fail, but never takes anything down."""
         try:
-            outcome = await self._fold(conversation_id, force, keep)
+            outcome = await self._fold(conversation_id, force, keep_tokens)
         except Preempted:
             self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
             return FoldOutcome(0, None, "the model was needed for a reply; will fold later")
@@ -151,6 +186,8 @@ class Folder:
             return FoldOutcome(0, None, f"the fold failed: {exc}")
         self._failures.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
+        if force:
+            self._owed.discard(conversation_id)
         if outcome.folded and not force:
             # A backlog is folded a batch at a time: look again once this task is done.
             asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
@@ -170,32 +207,46 @@ class Folder:
         self._retry_at.pop(conversation_id, None)
         self.schedule(conversation_id, urgent=urgent)
 
-    async def _fold(self, conversation_id: str, force: bool, keep: int) -> FoldOutcome:
+    async def _fold(
+        self, conversation_id: str, force: bool, keep_tokens: int | None,
+        foreground: bool = False,
+    ) -> FoldOutcome:
         conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)
         if conversation is None:
             return FoldOutcome(0, None, "no such conversation")
         history = await asyncio.to_thread(self.store.messages, conversation_id)
         num_ctx = await self.llm.num_ctx()
         ratio = conversation.token_ratio
-        plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force, keep=keep)
+        plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force,
+                         keep_tokens=keep_tokens)
         if plan is None:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
         notes = merge_user_notes(conversation.summary.user_notes, plan.messages)
         condense = notes_need_condensing(notes, num_ctx, ratio)
-        # Room for the answer: the summary cap, and as much again for condensed notes.
-        answer_tokens = summary_cap_chars(num_ctx) // 4 * (2 if condense else 1) + 64
+        # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
+        answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense
+                                                        else 0) + 64)
+        # The prompt is held to a quarter of the window: a fold evaluates all of it uncached,
+        # so its size is most of what a fold costs. Excerpts carry the gist, the store the rest.
         messages = fold_messages(
             conversation.summary, plan, notes=notes, condense_notes=condense, window=num_ctx,
-            prompt_budget=num_ctx - answer_tokens, ratio=ratio,
+            prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
         )
         started = time.monotonic()
         self.calls += 1
-        result = await self.llm.chat(messages, num_predict=answer_tokens, background=True)
-        summary, condensed = parse_fold_reply(result.content, num_ctx, condense)
+        result = await self.llm.chat(messages, num_predict=answer_tokens,
+                                     background=not foreground, think=False)
+        summary, condensed = parse_fold_reply(result.content, num_ctx, condense, ratio)
         if not summary:
-            raise LLMError("the model returned an empty summary")
-        state = folded_state(conversation.summary, plan, summary,
-                             condensed if condensed else notes, self.clock())
+            # Also what a model that spent num_predict on thinking returns: never saved.
+            raise LLMError(f"the model returned an empty summary ({result.done_reason})")
+        kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
+        if trimmed:
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "notes-trimmed", conversation_id,
+                f"{trimmed} oldest user notes left the prompt (cap {notes_cap_tokens(num_ctx)} "
+                "tokens; the model did not condense them); the messages stay in the store")
+        state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,
                                           plan.through_id, state)

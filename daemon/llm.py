@@ -25,6 +25,7 @@ from daemon.errors import (
     LLMError,
     LLMTimeout,
     LLMUnavailable,
+    ModelCrashed,
     ModelNotFound,
     Preempted,
 )
@@ -38,6 +39,9 @@ holding_model: contextvars.ContextVar[
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
+# A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
+# not the request wrong, so it is handled like a refused connection.
+_OUTAGE_STATUSES = (502, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,16 @@ class ModelInfo:
     name: str
     context_length: int | None
     capabilities: tuple[str, ...] = ()
+
+    @property
+    def tools(self) -> bool:
+        """Whether the model takes tools; Ollama answers 400 to tools sent to one that does not."""
+        return "tools" in self.capabilities
+
+    @property
+    def thinks(self) -> bool:
+        """Whether `think` means anything to the model (Ollama thinks by default if it can)."""
+        return "thinking" in self.capabilities
 
 
 @dataclass(frozen=True)
@@ -127,8 +141,14 @@ class ModelClient:
         on_delta: Callable[[str], None] | None = None,
         num_predict: int | None = None,
         background: bool = False,
+        think: bool | None = None,
     ) -> ChatResult:
         """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
+
+        roost decides thinking: a background call never thinks, a turn thinks only with
+        `model.think` (its tokens count against `num_predict`). `think` is always stated to a
+        thinking model, since Ollama thinks when it is unset. Tools go only to a model whose
+        capabilities list them. `think` False keeps a foreground call from thinking too.
 
         A `background` call (the fold) yields to turns: it waits while a turn waits, and a turn
         that finds the gate held by a background call cancels that call, which then raises
@@ -136,10 +156,17 @@ class ModelClient:
         """
         name = model or self.settings.name
         num_ctx = await self.num_ctx(name)
+        info = await self.model_info(name)
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta)
+        if info.thinks:
+            think = bool(self.settings.think and not background and think is not False)
+        else:
+            think = None
+        if not info.tools:
+            tools = None
+        call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta, think)
         if background:
             return await self._background_call(call)
         self.waiting += 1
@@ -210,20 +237,21 @@ class ModelClient:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         on_delta: Callable[[str], None] | None,
+        think: bool | None,
     ) -> ChatResult:
         """Some chat templates accept a system message only at the start: resend with later
         ones as user messages, and keep doing that for the model until restart."""
         if name in self._system_only_first:
             messages = _late_system_as_user(messages)
         try:
-            return await self._stream(name, num_ctx, options, messages, tools, on_delta)
+            return await self._stream(name, num_ctx, options, messages, tools, on_delta, think)
         except LLMError as exc:
             if SYSTEM_FIRST_TEXT not in str(exc) or name in self._system_only_first:
                 raise
             log.info("model %s wants its system message first only; adapting", name)
             self._system_only_first.add(name)
             return await self._stream(name, num_ctx, options, _late_system_as_user(messages),
-                                      tools, on_delta)
+                                      tools, on_delta, think)
 
     async def _stream(
         self,
@@ -233,6 +261,7 @@ class ModelClient:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         on_delta: Callable[[str], None] | None,
+        think: bool | None,
     ) -> ChatResult:
         content: list[str] = []
         thinking: list[str] = []
@@ -244,6 +273,7 @@ class ModelClient:
                 messages=list(messages),
                 tools=list(tools) if tools else None,
                 stream=True,
+                think=think,
                 options=dict(options),
                 keep_alive=_keep_alive(self.settings.keep_alive),
             )
@@ -306,6 +336,10 @@ def _translate(exc: BaseException, model: str) -> LLMError:
         text = str(exc.error)
         if exc.status_code == 404 and "not found" in text:
             return ModelNotFound(model)
+        if exc.status_code in _OUTAGE_STATUSES:
+            return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
+        if exc.status_code == 500:
+            return ModelCrashed(f"Ollama answered 500: {text}")
         if any(marker in text for marker in _OVERFLOW_TEXTS):
             prompt_tokens, context_size = _overflow_numbers(text)
             return ContextOverflow(text, prompt_tokens, context_size)

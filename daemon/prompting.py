@@ -22,6 +22,9 @@ from daemon.llm import ModelClient
 from daemon.store import Store
 from daemon.tools.registry import Registry
 
+BUDGET_MARGIN_SHARE = 50  # 2% of the budget
+BUDGET_MARGIN_MIN = 16
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -93,10 +96,10 @@ class Prompting:
         return self._memory
 
     async def prefix(self, conversation: Conversation,
-                     capabilities: Sequence[Capability] = ()) -> str:
+                     capabilities: Sequence[Capability] = (), *, tools: bool = True) -> str:
         memory = await self.memory_map(self.today().date())
         return system_prefix(conversation.kind, capabilities=capabilities, memory=memory,
-                             variables=self.settings.variables)
+                             variables=self.settings.variables, tools=tools)
 
     async def prepare(
         self, conversation: Conversation, history: Sequence[Message], *,
@@ -108,15 +111,21 @@ class Prompting:
         Raises `DoesNotFit` when the protected messages alone are larger than the budget.
         """
         ratio = conversation.token_ratio if ratio is None else ratio
-        tools = self.registry.schemas(conversation.active_tools)
-        capabilities = self.registry.index(conversation.active_tools)
+        # A model without the tools capability gets no tools and no word of them (Ollama
+        # would answer 400 to the tools, and the model would promise searches it cannot do).
+        with_tools = (await self.llm.model_info()).tools
+        tools = self.registry.schemas(conversation.active_tools) if with_tools else []
+        capabilities = self.registry.index(conversation.active_tools) if with_tools else []
         num_ctx = await self.llm.num_ctx()
         tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
                        if tools else 0)
         budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens
+        # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
+        # off still inside the window Ollama would otherwise cut silently.
+        budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
         request = build_request(
             conversation_id=conversation.id,
-            prefix=await self.prefix(conversation, capabilities),
+            prefix=await self.prefix(conversation, capabilities, tools=with_tools),
             history=history,
             budget=budget,
             ratio=ratio,

@@ -5,9 +5,12 @@ The turn is a thin coordinator over the store, the pure context functions and th
 1. route the chat to its active conversation and append the pending user messages, each marked
    with its inbox id, so they are on disk before the model is called (and appended only once,
    however often the turn is retried);
-2. build the request (`Prompting`: prefix + summary preamble + tail, fitted to the budget);
-3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable;
-   an overflow rejection (before anything streamed) recalibrates, refits and retries once;
+2. if the last request reached its budget and no background fold landed since, fold first, as
+   the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
+   preamble + tail, fitted to the budget);
+3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable
+   (a refused connection, or a 502/503/504), once more after a 500; an overflow rejection
+   (before anything streamed) recalibrates, refits and retries once;
 4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
 5. save the reply, put it in the outbox and only then clear the inbox items.
 
@@ -24,12 +27,26 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from channels.base import Inbound, Outbound
-from daemon.attachments import AttachmentError, read_image_base64
+from daemon.attachments import AttachmentError, read_image_base64, store_file
 from daemon.config import Settings
-from daemon.context.budget import RATIO_MAX, RATIO_MIN, calibrated_ratio
+from daemon.context.budget import (
+    RATIO_MAX,
+    RATIO_MIN,
+    calibrated_ratio,
+    estimate_tokens,
+    request_budget,
+)
 from daemon.context.replay import ChatMessage, DoesNotFit
 from daemon.conversations import Conversation, Message, Role
-from daemon.errors import ContextOverflow, LLMError, LLMTimeout, LLMUnavailable, ModelNotFound
+from daemon.errors import (
+    ContextOverflow,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelCrashed,
+    ModelNotFound,
+)
+from daemon.folding import Folder
 from daemon.llm import ChatResult, ModelClient
 from daemon.logs import turn_log as log
 from daemon.loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
@@ -54,7 +71,7 @@ SILENT_CUT_SHARE = 0.6
 RATIO_DECAY = 0.2
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
-CROWDED_SHARE = 0.8
+CROWDED_SHARE = 0.9
 
 
 class Outcome(enum.Enum):
@@ -129,8 +146,10 @@ class TurnRunner:
         notify: Notify,
         stream: StreamDelta,
         clock: Callable[[], float],
+        folder: Folder | None = None,
     ) -> None:
         self.settings = settings
+        self.folder = folder
         self.store = store
         self.llm = llm
         self.router = router
@@ -157,14 +176,23 @@ class TurnRunner:
         )
         if not items:  # every one was answered before a crash; the replies are queued again
             return TurnResult(Outcome.ANSWERED, conversation.id)
+        if self.folder is not None and self.folder.owes(conversation.id):
+            # The last request reached its budget and no background fold landed since: fold
+            # now, as this chat's own work, so this request does not drop messages again.
+            await self.folder.land(conversation.id)
+            conversation = await asyncio.to_thread(self._reread, conversation)
         history = await asyncio.to_thread(self.store.messages, conversation.id)
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
         stream = _Stream(self.stream, chat_key, intro)
+        answering = {i.id for i in items}
         if FILES_CAPABILITY not in conversation.active_tools and any(
-                a.get("kind") != "image" for item in items for a in item.attachments):
-            # The user sent a file: the model will want file_read, so load it now rather than
+                a.get("kind") != "image" for m in history
+                if m.role == "user" and m.meta.get("inbox_id") in answering
+                for a in m.attachments):
+            # The user sent a file (or a message so long it was kept as one): the model will
+            # want file_read, so load it now rather than
             # spending two model calls on tool_activate.
             conversation = replace(conversation,
                                    active_tools=(*conversation.active_tools, FILES_CAPABILITY))
@@ -186,10 +214,12 @@ class TurnRunner:
             )
             done = await loop.run(messages, first)
         except DoesNotFit as exc:
+            # Messages are excerpted to fit, so only the fixed part can be too large: a window
+            # too small for the setup, not a message too long.
             return await self._fail(chat_key, items, (
-                f"Your message is too long for the model's context window (about "
-                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Please send it in "
-                "parts."))
+                f"The model's context window is too small for this conversation's setup (about "
+                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
+                "saved; raise model.window or lower model.response_reserve."))
         except ModelNotFound as exc:
             return await self._fail(chat_key, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
@@ -253,12 +283,23 @@ class TurnRunner:
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
         stream: _Stream, announce_outage: bool,
     ) -> ChatResult:
-        """Call the model, retrying with backoff while it is unreachable; tell the user once."""
+        """Call the model, retrying with backoff while it is unreachable (a refused connection,
+        or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
+        crashed on this request) is tried once more, then reported."""
         model = self.settings.model
+        crashed = False
         for attempt in range(model.retry_attempts):
             stream.begin()
             try:
                 result = await self.llm.chat(messages, tools=tools, on_delta=stream.delta)
+            except ModelCrashed as exc:
+                if crashed:
+                    raise
+                crashed = True
+                log.warning("Ollama failed on a request for %s (%s); trying once more",
+                            chat_key, exc)
+                await asyncio.sleep(model.retry_backoff)
+                continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                             self.llm.host, attempt + 1, model.retry_attempts, exc)
@@ -345,6 +386,10 @@ class TurnRunner:
 
     # Synchronous steps, run in a worker thread ---------------------------------------------
 
+    def _reread(self, conversation: Conversation) -> Conversation:
+        """The conversation with the summary a fold just wrote."""
+        return self.store.get_conversation(conversation.id) or conversation
+
     def _record_user_messages(
         self, chat_key: str, items: Sequence[Inbound]
     ) -> tuple[Conversation, list[Inbound]]:
@@ -375,12 +420,25 @@ class TurnRunner:
             self.store.append_message(
                 conversation.id, "user", item.text, created=item.received,
                 channel_message_ids=(item.platform_id,) if item.platform_id else (),
-                attachments=item.attachments, meta=meta,
+                attachments=(*item.attachments, *self._as_file(item.text, conversation)),
+                meta=meta,
             )
         if items:
             conversation = conversation.touched(now)
             self.store.save_conversation(conversation)
         return conversation, list(items)
+
+    def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:
+        """A message too large for the whole window is also stored as a text file, so that the
+        model, which gets its start and end, can read the rest with file_read. The message
+        itself is kept whole in the conversation as always."""
+        model = self.settings.model
+        if estimate_tokens(text, conversation.token_ratio) <= request_budget(
+                model.window, model.response_reserve):
+            return ()
+        stored = store_file(text.encode("utf-8"), self.store.state_dir / "attachments",
+                            name="message.txt", mime="text/plain")
+        return (stored.to_doc(),)
 
     def _save_reply(
         self,

@@ -1,15 +1,19 @@
 """The rolling summary: when and what to fold, the one fold prompt, and the merged result.
 
-A conversation has exactly one summary. When the unsummarized history before the verbatim tail
-grows past the threshold (a quarter of the window in tokens, never more than 120,000 characters),
-everything before the mark is folded into it: the mark keeps the last 8 messages and walks back to
-the nearest user message, so the verbatim tail starts on what the user said.
+A conversation has exactly one summary. Folds are rare and large: when the unsummarized history
+grows past the high-water mark (5/8 of the window in tokens, never more than 120,000 characters),
+everything but a low-water tail is folded into the summary: the newest messages worth at most
+window/12 tokens, starting on a user message, and always at least the newest exchange. Each fold
+so frees a large share of the budget, and the prompt cache is rebuilt once per fold rather than
+every few turns.
 
-One model call per fold. The prompt carries the previous summary and asks the model to merge it
-with the new messages (excerpts capped so the prompt fits the window). The user's own words are
-never generated: each folded user message is copied verbatim, clipped to 300 characters, into
-`user_notes`; only when those grow past window/16 tokens does the same call also condense them,
-told to keep every fact, name, number and instruction.
+One model call per fold, never thinking. The prompt carries the previous summary and asks the
+model to merge it with the new messages (excerpts capped so the prompt fits half the window). The
+user's own words are never generated: each folded user message is copied verbatim, clipped to 300
+characters, into `user_notes`. Both have hard caps in tokens: the summary window/32 (256 at 8,192),
+the notes window/16 (512). Notes over their cap are sent to be condensed by the same call; when the
+model does not (small models often ignore the format), the oldest notes leave the prompt. They
+stay in the store, where `conversation_read` and `memory_search` find the messages they came from.
 
 Pure functions: the background task in `daemon/folding.py` does the I/O.
 """
@@ -24,7 +28,10 @@ from dataclasses import dataclass
 from daemon.context.budget import estimate_tokens
 from daemon.conversations import Message, SummaryState
 
-FOLD_KEEP = 8
+LOW_WATER_SHARE = 12  # a fold keeps window/12 tokens of the newest messages verbatim
+HIGH_WATER_EIGHTHS = 5  # and runs once the unsummarized history passes 5/8 of the window
+SUMMARY_CAP_SHARE = 32
+NOTES_CAP_SHARE = 16
 FOLD_MAX_CHARS = 120_000
 USER_NOTE_CLIP = 300
 SUMMARY_MAX_CHARS = 6_000
@@ -49,43 +56,68 @@ class FoldPlan:
 
 
 def fold_threshold(window: int) -> int:
-    """Tokens of unsummarized history before the tail that trigger a fold."""
-    return window // 4
+    """The high-water mark: tokens of unsummarized history that trigger a fold."""
+    return window * HIGH_WATER_EIGHTHS // 8
+
+
+def low_water(window: int) -> int:
+    """Tokens of the newest messages a fold keeps verbatim (capped like the history itself, so
+    a huge window still folds)."""
+    return min(window // LOW_WATER_SHARE, FOLD_MAX_CHARS // 16)
 
 
 def fold_batch(window: int) -> int:
     """Most messages one fold takes: each keeps an excerpt of at least 160 characters in a fold
     prompt of about half the window."""
-    return max(FOLD_KEEP, window * 2 // EXCERPT_FLOOR_CHARS)
+    return max(8, window * 2 // EXCERPT_FLOOR_CHARS)
 
 
-def summary_cap_chars(window: int) -> int:
-    """Longest summary kept: the smaller of 6,000 characters and window/32 tokens."""
-    return min(SUMMARY_MAX_CHARS, window // 32 * 4)
+def summary_cap_tokens(window: int) -> int:
+    return window // SUMMARY_CAP_SHARE
 
 
-def fold_mark(tail: Sequence[Message], keep: int = FOLD_KEEP) -> int | None:
-    """Index in `tail` where the verbatim part starts, or None when there is nothing to fold."""
-    if len(tail) <= keep:
+def notes_cap_tokens(window: int) -> int:
+    return window // NOTES_CAP_SHARE
+
+
+def summary_cap_chars(window: int, ratio: float = 1.0) -> int:
+    """Longest summary kept, in characters: window/32 tokens (at most 6,000 characters)."""
+    return min(SUMMARY_MAX_CHARS, int(summary_cap_tokens(window) * 4 / ratio))
+
+
+def fold_mark(tail: Sequence[Message], keep_tokens: int, ratio: float = 1.0) -> int | None:
+    """Index in `tail` where the verbatim part starts, or None when there is nothing to fold.
+
+    The verbatim part is the longest run of newest messages within `keep_tokens` that starts on
+    a user message, and never less than the newest user message and what follows it.
+    """
+    users = [i for i, m in enumerate(tail) if m.role == "user"]
+    if not users:
         return None
-    mark = len(tail) - keep
-    while mark > 0 and tail[mark].role != "user":
-        mark -= 1
+    mark = users[-1]
+    kept = sum(estimate_tokens(m.content, ratio) for m in tail[mark:])
+    for start in reversed(users[:-1]):
+        kept += sum(estimate_tokens(m.content, ratio) for m in tail[start:mark])
+        if kept > keep_tokens:
+            break
+        mark = start
     return mark or None
 
 
 def plan_fold(
     history: Sequence[Message], summary: SummaryState, window: int, ratio: float,
-    *, force: bool = False, keep: int = FOLD_KEEP,
+    *, force: bool = False, keep_tokens: int | None = None,
 ) -> FoldPlan | None:
-    """What to fold now, or None. `force` (the /compact command) skips the threshold; `keep`
-    is how many of the newest messages stay verbatim (before walking back to a user message).
+    """What to fold now, or None. `force` (a crowded request, the /compact command) skips the
+    high-water check; `keep_tokens` is the verbatim tail kept (default: the low-water mark;
+    0 keeps only the newest exchange).
 
     One fold takes at most `fold_batch(window)` messages (a backlog is folded over several
     folds), so that every folded message keeps a useful excerpt within the prompt.
     """
     tail = [m for m in history if m.seq > summary.through_seq]
-    mark = fold_mark(tail, keep)
+    keep = low_water(window) if keep_tokens is None else keep_tokens
+    mark = fold_mark(tail, keep, ratio)
     if mark is None:
         return None
     batch = fold_batch(window)
@@ -95,8 +127,8 @@ def plan_fold(
         while mark > 1 and tail[mark].role != "user":
             mark -= 1
     before = tail[:mark]
-    chars = sum(len(m.content) for m in before)
-    tokens = sum(estimate_tokens(m.content, ratio) for m in before)
+    chars = sum(len(m.content) for m in tail)
+    tokens = sum(estimate_tokens(m.content, ratio) for m in tail)
     if not force and tokens <= fold_threshold(window) and chars <= FOLD_MAX_CHARS:
         return None
     return FoldPlan(messages=tuple(before), through_seq=before[-1].seq,
@@ -117,7 +149,20 @@ def merge_user_notes(previous: str, folded: Sequence[Message]) -> str:
 
 
 def notes_need_condensing(notes: str, window: int, ratio: float) -> bool:
-    return estimate_tokens(notes, ratio) > window // 16
+    return estimate_tokens(notes, ratio) > notes_cap_tokens(window)
+
+
+def trim_notes(notes: str, window: int, ratio: float) -> tuple[str, int]:
+    """The notes within their cap, the oldest lines left out first; and how many left."""
+    cap = notes_cap_tokens(window)
+    lines = notes.splitlines()
+    dropped = 0
+    while len(lines) > 1 and estimate_tokens("\n".join(lines), ratio) > cap:
+        lines.pop(0)
+        dropped += 1
+    if lines and estimate_tokens(lines[0], ratio) > cap:  # one huge line alone: clip it
+        lines[0] = lines[0][: int(cap * 4 / ratio) - 1] + "…"
+    return "\n".join(lines), dropped
 
 
 def excerpt_caps(lengths: Sequence[int], budget_chars: int) -> list[int]:
@@ -151,7 +196,7 @@ def fold_messages(
     ratio: float,
 ) -> list[dict[str, str]]:
     """The chat messages of the one fold call; sized to fit `prompt_budget` tokens."""
-    cap = summary_cap_chars(window)
+    cap = summary_cap_chars(window, ratio)
     ask = (f"Write the updated summary, at most {cap:,} characters.")
     if condense_notes:
         ask += (
@@ -173,11 +218,13 @@ def fold_messages(
     ]
 
 
-def parse_fold_reply(text: str, window: int, condense_notes: bool) -> tuple[str, str | None]:
-    """(summary, condensed notes or None) from the model's answer, capped."""
+def parse_fold_reply(
+    text: str, window: int, condense_notes: bool, ratio: float = 1.0
+) -> tuple[str, str | None]:
+    """(summary, condensed notes or None) from the model's answer, the summary capped."""
     summary, _, notes = text.partition(NOTES_HEADING) if condense_notes else (text, "", "")
     summary = summary.strip()
-    cap = summary_cap_chars(window)
+    cap = summary_cap_chars(window, ratio)
     if len(summary) > cap:
         summary = summary[: cap - 1].rstrip() + "…"
     condensed = notes.strip() or None

@@ -23,6 +23,15 @@ When the user refers to something definite you do not see here ("that file", "li
 "what I told you about X"), search first. Try at least two differently worded searches before \
 you ever say you do not remember. Be direct and useful; say so when you are unsure."""
 
+# For a model without the `tools` capability: no tools are sent, so none may be promised.
+CORE_PROMPT_NO_TOOLS = """\
+You are roost, the user's personal assistant. You run on a local model on the user's own \
+computer and they reach you from their phone or terminal.
+
+This prompt is a lean working set: older parts of this conversation may appear only as a \
+summary. You have no tools, so when the user refers to something you do not see here, say so \
+and ask them to repeat the detail. Be direct and useful; say so when you are unsure."""
+
 CHANNEL_NOTES = {
     "telegram": "The user reads you in Telegram. Markdown is fine: it is rendered for them.",
     "whatsapp": (
@@ -111,11 +120,13 @@ def system_prefix(
     capabilities: Sequence[Capability] = (),
     memory: MemoryMap | None = None,
     variables: Mapping[str, str] | None = None,
+    tools: bool = True,
 ) -> str:
-    """The system message for a conversation on `channel_kind`."""
+    """The system message for a conversation on `channel_kind`; `tools` False (a model without
+    the tools capability) leaves out the capability index and every mention of tools."""
     note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
-    parts = [CORE_PROMPT, f"<channel>\n{note}\n</channel>"]
-    if capabilities:
+    parts = [CORE_PROMPT if tools else CORE_PROMPT_NO_TOOLS, f"<channel>\n{note}\n</channel>"]
+    if capabilities and tools:
         parts.append(f"<capabilities>\n{capability_index(capabilities)}\n</capabilities>")
     if memory is not None:
         parts.append(f"<memory_map>\n{memory_map_text(memory)}\n</memory_map>")

@@ -6,13 +6,22 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
 * tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
   `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
 * only the newest message with images sends pixels, older images become a one-line note;
+* any older user or assistant message (a pasted text, a long answer) larger than its fair share of
+  the budget (a quarter) is replayed as a head-and-tail excerpt naming the `conversation_read`
+  call that returns it whole; the excerpt depends only on the budget, so its bytes repeat (tool
+  results were capped at a sixth of the budget when the tool ran, and become stubs later);
 * then, only while the request is over budget, cheapest loss first: old tool output decays with
   age, old tool cycles condense to one line, the oldest unprotected messages are dropped whole
-  (with a note saying how many), and last, tool output is cut, oldest first.
+  (with a note saying how many), tool output is cut, oldest first, and last the protected
+  messages themselves are shortened, in fixed steps, the newest user message after all others.
 
-User and assistant text is never truncated. Protected from dropping: the conversation's first
-user message, the last 6 messages, the newest message with images, the newest tool call with its
-results. If the protected text alone does not fit, `DoesNotFit` is raised and nothing is sent.
+So no single message can wedge a conversation. The newest user message is sent whole whenever it
+fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
+(and, for one larger than the window, the note of the file the turn stored it in). An excerpt
+keeps a message's file notes and sent stamp whole.
+Protected from dropping: the conversation's first user message, the last 6 messages, the newest
+message with images, the newest tool call with its results. Only when the prefix and summary
+alone leave no room is `DoesNotFit` raised and nothing sent.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ PROTECT_LAST = 6
 DECAY_FLOOR_CHARS = 240
 CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
+OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
+EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
 
 JSONScalar = str | int | float | bool | None
 JSONValue = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
@@ -41,7 +52,7 @@ _Total = Callable[[], int]
 
 
 class DoesNotFit(ValueError):
-    """The protected messages alone are larger than the budget: ask the user to send parts."""
+    """The prefix and summary alone leave no room for even an excerpt of the newest message."""
 
     def __init__(self, needed: int, budget: int) -> None:
         self.needed = needed
@@ -63,6 +74,7 @@ class Request:
     condensed: int = 0
     omitted: int = 0
     cut: int = 0
+    shortened: int = 0  # messages replayed as an excerpt (older ones over their share, or to fit)
 
 
 @dataclass
@@ -78,6 +90,9 @@ class _Entry:
     tool_calls: tuple[Mapping[str, JSONValue], ...] = ()
     dropped: bool = False
     condensed_into: str | None = None
+    current: bool = False  # one of the newest user messages, the ones this turn answers
+    full: str = ""  # the content before any excerpt (file notes and sent stamp included)
+    suffix: str = ""  # the end of `full` that an excerpt keeps whole: file notes, sent stamp
 
 
 def image_tokens(image: Mapping[str, JSONValue]) -> int:
@@ -173,6 +188,7 @@ def build_request(
     tail = [m for m in history if m.seq > summary.through_seq]
     first_user = next((m.seq for m in history if m.role == "user"), None)
     entries, stubbed = _entries(conversation_id, tail, first_user, tz)
+    shortened = _excerpt_old(entries, conversation_id, budget // OLD_MESSAGE_SHARE, ratio)
 
     fixed = chat_tokens(system, ratio) + sum(chat_tokens(m, ratio) for m in preamble)
     fixed += estimate_tokens(tail_note, ratio)
@@ -190,6 +206,8 @@ def build_request(
     if total() > budget:
         cut = _cut(entries, conversation_id, ratio, budget, total)
     if total() > budget:
+        shortened += _shorten(entries, conversation_id, ratio, budget, total)
+    if total() > budget:
         raise DoesNotFit(total(), budget)
 
     messages, images = _render(entries, preamble, system, tail_note)
@@ -201,7 +219,8 @@ def build_request(
         "tail": tail_tokens,
     }
     return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
-                   stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut)
+                   stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut,
+                   shortened=shortened)
 
 
 def _entries(
@@ -232,16 +251,78 @@ def _entries(
             size = ", ".join(f"{img.get('width')}x{img.get('height')}" for img in images)
             content = f"{content}\n[image {size} sent earlier; not shown again]".lstrip()
             images = ()
+        text = content.strip()
         content = _with_attachment_notes(content, message)
         if tz is not None and message.role == "user":
             content += sent_stamp(message.created, tz)
+        suffix = content[len(text):] if text and content.startswith(text) else ""
         entries.append(_Entry(
             message=message, content=content, group=group,
             age=len(users) - bisect_right(users, i), images=images,
-            tool_calls=tuple(message.tool_calls),
+            tool_calls=tuple(message.tool_calls), full=content, suffix=suffix,
         ))
     _protect(entries, first_user, newest_images)
+    for entry in reversed(entries):
+        if entry.message.role != "user":
+            break
+        entry.current = True
     return entries, stubbed
+
+
+def _excerpt_chars(tokens: int, ratio: float) -> int:
+    """Characters of an excerpt worth `tokens`, rounded down to whole steps."""
+    chars = int(max(tokens, 0) * 4 / ratio)
+    return max(chars // EXCERPT_STEP_CHARS * EXCERPT_STEP_CHARS, CUT_FLOOR_CHARS)
+
+
+def _read_label(conversation_id: str, seq: int, why: str) -> str:
+    return (f'{why}; conversation_read("{conversation_id}", {seq}, {seq}, offset=...) reads '
+            "all of it in pages")
+
+
+def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio: float) -> int:
+    """Older messages over their fair share of the budget become head-and-tail excerpts."""
+    shortened = 0
+    keep = _excerpt_chars(share, ratio)
+    for entry in entries:
+        if entry.current or entry.message.role == "tool" \
+                or len(entry.content) <= keep + EXCERPT_STEP_CHARS:
+            continue
+        if estimate_tokens(entry.content, ratio) <= share:
+            continue
+        entry.content = _excerpt_entry(entry, keep, _read_label(
+            conversation_id, entry.message.seq, "of a long earlier message left out"))
+        shortened += 1
+    return shortened
+
+
+def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
+    """Head and tail of the message's text; its file notes and sent stamp stay whole."""
+    body = entry.full[: len(entry.full) - len(entry.suffix)]
+    return excerpt(body, keep, label) + entry.suffix
+
+
+def _shorten(
+    entries: list[_Entry], conversation_id: str, ratio: float, budget: int, total: _Total
+) -> int:
+    """Last resort: shorten protected messages in fixed steps, older ones first and the newest
+    user message(s) only after them, until the request fits."""
+    shortened = 0
+    candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
+    order = [e for e in candidates if not e.current] + [e for e in candidates if e.current]
+    for share in (2, 4, 8, 16, 32, 64):
+        keep = _excerpt_chars(budget // share, ratio)
+        for entry in order:
+            if total() <= budget:
+                return shortened
+            if len(entry.content) <= keep + EXCERPT_STEP_CHARS:
+                continue
+            why = ("too long to send whole; this is its start and end" if entry.current
+                   else "of a long message left out to fit the context window")
+            entry.content = _excerpt_entry(
+                entry, keep, _read_label(conversation_id, entry.message.seq, why))
+            shortened += 1
+    return shortened
 
 
 def _images_of(message: Message) -> tuple[Mapping[str, JSONValue], ...]:

@@ -325,10 +325,11 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     assert found is not None and "Summary: none yet" in status
     assert abs(int(found.group(1).replace(",", "")) - last["budget"]) <= 3 < 7_168 - last["budget"]
     await rig.say("/compact")
-    assert rig.channel.texts("notice")[-1].startswith("Folded ")
+    # Everything but the newest exchange: 18 of the 20 messages.
+    assert rig.channel.texts("notice")[-1].startswith("Folded 18 messages")
     await rig.say("/status")
     status = rig.channel.texts("notice")[-1]
-    assert "Summary: " in status and "covering messages 1-" in status and "1 folds" in status
+    assert "Summary: " in status and "covering messages 1-18;" in status and "1 folds" in status
 
 
 async def test_debug_keeps_the_last_50_requests_with_their_parts(
@@ -341,8 +342,10 @@ async def test_debug_keeps_the_last_50_requests_with_their_parts(
     assert len(snapshots) == 50
     last = json.loads(snapshots[-1].read_text("utf-8"))
     assert set(last["parts"]) == {"prefix", "summary", "tail", "tools"}
-    # The budget is the window less the reply's reserve less the tool schemas.
+    # The budget is the window less the reply's reserve less the tool schemas, less a 2% margin
+    # for what the calibrated estimate may still miss.
     assert last["estimate"] <= last["budget"]
-    assert last["budget"] + last["parts"]["tools"] == 8192 - 1024
+    room = 8192 - 1024 - last["parts"]["tools"]
+    assert last["budget"] == room - room // 50
     assert last["parts"]["tools"] > 0
     assert last["messages"][-1]["content"].startswith("Turn 52")

@@ -157,7 +157,8 @@ async def test_model_not_found_names_the_model_and_the_pull_command(
 async def test_other_ollama_errors_give_a_clear_message_and_keep_the_conversation(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
 ) -> None:
-    fake_ollama.script(Reply(status=500, error="llama runner process has terminated"))
+    crash = Reply(status=500, error="llama runner process has terminated")
+    fake_ollama.script(crash, crash)  # a 500 is tried once more, then reported
     engine = await engine_for(fast(make_settings, fake_ollama))
     await say(engine, "first")
     [notice] = recording_channel.texts("notice")
@@ -168,6 +169,29 @@ async def test_other_ollama_errors_give_a_clear_message_and_keep_the_conversatio
     assert conversation is not None
     assert [m.content for m in engine.store.messages(conversation.id)] == [
         "first", "second", "echo: second"]
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+async def test_a_gateway_error_is_an_outage_and_the_message_is_answered(
+    status: int, fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for,
+    recording_channel,
+) -> None:
+    fake_ollama.script(Reply(status=status, error="upstream went away"))
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "still there?")
+    assert recording_channel.texts("reply") == ["echo: still there?"]
+    [notice] = recording_channel.texts("notice")
+    assert "not answering" in notice
+
+
+async def test_one_500_is_retried_and_answered(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(status=500, error="llama runner process has terminated"))
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "first")
+    assert recording_channel.texts("notice") == []
+    assert recording_channel.texts("reply") == ["echo: first"]
 
 
 async def test_concurrency_gate_limits_requests_in_flight(

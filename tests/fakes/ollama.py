@@ -13,16 +13,31 @@ per-conversation calibration has something to learn:
 - the request's tool schemas cost ceil(bytes of their compact JSON, keys sorted / 3);
 - a reply's ``eval_count`` is ceil(utf-8 bytes of content + thinking / 3) plus its tool calls.
 
-The context rules copy Ollama's: ``num_ctx`` is ``options.num_ctx`` (else ``default_num_ctx``,
-2048) capped at the model's context length. A prompt larger than ``num_ctx`` is silently cut,
-dropping the oldest non-system messages (system messages and the last message stay) until it
-fits; ``cuts`` counts that and ``prompt_eval_count`` reports the smaller prompt. When the system
-messages, the tools and the last message alone do not fit, the answer is Ollama's nested HTTP 400
-(``exceed_context_size_error``, ``n_prompt_tokens`` being that smallest prompt) and ``overflows``
-counts it. A changed ``num_ctx`` for a loaded model counts in ``reloads``, since Ollama reloads.
+The behaviour follows Ollama 0.12.6 (``server/routes.go`` ChatHandler, ``server/prompt.go``
+chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked against its source:
 
-Order inside ``/api/chat``: record, wait while ``hang``, 404 for an unknown model, load the model
-(``/api/ps``, ``reloads``), cut or refuse the prompt, then take the next scripted reply (so a
+- ``num_ctx`` is ``options.num_ctx`` (else ``default_num_ctx``, 2048) capped at the model's context
+  length. A changed ``num_ctx`` for a loaded model counts in ``reloads``, since Ollama reloads.
+- A prompt larger than ``num_ctx`` is silently cut (chatPrompt): whole old messages are dropped,
+  oldest first, system messages and the last message always kept, a tool result never orphaned
+  from the call before it. When what is left still does not fit, the runner cuts *inside* it
+  (``truncate`` defaults to true: it keeps the first tokens and the end), so ``prompt_eval_count``
+  is ``num_ctx``. ``cuts`` counts both. With ``refuse_overlong`` the fake answers instead with the
+  nested HTTP 400 (``exceed_context_size_error``) that llama-server based builds send; ``overflows``
+  counts it.
+- Thinking: a model with the ``thinking`` capability thinks when ``think`` is unset (Ollama sets
+  it to true), producing ``Reply.thinking`` or else ``FakeModel.default_thinking``; ``think: true``
+  for a model without the capability is a 400 ``"<model>" does not support thinking``.
+- ``num_predict`` counts thinking and content tokens together: a reply that runs out stops with
+  ``done_reason: "length"``, its content cut (empty when the thinking used it all up).
+- ``tools`` for a model without the ``tools`` capability is a 400 ``<model> does not support
+  tools``.
+- While ``busy`` (Ollama's queue is full, ``OLLAMA_MAX_QUEUE``), chats get a 503 ``server busy,
+  please try again.  maximum pending requests exceeded``.
+
+Order inside ``/api/chat``: record, 503 while ``busy``, wait while ``hang``, 404 for an unknown
+model, 400 for tools or thinking the model lacks, load the model (``/api/ps``, ``reloads``), cut
+or refuse the prompt, then take the next scripted reply (so a
 404 or a 400 overflow does not use one up), sleep ``delay``, answer a scripted status, stream.
 """
 
@@ -51,8 +66,11 @@ class FakeModel:
 
     name: str = "qwen3:4b"
     context_length: int = 32768
-    capabilities: tuple[str, ...] = ("completion", "tools")
+    # What /api/show says of the real qwen3:4b: it thinks by default unless told not to.
+    capabilities: tuple[str, ...] = ("completion", "tools", "thinking")
     family: str = ""  # empty: derived from the name ("qwen3:4b" -> "qwen3")
+    # What a thinking model thinks when the script gives no thinking (600 bytes: 200 tokens).
+    default_thinking: str = "Let me think about what the user needs here. " * 13 + "Right, ok."
 
     @property
     def arch(self) -> str:
@@ -156,6 +174,8 @@ class FakeOllama:
         self.default_num_ctx = 2048
         self.cuts = 0
         self.overflows = 0
+        self.busy = False  # answer every chat with 503, as Ollama does when its queue is full
+        self.refuse_overlong = False  # 400 instead of cutting inside an overlong last message
         self.reloads = 0
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
         self._queue: deque[Reply] = deque()
@@ -271,11 +291,18 @@ class FakeOllama:
         body = await _read_json(request)
         if body is None or not body.get("model"):
             return _error(400, "model is required" if body is not None else "invalid JSON body")
+        if self.busy:
+            return _error(503, "server busy, please try again.  maximum pending requests exceeded")
         await self._released.wait()
         name = str(body["model"])
         model = self.find_model(name)
         if model is None:
             return _error(404, f'model "{name}" not found, try pulling it first')
+        if body.get("tools") and "tools" not in model.capabilities:
+            return _error(400, f"registry.ollama.ai/library/{name} does not support tools")
+        thinks = "thinking" in model.capabilities
+        if body.get("think") is True and not thinks:
+            return _error(400, f'"{name}" does not support thinking')
         options = body.get("options") or {}
         num_ctx = min(int(options.get("num_ctx") or self.default_num_ctx), model.context_length)
         messages: list[dict[str, Any]] = body.get("messages") or []
@@ -294,13 +321,28 @@ class FakeOllama:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
             return _error(reply.status, reply.error or HTTPStatus(reply.status).phrase)
-        thinking = reply.thinking if body.get("think") is not False else None
-        eval_count = _tokens(reply.content + (thinking or ""))
+        thinking = None
+        if thinks and body.get("think") is not False:  # Ollama: think unset means true
+            thinking = reply.thinking if reply.thinking is not None else model.default_thinking
+        content, done_reason = reply.content, reply.done_reason
+        num_predict = options.get("num_predict")
+        eval_count = _tokens(content + (thinking or ""))
         if reply.tool_calls:
             eval_count += _tokens(_compact(reply.tool_calls))
-        final = self._final(name, reply.done_reason, prompt_tokens, eval_count, started)
+        if isinstance(num_predict, int) and num_predict >= 0 and eval_count > num_predict:
+            # Thinking comes first and counts against num_predict like any other token.
+            thought = _tokens(thinking or "")
+            if thought >= num_predict:
+                thinking = (thinking or "")[: num_predict * 3]
+                content = ""
+            else:
+                content = content.encode()[: (num_predict - thought) * 3].decode(errors="ignore")
+            reply = Reply(content=content, thinking=thinking, chunks=reply.chunks,
+                          chunk_delay=reply.chunk_delay)
+            eval_count, done_reason = num_predict, "length"
+        final = self._final(name, done_reason, prompt_tokens, eval_count, started)
         if not body.get("stream", True):
-            final["message"] = _message(reply.content, thinking, reply.tool_calls)
+            final["message"] = _message(content, thinking, reply.tool_calls)
             return _json(final)
         pieces = [_message("", thinking, None)] if thinking else []
         pieces += [_message(p, None, None) for p in _split(reply.content, reply.chunks)]
@@ -339,14 +381,20 @@ class FakeOllama:
         total = self.count_tokens(messages, tools)
         if total <= num_ctx:
             return total
-        for message in messages[:-1]:
+        last = len(messages) - 1
+        for i, message in enumerate(messages[:-1]):
             if message.get("role") == "system":
                 continue
             total -= _message_tokens(message)
-            if total <= num_ctx:
+            # chatPrompt never starts on a tool result: its call goes with it.
+            starts_on_tool = messages[i + 1].get("role") == "tool" and i + 1 < last
+            if total <= num_ctx and not starts_on_tool:
                 self.cuts += 1
                 return total
-        return total
+        if self.refuse_overlong:
+            return total
+        self.cuts += 1  # the runner keeps the start and the end of what is left
+        return num_ctx
 
     @staticmethod
     def _final(

@@ -34,6 +34,7 @@ async def collect(
     client: ollama.AsyncClient, messages: list[dict[str, Any]] = USER_HI, **kwargs: Any
 ) -> list[ollama.ChatResponse]:
     kwargs.setdefault("model", "qwen3:4b")
+    kwargs.setdefault("think", False)  # the default model thinks otherwise, as qwen3 does
     stream = await client.chat(messages=messages, stream=True, **kwargs)
     return [part async for part in stream]
 
@@ -75,7 +76,7 @@ async def test_stream_defaults_to_true_when_absent(fake: FakeOllama) -> None:
 async def test_non_streamed_chat_echoes_by_default(
     fake: FakeOllama, client: ollama.AsyncClient
 ) -> None:
-    response = await client.chat(model="qwen3:4b", messages=USER_HI, stream=False)
+    response = await client.chat(model="qwen3:4b", messages=USER_HI, stream=False, think=False)
     assert response.message.content == "echo: hi"
     assert response.done and response.prompt_eval_count == 5 and response.eval_count == 3
     fake.script("scripted")
@@ -88,7 +89,7 @@ async def test_show_list_ps_and_version_parse(fake: FakeOllama, client: ollama.A
     assert show.modelinfo is not None
     assert show.modelinfo["general.architecture"] == "qwen3"
     assert show.modelinfo["qwen3.context_length"] == 32768
-    assert show.capabilities == ["completion", "tools"]
+    assert show.capabilities == ["completion", "tools", "thinking"]
     assert show.details is not None and show.details.family == "qwen3"
     assert [m.model for m in (await client.list()).models] == ["qwen3:4b"]
     assert (await client.ps()).models == []
@@ -126,6 +127,7 @@ async def test_long_prompt_is_cut_silently(fake: FakeOllama, client: ollama.Asyn
 async def test_prompt_that_cannot_fit_is_refused_with_400(
     fake: FakeOllama, client: ollama.AsyncClient
 ) -> None:
+    fake.refuse_overlong = True  # llama-server based builds; 0.12's runner cuts instead
     fake.script("kept for later")
     messages = [{"role": "user", "content": "old"}, {"role": "user", "content": "x" * 300}]
     with pytest.raises(ollama.ResponseError) as refused:
@@ -187,7 +189,7 @@ async def test_tool_calls_and_thinking_arrive_parsed(
 ) -> None:
     call = {"function": {"name": "memory_search", "arguments": {"query": "dentist"}}}
     fake.script(Reply(tool_calls=[call], thinking="let me look"), Reply(tool_calls=[call]))
-    parts = await collect(client)
+    parts = await collect(client, think=True)
     assert parts[0].message.thinking == "let me look"
     calls = [c for p in parts for c in p.message.tool_calls or []]
     assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
@@ -225,7 +227,7 @@ async def test_scripted_status_error(fake: FakeOllama, client: ollama.AsyncClien
 
 async def test_drop_mid_stream(fake: FakeOllama, client: ollama.AsyncClient) -> None:
     fake.script(Reply("abcdefgh", chunks=4, drop_after_chunks=2))
-    stream = await client.chat(model="qwen3:4b", messages=USER_HI, stream=True)
+    stream = await client.chat(model="qwen3:4b", messages=USER_HI, stream=True, think=False)
     received: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError):
         async for part in stream:
@@ -249,3 +251,77 @@ async def test_stop_cuts_off_a_hung_request(fake: FakeOllama, client: ollama.Asy
     assert time.monotonic() - started < 0.5
     with pytest.raises(httpx.RemoteProtocolError):
         await pending
+
+
+async def test_last_message_too_big_alone_is_cut_inside(
+    fake: FakeOllama, client: ollama.AsyncClient
+) -> None:
+    messages = [{"role": "user", "content": "old"}, {"role": "user", "content": "x" * 300}]
+    parts = await collect(client, messages, options={"num_ctx": 64})
+    assert parts[-1].prompt_eval_count == 64
+    assert fake.cuts == 1 and fake.overflows == 0
+
+
+async def test_tool_result_is_not_orphaned_by_the_cut(
+    fake: FakeOllama, client: ollama.AsyncClient
+) -> None:
+    call = {"function": {"name": "web_fetch", "arguments": {}}}
+    messages = [
+        {"role": "user", "content": "a" * 150},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "r" * 30},
+        {"role": "user", "content": "hi"},
+    ]
+    tool_and_last = fake.count_tokens(messages[2:])
+    parts = await collect(client, messages, options={"num_ctx": tool_and_last + 1})
+    # Dropping the call alone would have fitted; Ollama drops its result with it.
+    assert parts[-1].prompt_eval_count == fake.count_tokens(messages[3:])
+
+
+async def test_thinking_model_thinks_unless_told_not_to(
+    fake: FakeOllama, client: ollama.AsyncClient
+) -> None:
+    fake.script("first", "second")
+    default = await client.chat(model="qwen3:4b", messages=USER_HI)
+    assert default.message.thinking and default.message.content == "first"
+    off = await client.chat(model="qwen3:4b", messages=USER_HI, think=False)
+    assert not off.message.thinking and off.message.content == "second"
+
+
+async def test_thinking_counts_against_num_predict() -> None:
+    async with FakeOllama([FakeModel(capabilities=("completion", "thinking"))]) as fake:
+        client = ollama.AsyncClient(host=fake.url)
+        fake.script("the summary")  # default thinking is 200 tokens
+        starved = await client.chat(model="qwen3:4b", messages=USER_HI,
+                                    options={"num_predict": 192})
+        assert starved.message.content == "" and starved.done_reason == "length"
+        assert starved.eval_count == 192
+        await client._client.aclose()
+
+
+async def test_think_true_for_a_model_that_cannot_is_400() -> None:
+    async with FakeOllama([FakeModel(name="gemma3:4b", capabilities=("completion",))]) as fake:
+        client = ollama.AsyncClient(host=fake.url)
+        with pytest.raises(ollama.ResponseError) as refused:
+            await client.chat(model="gemma3:4b", messages=USER_HI, think=True)
+        assert refused.value.status_code == 400
+        assert refused.value.error == '"gemma3:4b" does not support thinking'
+        await client._client.aclose()
+
+
+async def test_tools_for_a_model_without_them_is_400() -> None:
+    async with FakeOllama([FakeModel(name="gemma3:4b", capabilities=("completion",))]) as fake:
+        client = ollama.AsyncClient(host=fake.url)
+        tool = {"type": "function", "function": {"name": "t", "parameters": {}}}
+        with pytest.raises(ollama.ResponseError) as refused:
+            await client.chat(model="gemma3:4b", messages=USER_HI, tools=[tool])
+        assert refused.value.status_code == 400
+        assert "does not support tools" in refused.value.error
+        await client._client.aclose()
+
+
+async def test_busy_server_answers_503(fake: FakeOllama, client: ollama.AsyncClient) -> None:
+    fake.busy = True
+    with pytest.raises(ollama.ResponseError) as busy:
+        await client.chat(model="qwen3:4b", messages=USER_HI)
+    assert busy.value.status_code == 503 and "server busy" in busy.value.error

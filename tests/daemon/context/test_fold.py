@@ -17,11 +17,13 @@ from daemon.context.fold import (
     fold_messages,
     fold_threshold,
     folded_state,
+    low_water,
     merge_user_notes,
     notes_need_condensing,
     parse_fold_reply,
     plan_fold,
     summary_cap_chars,
+    trim_notes,
 )
 from daemon.conversations import Message, Role, SummaryState
 
@@ -56,99 +58,102 @@ def chat_tokens(messages: Sequence[dict[str, str]], ratio: float = 1.0) -> int:
 # --- the mark -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("count", [0, 1, 8])
-def test_nothing_to_fold_within_the_last_eight(count: int) -> None:
-    assert fold_mark(conversation("ua" * 4)[:count]) is None
+@pytest.mark.parametrize("roles", ["", "a", "u", "ua", "uaaa"])
+def test_nothing_to_fold_before_the_newest_exchange(roles: str) -> None:
+    assert fold_mark(conversation(roles), keep_tokens=0) is None
 
 
-def test_mark_keeps_the_last_eight_when_they_start_on_a_user_message() -> None:
-    tail = conversation("ua" * 10)
-    mark = fold_mark(tail)
-    assert mark == 12
-    assert len(tail[mark:]) == 8 and tail[mark].role == "user"
+def test_mark_keeps_what_fits_the_low_water_mark_from_a_user_message() -> None:
+    tail = conversation("ua" * 10, size=400)  # 100 tokens each
+    assert fold_mark(tail, keep_tokens=400) == 16  # two exchanges: 400 tokens
+    assert fold_mark(tail, keep_tokens=399) == 18  # only the newest exchange fits
+    assert tail[16].role == "user"
 
 
-def test_mark_walks_back_to_the_nearest_user_message() -> None:
-    # 20 messages: index 12 is an assistant; the nearest user message before it is index 10.
-    tail = conversation("uaaaa" * 4)
-    assert tail[12].role == "assistant"
-    mark = fold_mark(tail)
-    assert mark == 10
-    assert tail[mark].role == "user" and len(tail[mark:]) == 10
+def test_mark_always_keeps_the_newest_exchange_even_over_the_low_water_mark() -> None:
+    tail = conversation("ua" * 4, size=4_000)
+    assert fold_mark(tail, keep_tokens=10) == 6
 
 
 def test_mark_never_splits_a_tool_cycle() -> None:
     roles = "ua" * 4 + "u" + "ctttta" + "uaua"  # index 8 user, then a call and 4 results
     tail = conversation(roles)
-    mark = fold_mark(tail)
-    assert mark == 8
-    assert tail[mark].role == "user"
+    # 5 tokens a message: from index 8 (the user before the cycle) the tail is 55 tokens.
+    assert fold_mark(tail, keep_tokens=60) == 8
+    assert fold_mark(tail, keep_tokens=54) == 15
 
 
 def test_no_mark_when_the_only_user_message_is_the_first() -> None:
-    assert fold_mark(conversation("u" + "a" * 12)) is None
+    assert fold_mark(conversation("u" + "a" * 12), keep_tokens=0) is None
 
 
 # --- the plan -------------------------------------------------------------------------------
 
 
-def history_with_foldable(chars: int, *, tail_chars: int = 50_000) -> list[Message]:
-    """12 messages of `chars` characters before the mark, then 8 large ones kept verbatim."""
-    before = conversation("ua" * 6, size=chars)
-    kept = conversation("ua" * 4, size=tail_chars, start=13)
-    return before + kept
+def history_of(chars: int, pairs: int = 10) -> list[Message]:
+    return conversation("ua" * pairs, size=chars)
 
 
-def test_threshold_is_a_quarter_of_the_window() -> None:
-    assert fold_threshold(8192) == 2048
-    assert fold_threshold(32768) == 8192
+def test_high_water_is_five_eighths_and_low_water_a_twelfth_of_the_window() -> None:
+    assert fold_threshold(8192) == 5120
+    assert low_water(8192) == 682
 
 
-def test_no_plan_under_the_threshold() -> None:
-    # 12 x 680 characters = 12 x 170 tokens = 2,040 <= 2,048. The huge tail does not count.
-    assert plan_fold(history_with_foldable(680), SummaryState(), 8192, 1.0) is None
+def test_no_plan_under_the_high_water_mark() -> None:
+    # 20 x 1,024 characters = 20 x 256 tokens = 5,120 <= 5,120.
+    assert plan_fold(history_of(1_024), SummaryState(), 8192, 1.0) is None
 
 
-def test_plan_over_the_threshold_pins_the_boundary() -> None:
-    history = history_with_foldable(700)  # 12 x 175 = 2,100 tokens > 2,048
+def test_plan_over_the_high_water_mark_folds_down_to_the_low_water_mark() -> None:
+    history = history_of(1_100)  # 20 x 275 = 5,500 tokens
     plan = plan_fold(history, SummaryState(), 8192, 1.0)
     assert plan is not None
-    assert [m.seq for m in plan.messages] == list(range(1, 13))
-    assert plan.through_seq == 12
-    assert plan.through_id == "ID00012"
-    assert history[12].role == "user"  # the verbatim tail starts on what the user said
+    # 682 tokens keep two messages (550): the newest exchange; everything else is folded.
+    assert [m.seq for m in plan.messages] == list(range(1, 19))
+    assert plan.through_id == "ID00018"
+    assert history[18].role == "user"  # the verbatim tail starts on what the user said
 
 
-def test_the_ratio_scales_the_threshold_check() -> None:
-    history = history_with_foldable(680)
+def test_the_ratio_scales_the_high_water_check() -> None:
+    history = history_of(1_024)
     assert plan_fold(history, SummaryState(), 8192, 1.0) is None
     assert plan_fold(history, SummaryState(), 8192, 1.2) is not None
 
 
 def test_over_120000_characters_folds_even_with_a_huge_window() -> None:
-    window = 10_000_000  # threshold 2.5M tokens, far away
-    assert plan_fold(history_with_foldable(9_900), SummaryState(), window, 1.0) is None
-    plan = plan_fold(history_with_foldable(10_100), SummaryState(), window, 1.0)  # 121,200
-    assert plan is not None and plan.through_seq == 12
+    window = 10_000_000
+    assert plan_fold(history_of(5_900), SummaryState(), window, 1.0) is None
+    plan = plan_fold(history_of(6_100), SummaryState(), window, 1.0)  # 122,000 characters
+    # The low-water mark is capped too (7,500 tokens): two exchanges of 3,050 stay.
+    assert plan is not None and plan.through_seq == 16
 
 
-def test_force_skips_the_threshold_but_not_the_mark() -> None:
-    history = history_with_foldable(30, tail_chars=30)
+def test_force_skips_the_high_water_mark_and_keep_zero_folds_all_but_the_newest_exchange(
+) -> None:
+    history = history_of(30)
     assert plan_fold(history, SummaryState(), 8192, 1.0) is None
-    plan = plan_fold(history, SummaryState(), 8192, 1.0, force=True)
-    assert plan is not None and plan.through_seq == 12
-    assert plan_fold(history[:8], SummaryState(), 8192, 1.0, force=True) is None
+    plan = plan_fold(history, SummaryState(), 8192, 1.0, force=True, keep_tokens=0)
+    assert plan is not None and plan.through_seq == 18
+    assert plan_fold(history[:2], SummaryState(), 8192, 1.0, force=True) is None
 
 
 def test_only_the_unsummarized_part_is_planned() -> None:
-    history = conversation("ua" * 20, size=1_000)  # seqs 1..40
+    history = conversation("ua" * 20, size=1_200)  # seqs 1..40, 300 tokens each
     summary = SummaryState(summary="s", through_seq=14, through_id="ID00014")
     plan = plan_fold(history, summary, 8192, 1.0)
     assert plan is not None
-    # Tail is 15..40 (26 messages); the mark keeps 33..40 (index 18 of the tail, a user).
+    # Tail is 15..40 (26 messages, 7,800 tokens); the newest exchange (39, 40) stays.
     assert plan.messages[0].seq == 15
-    assert plan.through_seq == 32
-    assert history[plan.through_seq].role == "user"
+    assert plan.through_seq == 38
+
+
+def test_notes_over_their_cap_lose_the_oldest_lines_first() -> None:
+    notes = "\n".join(f"- note {i} " + "n" * 200 for i in range(20))  # 20 x ~52 tokens
+    kept, dropped = trim_notes(notes, 8192, 1.0)
+    assert estimate_tokens(kept, 1.0) <= 512
+    assert dropped > 0 and kept.splitlines()[-1] == notes.splitlines()[-1]
+    assert kept.splitlines()[0] == notes.splitlines()[dropped]
+    assert trim_notes("- short", 8192, 1.0) == ("- short", 0)
 
 
 # --- the user's own words -------------------------------------------------------------------
@@ -188,7 +193,7 @@ def test_a_fact_from_turn_one_survives_three_folds_word_for_word() -> None:
     history = [message(1, "user", FACT), message(2, "assistant", "Noted.")]
     state = SummaryState()
     for fold in range(3):
-        for _ in range(8):
+        for _ in range(10):
             seq = len(history) + 1
             history.append(message(seq, "user", f"fold {fold} question {seq} " + "q" * 1_200))
             history.append(message(seq + 1, "assistant", "answer " + "a" * 1_200))

@@ -194,9 +194,16 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
     for seq, chat in traced.shown.items():
         original = originals[seq]
         if original.role in ("user", "assistant"):
-            # Never truncated, never rewritten; an older image only adds a one-line note.
+            # Never rewritten; an older image only adds a one-line note. Only a message over its
+            # share of the budget (or shortened as a last resort) is an excerpt, and then it
+            # names the call that reads it whole.
             content = chat["content"]
-            if original.attachments and content != original.content:
+            if "[TRUNCATED" in content and content != original.content:
+                assert request.shortened >= 1
+                assert f'conversation_read("{CID}", {seq}, {seq}, offset=...)' in content
+                assert content.startswith(original.content[:100])
+                assert len(content) < len(original.content)
+            elif original.attachments and content != original.content:
                 assert content.startswith(original.content + "\n")
                 note = content[len(original.content) + 1:]
                 assert note.startswith("[image ") and "\n" not in note
@@ -515,13 +522,34 @@ def test_protected_messages_survive_a_tight_budget() -> None:
     assert {7, 8, 9} <= set(traced.shown)  # the newest tool call with its results
 
 
-def test_does_not_fit_when_the_protected_text_alone_is_too_large() -> None:
+def test_a_newest_message_larger_than_the_budget_goes_as_an_excerpt_with_a_pointer() -> None:
     script = chat_script(3)
     script.user("please translate: " + filler(8_000))  # ~2,000 tokens
+    request = build(script.messages, 1_500)
+    check_invariants(request, script, 1_500, 1.0)
+    last = request.messages[-1]["content"]
+    assert isinstance(last, str) and last.startswith(script.messages[-1].content[:40])
+    seq = script.messages[-1].seq
+    assert f'conversation_read("{CID}", {seq}, {seq}, offset=...)' in last
+
+
+def test_a_newest_message_that_fits_alone_is_sent_whole_and_old_pastes_give_way() -> None:
+    script = Script()
+    script.user("first paste: " + filler(16_000, 1))  # ~4,000 tokens each
+    script.assistant("got it")
+    script.user("second paste: " + filler(16_000, 2))
+    request = build(script.messages, 7_000)
+    check_invariants(request, script, 7_000, 1.0)
+    assert request.messages[-1]["content"] == script.messages[-1].content + TAIL_NOTE
+    first = tail_of(request)[0]["content"]
+    assert isinstance(first, str) and "[TRUNCATED" in first
+
+
+def test_does_not_fit_only_when_the_prefix_alone_is_too_large() -> None:
+    script = chat_script(1)
     with pytest.raises(DoesNotFit) as raised:
-        build(script.messages, 1_500)
-    assert raised.value.budget == 1_500
-    assert raised.value.needed > 1_500
+        build(script.messages, estimate_tokens(PREFIX) // 2)
+    assert raised.value.needed > raised.value.budget
 
 
 def test_does_not_fit_only_when_the_protected_non_tool_text_is_too_large() -> None:
@@ -648,3 +676,17 @@ def test_an_image_costs_its_pixels_over_1024_and_at_least_256_tokens() -> None:
     assert image_tokens({"width": 1025, "height": 1024}) == 1025  # rounded up
     assert image_tokens({"width": 10, "height": 10}) == 256
     assert image_tokens({}) == 256  # unknown size: the floor
+
+
+def test_an_old_long_message_is_excerpted_the_same_way_on_every_turn() -> None:
+    script = Script()
+    script.user("here is the article: " + filler(20_000, 3))  # ~5,000 tokens
+    script.assistant("read it")
+    requests = []
+    for turn in range(3):
+        script.exchange(f"question {turn}", f"answer {turn}")
+        requests.append(build(script.messages, 7_000))
+    firsts = [tail_of(r)[0]["content"] for r in requests]
+    assert len(set(firsts)) == 1  # the same bytes: Ollama's cache keeps matching
+    assert "[TRUNCATED" in firsts[0] and all(r.shortened == 1 for r in requests)
+    check_invariants(requests[-1], script, 7_000, 1.0)
