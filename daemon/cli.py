@@ -179,9 +179,12 @@ def _conversations(args: argparse.Namespace, settings: Settings) -> int:
             json.dump(doc, sys.stdout, ensure_ascii=False, indent=2)
             print()
             return 0
+        held = {doc.get("message_id"): doc["held"]
+                for doc in store.outbox_pending(conversation.chat_key) if doc.get("held")}
         for m in messages:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
-            print(f"--- #{m.seq} {m.role} {when}\n{m.content}")
+            mark = f" (not delivered yet: {held[m.id]})" if m.id in held else ""
+            print(f"--- #{m.seq} {m.role} {when}{mark}\n{m.content}")
         return 0
     finally:
         store.close()

@@ -35,9 +35,9 @@ and ask them to repeat the detail. Be direct and useful; say so when you are uns
 CHANNEL_NOTES = {
     "telegram": "The user reads you in Telegram. Markdown is fine: it is rendered for them.",
     "whatsapp": (
-        "The user reads you in WhatsApp. Do not use Markdown. Use only WhatsApp's own "
-        "formatting: *bold*, _italic_, ~strike~ and ``` for code. No headings, no tables, "
-        "no [text](url) links: write the URL itself."
+        "The user reads you in WhatsApp. Write Markdown as usual: it is converted to "
+        "WhatsApp's own formatting. Keep it simple: WhatsApp shows no headings, tables or "
+        "link labels, only bold, italics, strikethrough, lists and code."
     ),
     "console": "The user reads you in a terminal. Write plain text, no Markdown.",
     "automation": (

@@ -151,13 +151,13 @@ def test_channel_overlays_differ_per_channel() -> None:
     assert tg.replace(overlays["telegram"], "") == wa.replace(overlays["whatsapp"], "")
 
 
-def test_whatsapp_overlay_forbids_markdown_and_names_its_own_syntax() -> None:
+def test_whatsapp_overlay_asks_for_the_markdown_roost_converts() -> None:
+    # roost renders the model's Markdown into WhatsApp's syntax; a model writing WhatsApp's
+    # *bold* itself would come out in italics, so the overlay asks for Markdown.
     overlay = section(prefix_for("whatsapp"), "channel")
-    assert "Do not use Markdown" in overlay
-    for syntax in ("*bold*", "_italic_", "~strike~", "```"):
-        assert syntax in overlay
-    for banned in ("headings", "tables", "[text](url)"):
-        assert banned in overlay
+    assert "WhatsApp" in overlay and "Write Markdown as usual" in overlay
+    for missing in ("headings", "tables", "link labels"):
+        assert missing in overlay
 
 
 def test_capabilities_one_line_each_with_loaded_marks() -> None:

@@ -1,5 +1,5 @@
-"""`roost run` killed with SIGKILL right after it answered Telegram's webhook call with 200,
-then started again: the message is still answered, exactly once."""
+"""`roost run` killed with SIGKILL right after it answered a webhook call (Telegram's, then
+WhatsApp's) with 200, then started again: the message is still answered, exactly once."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import aiohttp
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
 from tests.daemon.test_app import free_port
+from tests.fakes.graph import PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram
 
@@ -97,3 +98,52 @@ async def test_killed_after_the_200_and_restarted_answers_once(
             second.kill()
             await second.wait()
     assert [m["text"] for m in fake_telegram.sent_messages] == ["echo: survive the crash"]
+
+
+async def test_whatsapp_killed_after_the_200_and_restarted_answers_once(
+        fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    def slow_echo(body: dict[str, Any]) -> Reply:
+        return Reply(content=echo_reply(body).content, delay=0.5)
+
+    fake_ollama.default_reply = slow_echo
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    async with FakeGraph() as graph:
+        config = tmp_path / "roost.toml"
+        config.write_text(
+            f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+            f'shutdown_grace = "2s"\n\n'
+            f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
+            f'[whatsapp]\nenabled = true\nphone_number_id = "{PHONE_NUMBER_ID}"\n'
+            f'api_base = "{graph.url}"\nallow = ["972544401243"]\n')
+        env = dict(os.environ, ROOST_WHATSAPP_TOKEN=graph.token,
+                   ROOST_WHATSAPP_APP_SECRET="app-secret", ROOST_WHATSAPP_VERIFY_TOKEN="v")
+        body = webhook(text_message("wamid.crash", "972544401243", "survive the crash"))
+        first = await start_daemon(config, env, url)
+        try:
+            async with aiohttp.ClientSession() as http, http.post(
+                    url + "/webhooks/whatsapp", data=body,
+                    headers={"Content-Type": "application/json",
+                             "X-Hub-Signature-256": sign("app-secret", body)}) as reply:
+                status = reply.status
+                first.send_signal(signal.SIGKILL)
+            await first.wait()
+        finally:
+            if first.returncode is None:
+                first.kill()
+                await first.wait()
+        assert status == 200 and first.returncode == -signal.SIGKILL
+        assert graph.sent == []
+
+        second = await start_daemon(config, env, url)
+        try:
+            await graph.wait_sent(1, timeout=10)
+            await asyncio.sleep(0.5)  # room for a duplicate to show up, were there one
+            second.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(second.communicate(), 15)
+            assert second.returncode == 0, err.decode()
+        finally:
+            if second.returncode is None:
+                second.kill()
+                await second.wait()
+        assert graph.texts() == ["echo: survive the crash"]

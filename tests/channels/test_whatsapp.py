@@ -1,0 +1,378 @@
+"""The WhatsApp channel end to end: roost's real app on 127.0.0.1, the fake Graph API, fake Ollama.
+
+Webhooks go through the real routes with real signatures; replies through the real outbox and
+roost's Graph client; nothing is patched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from PIL import Image
+
+from channels.telegram import TelegramTuning
+from channels.whatsapp import UNSUPPORTED, WEBHOOK_PATH, WhatsAppTuning
+from daemon.app import ENGINE, STORE, WHATSAPP, build_app
+from daemon.conversations import Message
+from daemon.store import Store
+from tests.conftest import FIXTURES, SettingsFactory
+from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
+from tests.fakes.ollama import FakeOllama, Reply
+from tests.fakes.telegram import FakeTelegram
+
+APP_SECRET = "1222e786b144d0e85b9f365372d93676"  # the fixture's (reset) app secret
+VERIFY = "verify-me-please"
+USER = "972544401243"  # the signed fixture's sender
+KEY = f"whatsapp:{USER}"
+FAST = WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01)
+
+
+@pytest.fixture
+async def graph() -> AsyncIterator[FakeGraph]:
+    async with FakeGraph() as fake:
+        yield fake
+
+
+@dataclass
+class Daemon:
+    app: web.Application
+    runner: web.AppRunner
+    url: str
+
+    @property
+    def store(self) -> Store:
+        return self.app[STORE]
+
+    async def post(self, body: bytes, *, signature: str | None = "sign",
+                   secret: str = APP_SECRET) -> int:
+        headers = {"Content-Type": "application/json"}
+        if signature == "sign":
+            headers["X-Hub-Signature-256"] = sign(secret, body)
+        elif signature is not None:
+            headers["X-Hub-Signature-256"] = signature
+        async with aiohttp.ClientSession() as http, http.post(
+                self.url + WEBHOOK_PATH, data=body, headers=headers) as reply:
+            return reply.status
+
+    async def settle(self, *chat_keys: str) -> None:
+        intake = self.app[WHATSAPP].intake
+        assert intake is not None
+        await asyncio.wait_for(intake.intake.idle(), 10)
+        for key in chat_keys or (KEY,):
+            await asyncio.wait_for(self.app[ENGINE].wait_idle(key), 10)
+
+    def user_messages(self, key: str = KEY) -> list[Message]:
+        conversation = self.store.active_conversation(key)
+        assert conversation is not None
+        return [m for m in self.store.messages(conversation.id) if m.role == "user"]
+
+
+Start = Callable[..., Awaitable[Daemon]]
+
+
+@pytest.fixture
+async def start(graph: FakeGraph, fake_ollama: FakeOllama,
+                make_settings: SettingsFactory) -> AsyncIterator[Start]:
+    running: list[web.AppRunner] = []
+
+    async def run(**sections: dict[str, Any]) -> Daemon:
+        whatsapp = {"enabled": True, "phone_number_id": PHONE_NUMBER_ID, "api_base": graph.url,
+                    "api_version": API_VERSION, "allow": (USER,), "token": graph.token,
+                    "app_secret": APP_SECRET, "verify_token": VERIFY}
+        settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
+                                 whatsapp=whatsapp | sections.pop("whatsapp", {}), **sections)
+        app = build_app(settings, whatsapp_tuning=FAST,
+                        telegram_tuning=TelegramTuning(poll_timeout=1, poll_backoff=0.05))
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        running.append(runner)
+        return Daemon(app, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
+
+    yield run
+    for runner in reversed(running):
+        await runner.cleanup()
+
+
+# ---- the door ------------------------------------------------------------------------------------
+
+
+async def test_meta_verification_gets_the_raw_challenge_and_anything_else_403(
+        start: Start) -> None:
+    daemon = await start()
+    async with aiohttp.ClientSession() as http:
+        ok = {"hub.mode": "subscribe", "hub.verify_token": VERIFY, "hub.challenge": "1158201444"}
+        async with http.get(daemon.url + WEBHOOK_PATH, params=ok) as reply:
+            assert reply.status == 200 and await reply.text() == "1158201444"
+            assert reply.content_type == "text/plain"
+        for wrong in ({**ok, "hub.verify_token": "guess"}, {**ok, "hub.mode": "unsubscribe"},
+                      {"hub.challenge": "1"}):
+            async with http.get(daemon.url + WEBHOOK_PATH, params=wrong) as reply:
+                assert reply.status == 403
+
+
+async def test_the_signed_fixture_is_verified_and_answered(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    body = (FIXTURES / "whatsapp" / "signed_text_message.body").read_bytes()
+    fixture_signature = ("sha256=54edfa1d7259e0eb13c677cc7d73d1b5c86cfa12433d19156e058ab92"
+                         "51bc441")
+    assert await daemon.post(body, signature=fixture_signature) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts(USER) == ["echo: Hey there! I am using PyWa."]
+    read = graph.calls_of("read")[0].body
+    assert read["message_id"] == json.loads(body)["entry"][0]["changes"][0]["value"][
+        "messages"][0]["id"]
+
+
+async def test_bad_signatures_and_bodies_are_refused_and_never_processed(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    body = (FIXTURES / "whatsapp" / "signed_text_message.body").read_bytes()
+    reserialised = json.dumps(json.loads(body), ensure_ascii=False).encode()
+    assert await daemon.post(body, signature=None) == 401
+    assert await daemon.post(body, signature="sha256=" + "0" * 64) == 403
+    assert await daemon.post(body, secret="another secret") == 403
+    assert await daemon.post(reserialised, signature=sign(APP_SECRET, body)) == 403
+    assert await daemon.post(b"{not json") == 400
+    assert await daemon.post(b'{"object": "page"}') == 400
+    await asyncio.sleep(0.2)
+    assert fake_ollama.chat_requests == [] and graph.calls == []
+    raw = json.loads(webhook(text_message("wamid.na", USER, "Grüße aus Köln 🦜")))
+    non_ascii = json.dumps(raw, ensure_ascii=False).encode()  # raw UTF-8, signed as it is
+    assert await daemon.post(non_ascii) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts() == ["echo: Grüße aus Köln 🦜"]
+
+
+async def test_the_same_wamid_three_times_gets_one_reply(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    body = webhook(text_message("wamid.same", USER, "once please"))
+    for _ in range(3):
+        assert await daemon.post(body) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    await asyncio.sleep(0.2)
+    assert graph.texts() == ["echo: once please"]
+    assert len(fake_ollama.chat_requests) == 1
+
+
+async def test_a_batch_of_100_messages_is_answered_in_order_per_sender(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    senders = [f"4915{i:08d}" for i in range(25)]
+    daemon = await start(whatsapp={"allow": tuple(senders)})
+    messages = [text_message(f"wamid.b{n:03d}", senders[n % 25], f"message {n}")
+                for n in range(100)]
+    assert await daemon.post(webhook(*messages)) == 200
+    await daemon.settle(*(f"whatsapp:{s}" for s in senders))
+    for index, sender in enumerate(senders):
+        stored = [m.content for m in daemon.user_messages(f"whatsapp:{sender}")]
+        assert stored == [f"message {n}" for n in range(index, 100, 25)]
+        assert graph.texts(sender), f"{sender} got no answer"
+    assert daemon.store.inbox_pending() == []
+
+
+async def test_a_markdown_reply_arrives_in_whatsapp_syntax(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    fake_ollama.script("# Plan\n\n**Bold** and *it* and ~~gone~~, see [the docs](https://x.org)"
+                       " and [https://y.org](https://y.org).\n\n- one\n- two\n\n```\ncode\n```")
+    assert await daemon.post(webhook(text_message("wamid.md", USER, "plan?"))) == 200
+    (call,) = await graph.wait_sent(1)
+    await daemon.settle()
+    text = call.body["text"]["body"]
+    assert "**" not in text and "# " not in text and "](" not in text
+    assert "*Plan*" in text and "*Bold*" in text and "_it_" in text and "~gone~" in text
+    assert "the docs (https://x.org)" in text and "https://y.org." in text
+    assert "- one" in text and "```code```" in text
+
+
+async def test_a_long_reply_is_split_at_4096_characters(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    fake_ollama.script("\n\n".join(f"Paragraph {i}. " + "word " * 200 for i in range(10)))
+    assert await daemon.post(webhook(text_message("wamid.long", USER, "essay"))) == 200
+    await graph.wait_sent(3)
+    await daemon.settle()
+    assert all(len(t) <= 4096 for t in graph.texts())
+    assert "".join(graph.texts()).count("Paragraph") == 10
+
+
+# ---- read receipts and typing --------------------------------------------------------------------
+
+
+async def test_read_on_receipt_and_typing_only_while_the_turn_holds_the_model(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    fake_ollama.script(Reply(content="thought about it", delay=0.6))
+    assert await daemon.post(webhook(text_message("wamid.t1", USER, "think hard"))) == 200
+    (sent,) = await graph.wait_sent(1)
+    await daemon.settle()
+    reads = graph.calls_of("read")
+    assert reads[0].body == {"messaging_product": "whatsapp", "status": "read",
+                             "message_id": "wamid.t1"}
+    typing = [c for c in reads if "typing_indicator" in c.body]
+    assert len(typing) >= 3  # refreshed while the model worked (0.1 s here, 20 s for real)
+    assert all(c.body["message_id"] == "wamid.t1" for c in typing)
+    count = len(graph.calls_of("read"))
+    await asyncio.sleep(0.3)
+    assert len(graph.calls_of("read")) == count  # none after the reply
+    assert graph.calls.index(typing[-1]) < graph.calls.index(sent)
+
+
+# ---- delivery errors -----------------------------------------------------------------------------
+
+
+async def test_rate_limits_and_5xx_are_retried_and_delivered_once(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    graph.fail_next("send", 131056)
+    graph.fail_next("send", 130429)
+    graph.fail_next("send", 131000)
+    graph.drop_next("send")
+    assert await daemon.post(webhook(text_message("wamid.r", USER, "busy day"))) == 200
+    await graph.wait_sent(1, timeout=10)
+    await daemon.settle()
+    assert graph.texts() == ["echo: busy day"]
+    assert len(graph.calls_of("send")) == 5
+
+
+async def test_a_refused_message_does_not_stop_later_replies(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    graph.fail_next("send", 131026)  # message undeliverable
+    assert await daemon.post(webhook(text_message("wamid.x1", USER, "first"))) == 200
+    await graph.wait_sent(1)  # the notice that it could not be delivered
+    await daemon.settle()
+    assert await daemon.post(webhook(text_message("wamid.x2", USER, "second"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    texts = graph.texts()
+    assert texts[0].startswith("A reply could not be delivered")
+    assert texts[1] == "echo: second"
+
+
+async def test_after_24_hours_the_reply_goes_to_the_fallback_chat(
+        start: Start, graph: FakeGraph, fake_telegram: FakeTelegram) -> None:
+    daemon = await start(
+        whatsapp={"fallback": "telegram:1111111"},
+        telegram={"enabled": True, "mode": "polling", "api_base": fake_telegram.api_base,
+                  "file_base": fake_telegram.file_base, "token": fake_telegram.token,
+                  "allow": (1111111,)})
+    graph.fail_next("send", 131047)
+    assert await daemon.post(webhook(text_message("wamid.late", USER, "remind me"))) == 200
+    (call,) = await fake_telegram.wait_for("sendMessage")
+    await daemon.settle(KEY, "telegram:1111111")
+    assert call.params["chat_id"] == 1111111
+    assert "more than 24 hours" in call.params["text"] and "echo: remind me" in call.params["text"]
+    assert graph.sent == []
+    assert daemon.store.outbox_pending() == []
+
+
+async def test_after_24_hours_without_fallback_the_reply_waits_for_the_user(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    graph.fail_next("send", 131047)
+    assert await daemon.post(webhook(text_message("wamid.w1", USER, "late question"))) == 200
+    await graph.wait_for("send")
+    await daemon.settle()
+    (held,) = daemon.store.outbox_pending(KEY)
+    assert "Re-engagement" in held["held"]
+    await asyncio.sleep(0.3)
+    assert len(graph.calls_of("send")) == 1  # not retried while the window is closed
+    shown = subprocess.run(
+        [sys.executable, "-m", "daemon", "conversations", "show", held["conversation_id"]],
+        capture_output=True, text=True, timeout=30,
+        env={**os.environ, "STATE_DIRECTORY": str(daemon.store.state_dir)})
+    assert "(not delivered yet: WhatsApp refused it: Re-engagement message" in shown.stdout
+    assert await daemon.post(webhook(text_message("wamid.w2", USER, "hello again"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert graph.texts() == ["echo: late question", "echo: hello again"]
+    assert daemon.store.outbox_pending() == []
+
+
+# ---- statuses, media and everything else ---------------------------------------------------------
+
+
+async def test_status_webhooks_are_recorded_and_failures_logged(
+        start: Start, graph: FakeGraph, caplog: pytest.LogCaptureFixture) -> None:
+    daemon = await start()
+    caplog.set_level(logging.INFO, "roost.whatsapp")
+    assert await daemon.post(webhook(text_message("wamid.s", USER, "status?"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    wamid = "wamid.FAKE000001"
+    statuses = ({"id": wamid, "status": "delivered", "timestamp": "1", "recipient_id": USER},
+                {"id": wamid, "status": "failed", "timestamp": "2", "recipient_id": USER,
+                 "errors": [{"code": 131050, "title": "User stopped marketing messages"}]})
+    assert await daemon.post(webhook(statuses=statuses)) == 200
+    status_doc = json.loads((FIXTURES / "whatsapp" / "status_delivered.json").read_bytes())
+    assert await daemon.post(json.dumps(status_doc).encode()) == 200
+    log_text = "\n".join(p.read_text() for p in (daemon.store.state_dir / "corpus").glob("*"))
+    conversation = daemon.store.active_conversation(KEY)
+    assert conversation is not None
+    assert f"`{conversation.id}`: WhatsApp delivered {wamid}" in log_text
+    assert "WhatsApp delivered wamid.xyzxyz" in log_text
+    assert any("131050 User stopped marketing messages" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def jpeg(width: int, height: int) -> bytes:
+    out = BytesIO()
+    Image.new("RGB", (width, height), "orange").save(out, "JPEG")
+    return out.getvalue()
+
+
+async def test_the_image_fixture_reaches_the_model_as_an_image(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    fake_ollama.models[0].capabilities += ("vision",)
+    daemon = await start(whatsapp={"allow": ("972987654321",)})
+    graph.add_media("65463453", jpeg(1600, 1200), "image/jpeg")
+    body = (FIXTURES / "whatsapp" / "image_message.json").read_bytes()
+    assert await daemon.post(body) == 200
+    await graph.wait_sent(1)
+    await daemon.settle("whatsapp:972987654321")
+    last_user = [m for m in fake_ollama.chat_requests[-1]["messages"] if m["role"] == "user"][-1]
+    assert len(last_user.get("images", [])) == 1
+    assert [c.kind for c in graph.calls[:3]] == ["read", "media", "download"]
+
+
+async def test_unknown_senders_types_and_reactions(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama,
+        caplog: pytest.LogCaptureFixture) -> None:
+    daemon = await start()
+    caplog.set_level(logging.INFO, "roost.whatsapp")
+    stranger = text_message("wamid.u1", "15550001111", "let me in")
+    assert await daemon.post(webhook(stranger)) == 200
+    hologram = {"from": USER, "id": "wamid.u2", "timestamp": "1", "type": "hologram",
+                "hologram": {"shape": "cube"}}
+    reaction = {"from": USER, "id": "wamid.u3", "timestamp": "1", "type": "reaction",
+                "reaction": {"message_id": "wamid.FAKE000001", "emoji": "👍"}}
+    location = {"from": USER, "id": "wamid.u4", "timestamp": "1", "type": "location",
+                "location": {"latitude": 1.5, "longitude": 2.5, "name": "Home"}}
+    assert await daemon.post(webhook(hologram, reaction, location)) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert graph.texts() == [UNSUPPORTED, "echo: [Location: Home at 1.5, 2.5]"]
+    assert len(fake_ollama.chat_requests) == 1  # the reaction started no turn
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("unknown WhatsApp user 15550001111" in line for line in logged)
+    assert not any("let me in" in line for line in logged)
+    assert daemon.store.active_conversation("whatsapp:15550001111") is None
