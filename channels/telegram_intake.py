@@ -1,12 +1,14 @@
 """Telegram's side of the shared intake (`daemon.intake`): route, admit, translate.
 
 The webhook route and the polling loop call `TelegramIntake.accept(payload)` before Telegram
-gets its answer. It reads the update as far as needed to know its chat, and lets only what roost
-handles into the store: an update PTB cannot read, of a kind roost does not handle, nested
-absurdly deep, or from someone not allowed to talk (`admit`) is logged and dropped, costing no
-state. The rest goes to `daemon.intake.Intake`, which persists it (group commit), dedupes by
-update id, and feeds it back here, in order per chat, to `process`: translation (text, media
-downloads) into one `Inbound` and `engine.submit`. Photos sent as an album share a
+gets its answer. It reads the raw JSON only as far as needed (`envelope_of`: chat, sender,
+album), and lets only what roost may handle into the store: an update of a kind roost does not
+handle, without a usable chat, nested absurdly deep, or from someone not on the allow list is
+logged and dropped, costing no state. The rest goes to `daemon.intake.Intake`, which persists it
+(group commit), dedupes by update id, and feeds it back here, in order per chat, to `process`:
+python-telegram-bot reads it, `admit` decides in full (groups, mentions), then translation
+(text, media downloads) into one `Inbound` and `engine.submit`. An update PTB cannot read fails
+there, and the intake quarantines it after a second try. Photos sent as an album share a
 `media_group_id` and arrive as separate updates; the intake groups them for `album_window`
 seconds into one Inbound.
 
@@ -20,24 +22,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from telegram import Message, Update
+from telegram import Update
 
 from channels.base import Inbound, inbound_id
 from channels.telegram_media import UNSUPPORTED, MediaFetcher
 from channels.telegram_updates import (
+    MAX_DEPTH,
+    UPDATE_KINDS,
     BotIdentity,
-    NotAnUpdate,
     admit,
+    chat_key,
     chat_key_of,
     context_lines,
     edit_text,
-    media_group_of,
     message_of,
     message_text,
     parse_update,
     routable_message,
+    too_deep,
     with_context,
 )
 from daemon.intake import Intake, Outcome, Pending, Submitter
@@ -72,35 +77,29 @@ class TelegramIntake:
         self.allow = frozenset(allow)
         self.intake = Intake(store=store, channel=CHANNEL, handler=self,
                              group_window=album_window, clock=clock)
-        # Updates read at the door, until their worker is done with them (not read twice).
-        self._parsed: dict[str, Update] = {}
 
     async def accept(self, payload: Mapping[str, Any]) -> bool:
-        """Persist one update before Telegram is answered, if roost handles it; False for a
-        redelivery or an update that is dropped. Raises when it could not be stored."""
-        try:
-            update = parse_update(payload)
-        except NotAnUpdate as exc:
-            log.warning("update %s cannot be read (%s); dropped", payload.get("update_id"), exc)
+        """Persist one update before Telegram is answered, if roost may handle it; False for a
+        redelivery or an update that is dropped. Raises when it could not be stored.
+
+        The door reads only the few fields it needs from the JSON (python-telegram-bot takes
+        ten times longer, and the worker reads the update in full anyway); an update it lets
+        in that PTB cannot read fails in the worker and is quarantined.
+        """
+        if too_deep(payload, MAX_DEPTH):
+            log.warning("update %s is nested more than %d levels deep; dropped",
+                        payload.get("update_id"), MAX_DEPTH)
             return False
-        message = routable_message(update)
-        if message is None:
-            log.debug("update %d is of a kind roost does not handle", update.update_id)
+        envelope = envelope_of(payload)
+        if envelope is None:
+            log.debug("update %s is of a kind roost does not handle", payload.get("update_id"))
             return False
-        verdict = admit(message, self.identity, self.allow)
-        if not verdict.admitted:
-            self._log_refused(message, verdict.reason)
+        if envelope.sender is None or envelope.sender not in self.allow:
+            reason = ("no sender (a channel post or an anonymous group admin)"
+                      if envelope.sender is None else "unknown sender")
+            _log_refused(envelope.sender, envelope.key, reason)
             return False
-        key = update_key(update.update_id)
-        self._parsed[key] = update
-        try:
-            accepted = await self.intake.accept(key, chat_key_of(message), payload)
-        except BaseException:
-            self._parsed.pop(key, None)
-            raise
-        if not accepted:
-            self._parsed.pop(key, None)
-        return accepted
+        return await self.intake.accept(update_key(payload["update_id"]), envelope.key, payload)
 
     async def resume(self) -> int:
         return await self.intake.resume()
@@ -114,23 +113,16 @@ class TelegramIntake:
     # ---- the intake's Handler --------------------------------------------------------------
 
     def route(self, payload: Mapping[str, Any]) -> str | None:
-        message = routable_message(parse_update(payload))
-        return chat_key_of(message) if message is not None else None
+        envelope = envelope_of(payload)
+        return envelope.key if envelope is not None else None
 
     def group(self, item: Pending) -> str | None:
-        return media_group_of(self._update(item))
+        envelope = envelope_of(item.payload)
+        return envelope.album if envelope is not None else None
 
     async def process(self, batch: list[Pending]) -> Outcome:
         """Gate, translate, submit; LATER when the engine is stopping (the updates stay)."""
-        try:
-            return await self._process([self._update(item) for item in batch], batch)
-        finally:
-            for item in batch:
-                self._parsed.pop(item.key, None)
-
-    def _update(self, item: Pending) -> Update:
-        update = self._parsed.get(item.key)
-        return update if update is not None else parse_update(item.payload)
+        return await self._process([parse_update(item.payload) for item in batch], batch)
 
     async def _process(self, updates: list[Update], batch: list[Pending]) -> Outcome:
         message = routable_message(updates[0])
@@ -138,9 +130,10 @@ class TelegramIntake:
             return Outcome.DROPPED
         edited = message_of(updates[0]) == (message, True)
         key = chat_key_of(message)
-        verdict = admit(message, self.identity, self.allow)  # again: the allow list may change
+        verdict = admit(message, self.identity, self.allow)  # in full: groups, bots, mentions
         if not verdict.admitted:
-            self._log_refused(message, verdict.reason)
+            user = message.from_user.id if message.from_user else None
+            _log_refused(user, key, verdict.reason)
             return Outcome.DROPPED
         first = batch[0]
         item_id = inbound_id(first.received, first.key)
@@ -209,14 +202,44 @@ class TelegramIntake:
             await asyncio.to_thread(self.store.set_chat_flag, key, "undeliverable", None)
             log.info("%s writes again: no longer marked as blocked", key)
 
-    @staticmethod
-    def _log_refused(message: Message, reason: str) -> None:
-        user = message.from_user.id if message.from_user else None
-        key = chat_key_of(message)
-        if reason == "unknown sender":
-            # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
-            log.warning("ignored a message from unknown Telegram user %s in %s (not in "
-                        "telegram.allow)", user, key)
-        else:
-            log.debug("ignored a message in %s from %s: %s", key, user, reason)
 
+@dataclass(frozen=True)
+class Envelope:
+    """What the door needs of an update, read from the raw JSON."""
+
+    chat: int
+    sender: int | None  # None: no sender, or a bot
+    album: str | None
+    topic: int | None = None  # a forum topic's thread id: its own conversation
+
+    @property
+    def key(self) -> str:
+        return chat_key(self.chat, self.topic)
+
+
+def envelope_of(payload: Mapping[str, Any]) -> Envelope | None:
+    """The chat, sender and album of a message or edit; None for other kinds and for a message
+    without a chat whose id is an integer (nothing to answer to)."""
+    message = next((payload[k] for k in UPDATE_KINDS if isinstance(payload.get(k), dict)), None)
+    if message is None:
+        return None
+    chat = message.get("chat")
+    if not isinstance(chat, dict) or type(chat.get("id")) is not int:
+        return None
+    sender = message.get("from")
+    person = isinstance(sender, dict) and type(sender.get("id")) is int and not sender.get(
+        "is_bot")
+    album = message.get("media_group_id")
+    thread = message.get("message_thread_id")
+    topic = thread if message.get("is_topic_message") is True and type(thread) is int else None
+    return Envelope(chat=chat["id"], sender=sender["id"] if person else None,  # type: ignore[index]
+                    album=album if isinstance(album, str) else None, topic=topic)
+
+
+def _log_refused(user: int | None, key: str, reason: str) -> None:
+    if reason == "unknown sender":
+        # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
+        log.warning("ignored a message from unknown Telegram user %s in %s (not in "
+                    "telegram.allow)", user, key)
+    else:
+        log.debug("ignored a message in %s from %s: %s", key, user, reason)

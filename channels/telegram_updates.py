@@ -1,10 +1,10 @@
 """Telegram updates -> what roost handles: parsing, the gate, and the text of an `Inbound`.
 
 Pure functions over python-telegram-bot's objects: no clock, store or network. The intake
-(`channels.telegram_intake`) runs them in this order: `parse_update` at the door (a body that is
-not an Update gets a 400), `admit` before any handling (who may talk, and whether a group message
-is meant for the bot), then `message_text`, `context_lines` and `edit_text` to build what the
-model reads.
+(`channels.telegram_intake`) runs them in its worker, in this order: `parse_update` (an update
+PTB cannot read is quarantined), `admit` before any handling (who may talk, and whether a group
+message is meant for the bot), then `message_text`, `context_lines` and `edit_text` to build what
+the model reads.
 """
 
 from __future__ import annotations

@@ -152,7 +152,10 @@ class Store:
         writes because every write is an atomic rename.
         """
         if read_only:
-            if not any((state_dir / n).exists() for n in ("meta.json", "index.json")):
+            if not (state_dir / "meta.json").exists():
+                if (state_dir / "index.json").exists():
+                    raise StoreError(f"the state in {state_dir} is from an earlier version of "
+                                     "roost; start the daemon once to convert it")
                 raise NoState(f"no roost state in {state_dir}")
             return cls(state_dir, read_only=True)
         try:

@@ -25,7 +25,6 @@ from typing import Any
 from tinydb import Query, TinyDB
 
 from daemon.errors import StoreError
-from daemon.logs import store_log as log
 from daemon.store.files import (
     AtomicJSONStorage,
     CorruptFile,
@@ -273,17 +272,20 @@ class ChatFlags:
 
     def set(self, chat_key: str, flag: str, value: Any) -> None:
         flags = self.get(chat_key)
-        if value is None and flag not in flags:
+        if flags.get(flag) == value and (value is not None or flag not in flags):
             return
         flags.pop(flag, None)
         if value is not None:
             flags[flag] = value
-        # Replace the document: TinyDB's update merges and could not remove a flag.
-        self.db.remove(Query().chat_key == chat_key)
-        if flags:
+        q = Query().chat_key == chat_key
+        if not flags:
+            self.db.remove(q)
+        elif self.db.contains(q):
+            def replace(doc: dict[str, Any]) -> None:
+                # TinyDB's update merges and could not remove a flag: replace in place.
+                doc.clear()
+                doc.update({"chat_key": chat_key, **flags})
+
+            self.db.update(replace, q)
+        else:
             self.db.insert({"chat_key": chat_key, **flags})
-
-
-def log_dropped(kind: str, count: int) -> None:
-    if count:
-        log.info("dropped %d %s items finished before the last stop", count, kind)

@@ -695,3 +695,46 @@ def test_a_state_directory_of_the_single_index_layout_is_taken_over_whole(
             assert store.chat_flags(CHAT) == {"undeliverable": T0}
     assert not (state_dir / "index.json").exists()
     assert json.loads((state_dir / "index.json.v2").read_text("utf-8")) == legacy
+
+
+def test_what_a_message_writes_does_not_grow_with_history(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acking an update, recording an exchange and delivering it write only small files, after
+    2,000 remembered keys and 150 archived conversations as on the first day."""
+    def written_during(step: Callable[[Store], None], store: Store) -> dict[str, int]:
+        before = {p: p.stat().st_mtime_ns for p in all_files(state_dir)}
+        step(store)
+        return {str(p.relative_to(state_dir)): p.stat().st_size for p in all_files(state_dir)
+                if before.get(p) != p.stat().st_mtime_ns}
+
+    def exchange(store: Store) -> None:
+        now = time.time()
+        store.updates_accept("telegram", f"telegram:update:{now}", {"update_id": 1}, now)
+        store.updates_done(f"telegram:update:{now}")
+        store.inbox_add({"id": f"in-{now}", "chat_key": CHAT, "received": now, "text": "hi"})
+        conversation = store.active_conversation(CHAT)
+        assert conversation is not None
+        store.append_message(conversation.id, "user", "hi", created=now)
+        store.save_conversation(conversation.touched(now))
+        reply = store.append_message(conversation.id, "assistant", "hello", created=now)
+        store.outbox_add({"id": reply.id, "chat_key": CHAT, "created": now, "text": "hello"})
+        store.inbox_done([f"in-{now}"])
+        store.mark_sent(reply.id, now)
+
+    with Store.open(state_dir) as store:
+        store.create_conversation(CHAT, time.time())
+        first_day = written_during(exchange, store)
+        with monkeypatch.context() as building:  # a year of use, quickly
+            building.setattr(os, "fsync", lambda fd: None)
+            for i in range(150):
+                old = store.create_conversation(f"telegram:{i}", T0 + i * 86400)
+                append_many(store, old.id, 3)
+                store.save_conversation(old.archived("idle"))
+            for i in range(2000):
+                store.dedupe_claim(f"telegram:update:{i}", time.time())
+        a_year_later = written_during(exchange, store)
+
+    history = sum(p.stat().st_size for p in all_files(state_dir))
+    assert history > 200 * 1024
+    assert max(a_year_later.values()) < 24 * 1024, a_year_later
+    assert len(a_year_later) <= len(first_day) + 1, (first_day, a_year_later)

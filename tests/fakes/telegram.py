@@ -208,8 +208,8 @@ class FakeTelegram:
 
         Like Telegram, an update of a kind the last ``allowed_updates`` (of getUpdates or
         setWebhook) excludes is never created. Telegram has sent ``is_bot`` on every user since
-        Bot API 3.0 and PTB 22 cannot parse a user without it; the recorded fixtures predate it,
-        so a missing one is filled in (false).
+        Bot API 3.0 and PTB 22 cannot parse a user without it; the fixtures in tests/fixtures
+        predate it, so a missing one is filled in (false).
         """
         if not self._allowed(update):
             return
