@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import ollama
@@ -28,6 +29,7 @@ from daemon.errors import (
     Preempted,
 )
 from daemon.logs import llm_log as log
+from daemon.redact import redact_url
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -55,12 +57,22 @@ class ChatResult:
     num_ctx: int = 0
 
 
+class ModelObserver(Protocol):
+    """Told about each finished model call and turn (daemon.metrics counts them)."""
+
+    def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
+                   background: bool) -> None: ...
+
+    def turn_done(self, seconds: float) -> None: ...
+
+
 class ModelClient:
     """Wraps `ollama.AsyncClient`; owns the model gate (`model.concurrency` calls at once)."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self.host = settings.host
+        self.host = redact_url(settings.host)  # for messages: never the URL's credentials
+        self.observer: ModelObserver | None = None
         self._client = ollama.AsyncClient(
             host=settings.host,
             # Read timeout is the silence allowed between streamed pieces, not the whole reply.
@@ -132,7 +144,9 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta)
+        call = self._observed(messages, background,
+                              self._stream_adapting(name, num_ctx, options, messages, tools,
+                                                    on_delta))
         if background:
             return await self._background_call(call)
         self.waiting += 1
@@ -159,10 +173,20 @@ class ModelClient:
         if self._no_room_for_background():
             for task in list(self._background):
                 task.cancel()
+        started = time.monotonic()
         try:
             yield
         finally:
             self.turns_active -= 1
+            if self.observer is not None:
+                self.observer.turn_done(time.monotonic() - started)
+
+    async def _observed(self, messages: Sequence[Mapping[str, Any]], background: bool,
+                        call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+        result = await call
+        if self.observer is not None:
+            self.observer.model_call(messages, result, background)
+        return result
 
     def _no_room_for_background(self) -> bool:
         """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""

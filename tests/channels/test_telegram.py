@@ -199,7 +199,7 @@ async def test_bad_requests_are_refused_and_never_processed(
     assert await daemon.post(message(2, "no secret"), secret=None) == 403
     assert await daemon.post(message(3, "wrong secret"), secret="guess") == 403
     assert await daemon.post(message(4, "wrong secret"), secret=SECRET + "x") == 403
-    assert await daemon.post(message(5, "form"), content_type="text/plain") == 403
+    assert await daemon.post(message(5, "form"), content_type="text/plain") == 415
     assert await daemon.post(body=b'{"update_id": 6, "message": ') == 400
     assert await daemon.post(body=b"[1, 2]") == 400
     assert await daemon.post({"update_id": "7"}) == 400
