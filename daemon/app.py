@@ -29,7 +29,14 @@ from daemon.engine import Engine
 from daemon.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.filemodes import exposure
 from daemon.health import HealthMonitor
-from daemon.httpguard import GuardedSite, HttpLimits, RejectionLog, bind, guard_middleware
+from daemon.httpguard import (
+    GuardedSite,
+    HttpLimits,
+    RejectionLog,
+    bind,
+    guard_middleware,
+    install_malformed_filter,
+)
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
 from daemon.metrics import START_TIME, Metrics
@@ -66,6 +73,7 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     tuning = tuning or Tuning()
     metrics = Metrics()
     rejections = RejectionLog()
+    install_malformed_filter(RejectionLog())
     app = web.Application(middlewares=[guard_middleware(
         tuning.http, rejections, lambda cause: metrics.webhook_rejections.labels(cause).inc())])
     app[SETTINGS] = settings
@@ -261,7 +269,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     app = build_app(settings, channels, tuning=tuning)
     # aiohttp waits this long for open requests; the engine's own grace comes after.
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0,
-                           keepalive_timeout=tuning.http.keepalive_timeout)
+                           keepalive_timeout=tuning.http.keepalive_timeout,
+                           lingering_time=tuning.http.lingering_time)
     try:
         await runner.setup()
     except StoreError as exc:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import time
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from daemon.logs import http_log as log
 
@@ -38,6 +40,7 @@ class HttpLimits:
     header_timeout: float = 10.0  # seconds from connecting to the end of the request head
     body_timeout: float = 15.0  # seconds to read a request body
     keepalive_timeout: float = 15.0  # an idle kept-alive connection is closed after this
+    lingering_time: float = 1.0  # reading the rest of a refused body before closing
     backlog: int = 128
 
 
@@ -54,6 +57,36 @@ def bind(host: str, port: int, backlog: int = 128) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback; roost makes that one short line
+    naming the caller and the problem, at most once a minute (with how many were dropped)."""
+
+    def __init__(self, rejections: RejectionLog) -> None:
+        super().__init__()
+        self.rejections = rejections
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        problem = (exc.message or type(exc).__name__).strip().splitlines()[0].rstrip(":")
+        remote = record.getMessage().rpartition(" from ")[2] or "?"
+        line = self.rejections.line("malformed request", problem, remote)
+        if line is None:
+            return False
+        record.msg, record.args, record.exc_info, record.exc_text = line, None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.name = log.name
+        return True
+
+
+def install_malformed_filter(rejections: RejectionLog) -> None:
+    """Once per process: aiohttp's server logger is global."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
+        server_log.addFilter(MalformedRequests(rejections))
 
 
 class _Guarded(asyncio.Protocol):
@@ -161,17 +194,22 @@ class RejectionLog:
     _unlogged: dict[str, int] = field(default_factory=dict)
 
     def note(self, path: str, cause: str, remote: str | None) -> None:
+        if (line := self.line(f"refused {path}", cause, remote)) is not None:
+            log.warning("%s", line)
+
+    def line(self, what: str, cause: str, remote: str | None) -> str | None:
+        """The line to log now, or None when this cause was logged less than a minute ago."""
         now = self.clock()
-        key = f"{path} {cause}"
+        key = f"{what} {cause}"
         last = self._last.get(key)
         if last is not None and now - last < self.every:
             self._unlogged[key] = self._unlogged.get(key, 0) + 1
-            return
+            return None
         more = self._unlogged.pop(key, 0)
         self._last[key] = now
         also = f" ({more} more since the last line)" if more else ""
-        log.warning("refused %s: %s, from %s%s; such calls are logged once a minute",
-                    path, cause, remote or "?", also)
+        return (f"{what}: {cause}, from {remote or '?'}{also}; "
+                "such calls are logged once a minute")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -192,6 +230,10 @@ def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
                 response: web.StreamResponse = web.Response(status=408, text="body too slow\n")
                 response.force_close()
                 return _account(request, response, rejections, count)
+            except ConnectionResetError:  # the caller hung up mid-body: nobody to answer
+                response = web.Response(status=400, text="incomplete body\n")
+                response.force_close()
+                return response
             except web.HTTPRequestEntityTooLarge:
                 response = web.Response(status=413, text="too large\n")
                 response.force_close()
