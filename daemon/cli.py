@@ -96,7 +96,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "chat":
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         return asyncio.run(chat(settings))
-    if args.command == "doctor":
+    if args.command == "doctor":  # its report is the output; log lines only with -v
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         return asyncio.run(run_doctor(settings, as_json=args.json))
     return _conversations(args, settings)
 

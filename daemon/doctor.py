@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -117,7 +118,8 @@ def _state_checks(settings: Settings) -> list[Check]:
         checks.append(Check(name, False, f"the disk holding {state_dir} is full (under "
                             f"{MIN_FREE_BYTES // 2**20} MiB free)", "free some space on it"))
     else:
-        checks.append(Check(name, True, f"{state_dir} (writable, not full)"))
+        free = shutil.disk_usage(state_dir).free / 2**30
+        checks.append(Check(name, True, f"{state_dir} (writable), {free:.1f} GiB free"))
     problem = exposure(state_dir)
     checks.append(Check("state directory privacy", problem is None,
                         f"{state_dir} is private" if problem is None
