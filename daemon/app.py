@@ -156,6 +156,7 @@ async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
 async def telegram_webhook(request: web.Request) -> web.Response:
     health = request.app[HEALTH]
     if health.health.disk_full:  # refuse before anything is written: Telegram sends it again
+        health.check_now()  # and see whether space was freed meanwhile
         return web.Response(status=503, text="disk full\n")
     response = await request.app[TELEGRAM].webhook(request)
     if response.status >= 500:  # could not store it: look at the disk again now

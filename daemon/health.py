@@ -18,7 +18,7 @@ from daemon.errors import LLMError, ModelNotFound
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
 
-MIN_FREE_BYTES = 8 * 1024 * 1024  # below this the disk counts as full: writes would soon fail
+MIN_FREE_BYTES = 1024 * 1024  # below this the disk counts as full: writes would soon fail
 
 
 @dataclass
