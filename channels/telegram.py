@@ -58,6 +58,7 @@ from channels.telegram_updates import (
     chat_id_of,
     parse_update,
 )
+from daemon.access import Access
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, TelegramSettings
 from daemon.errors import ChannelError, ConfigError, DeliveryError, StoreError
@@ -221,8 +222,10 @@ class Telegram:
 
     def __init__(self, settings: TelegramSettings, store: Store,
                  tuning: TelegramTuning | None = None,
-                 attachments: AttachmentSettings | None = None) -> None:
+                 attachments: AttachmentSettings | None = None,
+                 access: Access | None = None) -> None:
         check_settings(settings)
+        self.access = access
         self.settings = settings
         self.store = store
         self.tuning = tuning or TelegramTuning()
@@ -264,7 +267,7 @@ class Telegram:
                              backoff=self.tuning.download_backoff)
         self.intake = Intake(store=self.store, engine=engine, media=media,
                              identity=self.identity, allow=self.settings.allow,
-                             album_window=self.tuning.album_window)
+                             album_window=self.tuning.album_window, access=self.access)
         await self.intake.resume()
         try:
             await self.bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])

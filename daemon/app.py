@@ -24,6 +24,7 @@ from aiohttp import web
 from channels.base import Channel, Inbound, Outbound
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from daemon import __version__
+from daemon.access import Access
 from daemon.config import Settings
 from daemon.engine import Engine
 from daemon.errors import ChannelError, ConfigError, DeliveryError, StoreError
@@ -40,6 +41,7 @@ from daemon.httpguard import (
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
 from daemon.metrics import START_TIME, Metrics
+from daemon.pairing import PairingBook
 from daemon.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.store import Store
 
@@ -137,8 +139,9 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    access = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time)
     telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
-                        settings.attachments)
+                        settings.attachments, access)
     await telegram.open()
     app[TELEGRAM] = telegram
     app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])

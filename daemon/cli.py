@@ -19,6 +19,8 @@ from daemon.doctor import run_doctor
 from daemon.errors import ConfigError, StoreError
 from daemon.filemodes import make_private
 from daemon.logs import configure as configure_logging
+from daemon.pairing import PairingBook
+from daemon.pairing_cli import pairing_command
 from daemon.store import NoState, Store
 
 EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
@@ -26,7 +28,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     export = actions.add_parser("export", parents=[common],
                                 help="a conversation as JSON, every message byte for byte")
     export.add_argument("id", help="conversation id (a unique prefix is enough)")
+    pairing = commands.add_parser("pairing", parents=[common],
+                                  help="list, approve or deny senders waiting with a code")
+    steps = pairing.add_subparsers(dest="action", metavar="ACTION", required=True)
+    steps.add_parser("list", parents=[common], help="codes waiting, then approved senders")
+    approve = steps.add_parser("approve", parents=[common], help="let the code's sender in")
+    approve.add_argument("code", help="the 8-character code the sender was given")
+    deny = steps.add_parser("deny", parents=[common], help="drop the code")
+    deny.add_argument("code", help="the 8-character code the sender was given")
     return parser
 
 
@@ -99,6 +109,9 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "doctor":  # its report is the output; log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         return asyncio.run(run_doctor(settings, as_json=args.json))
+    if args.command == "pairing":
+        return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
+                               getattr(args, "code", None))
     return _conversations(args, settings)
 
 
