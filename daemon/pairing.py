@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from daemon.errors import StoreError
-from daemon.store import atomic_write
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L or U: read aloud safely
 CODE_LENGTH = 8
@@ -136,6 +135,9 @@ class PairingBook:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            owner = self.path.parent.stat()
+            if os.geteuid() == 0 and owner.st_uid != 0:  # see _write
+                os.fchown(fd, owner.st_uid, owner.st_gid)
         except OSError as exc:
             raise StoreError(f"cannot use {self._lock_path}: {exc.strerror or exc}") from exc
         try:
@@ -157,7 +159,27 @@ class PairingBook:
         return {"pending": pending, "approved": list(data.get("approved", []))}
 
     def _write(self, data: dict[str, list[dict[str, Any]]]) -> None:
-        atomic_write(self.path, json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8"))
+        """Atomic replace; owned like the state directory, so that `sudo roost pairing ...`
+        leaves a file the service's own user (a systemd DynamicUser) can still read."""
+        payload = json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            owner = self.path.parent.stat()
+            with open(tmp, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+                if os.geteuid() == 0 and owner.st_uid != 0:
+                    os.fchown(handle.fileno(), owner.st_uid, owner.st_gid)
+            os.replace(tmp, self.path)
+            folder = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
 
 
 def _new_code() -> str:
