@@ -216,14 +216,15 @@ class Intake:
         verdict = admit(message, self.identity, self.allow)
         user = message.from_user.id if message.from_user else None
         if not verdict.admitted and verdict.reason == "unknown sender" and self.access:
-            if not self.access.approved(CHANNEL, str(user)):
+            if self.access.approved(CHANNEL, str(user)):
+                verdict = Verdict(True)  # approved by the owner with `roost pairing approve`
+            elif self.access.pairs:
                 assert message.from_user is not None
                 notice = self.access.stranger(CHANNEL, str(user), key,
                                               message.from_user.full_name)
                 if notice:
                     await self.engine.notify(key, notice)
                 return True
-            verdict = Verdict(True)  # approved by the owner with `roost pairing approve`
         if not verdict.admitted:
             if verdict.reason == "unknown sender":
                 log.warning("ignored a message from unknown Telegram user %s in %s (not in "

@@ -72,12 +72,14 @@ class Access:
     def approved(self, channel: str, sender: str) -> bool:
         return self.book.is_approved(channel, sender)
 
+    @property
+    def pairs(self) -> bool:
+        """Whether strangers get a pairing code (else the channel ignores and logs them)."""
+        return self.settings.unknown_senders == "pair"
+
     def stranger(self, channel: str, sender: str, chat_key: str, name: str) -> str | None:
-        """What to tell a sender who is neither allowed nor approved (None: nothing)."""
-        if self.settings.unknown_senders != "pair":
-            log.info("ignored a message from unknown %s user %s (access.unknown_senders is "
-                     "'ignore')", channel, sender)
-            return None
+        """The pairing notice for a sender who is neither allowed nor approved (None: nothing
+        to send, since they have a code already or enough codes are waiting)."""
         made = self.book.request(channel, sender, chat_key, name, self.clock())
         if made is None:
             log.debug("no new pairing code for %s user %s (has one, or %s has enough waiting)",

@@ -130,7 +130,6 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
     engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
     app[ENGINE] = engine
-    app[METRICS].add_gauges(lambda: _gauges(app))
     await engine.start()
     yield
     await engine.stop(app[SETTINGS].daemon.shutdown_grace)
@@ -220,10 +219,10 @@ def _status(app: web.Application) -> tuple[str, list[str]]:
     return ("degraded" if reasons else "ok"), reasons
 
 
-def _gauges(app: web.Application) -> dict[str, float]:
+async def _gauges(app: web.Application) -> dict[str, float]:
     engine, llm = app[ENGINE], app[LLM]
     depths = engine.queue_depths()
-    outbox = len(app[STORE].outbox_pending())
+    outbox = len(await asyncio.to_thread(app[STORE].outbox_pending))
     return {"roost_queued_messages": sum(depths.values()), "roost_busy_chats": len(depths),
             "roost_outbox_pending": outbox, "roost_model_requests_in_flight": llm.in_flight,
             "roost_healthy": 1.0 if _status(app)[0] == "ok" else 0.0,
@@ -254,7 +253,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics_route(request: web.Request) -> web.Response:
     """Prometheus' text format (prometheus-client's own exposition)."""
-    body = await asyncio.to_thread(request.app[METRICS].exposition)  # the gauges read the store
+    # The gauges are read here, on the event loop that changes them; the collector gets a copy.
+    metrics = request.app[METRICS]
+    metrics.gauges = await _gauges(request.app)
+    body = metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; "
                                                             "charset=utf-8"})
 

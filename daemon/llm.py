@@ -144,9 +144,7 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        call = self._observed(messages, background,
-                              self._stream_adapting(name, num_ctx, options, messages, tools,
-                                                    on_delta))
+        call = self._observed(name, num_ctx, options, messages, tools, on_delta, background)
         if background:
             return await self._background_call(call)
         self.waiting += 1
@@ -181,9 +179,18 @@ class ModelClient:
             if self.observer is not None:
                 self.observer.turn_done(time.monotonic() - started)
 
-    async def _observed(self, messages: Sequence[Mapping[str, Any]], background: bool,
-                        call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
-        result = await call
+    async def _observed(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+        background: bool,
+    ) -> ChatResult:
+        """The call, told to the observer (daemon.metrics) once it finished."""
+        result = await self._stream_adapting(name, num_ctx, options, messages, tools, on_delta)
         if self.observer is not None:
             self.observer.model_call(messages, result, background)
         return result

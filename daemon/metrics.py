@@ -2,8 +2,9 @@
 
 Counters are bumped where things happen (the channel and intake wrappers in `daemon.app`, the
 model client's observer, the HTTP guard); gauges (queues, outbox, health) are read at scrape
-time. Each application has its own registry, so two daemons in one test process never mix. No
-label carries a chat id, a user or a host: /metrics is as private as /healthz.
+time and handed over in `Metrics.gauges`. Each application has its own registry, so two daemons
+in one test process never mix. No label carries a chat id, a user or a host: /metrics is as
+private as /healthz.
 """
 
 from __future__ import annotations
@@ -49,10 +50,9 @@ class Metrics:
         self.webhook_rejections = Counter("roost_webhook_rejections",
                                           "Webhook calls refused, by cause", ["cause"], registry=r)
         self._previous = ""
-
-    def add_gauges(self, read: Gauges) -> None:
-        """Gauges computed at scrape time: name -> value (the name is the metric's)."""
-        self.registry.register(_GaugeCollector(read))
+        # Gauges are read at each scrape by the route (on the event loop): name -> value.
+        self.gauges: dict[str, float] = {}
+        self.registry.register(_GaugeCollector(lambda: self.gauges))
 
     def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
                    background: bool) -> None:

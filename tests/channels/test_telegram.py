@@ -547,7 +547,7 @@ async def test_in_a_group_only_mentions_and_replies_are_answered(
 async def test_an_unknown_sender_is_ignored_and_logged(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
         caplog: pytest.LogCaptureFixture) -> None:
-    daemon = await start()
+    daemon = await start(access={"unknown_senders": "ignore"})  # "pair": tests/daemon/test_pairing
     caplog.set_level(logging.INFO, "roost.telegram")
     assert await daemon.post(message(1, "let me in", user=999)) == 200
     assert await daemon.post(message(2, "it's me")) == 200
