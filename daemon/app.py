@@ -130,6 +130,7 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
     engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
     app[ENGINE] = engine
+    engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()
     yield
     await engine.stop(app[SETTINGS].daemon.shutdown_grace)

@@ -47,6 +47,9 @@ class Metrics:
             registry=r)
         self.model_calls = Counter("roost_model_calls", "Model calls, by kind (turn or fold)",
                                    ["kind"], registry=r)
+        self.events = Counter("roost_events",
+                              "Events of the event log by kind: fold, compaction, rotation, "
+                              "overflow-retry, silent-cut, undeliverable", ["kind"], registry=r)
         self.webhook_rejections = Counter("roost_webhook_rejections",
                                           "Webhook calls refused, by cause", ["cause"], registry=r)
         self._previous = ""

@@ -256,3 +256,25 @@ def test_json_body_of_healthz_is_documented() -> None:
     for key in ("status", "reasons", "version", "model", "channels", "queued", "busy_chats",
                 "in_flight", "accepting"):
         assert f"`{key}`" in readme
+
+
+async def test_metrics_count_a_chat_that_blocked_the_bot(
+    telegram_app: str, fake_telegram: FakeTelegram, fake_ollama: FakeOllama
+) -> None:
+    fake_ollama.script("never seen")
+    fake_telegram.fail_next("sendMessage", status=403,
+                            description="Forbidden: bot was blocked by the user", times=5)
+    blocked = ("roost_events_total", (("kind", "undeliverable"),))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(telegram_app + WEBHOOK_PATH, json=_update(8, "hello"),
+                             headers={SECRET_HEADER: SECRET}) as reply:
+            assert reply.status == 200
+        for _ in range(200):
+            async with http.get(telegram_app + "/metrics") as reply:
+                samples = _metrics(await reply.text())
+            if blocked in samples:
+                break
+            await asyncio.sleep(0.05)
+    assert samples[blocked] == 1
+    assert samples[("roost_outbound_messages_total",
+                    (("channel", "telegram"), ("outcome", "undeliverable")))] == 1
