@@ -2,10 +2,11 @@
 
 * `bind()` takes the port before anything else starts, so a second instance that cannot bind
   stops before it touches Telegram (setWebhook, setMyCommands).
-* `GuardedSite` serves a bound socket with a cap on open connections and a deadline for a
-  request's headers. At the cap, the oldest connection that has not yet sent a whole request
-  head is closed to make room, so idle sockets (a port scanner, a slowloris) cannot lock out
-  /healthz or Telegram, and roost never runs out of file descriptors.
+* `GuardedSite` serves a bound socket with a cap on open connections and a deadline for each
+  request's head (also the later ones on a kept-alive connection). At the cap, the oldest
+  connection that is sending no more than part of a request head is closed to make room, so
+  idle sockets (a port scanner, a slowloris) cannot lock out /healthz or Telegram, and roost
+  never runs out of file descriptors.
 * `guard_middleware` bounds the time a request body may take, and counts and logs refused
   webhook calls at most once a minute per cause, so a stranger cannot fill the journal.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from collections import OrderedDict
@@ -37,7 +39,7 @@ class HttpLimits:
     """Limits of the HTTP server; not user settings (tests make them small)."""
 
     max_connections: int = 512  # well under the unit's LimitNOFILE and the default 1,024
-    header_timeout: float = 10.0  # seconds from connecting to the end of the request head
+    header_timeout: float = 10.0  # seconds for a request head, from its first byte (or connect)
     body_timeout: float = 15.0  # seconds to read a request body
     keepalive_timeout: float = 15.0  # an idle kept-alive connection is closed after this
     lingering_time: float = 1.0  # reading the rest of a refused body before closing
@@ -89,34 +91,67 @@ def install_malformed_filter(rejections: RejectionLog) -> None:
         server_log.addFilter(MalformedRequests(rejections))
 
 
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LENGTH = re.compile(rb"^content-length[ \t]*:[ \t]*([0-9]+)[ \t]*\r?$", re.I | re.M)
+_CHUNKED = re.compile(rb"^transfer-encoding[ \t]*:.*chunked", re.I | re.M)
+_HEAD_MAX = 64 * 1024  # aiohttp refuses far smaller heads; only bounds what is kept here
+
+
 class _Guarded(asyncio.Protocol):
-    """Wraps aiohttp's protocol for one connection: watches for the end of the request head."""
+    """Wraps aiohttp's protocol for one connection and follows its requests in the byte stream
+    (head, then Content-Length bytes of body), so that every request head, not only the
+    first, must arrive within the deadline. aiohttp gets every byte unchanged."""
 
     def __init__(self, site: GuardedSite, inner: asyncio.Protocol) -> None:
         self.site = site
         self.inner = inner
         self.transport: asyncio.Transport | None = None
-        self._tail = b""
+        self._head = b""  # the head so far, while one is arriving
+        self._body = 0  # body bytes still to come of the current request
+        self._followed = True  # False after a chunked body: its end is aiohttp's to find
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.site.opened(self)
-        self._timer = asyncio.get_running_loop().call_later(
-            self.site.limits.header_timeout, self.close)
+        self._arm()
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is not None:
-            head = self._tail + data
-            if b"\r\n\r\n" in head or b"\n\n" in head:
-                self._timer.cancel()
-                self._timer = None
-                self.site.active(self)
-            else:
-                self._tail = head[-3:]
+        if self._followed:
+            self._follow(data)
         self.inner.data_received(data)
+
+    def _follow(self, data: bytes) -> None:
+        while data and self._followed:
+            if self._body:
+                taken = min(self._body, len(data))
+                self._body -= taken
+                data = data[taken:]
+                continue
+            if self._timer is None:  # the first byte of the next request on this connection
+                self._arm()
+                self.site.waiting(self)
+            self._head += data
+            end = _HEAD_END.search(self._head)
+            if end is None:
+                self._head = self._head[-_HEAD_MAX:]
+                return
+            head, data = self._head[:end.end()], self._head[end.end():]
+            self._head = b""
+            assert self._timer is not None
+            self._timer.cancel()
+            self._timer = None
+            self.site.active(self)
+            if _CHUNKED.search(head):
+                self._followed = False
+            elif length := _LENGTH.search(head):
+                self._body = int(length[1])
+
+    def _arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(
+            self.site.limits.header_timeout, self.close)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -174,6 +209,9 @@ class GuardedSite(web.SockSite):
 
     def opened(self, conn: _Guarded) -> None:
         self.open += 1
+        self._waiting[id(conn)] = conn
+
+    def waiting(self, conn: _Guarded) -> None:
         self._waiting[id(conn)] = conn
 
     def active(self, conn: _Guarded) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import resource
 import signal
 import sys
@@ -102,6 +103,31 @@ async def test_a_connection_without_a_request_is_closed(guarded: tuple[str, int]
     reader, writer = await asyncio.open_connection(*guarded)
     try:
         assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by roost, unanswered
+    finally:
+        writer.close()
+
+
+async def test_a_later_request_head_on_a_kept_alive_connection_has_a_deadline_too(
+    guarded: tuple[str, int]
+) -> None:
+    reader, writer = await asyncio.open_connection(*guarded)
+    try:
+        body = b'{"x": 1}'
+        writer.write(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert first.startswith(b"HTTP/1.1 404")
+        await asyncio.wait_for(reader.readexactly(int(re.search(
+            rb"Content-Length: (\d+)", first)[1])), 10)  # type: ignore[index]
+        second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert second.startswith(b"HTTP/1.1 200")  # both served on the one connection
+        await asyncio.wait_for(reader.readexactly(int(re.search(
+            rb"Content-Length: (\d+)", second)[1])), 10)  # type: ignore[index]
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then nothing more
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, unanswered
     finally:
         writer.close()
 
