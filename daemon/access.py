@@ -62,12 +62,14 @@ class RateLimit:
 class Access:
     """Pairing and pacing for the channels' intakes."""
 
-    def __init__(self, settings: AccessSettings, book: PairingBook,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, settings: AccessSettings, book: PairingBook, clock: Callable[[], float],
+                 count: Callable[[str, str], None] | None = None) -> None:
         self.settings = settings
         self.book = book
         self.clock = clock
         self.limit = RateLimit(settings.rate_limit)
+        # count(channel, outcome) for /metrics: "stranger" and "paced" messages.
+        self.count = count or (lambda channel, outcome: None)
 
     def approved(self, channel: str, sender: str) -> bool:
         return self.book.is_approved(channel, sender)
@@ -80,6 +82,7 @@ class Access:
     def stranger(self, channel: str, sender: str, chat_key: str, name: str) -> str | None:
         """The pairing notice for a sender who is neither allowed nor approved (None: nothing
         to send, since they have a code already or enough codes are waiting)."""
+        self.count(channel, "stranger")
         made = self.book.request(channel, sender, chat_key, name, self.clock())
         if made is None:
             log.debug("no new pairing code for %s user %s (has one, or %s has enough waiting)",
@@ -90,10 +93,14 @@ class Access:
         return pairing_notice(made.code)
 
     async def pace(self, sender: str, tell: Callable[[str], Awaitable[None]]) -> None:
-        """Wait until `sender` is within the rate limit; `tell(text)` once per flood."""
-        while (wait := self.limit.delay(sender, self.clock())) > 0:
+        """Wait until `sender` ("channel:id") is within the rate limit; `tell(text)` once per
+        flood."""
+        if (wait := self.limit.delay(sender, self.clock())) > 0:
+            self.count(sender.partition(":")[0], "paced")
+        while wait > 0:
             if self.limit.tell(sender):
                 log.info("sender %s is over %d messages a minute; answering later",
                          sender, self.limit.per_minute)
                 await tell(SLOW_DOWN)
             await asyncio.sleep(wait)
+            wait = self.limit.delay(sender, self.clock())

@@ -139,7 +139,9 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    access = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time)
+    inbound = app[METRICS].inbound
+    access = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time,
+                    lambda channel, outcome: inbound.labels(channel, outcome).inc())
     telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
                         settings.attachments, access)
     await telegram.open()

@@ -13,10 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
 from daemon.access import SLOW_DOWN, RateLimit
-from daemon.app import STORE, build_app
+from daemon.app import METRICS, STORE, TELEGRAM, build_app
 from daemon.pairing import PairingBook
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
@@ -114,7 +115,7 @@ async def test_strangers_get_at_most_three_codes_and_a_denied_code_is_gone(
     daemon: tuple[Post, web.Application], fake_telegram: FakeTelegram,
     fake_ollama: FakeOllama, state_dir: Path, tmp_path: Path
 ) -> None:
-    post, _ = daemon
+    post, app = daemon
     config = tmp_path / "roost.toml"
     config.write_text(f'[daemon]\nstate_dir = "{state_dir}"\n')
     for user in range(3000001, 3000006):
@@ -131,6 +132,13 @@ async def test_strangers_get_at_most_three_codes_and_a_denied_code_is_gone(
     assert fake_ollama.chat_requests == []
     book = (state_dir / "pairing.json").read_text()
     assert book.count('"code"') == 2  # the book holds only what waits
+    intake = app[TELEGRAM].intake
+    assert intake is not None
+    await asyncio.wait_for(intake.idle(), 10)
+    metrics = text_string_to_metric_families(app[METRICS].exposition().decode())
+    strangers = [s.value for f in metrics for s in f.samples
+                 if s.name == "roost_inbound_messages_total" and s.labels["outcome"] == "stranger"]
+    assert strangers == [5]
 
 
 @pytest.mark.parametrize("daemon", [{"rate_limit": 1}], indirect=True)
