@@ -29,6 +29,7 @@ from channels.telegram_media import UNSUPPORTED, MediaFetcher
 from channels.telegram_updates import (
     BotIdentity,
     NotAnUpdate,
+    Verdict,
     admit,
     chat_key,
     chat_key_of,
@@ -42,6 +43,7 @@ from channels.telegram_updates import (
     parse_update,
     with_context,
 )
+from daemon.access import Access
 from daemon.errors import StoreError
 from daemon.logs import telegram_log as log
 from daemon.store import Store
@@ -84,6 +86,7 @@ class Intake:
         allow: Collection[int],
         album_window: float,
         clock: Callable[[], float] = time.time,
+        access: Access | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
@@ -92,6 +95,7 @@ class Intake:
         self.allow = frozenset(allow)
         self.album_window = album_window
         self.clock = clock
+        self.access = access  # pairing and pacing (daemon.access); None: the allow list only
         self._queues: dict[int, asyncio.Queue[_Pending]] = {}
         self._workers: dict[int, asyncio.Task[None]] = {}
 
@@ -213,15 +217,27 @@ class Intake:
         message, edited = found
         key = chat_key_of(message)
         verdict = admit(message, self.identity, self.allow)
+        user = message.from_user.id if message.from_user else None
+        if not verdict.admitted and verdict.reason == "unknown sender" and self.access:
+            if self.access.approved(CHANNEL, str(user)):
+                verdict = Verdict(True)  # approved by the owner with `roost pairing approve`
+            elif self.access.pairs:
+                assert message.from_user is not None
+                notice = self.access.stranger(CHANNEL, str(user), key,
+                                              message.from_user.full_name)
+                if notice:
+                    await self.engine.notify(key, notice)
+                return True
         if not verdict.admitted:
-            user = message.from_user.id if message.from_user else None
             if verdict.reason == "unknown sender":
-                # Pairing (access.unknown_senders = "pair") is not built yet: ignored either way.
                 log.warning("ignored a message from unknown Telegram user %s in %s (not in "
                             "telegram.allow)", user, key)
             else:
                 log.debug("ignored a message in %s from %s: %s", key, user, verdict.reason)
             return True
+        if self.access is not None:  # a flood waits here, stored, and is answered later
+            await self.access.pace(f"{CHANNEL}:{user}",
+                                   lambda text: self.engine.notify(key, text))
         first = batch[0]
         item_id = inbound_id(first.received, first.key)
         # Checked before any download, so a resumed update does not fetch its media twice.
