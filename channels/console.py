@@ -17,6 +17,7 @@ from daemon.config import Settings
 from daemon.engine import Engine
 from daemon.errors import LLMError, LLMUnavailable, StoreError
 from daemon.llm import ModelClient
+from daemon.redact import redact_url
 from daemon.store import Store
 
 CHAT_KEY = "console:local"
@@ -94,15 +95,16 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
         pulled = await llm.pulled_models()
     except LLMUnavailable:
         await llm.close()
-        err.write(f"roost: cannot reach Ollama at {settings.model.host}: start it with "
+        err.write(f"roost: cannot reach Ollama at {redact_url(settings.model.host)}: start it with "
                   "`ollama serve`, or point [model] host in roost.toml at it\n")
         return EX_UNAVAILABLE
     except LLMError as exc:
         await llm.close()
-        err.write(f"roost: Ollama at {settings.model.host} answered badly: {exc}\n")
+        err.write(f"roost: Ollama at {redact_url(settings.model.host)} answered badly: {exc}\n")
         return EX_UNAVAILABLE
     if not _is_pulled(settings.model.name, pulled):
-        err.write(f"roost: model {settings.model.name!r} is not on {settings.model.host}; "
+        err.write(f"roost: model {settings.model.name!r} is not on "
+                  f"{redact_url(settings.model.host)}; "
                   f"pull it with `ollama pull {settings.model.name}`\n")
     try:
         store = await asyncio.to_thread(Store.open, settings.daemon.state_dir)

@@ -53,9 +53,10 @@ from channels.telegram_intake import TelegramIntake
 from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram_updates import UPDATE_KINDS, BotIdentity, address_of
 from channels.webhooks import read_at_most
+from daemon.access import Access
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, TelegramSettings
-from daemon.errors import ChannelError, ConfigError, DeliveryError
+from daemon.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.intake import Submitter
 from daemon.logs import telegram_log as log
 from daemon.store import Store
@@ -237,8 +238,10 @@ class Telegram:
 
     def __init__(self, settings: TelegramSettings, store: Store,
                  tuning: TelegramTuning | None = None,
-                 attachments: AttachmentSettings | None = None) -> None:
+                 attachments: AttachmentSettings | None = None,
+                 access: Access | None = None) -> None:
         check_settings(settings)
+        self.access = access
         self.settings = settings
         self.store = store
         self.tuning = tuning or TelegramTuning()
@@ -288,7 +291,8 @@ class Telegram:
                              backoff=self.tuning.download_backoff)
         self.intake = TelegramIntake(store=self.store, engine=engine, media=media,
                                      identity=self.identity, allow=self.settings.allow,
-                                     album_window=self.tuning.album_window)
+                                     album_window=self.tuning.album_window,
+                                     access=self.access)
         await self.intake.resume()
         try:
             await self.bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
@@ -377,23 +381,23 @@ class Telegram:
         given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
         assert self.settings.secret is not None  # check_settings, webhook mode
         if not hmac.compare_digest(given, self.settings.secret.encode()):
-            log.warning("webhook call from %s without the right secret; refused", request.remote)
+            # Logged (once a minute, counted) by the HTTP guard: a stranger cannot fill the log.
             return web.Response(status=403, text="forbidden\n")
         if request.content_type != "application/json":
-            return web.Response(status=403, text="expected application/json\n")
+            return web.Response(status=415, text="expected application/json\n")
         body = await read_at_most(request, self.tuning.max_body)
         if body is None:
             return web.Response(status=413, text="too large\n")
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            log.warning("webhook body refused: malformed JSON")
+            log.debug("webhook body refused: malformed JSON")  # the HTTP guard logs it
             return web.Response(status=400, text="malformed JSON\n")
         except RecursionError:  # valid JSON nested too deep to read: no update roost handles
             log.warning("webhook body nested too deeply to read; dropped")
             return web.Response(status=200)
         if not isinstance(payload, dict) or type(payload.get("update_id")) is not int:
-            log.warning("webhook body refused: not a Telegram update")
+            log.debug("webhook body refused: not a Telegram update")
             return web.Response(status=400, text="not a Telegram update\n")
         if self.intake is None:  # between open() and start(): the site is not up yet anyway
             return web.Response(status=503, text="starting\n")
@@ -401,6 +405,9 @@ class Telegram:
             # An update roost cannot read or does not handle is dropped with a 200: answering
             # otherwise only makes Telegram send it again, for ever.
             await self.intake.accept(payload)
+        except StoreError as exc:  # e.g. the disk is full: Telegram delivers it again later
+            log.error("storing update %s failed: %s", payload["update_id"], exc)
+            return web.Response(status=503, text="not stored\n")
         except Exception:
             # The boundary of the route: 503 so that Telegram delivers the update again.
             log.exception("storing update %s failed", payload["update_id"])

@@ -45,6 +45,7 @@ from channels.telegram_updates import (
     too_deep,
     with_context,
 )
+from daemon.access import Access
 from daemon.intake import Intake, Outcome, Pending, Submitter
 from daemon.logs import telegram_log as log
 from daemon.store import Store
@@ -69,12 +70,14 @@ class TelegramIntake:
         allow: Collection[int],
         album_window: float,
         clock: Callable[[], float] = time.time,
+        access: Access | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
         self.media = media
         self.identity = identity
         self.allow = frozenset(allow)
+        self.access = access  # pairing and pacing (daemon.access); None: the allow list only
         self.intake = Intake(store=store, channel=CHANNEL, handler=self,
                              group_window=album_window, clock=clock)
 
@@ -94,12 +97,27 @@ class TelegramIntake:
         if envelope is None:
             log.debug("update %s is of a kind roost does not handle", payload.get("update_id"))
             return False
-        if envelope.sender is None or envelope.sender not in self.allow:
-            reason = ("no sender (a channel post or an anonymous group admin)"
-                      if envelope.sender is None else "unknown sender")
-            _log_refused(envelope.sender, envelope.key, reason)
+        if envelope.sender is None:
+            _log_refused(None, envelope.key, "no sender (a channel post or an anonymous group "
+                         "admin)")
+            return False
+        if not self._may_talk(envelope.sender):
+            # A stranger costs no stored state: a pairing code at most (in a private chat,
+            # never in a group's chatter), else a log line.
+            if self.access is not None and self.access.pairs and envelope.chat > 0:
+                notice = self.access.stranger(CHANNEL, str(envelope.sender), envelope.key,
+                                              envelope.name)
+                if notice:
+                    await self.engine.notify(envelope.key, notice)
+            else:
+                _log_refused(envelope.sender, envelope.key, "unknown sender")
             return False
         return await self.intake.accept(update_key(payload["update_id"]), envelope.key, payload)
+
+    def _may_talk(self, user: int) -> bool:
+        """On the allow list, or approved by the owner with `roost pairing approve`."""
+        return user in self.allow or (self.access is not None
+                                      and self.access.approved(CHANNEL, str(user)))
 
     async def resume(self) -> int:
         return await self.intake.resume()
@@ -130,11 +148,15 @@ class TelegramIntake:
             return Outcome.DROPPED
         edited = message_of(updates[0]) == (message, True)
         key = chat_key_of(message)
-        verdict = admit(message, self.identity, self.allow)  # in full: groups, bots, mentions
+        user = message.from_user.id if message.from_user else None
+        approved = {user} if user is not None and self._may_talk(user) else set()
+        verdict = admit(message, self.identity, self.allow | approved)  # groups, bots, mentions
         if not verdict.admitted:
-            user = message.from_user.id if message.from_user else None
             _log_refused(user, key, verdict.reason)
             return Outcome.DROPPED
+        if self.access is not None:  # a flood waits here, stored, and is answered later
+            await self.access.pace(f"{CHANNEL}:{user}",
+                                   lambda text: self.engine.notify(key, text))
         first = batch[0]
         item_id = inbound_id(first.received, first.key)
         # Checked before any download, so a resumed update does not fetch its media twice.
@@ -211,6 +233,7 @@ class Envelope:
     sender: int | None  # None: no sender, or a bot
     album: str | None
     topic: int | None = None  # a forum topic's thread id: its own conversation
+    name: str = ""  # the sender's name, for a pairing request
 
     @property
     def key(self) -> str:
@@ -232,8 +255,10 @@ def envelope_of(payload: Mapping[str, Any]) -> Envelope | None:
     album = message.get("media_group_id")
     thread = message.get("message_thread_id")
     topic = thread if message.get("is_topic_message") is True and type(thread) is int else None
+    names = (sender.get(k) for k in ("first_name", "last_name")) if person else ()  # type: ignore[union-attr]
     return Envelope(chat=chat["id"], sender=sender["id"] if person else None,  # type: ignore[index]
-                    album=album if isinstance(album, str) else None, topic=topic)
+                    album=album if isinstance(album, str) else None, topic=topic,
+                    name=" ".join(n for n in names if isinstance(n, str)))
 
 
 def _log_refused(user: int | None, key: str, reason: str) -> None:

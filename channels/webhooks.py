@@ -6,14 +6,10 @@ from aiohttp import web
 
 
 async def read_at_most(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None once it grows past `limit` (a chunked body has no Content-Length)."""
+    """The body, or None when it is larger than `limit` (a chunked body has no
+    Content-Length). The HTTP guard has read it already, within the app's client_max_size and
+    its deadline; this is the channel's own, smaller limit."""
     if request.content_length is not None and request.content_length > limit:
         return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = await request.read()
+    return None if len(body) > limit else body

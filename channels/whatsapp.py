@@ -45,6 +45,7 @@ from channels.whatsapp_payloads import (
     parse_webhook,
     wa_id_of,
 )
+from daemon.access import Access
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, WhatsAppSettings
 from daemon.errors import DeliveryError
@@ -146,25 +147,38 @@ class WhatsAppIntake:
     """WhatsApp messages into the shared intake, and out of it to the engine (its Handler)."""
 
     def __init__(self, *, store: Store, engine: Submitter, channel: WhatsAppChannel,
-                 media: WhatsAppMedia, allow: Collection[str],
+                 media: WhatsAppMedia, allow: Collection[str], access: Access | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.engine = engine
         self.channel = channel
         self.media = media
         self.allow = frozenset(allow)
+        self.access = access  # pairing and pacing (daemon.access); None: the allow list only
         self.intake = Intake(store=store, channel=CHANNEL, handler=self, clock=clock)
 
     async def accept(self, message: WaMessage) -> bool:
         """Persist one message before Meta is answered, if its sender may talk; False for a
         redelivery or a message that is dropped. Raises when it could not be stored."""
-        if message.sender not in self.allow:
-            log.warning("ignored a message from unknown WhatsApp user %s (not in "
-                        "whatsapp.allow)", message.sender)
+        if not self._may_talk(message.sender):
+            # A stranger costs no stored state: a pairing code at most, else a log line.
+            if self.access is not None and self.access.pairs:
+                notice = self.access.stranger(CHANNEL, message.sender, message.chat_key,
+                                              message.profile_name or "")
+                if notice:
+                    await self.engine.notify(message.chat_key, notice)
+            else:
+                log.warning("ignored a message from unknown WhatsApp user %s (not in "
+                            "whatsapp.allow)", message.sender)
             return False
         payload = {"message": dict(message.body), "profile_name": message.profile_name,
                    "business_number": message.business_number}
         return await self.intake.accept(message_key(message.id), message.chat_key, payload)
+
+    def _may_talk(self, sender: str) -> bool:
+        """On the allow list, or approved by the owner with `roost pairing approve`."""
+        return sender in self.allow or (self.access is not None
+                                        and self.access.approved(CHANNEL, sender))
 
     # ---- the intake's Handler --------------------------------------------------------------
 
@@ -183,6 +197,9 @@ class WhatsAppIntake:
         if item.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
             log.info("%s was submitted before the last stop; not again", item.key)
             return Outcome.DONE
+        if self.access is not None:  # a flood waits here, stored, and is answered later
+            await self.access.pace(f"{CHANNEL}:{message.sender}",
+                                   lambda text: self.engine.notify(key, text))
         self.channel.last_received[key] = message.id
         try:
             await self.channel.client.mark_read(message.id, typing=False)
@@ -232,8 +249,10 @@ class WhatsApp:
 
     def __init__(self, settings: WhatsAppSettings, store: Store, records: Records,
                  tuning: WhatsAppTuning | None = None,
-                 attachments: AttachmentSettings | None = None) -> None:
+                 attachments: AttachmentSettings | None = None,
+                 access: Access | None = None) -> None:
         self.settings = settings
+        self.access = access
         self.store = store
         self.records = records
         self.tuning = tuning or WhatsAppTuning()
@@ -255,7 +274,8 @@ class WhatsApp:
 
     async def start(self, engine: Submitter) -> None:
         self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
-                                     media=self.media, allow=self.settings.allow)
+                                     media=self.media, allow=self.settings.allow,
+                                     access=self.access)
         await self.intake.intake.resume()
 
     async def stop(self) -> None:

@@ -1,56 +1,101 @@
 """The daemon process: one aiohttp application that owns every long-lived part.
 
 Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
-Ollama client, the Telegram Application (before the engine, which delivers through it), the
-engine, then Telegram's receiving side (after the engine, which it feeds; so it stops first).
-`serve()` starts the HTTP site, tells systemd it is ready, and on SIGTERM or SIGINT stops taking
-requests, gives turns in flight `daemon.shutdown_grace` seconds, closes the store and returns 0.
+Ollama client, the health monitor, the Telegram Application (before the engine, which delivers
+through it), the engine, then Telegram's receiving side (after the engine, which it feeds; so it
+stops first). `serve()` binds the port first (a second instance stops before it touches
+Telegram), starts the parts, serves, tells systemd it is ready and keeps its watchdog fed from the
+event loop; on SIGTERM or SIGINT it stops taking requests, gives turns in flight
+`daemon.shutdown_grace` seconds, closes the store and returns 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from channels.base import Channel
+from channels.base import Channel, Inbound, Outbound
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp import WhatsApp, WhatsAppTuning
 from daemon import __version__
+from daemon.access import Access
 from daemon.config import Settings
 from daemon.engine import Engine
-from daemon.errors import ChannelError, ConfigError, LLMError, StoreError
+from daemon.errors import ChannelError, ConfigError, DeliveryError, StoreError
+from daemon.filemodes import exposure
+from daemon.health import HealthMonitor
+from daemon.httpguard import (
+    GuardedSite,
+    HttpLimits,
+    RejectionLog,
+    bind,
+    guard_middleware,
+    install_malformed_filter,
+)
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
+from daemon.metrics import START_TIME, Metrics
+from daemon.pairing import PairingBook
 from daemon.records import Records
-from daemon.sdnotify import sd_notify
+from daemon.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.store import Store
 
+EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Timings and limits of the process that are not user settings; tests make them short."""
+
+    http: HttpLimits = field(default_factory=HttpLimits)
+    health_interval: float = 30.0  # seconds between background probes of Ollama and the disk
+
+
 SETTINGS = web.AppKey("settings", Settings)
+TUNING = web.AppKey("tuning", Tuning)
 STORE = web.AppKey("store", Store)
 LLM = web.AppKey("llm", ModelClient)
+HEALTH = web.AppKey("health", HealthMonitor)
+METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", Engine)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
 TELEGRAM = web.AppKey("telegram", Telegram)
 TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
 WHATSAPP = web.AppKey("whatsapp", WhatsApp)
 WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
+ACCESS = web.AppKey("access", Access)
 Context = Callable[[web.Application], AsyncIterator[None]]
-
-HEALTH_PROBE_TIMEOUT = 2.0
 
 
 def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
               telegram_tuning: TelegramTuning | None = None,
-              whatsapp_tuning: WhatsAppTuning | None = None) -> web.Application:
+              whatsapp_tuning: WhatsAppTuning | None = None,
+              tuning: Tuning | None = None) -> web.Application:
     """The application with its parts registered; nothing runs until it is started."""
-    app = web.Application()
+    tuning = tuning or Tuning()
+    metrics = Metrics()
+    rejections = RejectionLog()
+    install_malformed_filter(RejectionLog())
+    whatsapp_tuning = whatsapp_tuning or WhatsAppTuning()
+    # The HTTP guard reads each body within this size; a channel then applies its own limit.
+    max_body = max(telegram_tuning.max_body if telegram_tuning else TelegramTuning.max_body,
+                   whatsapp_tuning.max_body if settings.whatsapp.enabled else 0)
+    app = web.Application(client_max_size=max_body, middlewares=[guard_middleware(
+        tuning.http, rejections, lambda cause: metrics.webhook_rejections.labels(cause).inc())])
     app[SETTINGS] = settings
-    app[CHANNELS] = dict(channels or {})
+    app[TUNING] = tuning
+    app[METRICS] = metrics
+    counted: dict[str, Channel] = {name: _Counted(channel, metrics)
+                                   for name, channel in (channels or {}).items()}
+    app[CHANNELS] = counted
     # Channels open before the engine (it delivers through them) and start receiving after it
     # (they feed it), so they stop receiving first.
     opening: list[Context] = []
@@ -62,18 +107,23 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         if settings.telegram.mode == "webhook":  # polling mode has no route: never both
             app.router.add_post(WEBHOOK_PATH, telegram_webhook)
     if settings.whatsapp.enabled:
-        app[WHATSAPP_TUNING] = whatsapp_tuning or WhatsAppTuning()
+        app[WHATSAPP_TUNING] = whatsapp_tuning
         opening.append(whatsapp_ctx)
         starting.append(whatsapp_start_ctx)
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
-    app.cleanup_ctx.extend([store_ctx, llm_ctx, *opening, engine_ctx, *starting])
+    app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, *opening, engine_ctx,
+                            *starting])
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_route)
     return app
 
 
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
-    store = await asyncio.to_thread(Store.open, app[SETTINGS].daemon.state_dir)
+    state_dir = app[SETTINGS].daemon.state_dir
+    if problem := exposure(state_dir):
+        log.warning("the state directory %s is %s", state_dir, problem)
+    store = await asyncio.to_thread(Store.open, state_dir)
     app[STORE] = store
     log.info("state directory %s", store.state_dir)
     yield
@@ -83,56 +133,77 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
     app[LLM] = ModelClient(app[SETTINGS].model)
+    app[LLM].observer = app[METRICS]
     yield
     await app[LLM].close()
+
+
+async def health_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    monitor = HealthMonitor(app[LLM], settings.model.name, settings.daemon.state_dir,
+                            app[TUNING].health_interval)
+    app[HEALTH] = monitor
+    await monitor.start()
+    yield
+    await monitor.stop()
 
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
     engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
     app[ENGINE] = engine
+    engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()
     yield
     await engine.stop(app[SETTINGS].daemon.shutdown_grace)
     log.info("engine stopped")
 
 
+async def access_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Pairing and pacing, shared by the channels (one rate limit per sender)."""
+    settings = app[SETTINGS]
+    inbound = app[METRICS].inbound
+    app[ACCESS] = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time,
+                         lambda channel, outcome: inbound.labels(channel, outcome).inc())
+    yield
+
+
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
-                        settings.attachments)
+                        settings.attachments, app[ACCESS])
     await telegram.open()
     app[TELEGRAM] = telegram
-    app[CHANNELS]["telegram"] = telegram.channel
+    app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
     yield
     await telegram.close()
 
 
 async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[TELEGRAM].start(app[ENGINE])
+    await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"))
     yield
     await app[TELEGRAM].stop()
     log.info("telegram stopped")
 
 
 async def telegram_webhook(request: web.Request) -> web.Response:
-    return await request.app[TELEGRAM].webhook(request)
+    return await _stored_or_503(request, request.app[TELEGRAM].webhook)
 
 
 async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     records = Records(app[STORE].state_dir, settings.daemon.tz)
     whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
-                        settings.attachments)
+                        settings.attachments, app[ACCESS])
     await whatsapp.open()
     app[WHATSAPP] = whatsapp
-    app[CHANNELS]["whatsapp"] = whatsapp.channel
+    app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
     yield
     await whatsapp.close()
 
 
 async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[WHATSAPP].start(app[ENGINE])
+    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"))
     yield
     await app[WHATSAPP].stop()
     log.info("whatsapp stopped")
@@ -143,7 +214,63 @@ async def whatsapp_verify(request: web.Request) -> web.Response:
 
 
 async def whatsapp_webhook(request: web.Request) -> web.Response:
-    return await request.app[WHATSAPP].webhook(request)
+    return await _stored_or_503(request, request.app[WHATSAPP].webhook)
+
+
+async def _stored_or_503(request: web.Request,
+                         webhook: Callable[[web.Request], Awaitable[web.Response]]
+                         ) -> web.Response:
+    """A webhook call while the disk is full gets 503 before anything is written, so the
+    platform sends it again; a call that could not be stored makes the disk be looked at."""
+    health = request.app[HEALTH]
+    if health.health.disk_full:
+        health.check_now()  # and see whether space was freed meanwhile
+        return web.Response(status=503, text="disk full\n")
+    response = await webhook(request)
+    if response.status >= 500:
+        health.check_now()
+    return response
+
+
+class _Counted:
+    """A channel that counts what it delivers (for /metrics); otherwise the channel itself."""
+
+    def __init__(self, channel: Channel, metrics: Metrics) -> None:
+        self.channel = channel
+        self.name = channel.name
+        self.metrics = metrics
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        self.channel.stream_delta(chat_key, delta)
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.channel.working(chat_key)
+
+    async def send(self, outbound: Outbound) -> None:
+        try:
+            await self.channel.send(outbound)
+        except DeliveryError as exc:
+            outcome = "undeliverable" if exc.permanent else "failed"
+            self.metrics.outbound.labels(self.name, outcome).inc()
+            raise
+        self.metrics.outbound.labels(self.name, "sent").inc()
+
+
+class _CountedIntake:
+    """The engine as a channel's intake sees it, counting what comes in (for /metrics)."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, channel: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.channel = channel
+
+    async def submit(self, inbound: Inbound) -> bool:
+        taken = await self.engine.submit(inbound)
+        self.metrics.inbound.labels(self.channel, "accepted" if taken else "refused").inc()
+        return taken
+
+    async def notify(self, chat_key: str, text: str) -> None:
+        await self.engine.notify(chat_key, text)
 
 
 def channel_names(app: web.Application) -> list[str]:
@@ -151,59 +278,95 @@ def channel_names(app: web.Application) -> list[str]:
     return list(channels)
 
 
+def _status(app: web.Application) -> tuple[str, list[str]]:
+    if not app[ENGINE].accepting:
+        return "stopping", ["shutting down"]
+    reasons = app[HEALTH].health.reasons()
+    return ("degraded" if reasons else "ok"), reasons
+
+
+async def _gauges(app: web.Application) -> dict[str, float]:
+    engine, llm = app[ENGINE], app[LLM]
+    depths = engine.queue_depths()
+    outbox = len(await asyncio.to_thread(app[STORE].outbox_pending))
+    return {"roost_queued_messages": sum(depths.values()), "roost_busy_chats": len(depths),
+            "roost_outbox_pending": outbox, "roost_model_requests_in_flight": llm.in_flight,
+            "roost_healthy": 1.0 if _status(app)[0] == "ok" else 0.0,
+            "roost_start_time_seconds": START_TIME}
+
+
 async def healthz(request: web.Request) -> web.Response:
-    """Liveness and what an operator wants at a glance: model, channels, queues, version."""
+    """Health at a glance, from cached state (no Ollama call per hit); no chat ids, no hosts."""
     app = request.app
-    llm, settings = app[LLM], app[SETTINGS]
-    model: dict[str, object] = {"host": settings.model.host, "name": settings.model.name}
-    try:
-        pulled = await asyncio.wait_for(llm.pulled_models(), HEALTH_PROBE_TIMEOUT)
-        model["reachable"] = True
-        model["pulled"] = settings.model.name in pulled or f"{settings.model.name}:latest" in pulled
-    except (LLMError, TimeoutError) as exc:
-        model["reachable"] = False
-        model["error"] = str(exc) or type(exc).__name__
-    engine = app[ENGINE]
+    status, reasons = _status(app)
+    health = app[HEALTH].health
+    depths = app[ENGINE].queue_depths()
     body = {
-        "status": "ok" if model["reachable"] else "degraded",
+        "status": status,
+        "reasons": reasons,
         "version": __version__,
-        "model": model,
+        "model": {"name": app[SETTINGS].model.name, "reachable": health.ollama_reachable,
+                  "pulled": health.model_pulled},
         "channels": sorted(channel_names(app)),
-        "queues": engine.queue_depths(),
-        "in_flight": llm.in_flight,
-        "accepting": engine.accepting,
+        "queued": sum(depths.values()),
+        "busy_chats": len(depths),
+        "in_flight": app[LLM].in_flight,
+        "accepting": app[ENGINE].accepting,
         "time": time.time(),
     }
-    return web.json_response(body, status=200 if engine.accepting else 503)
+    return web.json_response(body, status=503 if status == "stopping" else 200)
 
 
-async def serve(settings: Settings, channels: Mapping[str, Channel] | None = None) -> int:
+async def metrics_route(request: web.Request) -> web.Response:
+    """Prometheus' text format (prometheus-client's own exposition)."""
+    # The gauges are read here, on the event loop that changes them; the collector gets a copy.
+    metrics = request.app[METRICS]
+    metrics.gauges = await _gauges(request.app)
+    body = metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; "
+                                                            "charset=utf-8"})
+
+
+async def serve(settings: Settings, channels: Mapping[str, Channel] | None = None,
+                tuning: Tuning | None = None) -> int:
     """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
-    app = build_app(settings, channels)
+    tuning = tuning or Tuning()
+    daemon = settings.daemon
+    try:
+        sock = bind(daemon.listen_host, daemon.listen_port, tuning.http.backlog)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
+                  exc.strerror or exc)
+        return EX_OSERR
+    app = build_app(settings, channels, tuning=tuning)
     # aiohttp waits this long for open requests; the engine's own grace comes after.
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0,
+                           keepalive_timeout=tuning.http.keepalive_timeout,
+                           lingering_time=tuning.http.lingering_time)
     try:
         await runner.setup()
     except StoreError as exc:
-        log.error("%s", exc)
-        return 73  # EX_CANTCREAT
+        await runner.cleanup()
+        sock.close()
+        log.error("%s", _disk_hint(exc))
+        return EX_CANTCREAT
     except ConfigError as exc:  # found at start, e.g. webhook mode without a secret
         await runner.cleanup()
+        sock.close()
         log.error("config error: %s", exc)
         return ConfigError.exit_status
     except ChannelError as exc:  # e.g. the Bot API unreachable: systemd restarts us
         await runner.cleanup()
+        sock.close()
         log.error("%s", exc)
-        return 69  # EX_UNAVAILABLE
-    daemon = settings.daemon
-    site = web.TCPSite(runner, daemon.listen_host, daemon.listen_port)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
-                  exc.strerror or exc)
-        return 71  # EX_OSERR
+        return EX_UNAVAILABLE
+    site = GuardedSite(runner, sock, tuning.http)
+    await site.start()
+    for name, enabled in (("telegram", settings.telegram.enabled),
+                          ("whatsapp", settings.whatsapp.enabled)):
+        if enabled and name not in app[CHANNELS]:
+            log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
+                        "its messages are not served", name, name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -211,6 +374,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
+    interval = watchdog_interval()
+    pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
     log.info("stopping: no new work; turns in flight get %.0fs", daemon.shutdown_grace)
     sd_notify("STOPPING=1")
@@ -218,7 +383,18 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
         loop.remove_signal_handler(signum)
     # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
+    # The watchdog keeps pinging meanwhile: a long drain is not a hang.
     await app[ENGINE].drain(daemon.shutdown_grace)
     await runner.cleanup()
+    if pinger is not None:
+        pinger.cancel()
+        await asyncio.gather(pinger, return_exceptions=True)
     log.info("stopped")
     return 0
+
+
+def _disk_hint(exc: StoreError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full: {exc}; free some space and start roost again"
+    return str(exc)

@@ -14,18 +14,21 @@ from pathlib import Path
 from channels.console import chat
 from daemon import __version__
 from daemon.app import serve
-from daemon.config import Settings, load_settings, missing_secrets
-from daemon.errors import ConfigError, LLMError, ModelNotFound, StoreError
-from daemon.llm import ModelClient
+from daemon.config import Settings, load_settings
+from daemon.doctor import run_doctor
+from daemon.errors import ConfigError, StoreError
+from daemon.filemodes import make_private
 from daemon.logs import configure as configure_logging
-from daemon.store import NoState, Store, quarantined_items
+from daemon.pairing import PairingBook
+from daemon.pairing_cli import pairing_command
+from daemon.store import NoState, Store
 
 EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
 EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", parents=[common], help="run the daemon (HTTP server, channels)")
     commands.add_parser("chat", parents=[common], help="chat with the model in this terminal")
-    commands.add_parser("doctor", parents=[common],
-                        help="check the config, the state directory and Ollama")
+    doctor = commands.add_parser(
+        "doctor", parents=[common],
+        help="check the config, the state directory, Ollama and Telegram; exit 1 on a problem")
+    doctor.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
     conversations = commands.add_parser("conversations", parents=[common],
                                         help="list, show or export stored conversations")
     actions = conversations.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -53,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     export = actions.add_parser("export", parents=[common],
                                 help="a conversation as JSON, every message byte for byte")
     export.add_argument("id", help="conversation id (a unique prefix is enough)")
+    pairing = commands.add_parser("pairing", parents=[common],
+                                  help="list, approve or deny senders waiting with a code")
+    steps = pairing.add_subparsers(dest="action", metavar="ACTION", required=True)
+    steps.add_parser("list", parents=[common], help="codes waiting, then approved senders")
+    approve = steps.add_parser("approve", parents=[common], help="let the code's sender in")
+    approve.add_argument("code", help="the 8-character code the sender was given")
+    deny = steps.add_parser("deny", parents=[common], help="drop the code")
+    deny.add_argument("code", help="the 8-character code the sender was given")
     return parser
 
 
@@ -71,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EX_USAGE
+    make_private()  # before anything is written: files 0600, folders 0700, whatever the umask
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
@@ -92,63 +106,13 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "chat":
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
         return asyncio.run(chat(settings))
-    if args.command == "doctor":
-        return asyncio.run(_doctor(settings))
+    if args.command == "doctor":  # its report is the output; log lines only with -v
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        return asyncio.run(run_doctor(settings, as_json=args.json))
+    if args.command == "pairing":
+        return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
+                               getattr(args, "code", None))
     return _conversations(args, settings)
-
-
-async def _doctor(settings: Settings) -> int:
-    problems = 0
-    print(f"config: {settings.source or 'none found; using defaults'}")
-    state_dir = settings.daemon.state_dir
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        probe = state_dir / ".doctor-probe"
-        probe.write_text("ok")
-        probe.unlink()
-        print(f"state directory: {state_dir} (writable)")
-    except OSError as exc:
-        problems += 1
-        print(f"state directory: {state_dir} NOT WRITABLE: {exc.strerror or exc}")
-    llm = ModelClient(settings.model)
-    try:
-        await llm.pulled_models()
-        print(f"ollama: reachable at {settings.model.host}")
-        num_ctx = await llm.num_ctx()
-        print(f"model: {settings.model.name} (num_ctx {num_ctx})")
-    except ModelNotFound as exc:
-        problems += 1
-        print(f"model: {exc}; pull it with: ollama pull {exc.model}")
-    except LLMError as exc:
-        problems += 1
-        print(f"ollama: {exc}; start it with `ollama serve`, or set [model] host in the config")
-    finally:
-        await llm.close()
-    _print_quarantine(state_dir)
-    channels = [name for name, on in (("telegram", settings.telegram.enabled),
-                                      ("whatsapp", settings.whatsapp.enabled)) if on]
-    print(f"channels: {', '.join(channels) or 'none (terminal chat only)'}")
-    for missing in missing_secrets(settings):
-        problems += 1
-        print(f"secret: {missing.key} {missing.problem}")
-    return 1 if problems else 0
-
-
-def _print_quarantine(state_dir: Path) -> None:
-    """Items that failed twice and were set aside so their chat could carry on."""
-    try:
-        items = quarantined_items(state_dir)
-    except StoreError as exc:
-        print(f"quarantine: cannot read it: {exc}")
-        return
-    if not items:
-        print("quarantine: empty")
-    else:
-        print(f"quarantine: {len(items)} items set aside after failing twice:")
-    for item in items:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(item["quarantined"]))
-        print(f"  {when}  {item['kind']} {item['key']} ({item['chat_key'] or 'no chat'}): "
-              f"{item['error']}")
 
 
 def _conversations(args: argparse.Namespace, settings: Settings) -> int:

@@ -12,6 +12,7 @@ from daemon.errors import LLMError
 from daemon.folding import Folder
 from daemon.llm import ModelClient
 from daemon.prompting import Prompting
+from daemon.redact import redact_url
 from daemon.router import Router
 from daemon.store import Store
 
@@ -76,7 +77,7 @@ class Commands:
 
     async def status(self, chat_key: str) -> str:
         model = self.settings.model
-        lines = [f"Model: {model.name} at {model.host}"]
+        lines = [f"Model: {model.name} at {redact_url(model.host)}"]
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
         try:
             num_ctx = await self.llm.num_ctx()

@@ -88,6 +88,7 @@ class WhatsAppSettings:
 @dataclass(frozen=True)
 class AccessSettings:
     unknown_senders: str = "pair"  # or "ignore"
+    rate_limit: int = 20  # messages a minute per sender; more wait and are answered later
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ _SPECS: Mapping[str, _Spec] = {
         "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
         "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
         "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'")},
-    "access": {"unknown_senders": _one_of("pair", "ignore")},
+    "access": {"unknown_senders": _one_of("pair", "ignore"), "rate_limit": _at_least(1)},
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
         "file_max_mb": _at_least(1)},

@@ -12,9 +12,10 @@ import contextlib
 import contextvars
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import ollama
@@ -30,6 +31,7 @@ from daemon.errors import (
     Preempted,
 )
 from daemon.logs import llm_log as log
+from daemon.redact import redact_url
 
 # Set by the engine around a turn: entered while a call of that turn holds the model, so a
 # channel shows "typing…" for the chat being answered and not for chats waiting their turn.
@@ -76,12 +78,22 @@ class ChatResult:
     num_ctx: int = 0
 
 
+class ModelObserver(Protocol):
+    """Told about each finished model call and turn (daemon.metrics counts them)."""
+
+    def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
+                   background: bool) -> None: ...
+
+    def turn_done(self, seconds: float) -> None: ...
+
+
 class ModelClient:
     """Wraps `ollama.AsyncClient`; owns the model gate (`model.concurrency` calls at once)."""
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self.host = settings.host
+        self.host = redact_url(settings.host)  # for messages: never the URL's credentials
+        self.observer: ModelObserver | None = None
         self._client = ollama.AsyncClient(
             host=settings.host,
             # Read timeout is the silence allowed between streamed pieces, not the whole reply.
@@ -166,7 +178,8 @@ class ModelClient:
             think = None
         if not info.tools:
             tools = None
-        call = self._stream_adapting(name, num_ctx, options, messages, tools, on_delta, think)
+        call = self._observed(name, num_ctx, options, messages, tools, on_delta, background,
+                              think)
         if background:
             return await self._background_call(call)
         self.waiting += 1
@@ -196,10 +209,31 @@ class ModelClient:
         if self._no_room_for_background():
             for task in list(self._background):
                 task.cancel()
+        started = time.monotonic()
         try:
             yield
         finally:
             self.turns_active -= 1
+            if self.observer is not None:
+                self.observer.turn_done(time.monotonic() - started)
+
+    async def _observed(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+        background: bool,
+        think: bool | None,
+    ) -> ChatResult:
+        """The call, told to the observer (daemon.metrics) once it finished."""
+        result = await self._stream_adapting(name, num_ctx, options, messages, tools, on_delta,
+                                             think)
+        if self.observer is not None:
+            self.observer.model_call(messages, result, background)
+        return result
 
     def _no_room_for_background(self) -> bool:
         """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""

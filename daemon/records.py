@@ -11,7 +11,7 @@ logged and never fails a turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,12 @@ class Records:
         self.debug = state_dir / "debug"
         self.tz = tz
         self.keep = keep
+        self.on_event: Callable[[str], None] | None = None  # told each kind (daemon.metrics)
 
     def event(self, now: float, kind: str, conversation_id: str, detail: str) -> None:
         """Append one line to the day's event log."""
+        if self.on_event is not None:
+            self.on_event(kind)
         local = datetime.fromtimestamp(now, self.tz)
         path = self.corpus / f"{local.date().isoformat()}.log.md"
         line = f"- {local.strftime('%H:%M:%S')} **{kind}** `{conversation_id}`: {detail}\n"

@@ -1,7 +1,13 @@
-"""systemd's readiness protocol: one datagram to $NOTIFY_SOCKET (a no-op outside systemd)."""
+"""systemd's notify protocol: readiness, stopping and the watchdog (no-ops outside systemd).
+
+Each message is one datagram to $NOTIFY_SOCKET. The watchdog ping is sent from a task on the
+event loop itself, so a loop that is stuck (a blocking call, a busy coroutine) stops pinging and
+systemd restarts the service after `WatchdogSec`.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping
@@ -20,3 +26,24 @@ def sd_notify(state: str, env: Mapping[str, str] | None = None) -> bool:
         except OSError:
             return False
     return True
+
+
+def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
+    """Seconds between watchdog pings (half of `WatchdogSec`), or None when none is wanted."""
+    env = os.environ if env is None else env
+    try:
+        usec = int(env.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    # WATCHDOG_PID names the process meant; a child that inherited the variable must stay quiet.
+    pid = env.get("WATCHDOG_PID")
+    if usec <= 0 or (pid and pid != str(os.getpid())):
+        return None
+    return usec / 1_000_000 / 2
+
+
+async def watchdog(interval: float, env: Mapping[str, str] | None = None) -> None:
+    """Ping systemd every `interval` seconds until cancelled."""
+    while True:
+        sd_notify("WATCHDOG=1", env)
+        await asyncio.sleep(interval)

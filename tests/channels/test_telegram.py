@@ -215,7 +215,7 @@ async def test_bad_requests_are_refused_and_never_processed(
     assert await daemon.post(message(2, "no secret"), secret=None) == 403
     assert await daemon.post(message(3, "wrong secret"), secret="guess") == 403
     assert await daemon.post(message(4, "wrong secret"), secret=SECRET + "x") == 403
-    assert await daemon.post(message(5, "form"), content_type="text/plain") == 403
+    assert await daemon.post(message(5, "form"), content_type="text/plain") == 415
     assert await daemon.post(body=b'{"update_id": 6, "message": ') == 400
     assert await daemon.post(body=b"[1, 2]") == 400
     assert await daemon.post({"update_id": "7"}) == 400
@@ -565,7 +565,7 @@ async def test_in_a_group_only_mentions_and_replies_are_answered(
 async def test_an_unknown_sender_is_ignored_and_logged(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
         caplog: pytest.LogCaptureFixture) -> None:
-    daemon = await start()
+    daemon = await start(access={"unknown_senders": "ignore"})  # "pair": tests/daemon/test_pairing
     caplog.set_level(logging.INFO, "roost.telegram")
     assert await daemon.post(message(1, "let me in", user=999)) == 200
     assert await daemon.post(message(2, "it's me")) == 200

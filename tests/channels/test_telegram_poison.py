@@ -93,7 +93,7 @@ async def test_stored_poison_is_quarantined_and_cannot_stop_a_start(
 
 async def test_strangers_leave_the_stores_files_as_they_were(
         start: Start, fake_telegram: FakeTelegram, state_dir: Path) -> None:  # noqa: F811
-    daemon = await start()
+    daemon = await start(access={"unknown_senders": "ignore"})
     assert await daemon.post(message(1, "hello")) == 200
     await fake_telegram.wait_for("sendMessage")
     await daemon.settle()
@@ -103,6 +103,24 @@ async def test_strangers_leave_the_stores_files_as_they_were(
     await daemon.telegram.intake.idle()  # type: ignore[union-attr]
     assert hot_files(state_dir) == before
     assert texts(fake_telegram) == ["echo: hello"]
+
+
+async def test_strangers_asking_to_pair_cost_a_bounded_state(
+        start: Start, fake_telegram: FakeTelegram, state_dir: Path) -> None:  # noqa: F811
+    daemon = await start(access={"unknown_senders": "pair"})
+
+    async def strangers(first: int) -> dict[str, int]:
+        for i in range(40):
+            user = 9_000_000 + first + i
+            assert await daemon.post(message(first + i, "let me in", user=user)) == 200
+        for i in range(3):  # the three that got a code
+            await daemon.settle(f"telegram:{9_000_000 + i}")
+        return hot_files(state_dir)
+
+    after_first = await strangers(100)
+    assert len(fake_telegram.calls_to("sendMessage")) == 3  # three codes wait at most
+    assert await strangers(200) == after_first
+    assert len(fake_telegram.calls_to("sendMessage")) == 3
 
 
 async def test_typing_is_shown_only_for_the_chat_whose_turn_holds_the_model(

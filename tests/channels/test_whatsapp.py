@@ -10,11 +10,12 @@ import asyncio
 import json
 import logging
 import os
-import subprocess
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from io import BytesIO
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -296,11 +297,12 @@ async def test_after_24_hours_without_fallback_the_reply_waits_for_the_user(
     assert "Re-engagement" in held["held"]
     await asyncio.sleep(0.3)
     assert len(graph.calls_of("send")) == 1  # not retried while the window is closed
-    shown = subprocess.run(
-        [sys.executable, "-m", "daemon", "conversations", "show", held["conversation_id"]],
-        capture_output=True, text=True, timeout=30,
+    shown = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "conversations", "show", held["conversation_id"],
+        stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "STATE_DIRECTORY": str(daemon.store.state_dir)})
-    assert "(not delivered yet: WhatsApp refused it: Re-engagement message" in shown.stdout
+    out, _ = await asyncio.wait_for(shown.communicate(), 30)
+    assert "(not delivered yet: WhatsApp refused it: Re-engagement message" in out.decode()
     assert await daemon.post(webhook(text_message("wamid.w2", USER, "hello again"))) == 200
     await graph.wait_sent(2)
     await daemon.settle()
@@ -357,7 +359,7 @@ async def test_the_image_fixture_reaches_the_model_as_an_image(
 async def test_unknown_senders_types_and_reactions(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama,
         caplog: pytest.LogCaptureFixture) -> None:
-    daemon = await start()
+    daemon = await start(access={"unknown_senders": "ignore"})
     caplog.set_level(logging.INFO, "roost.whatsapp")
     stranger = text_message("wamid.u1", "15550001111", "let me in")
     assert await daemon.post(webhook(stranger)) == 200
@@ -376,3 +378,49 @@ async def test_unknown_senders_types_and_reactions(
     assert any("unknown WhatsApp user 15550001111" in line for line in logged)
     assert not any("let me in" in line for line in logged)
     assert daemon.store.active_conversation("whatsapp:15550001111") is None
+
+
+async def test_a_stranger_gets_a_pairing_code_and_is_served_once_approved(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()  # access.unknown_senders = "pair" by default
+    stranger = "15550002222"
+    assert await daemon.post(webhook(text_message("wamid.p1", stranger, "hi?"))) == 200
+    (notice,) = await graph.wait_sent(1)
+    await daemon.settle(f"whatsapp:{stranger}")
+    code = re.search(r"roost pairing approve ([A-Z0-9]{8})", notice.body["text"]["body"])
+    assert code is not None and notice.body["to"] == stranger
+    assert fake_ollama.chat_requests == []
+    approve = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "pairing", "approve", code[1],
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "STATE_DIRECTORY": str(daemon.store.state_dir)})
+    out, _ = await asyncio.wait_for(approve.communicate(), 30)
+    assert approve.returncode == 0, out
+    assert await daemon.post(webhook(text_message("wamid.p2", stranger, "now?"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle(f"whatsapp:{stranger}")
+    assert graph.texts(stranger)[1] == "echo: now?"
+
+
+async def test_doctor_checks_the_whatsapp_token(
+        graph: FakeGraph, fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[model]\nhost = "{fake_ollama.url}"\n'
+        f'[whatsapp]\nenabled = true\nphone_number_id = "{PHONE_NUMBER_ID}"\n'
+        f'api_base = "{graph.url}"\n')
+
+    async def doctor(token: str) -> str:
+        env = {**os.environ, "ROOST_WHATSAPP_TOKEN": token, "ROOST_WHATSAPP_APP_SECRET": "s",
+               "ROOST_WHATSAPP_VERIFY_TOKEN": "v"}
+        run = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "daemon", "doctor", "--config", str(config),
+            stdout=asyncio.subprocess.PIPE, env=env)
+        out, _ = await asyncio.wait_for(run.communicate(), 30)
+        return out.decode()
+
+    good = await doctor(graph.token)
+    assert "ok   whatsapp: number 15550953877 (roost test)" in good
+    bad = await doctor("expired")
+    assert "FAIL whatsapp: the Graph API refused: HTTP 401, code 190" in bad
+    assert "expired" not in bad

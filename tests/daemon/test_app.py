@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import sys
@@ -13,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from channels.base import Inbound
-from daemon.app import ENGINE, build_app
+from daemon.app import ENGINE, Tuning, build_app
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeOllama, Reply
@@ -35,26 +36,50 @@ async def start(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-async def test_healthz_reports_model_channels_queues_and_version(
+async def test_healthz_answers_from_cached_state_without_hosts_or_chat_ids(
     fake_ollama: FakeOllama, make_settings: SettingsFactory
 ) -> None:
     channel = RecordingChannel("telegram")
-    app = build_app(make_settings(model={"host": fake_ollama.url}), {"telegram": channel})
+    app = build_app(make_settings(model={"host": fake_ollama.url}), {"telegram": channel},
+                    tuning=Tuning(health_interval=0.05))
     runner, url = await start(app)
     try:
         async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
             assert reply.status == 200
-            body = await reply.json()
-        assert body["status"] == "ok"
-        assert body["model"] == {"host": fake_ollama.url, "name": "qwen3:4b",
-                                 "reachable": True, "pulled": True}
+            text = await reply.text()
+            body = json.loads(text)
+        assert body["status"] == "ok" and body["reasons"] == []
+        assert body["model"] == {"name": "qwen3:4b", "reachable": True, "pulled": True}
         assert body["channels"] == ["telegram"]
-        assert body["queues"] == {}
+        assert body["queued"] == 0
         assert body["version"]
+        assert "127.0.0.1" not in text and str(fake_ollama.port) not in text
         await fake_ollama.refuse_connections()
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
-            body = await reply.json()
-        assert body["status"] == "degraded" and body["model"]["reachable"] is False
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):  # the background probe notices within a few intervals
+                async with http.get(f"{url}/healthz") as reply:
+                    body = await reply.json()
+                if body["status"] != "ok":
+                    break
+                await asyncio.sleep(0.05)
+        assert body["status"] == "degraded" and body["reasons"] == ["ollama unreachable"]
+        assert body["model"]["reachable"] is False
+    finally:
+        await runner.cleanup()
+
+
+async def test_healthz_hits_do_not_call_ollama(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    app = build_app(make_settings(model={"host": fake_ollama.url}))
+    runner, url = await start(app)
+    try:
+        before = len(fake_ollama.requests)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(20):
+                async with http.get(f"{url}/healthz") as reply:
+                    assert reply.status == 200
+        assert len(fake_ollama.requests) == before
     finally:
         await runner.cleanup()
 

@@ -11,6 +11,7 @@ import pytest
 from daemon.config import (
     DEFAULT_HOST,
     SYSTEM_CONFIG,
+    AccessSettings,
     AutomationSettings,
     DaemonSettings,
     ModelSettings,
@@ -144,7 +145,7 @@ def test_the_readme_reference_is_true(tmp_path: Path) -> None:
     load_settings(write(tmp_path, example), env=SECRETS)
     renamed = {"listen_host": "listen", "listen_port": "listen"}
     for cls in (DaemonSettings, ModelSettings, TelegramSettings, WhatsAppSettings,
-                AutomationSettings):
+                AccessSettings, AutomationSettings):
         for field in dataclasses.fields(cls):
             if field.repr:  # the secrets are documented by their variable names instead
                 assert f"`{renamed.get(field.name, field.name)}`" in section, field.name

@@ -117,6 +117,8 @@ class FakeTelegram:
         self.calls: list[Call] = []
         self.sent_messages: list[dict[str, Any]] = []
         self.webhook: dict[str, Any] | None = None
+        # The last failed delivery to the webhook, as getWebhookInfo reports it (None: none).
+        self.webhook_error: str | None = None
         self.commands: list[dict[str, Any]] = []
         self.files: dict[str, _File] = {}
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}  # (chat id, message id)
@@ -320,6 +322,9 @@ class FakeTelegram:
         }
         if hook:
             info["max_connections"] = hook.get("max_connections", 40)
+        if hook and self.webhook_error:  # both fields are absent until a delivery fails
+            info["last_error_date"] = int(time.time())
+            info["last_error_message"] = self.webhook_error
         return info | {k: hook[k] for k in ("ip_address", "allowed_updates") if k in hook}
 
     async def _get_updates(self, call: Call) -> list[dict[str, Any]]:

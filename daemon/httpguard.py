@@ -1,0 +1,290 @@
+"""What keeps roost's one HTTP server answering when callers misbehave.
+
+* `bind()` takes the port before anything else starts, so a second instance that cannot bind
+  stops before it touches Telegram (setWebhook, setMyCommands).
+* `GuardedSite` serves a bound socket with a cap on open connections and a deadline for each
+  request's head (also the later ones on a kept-alive connection). At the cap, the oldest
+  connection that is sending no more than part of a request head is closed to make room, so
+  idle sockets (a port scanner, a slowloris) cannot lock out /healthz or Telegram, and roost
+  never runs out of file descriptors.
+* `guard_middleware` bounds the time a request body may take, and counts and logs refused
+  webhook calls at most once a minute per cause, so a stranger cannot fill the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from daemon.logs import http_log as log
+
+LOG_EVERY = 60.0  # seconds between log lines about one cause of refused calls
+
+# Why a webhook call was refused, by the status roost answered.
+REJECTION_CAUSES = {400: "malformed body", 401: "bad signature", 403: "wrong secret",
+                    408: "body too slow", 413: "too large", 415: "wrong content type"}
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Limits of the HTTP server; not user settings (tests make them small)."""
+
+    max_connections: int = 512  # well under the unit's LimitNOFILE and the default 1,024
+    header_timeout: float = 10.0  # seconds for a request head, from its first byte (or connect)
+    body_timeout: float = 15.0  # seconds to read a request body
+    keepalive_timeout: float = 15.0  # an idle kept-alive connection is closed after this
+    lingering_time: float = 1.0  # reading the rest of a refused body before closing
+    backlog: int = 128
+
+
+def bind(host: str, port: int, backlog: int = 128) -> socket.socket:
+    """A listening socket on host:port (OSError when it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback; roost makes that one short line
+    naming the caller and the problem, at most once a minute (with how many were dropped)."""
+
+    def __init__(self, rejections: RejectionLog) -> None:
+        super().__init__()
+        self.rejections = rejections
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        problem = (exc.message or type(exc).__name__).strip().splitlines()[0].rstrip(":")
+        remote = record.getMessage().rpartition(" from ")[2] or "?"
+        line = self.rejections.line("malformed request", problem, remote)
+        if line is None:
+            return False
+        record.msg, record.args, record.exc_info, record.exc_text = line, None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.name = log.name
+        return True
+
+
+def install_malformed_filter(rejections: RejectionLog) -> None:
+    """Once per process: aiohttp's server logger is global."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
+        server_log.addFilter(MalformedRequests(rejections))
+
+
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LENGTH = re.compile(rb"^content-length[ \t]*:[ \t]*([0-9]+)[ \t]*\r?$", re.I | re.M)
+_CHUNKED = re.compile(rb"^transfer-encoding[ \t]*:.*chunked", re.I | re.M)
+_HEAD_MAX = 64 * 1024  # aiohttp refuses far smaller heads; only bounds what is kept here
+
+
+class _Guarded(asyncio.Protocol):
+    """Wraps aiohttp's protocol for one connection and follows its requests in the byte stream
+    (head, then Content-Length bytes of body), so that every request head, not only the
+    first, must arrive within the deadline. aiohttp gets every byte unchanged."""
+
+    def __init__(self, site: GuardedSite, inner: asyncio.Protocol) -> None:
+        self.site = site
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self._head = b""  # the head so far, while one is arriving
+        self._body = 0  # body bytes still to come of the current request
+        self._followed = True  # False after a chunked body: its end is aiohttp's to find
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.site.opened(self)
+        self._arm()
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._followed:
+            self._follow(data)
+        self.inner.data_received(data)
+
+    def _follow(self, data: bytes) -> None:
+        while data and self._followed:
+            if self._body:
+                taken = min(self._body, len(data))
+                self._body -= taken
+                data = data[taken:]
+                continue
+            if self._timer is None:  # the first byte of the next request on this connection
+                self._arm()
+                self.site.waiting(self)
+            self._head += data
+            end = _HEAD_END.search(self._head)
+            if end is None:
+                self._head = self._head[-_HEAD_MAX:]
+                return
+            head, data = self._head[:end.end()], self._head[end.end():]
+            self._head = b""
+            assert self._timer is not None
+            self._timer.cancel()
+            self._timer = None
+            self.site.active(self)
+            if _CHUNKED.search(head):
+                self._followed = False
+            elif length := _LENGTH.search(head):
+                self._body = int(length[1])
+
+    def _arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(
+            self.site.limits.header_timeout, self.close)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.site.closed(self)
+        self.inner.connection_lost(exc)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class GuardedSite(web.SockSite):
+    """A site on an already bound socket, with a connection cap and a header deadline."""
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits) -> None:
+        super().__init__(runner, sock, backlog=limits.backlog)
+        self.limits = limits
+        self.open = 0
+        self._waiting: OrderedDict[int, _Guarded] = OrderedDict()  # no whole request head yet
+        self.evicted = 0
+        self.refused = 0
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, sock=self._sock,
+                                                backlog=self._backlog)
+
+    def _protocol(self) -> asyncio.Protocol:
+        if self.open >= self.limits.max_connections:
+            if not self._waiting:
+                self.refused += 1
+                return _Refused()
+            _, oldest = self._waiting.popitem(last=False)
+            self.evicted += 1
+            oldest.close()
+        server = self._runner.server
+        assert server is not None
+        return _Guarded(self, server())
+
+    def opened(self, conn: _Guarded) -> None:
+        self.open += 1
+        self._waiting[id(conn)] = conn
+
+    def waiting(self, conn: _Guarded) -> None:
+        self._waiting[id(conn)] = conn
+
+    def active(self, conn: _Guarded) -> None:
+        self._waiting.pop(id(conn), None)
+
+    def closed(self, conn: _Guarded) -> None:
+        self.open -= 1
+        self._waiting.pop(id(conn), None)
+
+
+@dataclass
+class RejectionLog:
+    """One log line per cause per minute, with how many calls it stands for."""
+
+    every: float = LOG_EVERY
+    clock: Callable[[], float] = time.monotonic
+    _last: dict[str, float] = field(default_factory=dict)
+    _unlogged: dict[str, int] = field(default_factory=dict)
+
+    def note(self, path: str, cause: str, remote: str | None) -> None:
+        if (line := self.line(f"refused {path}", cause, remote)) is not None:
+            log.warning("%s", line)
+
+    def line(self, what: str, cause: str, remote: str | None) -> str | None:
+        """The line to log now, or None when this cause was logged less than a minute ago."""
+        now = self.clock()
+        key = f"{what} {cause}"
+        last = self._last.get(key)
+        if last is not None and now - last < self.every:
+            self._unlogged[key] = self._unlogged.get(key, 0) + 1
+            return None
+        more = self._unlogged.pop(key, 0)
+        self._last[key] = now
+        also = f" ({more} more since the last line)" if more else ""
+        return (f"{what}: {cause}, from {remote or '?'}{also}; "
+                "such calls are logged once a minute")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
+                     count: Callable[[str], None]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The body deadline, and the accounting of refused webhook calls (`count(cause)`)."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                # Read here, bounded in time; the handler gets it from request.read()'s cache.
+                async with asyncio.timeout(limits.body_timeout):
+                    await request.read()
+            except TimeoutError:
+                response: web.StreamResponse = web.Response(status=408, text="body too slow\n")
+                response.force_close()
+                return _account(request, response, rejections, count)
+            except ConnectionResetError:  # the caller hung up mid-body: nobody to answer
+                response = web.Response(status=400, text="incomplete body\n")
+                response.force_close()
+                return response
+            except web.HTTPRequestEntityTooLarge:
+                response = web.Response(status=413, text="too large\n")
+                response.force_close()
+                return _account(request, response, rejections, count)
+        return _account(request, await handler(request), rejections, count)
+
+    return guard
+
+
+def _account(request: web.Request, response: web.StreamResponse, rejections: RejectionLog,
+             count: Callable[[str], None]) -> web.StreamResponse:
+    cause = REJECTION_CAUSES.get(response.status)
+    if cause and request.path.startswith("/webhooks/"):
+        count(cause)
+        rejections.note(request.path, cause, request.remote)
+    return response

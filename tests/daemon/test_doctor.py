@@ -1,0 +1,165 @@
+"""`roost doctor` as its owner runs it: one line per check, a fix for each failure, exit 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.ollama import FakeOllama
+from tests.fakes.telegram import FakeTelegram
+
+SECRET = "s3cret_-X"
+HOOK_URL = "https://bot.example.org/webhooks/telegram"
+
+
+async def doctor(config: Path, *args: str, **env: str) -> tuple[int, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "doctor", "--config", str(config), *args,
+        env={**clean, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
+
+
+def write_config(tmp_path: Path, ollama: str, telegram: FakeTelegram | None = None,
+                 mode: str = "webhook") -> Path:
+    config = tmp_path / "roost.toml"
+    text = f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[model]\nhost = "{ollama}"\n'
+    if telegram is not None:
+        text += (f'[telegram]\nenabled = true\nmode = "{mode}"\nwebhook_url = "{HOOK_URL}"\n'
+                 f'api_base = "{telegram.api_base}"\nfile_base = "{telegram.file_base}"\n')
+    config.write_text(text)
+    return config
+
+
+def failed(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("FAIL")]
+
+
+async def registered(fake: FakeTelegram) -> None:
+    fake.webhook = {"url": HOOK_URL, "secret_token": SECRET}
+
+
+async def test_all_well_is_exit_0_and_json_lists_every_check(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    await registered(fake_telegram)
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 0, out
+    assert failed(out) == []
+    assert all(line.startswith(("ok  ", "FAIL")) for line in out.splitlines())
+    assert "context length 32768" in out and "@roost_test_bot" in out
+    status, out = await doctor(config, "--json", ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    report = json.loads(out)
+    assert status == 0 and report["ok"] is True
+    names = {c["name"] for c in report["checks"]}
+    assert {"config", "state directory", "state directory privacy", "store files", "ollama",
+            "model", "model tools", "model vision", "model thinking", "loaded runner",
+            "telegram getMe", "telegram webhook", "telegram pending updates"} <= names
+
+
+async def test_a_refused_token_fails(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN="999:WRONG",
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 1
+    assert failed(out) == ["FAIL telegram getMe: Telegram refused the bot token -> fix: check "
+                           "ROOST_TELEGRAM_TOKEN with @BotFather"]
+    assert "999:WRONG" not in out
+
+
+async def test_a_missing_webhook_secret_fails(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    await registered(fake_telegram)
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL config telegram.secret: webhook mode needs a secret")
+
+
+async def test_a_wrong_webhook_url_and_a_delivery_error_fail(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    fake_telegram.webhook = {"url": "https://old.example.org/hook"}
+    fake_telegram.webhook_error = "Connection timed out"
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 1
+    lines = failed(out)
+    assert lines[0].startswith("FAIL telegram webhook: Telegram has https://old.example.org/hook,"
+                               f" the config says {HOOK_URL}")
+    assert lines[1].startswith("FAIL telegram last error: Connection timed out -> fix:")
+    assert len(lines) == 2
+
+
+async def test_ollama_down_fails_with_how_to_start_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:9")
+    status, out = await doctor(config)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL ollama: not reachable at http://127.0.0.1:9")
+    assert "ollama serve" in line
+
+
+async def test_a_runner_loaded_with_another_num_ctx_fails(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    fake_ollama.loaded["qwen3:4b"] = 2048  # someone else's client loaded it smaller
+    config = write_config(tmp_path, fake_ollama.url)
+    status, out = await doctor(config)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL loaded runner: qwen3:4b is loaded with num_ctx 2048, roost asks "
+                           "for 8192")
+
+
+async def test_a_state_directory_readable_by_others_fails(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)
+    status, out = await doctor(write_config(tmp_path, fake_ollama.url))
+    assert status == 1
+    [line] = failed(out)
+    assert "readable by others (mode 0755)" in line and f"chmod 700 {state}" in line
+
+
+@pytest.mark.parametrize(("toml", "env"), [
+    ('[telegram]\nenabled = true\nmode = "polling"\n', {}),  # no token
+    ('[telegram]\nenabled = true\nwebhook_url = "https://x.example/h"\n',
+     {"ROOST_TELEGRAM_TOKEN": "1:a"}),  # webhook without a secret
+    ('[telegram]\nenabled = true\nmode = "polling"\n',
+     {"ROOST_TELEGRAM_TOKEN": "1:a", "ROOST_TELEGRAM_SECRET": "has spaces"}),
+    ('[whatsapp]\nenabled = true\nphone_number_id = "1"\n', {}),
+    ('[telegram]\nenabled = true\n', {"ROOST_TELEGRAM_TOKEN": "1:a"}),  # no webhook_url
+    ('[model]\nwindw = 1\n', {}),
+])
+async def test_doctor_fails_on_every_config_run_refuses(
+    tmp_path: Path, toml: str, env: dict[str, str]
+) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:9"\n'
+                      + toml)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+    run = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config), env={**clean, **env},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(run.communicate(), 60)
+    assert run.returncode == 78, err.decode()
+    status, out = await doctor(config, **env)
+    assert status != 0, out
