@@ -230,7 +230,10 @@ class Engine:
                               self._current.get(chat_key, ("nothing",))[0], errors, ATTEMPTS)
                 if errors >= ATTEMPTS:
                     errors = 0
-                    await self._quarantine_current(chat_key, exc)
+                    try:
+                        await self._quarantine_current(chat_key, exc)
+                    except Exception:  # still the boundary: the worker outlives this too
+                        log.exception("chat %s: quarantining failed", chat_key)
             finally:
                 self._current.pop(chat_key, None)
 
