@@ -231,15 +231,22 @@ class Engine:
                               self._current.get(chat_key, ("nothing",))[0], errors, ATTEMPTS)
                 if errors >= ATTEMPTS:
                     errors = 0
-                    await self._quarantine_current(chat_key, exc)
+                    try:
+                        done = await self._quarantine_current(chat_key, exc)
+                    except Exception:  # still the boundary: the worker outlives this too
+                        log.exception("chat %s: quarantining failed", chat_key)
+                        done = False
+                    if not done:  # the item stays: do not spin on it
+                        await self._sleep_or_wake(wake, MAX_BACKOFF)
             finally:
                 self._current.pop(chat_key, None)
 
-    async def _quarantine_current(self, chat_key: str, exc: Exception) -> None:
-        """Set aside what failed twice (an outbox item, or the inbox items of a turn)."""
+    async def _quarantine_current(self, chat_key: str, exc: Exception) -> bool:
+        """Set aside what failed twice (an outbox item, or the inbox items of a turn); False
+        when it could not be."""
         current = self._current.get(chat_key)
         if current is None:
-            return
+            return False
         kind, docs = current
         error = "".join(traceback.format_exception_only(exc)).strip()
         try:
@@ -253,13 +260,14 @@ class Engine:
         except StoreError as store_exc:
             log.error("cannot quarantine %s items of %s (%s); retried later", kind, chat_key,
                       store_exc)
-            return
+            return False
         log.error("%d %s items of %s quarantined after failing twice: %s", len(docs), kind,
                   chat_key, error)
         if kind == "inbox":
             with contextlib.suppress(Exception):  # the chat may be what is broken
                 await self.notify(chat_key, (
                     "Something went wrong inside roost while answering. Please try again."))
+        return True
 
     async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> None:
         """Send what waits in the outbox, then answer what waits in the inbox."""

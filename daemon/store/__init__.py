@@ -9,7 +9,7 @@ Layout (the README's "Where roost keeps things" explains it for operators)::
       intake/<time>-<n>.json         raw platform payloads acknowledged together, until done
       inbox/<id>.json                one inbound message each, until answered
       outbox/<id>.json               one reply or notice each, until delivered
-      quarantine/<time>-<id>.json    items that failed twice, with their error (roost doctor)
+      quarantine/<kind>_<id>.json    items that failed twice, with their error (roost doctor)
       dedupe/<n>.json                up to 256 keys seen; dropped whole 14 days after the newest
       conversations/
         active.json                  the active conversations (at most one per chat)
