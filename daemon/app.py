@@ -2,7 +2,8 @@
 
 Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
 Ollama client, the Telegram Application (before the engine, which delivers through it), the
-engine, then Telegram's receiving side (after the engine, which it feeds; so it stops first).
+engine, the automations' scheduler (after the engine it runs turns on), then Telegram's
+receiving side (after the engine, which it feeds; so it stops first).
 `serve()` starts the HTTP site, tells systemd it is ready, and on SIGTERM or SIGINT stops taking
 requests, gives turns in flight `daemon.shutdown_grace` seconds, closes the store and returns 0.
 """
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
+from automations.scheduler import Automations
 from channels.base import Channel
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from daemon import __version__
@@ -34,6 +36,7 @@ ENGINE = web.AppKey("engine", Engine)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
 TELEGRAM = web.AppKey("telegram", Telegram)
 TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
+AUTOMATIONS = web.AppKey("automations", Automations)
 
 HEALTH_PROBE_TIMEOUT = 2.0
 
@@ -46,11 +49,12 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     app[CHANNELS] = dict(channels or {})
     if settings.telegram.enabled:
         app[TELEGRAM_TUNING] = telegram_tuning or TelegramTuning()
-        app.cleanup_ctx.extend([store_ctx, llm_ctx, telegram_ctx, engine_ctx, telegram_start_ctx])
+        app.cleanup_ctx.extend([store_ctx, llm_ctx, telegram_ctx, engine_ctx, automations_ctx,
+                                telegram_start_ctx])
         if settings.telegram.mode == "webhook":  # polling mode has no route: never both
             app.router.add_post(WEBHOOK_PATH, telegram_webhook)
     else:
-        app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx])
+        app.cleanup_ctx.extend([store_ctx, llm_ctx, engine_ctx, automations_ctx])
     app.router.add_get("/healthz", healthz)
     return app
 
@@ -78,6 +82,17 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await engine.stop(app[SETTINGS].daemon.shutdown_grace)
     log.info("engine stopped")
+
+
+async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Right after the engine: the reminder tools are registered (in Automations()) before any
+    # turn runs, and the scheduler stops before the engine it delivers through.
+    automations = Automations(app[ENGINE])
+    app[AUTOMATIONS] = automations
+    await automations.start()
+    yield
+    await automations.stop()
+    log.info("scheduler stopped")
 
 
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:

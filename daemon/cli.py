@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from automations import commands as automation_commands
 from channels.console import chat
 from daemon import __version__
 from daemon.app import serve
@@ -25,7 +26,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "automations"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     export = actions.add_parser("export", parents=[common],
                                 help="a conversation as JSON, every message byte for byte")
     export.add_argument("id", help="conversation id (a unique prefix is enough)")
+    automations = commands.add_parser("automations", parents=[common],
+                                      help="list or run automations, add a reminder")
+    jobs = automations.add_subparsers(dest="action", metavar="ACTION", required=True)
+    jobs.add_parser("list", parents=[common], help="each automation, its next run, last result")
+    run = jobs.add_parser("run", parents=[common], help="run one now and print the reply")
+    run.add_argument("name", help="the automation's name")
+    remind = jobs.add_parser("remind", parents=[common], help="send a reminder at a time")
+    remind.add_argument("when", help="'in 20m', '15:30', 'tomorrow 09:00', '2026-12-24 18:00'")
+    remind.add_argument("text", help="what to remind of")
+    remind.add_argument("--to", required=True, metavar="TARGET",
+                        help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
     return parser
 
 
@@ -94,7 +106,17 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(chat(settings))
     if args.command == "doctor":
         return asyncio.run(_doctor(settings))
+    if args.command == "automations":
+        return _automations(args, settings)
     return _conversations(args, settings)
+
+
+def _automations(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "list":
+        return automation_commands.list_automations(settings)
+    if args.action == "run":
+        return asyncio.run(automation_commands.run_automation(settings, args.name))
+    return automation_commands.remind(settings, args.when, args.text, args.to)
 
 
 async def _doctor(settings: Settings) -> int:
@@ -116,6 +138,10 @@ async def _doctor(settings: Settings) -> int:
         print(f"ollama: reachable at {settings.model.host}")
         num_ctx = await llm.num_ctx()
         print(f"model: {settings.model.name} (num_ctx {num_ctx})")
+        for automation in settings.automations:
+            if automation.model and automation.model != settings.model.name:
+                print(f"automation {automation.name}: uses the model {automation.model}; on "
+                      "one GPU each of its runs unloads the chat model and loads that one")
     except ModelNotFound as exc:
         problems += 1
         print(f"model: {exc}; pull it with: ollama pull {exc.model}")

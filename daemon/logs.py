@@ -11,6 +11,7 @@ turn_log = logging.getLogger("roost.turn")
 fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
 telegram_log = logging.getLogger("roost.telegram")
+automation_log = logging.getLogger("roost.automations")
 
 
 def configure(level: int = logging.INFO) -> None:
