@@ -111,7 +111,7 @@ class AutomationRunner:
                 text, tokens = await self._answer(automation, scheduled)
         except TimeoutError:
             return await self._failed(run_id, f"stopped after the run timeout "
-                                              f"({automation.timeout:.0f}s)")
+                                              f"({automation.timeout:g}s)")
         except _RunFailed as exc:
             return await self._failed(run_id, str(exc))
         except Exception as exc:  # the boundary of a scheduled job: record it, keep the daemon
@@ -139,7 +139,8 @@ class AutomationRunner:
         # The prompt is the user message; the replay stamps it with `received`, the slot's time.
         item = Inbound(chat_key=chat_key, text=automation.prompt, received=scheduled,
                        id=new_id(scheduled))
-        deadline = max(scheduled, self.clock()) + automation.grace
+        # Measured on the monotonic clock: the wall clock may jump (NTP, a test's clock).
+        deadline = time.monotonic() + max(scheduled + automation.grace - self.clock(), 0.0)
         model = automation.model or self.settings.model.name
         while True:
             self._notices[chat_key] = []
@@ -150,10 +151,10 @@ class AutomationRunner:
                 return await asyncio.to_thread(self._reply, chat_key)
             if result.outcome is Outcome.FAILED:
                 raise _RunFailed(notices[-1] if notices else "the model call failed")
-            pause = min(RETRY_PAUSE, deadline - self.clock())
+            pause = min(RETRY_PAUSE, deadline - time.monotonic())
             if pause <= 0:
                 raise _RunFailed(f"the model server at {self.engine.llm.host} was unreachable "
-                                 f"until the grace time ({automation.grace:.0f}s) ran out")
+                                 f"until the grace time ({automation.grace:g}s) ran out")
             log.warning("automation %s: Ollama unreachable; trying again in %.0fs",
                         automation.name, pause)
             await asyncio.sleep(pause)

@@ -67,7 +67,7 @@ class Automations:
             self.scheduler.add_job(
                 self.fire, build_trigger(automation.schedule, self.tz), args=[automation.name],
                 id=f"automation:{automation.name}", name=automation.name,
-                misfire_grace_time=int(automation.grace), replace_existing=True)
+                misfire_grace_time=max(1, round(automation.grace)), replace_existing=True)
         self.scheduler.add_job(self.scan, IntervalTrigger(seconds=SCAN_EVERY, timezone=self.tz),
                                id="reminders:scan", replace_existing=True)
         self.scheduler.start()

@@ -205,7 +205,13 @@ class ModelClient:
     async def turn(self) -> AsyncIterator[None]:
         """Held for a whole turn: between its model calls (while tools run) no background call
         may slip into the turn's request slot and evict its prompt from Ollama's cache; one
-        running there is stopped."""
+        running there is stopped.
+
+        An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
+        here nor stops anything; its calls queue instead."""
+        if _scheduled.get() is not None:
+            yield
+            return
         self.turns_active += 1
         if self._no_room_for_background():
             for task in list(self._background):
