@@ -41,7 +41,7 @@ def at(*fields: int) -> datetime:
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
     async with asyncio.timeout(timeout):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 (conditions on plain state, no event to wait on)
             await asyncio.sleep(0.01)
 
 

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
-from tests.fakes.ollama import FakeOllama, Reply
+from tests.fakes.ollama import FakeOllama
 
 
 async def test_an_hourly_job_fires_each_hour_and_delivers_once_per_slot(
