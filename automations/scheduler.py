@@ -137,12 +137,16 @@ class Automations:
                                         error="roost stopped during the run")
         await self.scan()
         for automation in self.settings.automations:
-            if automation.enabled and due_slot(build_trigger(automation.schedule, self.tz),
-                                               self.now(), automation.grace):
+            slot = due_slot(build_trigger(automation.schedule, self.tz), self.now(),
+                            automation.grace)
+            if automation.enabled and slot is not None:
                 # Its slot is less than the grace ago: run it now, in the background (a job
-                # with no trigger runs at once).
-                self.scheduler.add_job(self.fire, args=[automation.name],
+                # with no trigger runs at once), for that slot.
+                self.scheduler.add_job(self._track_run, args=[automation, slot],
                                        id=f"automation:{automation.name}:start")
+
+    async def _track_run(self, automation: AutomationSettings, slot: datetime) -> None:
+        await self._track(self.runner.run(automation, slot))
 
     async def _track(self, work: Any) -> None:
         """Run `work` as a task that `stop()` can cancel. The boundary of a scheduled job:
