@@ -150,3 +150,17 @@ async def test_an_automation_on_another_model_uses_it(
     daemon.clock.set(at(2026, 12, 1, 9, 0, 5))
     await automations.fire("brief")
     assert fake_ollama.chat_requests[0]["model"] == "qwen3:4b"
+
+
+async def test_a_run_past_its_timeout_is_stopped_and_recorded(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("slow", "0 * * * *", timeout=0.3))
+    automations = await daemon.start()
+    fake_ollama.hang = True
+    daemon.clock.set(at(2026, 12, 1, 10, 0, 1))
+    await automations.fire("slow")
+    fake_ollama.hang = False
+    (run,) = automations.state.runs("slow")
+    assert run["status"] == "failed" and "timeout" in run["error"]
+    assert daemon.replies() == []
