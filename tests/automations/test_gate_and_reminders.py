@@ -6,10 +6,11 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from channels.base import Inbound
 from daemon.config import ModelSettings
 from daemon.llm import ChatResult, ModelClient
 from tests.automations.conftest import DaemonFactory, at, wait_until
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Reply
 
 
 def said(body: dict[str, Any]) -> str:
@@ -114,3 +115,39 @@ async def test_a_reminder_on_time_is_delivered_once_and_one_a_day_late_is_report
     assert notices[0] == "⏰ Reminder: stretch"
     assert len(notices) == 2 and "old news" in notices[1] and "more than a day" in notices[1]
     assert automations.state.finished_reminder(long_ago["id"])["status"] == "missed"  # type: ignore[index]
+
+
+async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(start=at(2026, 12, 1, 9, 0))
+    automations = await daemon.start()
+    engine = daemon.engine
+    assert engine is not None
+
+    def call(tool: str, **arguments: str) -> Reply:
+        return Reply(tool_calls=[{"function": {"name": tool, "arguments": arguments}}])
+
+    fake_ollama.script(call("tool_activate", name="reminders"),
+                       call("schedule_reminder", when="15:30", text="call the plumber"),
+                       "I will remind you at 15:30.")
+    await engine.submit(Inbound(chat_key="console:local", text="remind me at 15:30 to call "
+                                "the plumber", received=daemon.clock()))
+    await wait_until(lambda: len(daemon.replies()) >= 1)
+    (pending,) = await automations.reminders.pending("console:local")
+    assert pending["text"] == "call the plumber"
+    assert pending["due"] == at(2026, 12, 1, 15, 30).timestamp()
+    assert automations.scheduler.get_job(f"reminder:{pending['id']}") is not None
+    assert "- reminders: one-shot reminders" in fake_ollama.chat_requests[0]["messages"][0][
+        "content"]
+
+    fake_ollama.script(call("list_reminders"), call("cancel_reminder", id=pending["id"]),
+                       "Cancelled.")
+    await engine.submit(Inbound(chat_key="console:local", text="never mind",
+                                received=daemon.clock()))
+    await wait_until(lambda: len(daemon.replies()) >= 2)
+    tool_results = [m["content"] for m in fake_ollama.chat_requests[-1]["messages"]
+                    if m["role"] == "tool"]
+    assert any("call the plumber" in r for r in tool_results)
+    assert any(f"Reminder {pending['id']} cancelled" in r for r in tool_results)
+    assert await automations.reminders.pending() == []
