@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import time
 from datetime import datetime
 
 from automations.reminders import new_reminder, when_text
+from automations.runner import RunResult, manual_run_id
 from automations.schedule import build_trigger, next_fire
-from automations.scheduler import Automations
+from automations.scheduler import SCAN_EVERY, Automations
 from automations.state import AutomationState
 from automations.when import parse_when
-from daemon.config import Settings
+from daemon.config import AutomationSettings, Settings
+from daemon.conversations import new_id
 from daemon.engine import Engine
+from daemon.errors import StoreError
 from daemon.llm import ModelClient
 from daemon.store import Store
 
@@ -62,17 +66,23 @@ async def run_automation(settings: Settings, name: str) -> int:
         known = ", ".join(a.name for a in settings.automations) or "none configured"
         print(f"roost: no automation named {name!r} (known: {known})", file=sys.stderr)
         return 1
-    store = Store.open(settings.daemon.state_dir)
-    llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={})
-    automations = Automations(engine)
     try:
-        result = await automations.runner.run(automation, None, deliver=False)
-    finally:
-        await automations.stop()
-        engine.index.close()
-        await llm.close()
-        store.close()
+        store = Store.open(settings.daemon.state_dir)
+    except StoreError as exc:
+        if "another roost process" not in str(exc):
+            raise
+        result = await _ask_the_daemon(settings, automation)
+    else:
+        llm = ModelClient(settings.model)
+        engine = Engine(settings=settings, store=store, llm=llm, channels={})
+        automations = Automations(engine)
+        try:
+            result = await automations.runner.run(automation, None, deliver=False)
+        finally:
+            await automations.stop()
+            engine.index.close()
+            await llm.close()
+            store.close()
     if result.status == "failed":
         print(f"roost: the run failed: {result.error}", file=sys.stderr)
         return 1
@@ -83,8 +93,31 @@ async def run_automation(settings: Settings, name: str) -> int:
     return 0
 
 
+async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) -> RunResult:
+    """The daemon owns the state directory: ask it to run the automation (it looks every
+    SCAN_EVERY seconds) and wait for the run's record."""
+    state = AutomationState(settings.daemon.state_dir, read_only=True)
+    request = new_id()
+    run_id = manual_run_id(automation.name, request)
+    state.request_run({"id": request, "name": automation.name, "at": time.time()})
+    print(f"roost is running; it runs {automation.name} now", file=sys.stderr)
+    try:
+        async with asyncio.timeout(automation.timeout + SCAN_EVERY + 30):
+            while True:
+                run = state.run(run_id)
+                if run is not None and run["status"] != "running":
+                    return RunResult(run_id, run["status"], text=run.get("text") or "",
+                                     error=run.get("error") or "")
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        return RunResult(run_id, "failed", error="the running daemon did not run it in time")
+    finally:
+        state.close()
+
+
 def remind(settings: Settings, when: str, text: str, target: str) -> int:
-    """Add a reminder; the daemon arms it at once if it runs (within 30 s), else at its start."""
+    """Add a reminder; the daemon arms it within SCAN_EVERY seconds if it runs, else at its
+    start."""
     tz = settings.daemon.tz
     if not TARGET.fullmatch(target):
         print(f"roost: --to {target!r}: expected telegram:<chat id>, whatsapp:<wa_id> or "

@@ -73,13 +73,14 @@ class AutomationRunner:
         return name in self._running
 
     async def run(self, automation: AutomationSettings, slot: datetime | None, *,
-                  deliver: bool = True) -> RunResult:
-        """Run `automation` for `slot` (None: now, by hand). A slot already run, or a run of
-        the same automation still going, is not run again."""
+                  deliver: bool = True, request: str | None = None) -> RunResult:
+        """Run `automation` for `slot` (None: now, by hand; `request` names the run then). A
+        slot already run, or a run of the same automation still going, is not run again."""
         name = automation.name
         now = self.clock()
         scheduled = slot.timestamp() if slot is not None else now
-        run_id = f"{name}@{slot_key(slot)}" if slot is not None else f"{name}@now-{new_id(now)}"
+        run_id = (f"{name}@{slot_key(slot)}" if slot is not None
+                  else manual_run_id(name, request or new_id(now)))
         doc = {"id": run_id, "name": name, "scheduled": scheduled, "started": now,
                "ended": None, "status": "running", "manual": slot is None,
                "prompt_tokens": None, "eval_tokens": None, "delivered": [], "error": None}
@@ -236,6 +237,11 @@ class AutomationRunner:
         """What the turn path would tell a user (an outage, an error) becomes the run's error
         reason instead: nobody reads the automation chat."""
         self._notices.setdefault(chat_key, []).append(text)
+
+
+def manual_run_id(name: str, request: str) -> str:
+    """The record id of a run made by hand (`roost automations run`)."""
+    return f"{name}@now-{request}"
 
 
 class _RunFailed(Exception):

@@ -11,7 +11,8 @@
   ago at start: it runs then. Each slot runs at most once (`AutomationState.start_run`).
 * Reminders live in the state directory and are armed at start (late ones handled at once, see
   `automations/reminders.py`); a scan every `SCAN_EVERY` seconds arms those that
-  `roost automations remind` added meanwhile.
+  `roost automations remind` added meanwhile, and starts the runs `roost automations run`
+  asked for while the daemon owns the state directory.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from daemon.config import AutomationSettings
 from daemon.engine import Engine
 from daemon.logs import automation_log as log
 
-SCAN_EVERY = 30.0
+SCAN_EVERY = 10.0
 
 
 class Automations:
@@ -101,7 +102,14 @@ class Automations:
         await self._track(self.runner.run(self.by_name[name], None))
 
     async def scan(self) -> None:
-        """Arm the reminders added meanwhile (by the command line); fire the overdue ones."""
+        """Arm the reminders added meanwhile (by the command line); fire the overdue ones;
+        start the runs `roost automations run` asked for."""
+        for request in await asyncio.to_thread(self.state.take_run_requests):
+            automation = self.by_name.get(str(request.get("name")))
+            if automation is not None:
+                log.info("automation %s: run asked for from the command line", automation.name)
+                # Printed by the command, not delivered; in the background, like a job.
+                self.scheduler.add_job(self._track_request, args=[automation, request["id"]])
         for doc in await self.reminders.pending():
             if doc["due"] <= self.clock():
                 await self._track(self.reminders.fire(doc["id"]))
@@ -144,6 +152,9 @@ class Automations:
                 # with no trigger runs at once), for that slot.
                 self.scheduler.add_job(self._track_run, args=[automation, slot],
                                        id=f"automation:{automation.name}:start")
+
+    async def _track_request(self, automation: AutomationSettings, request: str) -> None:
+        await self._track(self.runner.run(automation, None, deliver=False, request=request))
 
     async def _track_run(self, automation: AutomationSettings, slot: datetime) -> None:
         await self._track(self.runner.run(automation, slot))

@@ -4,6 +4,7 @@ Layout, in the state directory (apart from the store's files, which stay the sto
 
     automations.json          TinyDB (atomic writes): runs, reminders done, alerts
     reminders/<id>.json       one file per pending reminder, written atomically
+    run-requests/<id>.json    `roost automations run NAME` asking the running daemon
 
 A pending reminder is a file of its own so that `roost automations remind` can add one while the
 daemon runs, without two processes writing one database: the command only creates files, the
@@ -31,6 +32,7 @@ RUNS_KEPT = 100
 DONE_KEPT = 500
 FILE = "automations.json"
 REMINDERS = "reminders"
+REQUESTS = "run-requests"
 
 
 class AutomationState:
@@ -135,6 +137,25 @@ class AutomationState:
         with self._lock:
             doc = self._db.table("reminders").get(Query().id == reminder_id)
         return dict(doc) if isinstance(doc, Mapping) else None
+
+    # ---- run requests from the command line ------------------------------------------------
+
+    def request_run(self, doc: Mapping[str, Any]) -> None:
+        folder = self.state_dir / REQUESTS
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder / f"{doc['id']}.json", json.dumps(dict(doc)).encode("utf-8"))
+
+    def take_run_requests(self) -> list[dict[str, Any]]:
+        """The requests waiting, each removed as it is taken (a crash loses the request, and
+        the command that made it says the daemon did not answer)."""
+        taken = []
+        for path in sorted((self.state_dir / REQUESTS).glob("*.json")):
+            try:
+                taken.append(json.loads(path.read_text("utf-8")))
+            except (OSError, ValueError):
+                pass  # half a request cannot be run; dropped below
+            path.unlink(missing_ok=True)
+        return taken
 
     def finished_reminders(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.automations.conftest import DaemonFactory, automation
+from tests.fakes.ollama import FakeOllama
 
 
 def roost(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,3 +36,31 @@ def test_list_shows_next_run_and_remind_adds_a_pending_reminder(tmp_path: Path) 
     assert bad.returncode == 2 and "tomorrow 09:00" in bad.stderr
     unknown = roost("automations", "run", "daily", "--config", str(config))
     assert unknown.returncode == 1 and "no automation named 'daily'" in unknown.stderr
+
+
+async def test_run_while_the_daemon_runs_is_run_by_the_daemon_and_printed(
+    tmp_path: Path, make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("brief", "0 7 * * *"))
+    automations = await daemon.start()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{daemon.settings.daemon.state_dir}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "brief"\nschedule = "0 7 * * *"\n'
+                      'prompt = "Anything new on the things I follow?"\n'
+                      'deliver = ["console:local"]\n')
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "automations", "run", "brief", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        while command.returncode is None:
+            await automations.scan()  # what the daemon's scan job does every few seconds
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await command.wait()
+    out, err = await command.communicate()
+    assert command.returncode == 0, err
+    assert out.decode().strip() == "echo: Anything new on the things I follow?"
+    assert daemon.replies() == []  # printed, not delivered
+    (run,) = automations.state.runs("brief")
+    assert run["manual"] and run["status"] == "ok"
