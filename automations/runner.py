@@ -138,7 +138,7 @@ class AutomationRunner:
         chat_key = CHAT_PREFIX + automation.name
         await asyncio.to_thread(self.engine.router.rotate, chat_key, self.clock())
         # The prompt is the user message; the replay stamps it with `received`, the slot's time.
-        item = Inbound(chat_key=chat_key, text=automation.prompt, received=scheduled,
+        item = Inbound(chat_key=chat_key, text=prompt_text(automation), received=scheduled,
                        id=new_id(scheduled))
         # Measured on the monotonic clock: the wall clock may jump (NTP, a test's clock).
         deadline = time.monotonic() + max(scheduled + automation.grace - self.clock(), 0.0)
@@ -237,6 +237,15 @@ class AutomationRunner:
         """What the turn path would tell a user (an outage, an error) becomes the run's error
         reason instead: nobody reads the automation chat."""
         self._notices.setdefault(chat_key, []).append(text)
+
+
+def prompt_text(automation: AutomationSettings) -> str:
+    """The automation's prompt, with how to say "nothing to report" when it has a quiet token
+    (the same bytes every run: the run's time is stamped after it)."""
+    if automation.quiet is None:
+        return automation.prompt
+    return (f"{automation.prompt}\n\nIf there is nothing to report, answer exactly "
+            f"{automation.quiet} and nothing else.")
 
 
 def manual_run_id(name: str, request: str) -> str:

@@ -64,3 +64,23 @@ async def test_run_while_the_daemon_runs_is_run_by_the_daemon_and_printed(
     assert daemon.replies() == []  # printed, not delivered
     (run,) = automations.state.runs("brief")
     assert run["manual"] and run["status"] == "ok"
+
+
+async def test_doctor_warns_about_an_automation_on_a_second_model(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "big"\nschedule = "every 1h"\nprompt = "Hi"\n'
+                      'deliver = ["log"]\nmodel = "llama3.1:70b"\n'
+                      '[[automations]]\nname = "off"\nschedule = "0 9 * * 0"\nprompt = "Hi"\n'
+                      'deliver = ["log"]\nenabled = false\n')
+    # The fake Ollama answers on this loop: run the command without blocking it.
+    doctor = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "doctor", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(doctor.communicate(), 30)
+    assert "automation big: uses the model llama3.1:70b" in out.decode()
+    listed = roost("automations", "list", "--config", str(config))
+    assert "next: disabled" in listed.stdout

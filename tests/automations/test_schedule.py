@@ -113,3 +113,13 @@ def test_duplicate_names_are_a_config_error_naming_the_automation(tmp_path: Path
                              str(config)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 78
     assert "automations[1].name" in result.stderr and "'brief'" in result.stderr
+
+
+@pytest.mark.parametrize("schedule", ["every 30s", "every 90s", "every", "every 1 h"])
+def test_every_takes_whole_minutes(tmp_path: Path, schedule: str) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[[automations]]\nname = "x"\n'
+                      f'schedule = "{schedule}"\nprompt = "Hi"\ndeliver = ["log"]\n')
+    result = subprocess.run([sys.executable, "-m", "daemon", "automations", "list", "--config",
+                             str(config)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 78 and "automations[0].schedule" in result.stderr
