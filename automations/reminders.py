@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -158,8 +158,6 @@ def register_reminder_tools(registry: Registry, reminders: Reminders) -> None:
                ) -> dict[str, Any]:
         return {"type": "object", "properties": properties, "required": list(required)}
 
-    handlers: tuple[Callable[..., Awaitable[str]], ...] = (
-        schedule_reminder, list_reminders, cancel_reminder)
     registry.register(Capability(
         name="reminders", group="automation",
         description="one-shot reminders sent to this chat at a time",
@@ -167,9 +165,9 @@ def register_reminder_tools(registry: Registry, reminders: Reminders) -> None:
             Tool("schedule_reminder", f"Send the user a reminder at a time: when is {FORMS}.",
                  schema({"when": {"type": "string", "description": "when it is due"},
                          "text": {"type": "string", "description": "what to remind of"}},
-                        ("when", "text")), handlers[0]),
+                        ("when", "text")), schedule_reminder),
             Tool("list_reminders", "The reminders pending for this chat.", schema({}),
-                 handlers[1]),
+                 list_reminders),
             Tool("cancel_reminder", "Cancel a pending reminder by its id.",
-                 schema({"id": {"type": "string"}}, ("id",)), handlers[2]),
+                 schema({"id": {"type": "string"}}, ("id",)), cancel_reminder),
         )))

@@ -65,6 +65,12 @@ class Automations:
         for automation in self.settings.automations:
             if not automation.enabled:
                 continue
+            for target in automation.deliver:
+                kind = target.partition(":")[0]
+                if target != "log" and kind not in self.engine.channels:
+                    log.warning("automation %s delivers to %s, but the %s channel is not "
+                                "running: its reports wait in the outbox", automation.name,
+                                target, kind)
             self.scheduler.add_job(
                 self.fire, build_trigger(automation.schedule, self.tz), args=[automation.name],
                 id=f"automation:{automation.name}", name=automation.name,

@@ -300,8 +300,8 @@ _AUTOMATION: _Spec = {
                        then=_schedule),
     "prompt": _STRING,
     "deliver": _array(_like("telegram:-?[0-9]+|whatsapp:[0-9]+|console:local|log",
-                            "'telegram:<chat id>', 'whatsapp:<wa_id>', 'console:local' or "
-                            "'log' (an unknown target)")),
+                            "a known target ('telegram:<chat id>', 'whatsapp:<wa_id>', "
+                            "'console:local' or 'log')")),
     "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
     "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
                     "must be at least 1s", _seconds),

@@ -86,7 +86,7 @@ def test_daylight_saving_fall_back_runs_a_repeated_time_once() -> None:
 
 @pytest.mark.parametrize(
     ("entry", "problem"),
-    [('schedule = "0 9 * * 8"', "day of week"), ('deliver = ["signal:1"]', "unknown target")],
+    [('schedule = "0 9 * * 8"', "day of week"), ('deliver = ["signal:1"]', "a known target")],
 )
 def test_config_errors_name_the_automation_and_exit_78(
     tmp_path: Path, entry: str, problem: str
