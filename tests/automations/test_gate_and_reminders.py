@@ -9,7 +9,7 @@ from typing import Any
 from channels.base import Inbound
 from daemon.config import ModelSettings
 from daemon.llm import ChatResult, ModelClient
-from tests.automations.conftest import DaemonFactory, at, wait_until
+from tests.automations.conftest import DaemonFactory, at, automation, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 
 
@@ -151,3 +151,28 @@ async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
     assert any("call the plumber" in r for r in tool_results)
     assert any(f"Reminder {pending['id']} cancelled" in r for r in tool_results)
     assert await automations.reminders.pending() == []
+
+
+async def test_a_chat_message_queued_after_an_automation_call_is_still_served_first(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("brief", "0 9 * * *"))
+    automations = await daemon.start()
+    engine, llm = daemon.engine, daemon.llm
+    assert engine is not None and llm is not None
+    fake_ollama.hang = True  # another chat's turn holds the model
+    await engine.submit(Inbound(chat_key="console:other", text="first chat",
+                                received=daemon.clock()))
+    await fake_ollama.wait_for_chats(1, timeout=10)
+    daemon.clock.set(at(2026, 12, 1, 9, 0, 1))
+    run = asyncio.create_task(automations.fire("brief"))
+    await wait_until(lambda: llm.scheduled_waiting == 1)  # the run queues first...
+    await engine.submit(Inbound(chat_key="console:local", text="hi there",
+                                received=daemon.clock()))
+    await wait_until(lambda: llm.waiting == 1)  # ...then a user's message
+    fake_ollama.hang = False
+    await run
+    await wait_until(lambda: len(daemon.replies()) >= 3)
+    firsts = [b["messages"][-1]["content"].split("\n")[0] for b in fake_ollama.chat_requests]
+    assert firsts == ["first chat", "hi there", "Anything new on the things I follow?"]
+    assert automations.state.runs("brief")[-1]["status"] == "ok"
