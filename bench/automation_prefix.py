@@ -32,7 +32,9 @@ PROMPT = ("Check what I asked you to keep an eye on and report anything new sinc
 
 
 def rendered(body: dict[str, Any]) -> bytes:
-    """The prompt roughly as a chat template lays it out: tools first, then each message."""
+    """The prompt roughly as a chat template lays it out: tools first, then each message. (A
+    template that puts the tools after the system text, as qwen3's does, leaves the naive build
+    even less to reuse: its clock then comes before them.)"""
     parts = [json.dumps(body.get("tools") or [], sort_keys=True)]
     parts += [f"<|{m['role']}|>\n{m.get('content') or ''}\n" for m in body["messages"]]
     return "".join(parts).encode("utf-8")
@@ -60,8 +62,14 @@ def naive(body: dict[str, Any], stamp: str) -> dict[str, Any]:
 
 
 async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
+        bodies, stamps, fake = await simulate_day(Path(tmp))
+    report(bodies, stamps, fake)
+
+
+async def simulate_day(state: Path) -> tuple[list[dict[str, Any]], list[str], FakeOllama]:
+    """24 hourly runs on one day; the requests the fake Ollama received and each run's time."""
     async with FakeOllama() as fake:
-        state = Path(tempfile.mkdtemp(prefix="roost-bench-"))
         base = Settings.defaults(env={"STATE_DIRECTORY": str(state)})
         settings = dataclasses.replace(
             base, daemon=dataclasses.replace(base.daemon, timezone="Europe/Berlin"),
@@ -75,7 +83,10 @@ async def main() -> None:
             stamps.append(f"Tue 2026-12-01 {hour:02d}:00")
             await automations.fire("hourly")
         await daemon.stop()
-        bodies = fake.chat_requests
+    return fake.chat_requests, stamps, fake
+
+
+def report(bodies: list[dict[str, Any]], stamps: list[str], fake: FakeOllama) -> None:
     print(f"{'run':>4} {'roost tokens':>13} {'reused':>7}   {'naive tokens':>13} {'reused':>7}")
     prev_r = prev_n = None
     shares_r, shares_n = [], []
