@@ -13,8 +13,10 @@ Pure functions, no clock of their own. Three differences between crontab and APS
   later by the wall clock, and a time that happens twice (fall back) twice. roost identifies a
   run by its wall-clock slot (`slot_key`), so the second one is recognised and not run again.
 
-`every <duration>` is an `IntervalTrigger` anchored at midnight, 2000-01-01, in the daemon's
-zone, so `every 1h` fires on the hour and `every 15m` at :00, :15, :30 and :45 across restarts.
+`every <duration>` that divides an hour or a day is the matching crontab line (`every 15m` is
+`*/15 * * * *`, `every 1d` is `0 0 * * *`), so it keeps to the wall clock across daylight
+saving. Any other (`every 90m`) is an `IntervalTrigger` of elapsed time anchored at midnight,
+2000-01-01, in the daemon's zone, so its times survive restarts.
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ def build_trigger(schedule: str, tz: tzinfo) -> BaseTrigger:
     """The trigger of a schedule as the config accepts it (see the module docstring)."""
     if schedule.startswith("every "):
         seconds = parse_duration(schedule.removeprefix("every ").strip(), "schedule")
-        anchor = datetime(*INTERVAL_ANCHOR, tzinfo=tz)
-        return IntervalTrigger(seconds=int(seconds), start_date=anchor, timezone=tz)
+        as_cron = _every_as_crontab(int(seconds) // 60)
+        if as_cron is None:
+            anchor = datetime(*INTERVAL_ANCHOR, tzinfo=tz)
+            return IntervalTrigger(seconds=int(seconds), start_date=anchor, timezone=tz)
+        schedule = as_cron
     minute, hour, day, month, weekday = schedule.split()
     weekdays = crontab_weekdays(weekday)
 
@@ -83,6 +88,18 @@ def build_trigger(schedule: str, tz: tzinfo) -> BaseTrigger:
     if day != "*" and weekdays != "*":
         return OrTrigger([cron(day, "*"), cron("*", weekdays)])
     return cron(day, weekdays)
+
+
+def _every_as_crontab(minutes: int) -> str | None:
+    """`every N` that divides an hour or a day, as the crontab line that keeps it on the wall
+    clock (an elapsed-time interval would drift by an hour across daylight saving)."""
+    if minutes < 60 and 60 % minutes == 0:
+        return f"*/{minutes} * * * *"
+    if minutes == 24 * 60:
+        return "0 0 * * *"
+    if minutes < 24 * 60 and minutes % 60 == 0 and 24 % (minutes // 60) == 0:
+        return f"0 */{minutes // 60} * * *"
+    return None
 
 
 def next_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:

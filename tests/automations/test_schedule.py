@@ -53,6 +53,13 @@ def test_every_interval_is_anchored_on_the_clock() -> None:
         2026, 12, 1, 11, 0)
     assert next_fire(build_trigger("every 15m", TZ), at(2026, 12, 1, 10, 17)) == at(
         2026, 12, 1, 10, 30)
+    # In summer time too: an elapsed-time interval from a winter anchor would say 01:00.
+    assert next_fire(build_trigger("every 1d", TZ), at(2026, 7, 1, 10, 17)) == at(
+        2026, 7, 2, 0, 0)
+    assert next_fire(build_trigger("every 6h", TZ), at(2026, 7, 1, 10, 17)) == at(
+        2026, 7, 1, 12, 0)
+    assert next_fire(build_trigger("every 90m", TZ), at(2026, 12, 1, 10, 17)) == at(
+        2026, 12, 1, 10, 30)
 
 
 def test_a_run_belongs_to_its_slot_within_the_grace() -> None:
