@@ -104,6 +104,15 @@ class AutomationRunner:
             await self._maybe_alert(automation, result.error)
         return result
 
+    async def record_missed(self, automation: AutomationSettings, slot: datetime) -> None:
+        """A slot the scheduler could not start in time: recorded, not run."""
+        now = self.clock()
+        await asyncio.to_thread(self.state.start_run, {
+            "id": f"{automation.name}@{slot_key(slot)}", "name": automation.name,
+            "scheduled": slot.timestamp(), "started": now, "ended": now, "status": "missed",
+            "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
+            "error": f"could not start within the grace ({automation.grace:g}s)"})
+
     async def _run(self, automation: AutomationSettings, run_id: str, scheduled: float,
                    deliver: bool) -> RunResult:
         log.info("automation %s: run %s starts", automation.name, run_id)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
@@ -54,6 +55,7 @@ class Automations:
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         # Registered before the engine takes work: every turn's prefix lists the capability.
         register_reminder_tools(engine.registry, self.reminders)
 
@@ -126,6 +128,20 @@ class Automations:
         job = self.scheduler.get_job(f"automation:{automation.name}")
         when: datetime | None = job.next_run_time if job is not None else None
         return when
+
+    def _missed(self, event: JobExecutionEvent) -> None:
+        """APScheduler dropped a run it could not start within the grace (the loop was
+        blocked, the machine slept): record the slot as missed, so `list` shows it."""
+        name = str(event.job_id).removeprefix("automation:")
+        automation = self.by_name.get(name)
+        if automation is None or not str(event.job_id).startswith("automation:"):
+            return
+        slot = event.scheduled_run_time.astimezone(self.tz)
+        log.warning("automation %s: the run due %s could not start within %.0fs; missed",
+                    name, slot.strftime("%Y-%m-%d %H:%M"), automation.grace)
+        task = asyncio.ensure_future(self.runner.record_missed(automation, slot))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _arm(self, doc: dict[str, Any]) -> None:
         if not self.scheduler.running:

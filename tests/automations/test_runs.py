@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
 from tests.fakes.ollama import FakeOllama
@@ -164,3 +164,17 @@ async def test_a_run_past_its_timeout_is_stopped_and_recorded(
     (run,) = automations.state.runs("slow")
     assert run["status"] == "failed" and "timeout" in run["error"]
     assert daemon.replies() == []
+
+
+async def test_a_run_the_scheduler_could_not_start_within_the_grace_is_recorded_as_missed(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    # A yearly schedule: no regular fire time lies in the real last minutes.
+    daemon = make_daemon(automation("yearly", "0 3 1 1 *"))
+    automations = await daemon.start()
+    late = datetime.now(TZ) - timedelta(minutes=10)  # as after a blocked loop or a sleep
+    automations.scheduler.modify_job("automation:yearly", next_run_time=late)
+    await wait_until(lambda: bool(automations.state.runs("yearly")))
+    (run,) = automations.state.runs("yearly")
+    assert run["status"] == "missed" and "grace" in run["error"]
+    assert fake_ollama.chat_requests == [] and daemon.replies() == []
