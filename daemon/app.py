@@ -1,12 +1,13 @@
 """The daemon process: one aiohttp application that owns every long-lived part.
 
 Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
-Ollama client, the health monitor, the Telegram Application (before the engine, which delivers
-through it), the engine, then Telegram's receiving side (after the engine, which it feeds; so it
-stops first). `serve()` binds the port first (a second instance stops before it touches
-Telegram), starts the parts, serves, tells systemd it is ready and keeps its watchdog fed from the
-event loop; on SIGTERM or SIGINT it stops taking requests, gives turns in flight
-`daemon.shutdown_grace` seconds, closes the store and returns 0.
+Ollama client, the health monitor, pairing and pacing, the channels (before the engine, which
+delivers through them), the engine, the automations' scheduler (after the engine it runs turns
+on), then the channels' receiving sides (after the engine, which they feed; so they stop first).
+`serve()` binds the port first (a second instance stops before it touches Telegram), starts the
+parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
+SIGTERM or SIGINT it stops taking requests, gives turns in flight `daemon.shutdown_grace`
+seconds, closes the store and returns 0.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from automations.scheduler import Automations
 from channels.base import Channel, Inbound, Outbound
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp import WEBHOOK_PATH as WHATSAPP_PATH
@@ -72,6 +74,7 @@ TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
 WHATSAPP = web.AppKey("whatsapp", WhatsApp)
 WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
 ACCESS = web.AppKey("access", Access)
+AUTOMATIONS = web.AppKey("automations", Automations)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
@@ -113,7 +116,7 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
     app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, *opening, engine_ctx,
-                            *starting])
+                            automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     return app
@@ -166,6 +169,17 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     app[ACCESS] = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time,
                          lambda channel, outcome: inbound.labels(channel, outcome).inc())
     yield
+
+
+async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Right after the engine: the reminder tools are registered (in Automations()) before any
+    # turn runs, and the scheduler stops before the engine it delivers through.
+    automations = Automations(app[ENGINE])
+    app[AUTOMATIONS] = automations
+    await automations.start()
+    yield
+    await automations.stop()
+    log.info("scheduler stopped")
 
 
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from automations import commands as automation_commands
 from channels.console import chat
 from daemon import __version__
 from daemon.app import serve
@@ -28,7 +29,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("code", help="the 8-character code the sender was given")
     deny = steps.add_parser("deny", parents=[common], help="drop the code")
     deny.add_argument("code", help="the 8-character code the sender was given")
+    automations = commands.add_parser("automations", parents=[common],
+                                      help="list or run automations, add a reminder")
+    jobs = automations.add_subparsers(dest="action", metavar="ACTION", required=True)
+    jobs.add_parser("list", parents=[common], help="each automation, its next run, last result")
+    run = jobs.add_parser("run", parents=[common], help="run one now and print the reply")
+    run.add_argument("name", help="the automation's name")
+    remind = jobs.add_parser("remind", parents=[common], help="send a reminder at a time")
+    remind.add_argument("when", help="'in 20m', '15:30', 'tomorrow 09:00', '2026-12-24 18:00'")
+    remind.add_argument("text", help="what to remind of")
+    remind.add_argument("--to", required=True, metavar="TARGET",
+                        help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
     return parser
 
 
@@ -112,7 +124,17 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "pairing":
         return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
                                getattr(args, "code", None))
+    if args.command == "automations":
+        return _automations(args, settings)
     return _conversations(args, settings)
+
+
+def _automations(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "list":
+        return automation_commands.list_automations(settings)
+    if args.action == "run":
+        return asyncio.run(automation_commands.run_automation(settings, args.name))
+    return automation_commands.remind(settings, args.when, args.text, args.to)
 
 
 def _conversations(args: argparse.Namespace, settings: Settings) -> int:

@@ -101,9 +101,14 @@ class AttachmentSettings:
 @dataclass(frozen=True)
 class AutomationSettings:
     name: str
-    schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday
+    schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
     prompt: str
-    deliver: tuple[str, ...]  # "telegram:<chat id>", "whatsapp:<wa_id>", "console:local"
+    deliver: tuple[str, ...]  # "telegram:<chat id>", "whatsapp:<wa_id>", "console:local", "log"
+    model: str | None = None  # None: the chat model (another one means a reload on one GPU)
+    enabled: bool = True
+    quiet: str | None = None  # a reply that is exactly this token is not delivered
+    grace: float = 300.0  # APScheduler's misfire_grace_time; also how long a run retries
+    timeout: float = 600.0  # a run still going after this long is stopped and recorded
 
 
 @dataclass(frozen=True)
@@ -234,6 +239,15 @@ def _crontab(text: str) -> str:
     return text
 
 
+def _schedule(text: str) -> str:
+    if text.startswith("every "):
+        every = text.removeprefix("every ").strip()
+        if _seconds(every) < 60 or _seconds(every) % 60:
+            raise _Bad(f"'every' takes whole minutes, at least '1m', got {every!r}")
+        return text
+    return _crontab(text)
+
+
 def _cron_value(token: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
     if token.lower() in names:
         return names.index(token.lower()) + low
@@ -286,10 +300,18 @@ _SPECS: Mapping[str, _Spec] = {
 }
 _AUTOMATION: _Spec = {
     "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
-    "schedule": _value(str, "a crontab string such as '0 7 * * *'", then=_crontab),
+    "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
+                       then=_schedule),
     "prompt": _STRING,
-    "deliver": _array(_like("telegram:-?[0-9]+|whatsapp:[0-9]+|console:local",
-                            "'telegram:<chat id>', 'whatsapp:<wa_id>' or 'console:local'"))}
+    "deliver": _array(_like("telegram:-?[0-9]+|whatsapp:[0-9]+|console:local|log",
+                            "a known target ('telegram:<chat id>', 'whatsapp:<wa_id>', "
+                            "'console:local' or 'log')")),
+    "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
+    "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
+                    "must be at least 1s", _seconds),
+    "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
+                      "must be at least 1s", _seconds)}
+_AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -422,11 +444,19 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         raise fail("automations", "expected an array of tables ([[automations]])")
     jobs: list[AutomationSettings] = []
     for i, table in enumerate(raw_jobs):
-        job = read(table, f"automations[{i}]", _AUTOMATION)
-        if missing := [key for key in _AUTOMATION if not job.get(key)]:
-            raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
-        if job["name"] in {other.name for other in jobs}:
-            raise fail(f"automations[{i}].name", f"{job['name']!r} is used by another automation")
+        # Every error about an automation names it, so the user knows which table to fix.
+        label = table.get("name") if isinstance(table, dict) else None
+        try:
+            job = read(table, f"automations[{i}]", _AUTOMATION)
+            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
+                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
+            if job["name"] in {other.name for other in jobs}:
+                raise fail(f"automations[{i}].name", "is used by another automation")
+        except ConfigError as error:
+            if not isinstance(label, str):
+                raise
+            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
+                              error.source) from None
         jobs.append(AutomationSettings(**job))
     # [variables] takes any key; read() still checks that it is a table of strings.
     raw = document.get("variables", {})

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import TextIO
 
 import httpx
@@ -24,6 +25,7 @@ import ollama
 from telegram import Bot
 from telegram.error import InvalidToken, TelegramError
 
+from automations.schedule import build_trigger, next_fire
 from channels.telegram import check_settings
 from channels.whatsapp_api import GraphClient, GraphError
 from daemon.config import Settings, missing_secrets
@@ -76,6 +78,8 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
             say(check)
     if settings.whatsapp.enabled and not missing_secrets(settings):
         say(await _whatsapp_check(settings))
+    for check in _automation_checks(settings):
+        say(check)
     if as_json:
         json.dump({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]},
                   out, indent=2)
@@ -234,6 +238,25 @@ async def _runner_check(host: str, name: str, num_ctx: int) -> Check:
                          "num_ctx; set model.window to match, or stop that client")
     return Check("loaded runner", True, f"{name} is not loaded now (Ollama loads it on the "
                  "first message)")
+
+
+def _automation_checks(settings: Settings) -> list[Check]:
+    """Each automation's next run; a second model means a reload on a one-GPU box."""
+    checks = []
+    now = datetime.now(settings.daemon.tz)
+    for automation in settings.automations:
+        name = f"automation {automation.name}"
+        if not automation.enabled:
+            checks.append(Check(name, True, "disabled"))
+            continue
+        following = next_fire(build_trigger(automation.schedule, settings.daemon.tz), now)
+        when = following.strftime("%Y-%m-%d %H:%M %Z") if following else "never"
+        checks.append(Check(name, True, f"next run {when}"))
+        if automation.model and automation.model != settings.model.name:
+            checks.append(Check(f"{name} model", True, (
+                f"uses {automation.model}, not {settings.model.name}: on one GPU each run "
+                "unloads the chat model and loads that one (slow, and the chat's cache is lost)")))
+    return checks
 
 
 async def _whatsapp_check(settings: Settings) -> Check:

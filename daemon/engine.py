@@ -197,6 +197,22 @@ class Engine:
         else:
             self._kick(chat_key)
 
+    async def deliver(self, outbound: Outbound) -> bool:
+        """Queue a message that answers nothing the chat sent (an automation's report, a
+        reminder) and wake the chat's worker to send it. Idempotent by the outbound's id: one
+        already queued or sent is not queued again (False), so a retry cannot send it twice."""
+        def add() -> bool:
+            queued = any(d["id"] == outbound.id
+                         for d in self.store.outbox_pending(outbound.chat_key))
+            if queued or self.store.was_sent(outbound.id):
+                return False
+            self.store.outbox_add(outbound.to_doc())
+            return True
+
+        added = await asyncio.to_thread(add)
+        self._kick(outbound.chat_key)
+        return added
+
     # ---- the worker ------------------------------------------------------------------------
 
     def _kick(self, chat_key: str) -> None:

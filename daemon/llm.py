@@ -13,7 +13,7 @@ import contextvars
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +38,11 @@ from daemon.redact import redact_url
 holding_model: contextvars.ContextVar[
     Callable[[], contextlib.AbstractAsyncContextManager[None]] | None
 ] = contextvars.ContextVar("roost_holding_model", default=None)
+
+# Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
+# A context variable, so the turn path it shares with chats needs no priority argument.
+_scheduled: contextvars.ContextVar[str | None] = contextvars.ContextVar("roost_scheduled",
+                                                                      default=None)
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -106,6 +111,8 @@ class ModelClient:
         self.in_flight = 0
         self.waiting = 0
         self.turns_active = 0
+        self.scheduled_waiting = 0
+        self._changed = asyncio.Event()  # replaced (after being set) whenever the gate may free
 
     async def close(self) -> None:
         await self._client.close()
@@ -166,7 +173,7 @@ class ModelClient:
         that finds the gate held by a background call cancels that call, which then raises
         `Preempted` and can be tried again later. So a slow fold never delays a reply.
         """
-        name = model or self.settings.name
+        name = model or _scheduled.get() or self.settings.name
         num_ctx = await self.num_ctx(name)
         info = await self.model_info(name)
         options: dict[str, Any] = {"num_ctx": num_ctx}
@@ -182,6 +189,8 @@ class ModelClient:
                               think)
         if background:
             return await self._background_call(call)
+        if _scheduled.get() is not None:
+            return await self._scheduled_call(call)
         self.waiting += 1
         try:
             if self._gate.locked():
@@ -190,6 +199,7 @@ class ModelClient:
             await self._gate.acquire()
         finally:
             self.waiting -= 1
+            self._poke()
         self.in_flight += 1
         hold = holding_model.get()
         try:
@@ -199,12 +209,58 @@ class ModelClient:
             call.close()  # a no-op once awaited; frees it when entering `hold` failed
             self.in_flight -= 1
             self._gate.release()
+            self._poke()
+
+    @contextlib.contextmanager
+    def scheduled(self, model: str) -> Iterator[None]:
+        """Calls made inside (an automation's run, on the turn path) use `model` and queue
+        behind interactive turns: each waits until no turn waits for or holds the model, and
+        then holds one request slot for its one call, so a user's message waits behind at most
+        that one call. Unlike a fold's call it is never cancelled: a run's work is not thrown
+        away."""
+        token = _scheduled.set(model)
+        try:
+            yield
+        finally:
+            _scheduled.reset(token)
+
+    def _poke(self) -> None:
+        """Wake the scheduled calls waiting for room; each looks again."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _scheduled_call(self, call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+        self.scheduled_waiting += 1
+        try:
+            while self._no_room_for_background() or self._gate.locked():
+                await self._changed.wait()
+            # Free and nobody interactive waiting: acquire() returns without suspending, so
+            # no turn can arrive in between.
+            await self._gate.acquire()
+        except BaseException:
+            call.close()
+            raise
+        finally:
+            self.scheduled_waiting -= 1
+        self.in_flight += 1
+        try:
+            return await call
+        finally:
+            self.in_flight -= 1
+            self._gate.release()
+            self._poke()
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
         """Held for a whole turn: between its model calls (while tools run) no background call
         may slip into the turn's request slot and evict its prompt from Ollama's cache; one
-        running there is stopped."""
+        running there is stopped.
+
+        An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
+        here nor stops anything; its calls queue instead."""
+        if _scheduled.get() is not None:
+            yield
+            return
         self.turns_active += 1
         if self._no_room_for_background():
             for task in list(self._background):
@@ -214,6 +270,7 @@ class ModelClient:
             yield
         finally:
             self.turns_active -= 1
+            self._poke()
             if self.observer is not None:
                 self.observer.turn_done(time.monotonic() - started)
 
@@ -262,6 +319,7 @@ class ModelClient:
             self.in_flight -= 1
             self._background.discard(inner)
             self._gate.release()
+            self._poke()
 
     async def _stream_adapting(
         self,

@@ -17,6 +17,7 @@ intake_log = logging.getLogger("roost.intake")
 whatsapp_log = logging.getLogger("roost.whatsapp")
 http_log = logging.getLogger("roost.http")
 pairing_log = logging.getLogger("roost.pairing")
+automation_log = logging.getLogger("roost.automations")
 
 
 def configure(level: int = logging.INFO) -> None:

@@ -1,0 +1,144 @@
+"""`roost automations list | run NAME | remind WHEN TEXT --to TARGET`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from datetime import datetime
+
+from automations.reminders import new_reminder, when_text
+from automations.runner import RunResult, manual_run_id
+from automations.schedule import build_trigger, next_fire
+from automations.scheduler import SCAN_EVERY, Automations
+from automations.state import AutomationState
+from automations.when import parse_when
+from daemon.config import AutomationSettings, Settings
+from daemon.conversations import new_id
+from daemon.engine import Engine
+from daemon.errors import StoreError
+from daemon.llm import ModelClient
+from daemon.store import Store
+
+EX_USAGE = 2
+TARGET = re.compile(r"telegram:-?[0-9]+|whatsapp:[0-9]+|console:local")
+
+
+def list_automations(settings: Settings) -> int:
+    """Each automation with its next run and its last result, then the pending reminders."""
+    tz = settings.daemon.tz
+    now = datetime.now(tz)
+    state = AutomationState(settings.daemon.state_dir, read_only=True)
+    try:
+        for automation in settings.automations:
+            upcoming = next_fire(build_trigger(automation.schedule, tz), now)
+            nxt = (upcoming.strftime("%a %Y-%m-%d %H:%M") if upcoming and automation.enabled
+                   else "disabled" if not automation.enabled else "never")
+            runs = [r for r in state.runs(automation.name) if r["status"] != "running"]
+            last = "never run"
+            if runs:
+                run = runs[-1]
+                last = f"{run['status']} {when_text(run['scheduled'], tz)}"
+                if run.get("prompt_tokens"):
+                    last += f" ({run['prompt_tokens']:,} prompt tokens)"
+                if run.get("error"):
+                    last += f": {run['error']}"
+            print(f"{automation.name}  [{automation.schedule}]  next: {nxt}  last: {last}  "
+                  f"-> {', '.join(automation.deliver)}")
+        for doc in state.pending_reminders() if state.reminder_dir.exists() else []:
+            print(f"reminder {doc['id']}  {when_text(doc['due'], tz)}  -> {doc['chat_key']}: "
+                  f"{doc['text']}")
+        for doc in state.finished_reminders():
+            if doc["status"] == "missed":
+                print(f"reminder {doc['id']}  MISSED (due {when_text(doc['due'], tz)}, roost "
+                      f"was not running) -> {doc['chat_key']}: {doc['text']}")
+    finally:
+        state.close()
+    return 0
+
+
+async def run_automation(settings: Settings, name: str) -> int:
+    """Run one automation now against the configured Ollama and print the reply (it is
+    recorded as a manual run, not delivered). Needs the state directory to itself."""
+    automation = next((a for a in settings.automations if a.name == name), None)
+    if automation is None:
+        known = ", ".join(a.name for a in settings.automations) or "none configured"
+        print(f"roost: no automation named {name!r} (known: {known})", file=sys.stderr)
+        return 1
+    try:
+        store = Store.open(settings.daemon.state_dir)
+    except StoreError as exc:
+        if "another roost process" not in str(exc):
+            raise
+        result = await _ask_the_daemon(settings, automation)
+    else:
+        llm = ModelClient(settings.model)
+        engine = Engine(settings=settings, store=store, llm=llm, channels={})
+        automations = Automations(engine)
+        try:
+            result = await automations.runner.run(automation, None, deliver=False)
+        finally:
+            await automations.stop()
+            engine.index.close()
+            await llm.close()
+            store.close()
+    if result.status == "failed":
+        print(f"roost: the run failed: {result.error}", file=sys.stderr)
+        return 1
+    print(result.text)
+    if result.status == "quiet":
+        print(f"(the quiet token {automation.quiet!r}: a scheduled run delivers nothing)",
+              file=sys.stderr)
+    return 0
+
+
+async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) -> RunResult:
+    """The daemon owns the state directory: ask it to run the automation (it looks every
+    SCAN_EVERY seconds) and wait for the run's record."""
+    state = AutomationState(settings.daemon.state_dir, read_only=True)
+    request = new_id()
+    run_id = manual_run_id(automation.name, request)
+    state.request_run({"id": request, "name": automation.name, "at": time.time()})
+    print(f"roost is running; it runs {automation.name} now", file=sys.stderr)
+    try:
+        async with asyncio.timeout(automation.timeout + SCAN_EVERY + 30):
+            while True:
+                run = state.run(run_id)
+                if run is not None and run["status"] != "running":
+                    return RunResult(run_id, run["status"], text=run.get("text") or "",
+                                     error=run.get("error") or "")
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        return RunResult(run_id, "failed", error="the running daemon did not run it in time")
+    finally:
+        state.close()
+
+
+def remind(settings: Settings, when: str, text: str, target: str) -> int:
+    """Add a reminder; the daemon arms it within SCAN_EVERY seconds if it runs, else at its
+    start."""
+    tz = settings.daemon.tz
+    if not TARGET.fullmatch(target):
+        print(f"roost: --to {target!r}: expected telegram:<chat id>, whatsapp:<wa_id> or "
+              "console:local", file=sys.stderr)
+        return EX_USAGE
+    now = datetime.now(tz)
+    try:
+        due = parse_when(when, now)
+    except ValueError as exc:
+        print(f"roost: {exc}", file=sys.stderr)
+        return EX_USAGE
+    if due <= now or not text.strip():
+        print("roost: " + ("the time is in the past" if due <= now else "the text is empty"),
+              file=sys.stderr)
+        return EX_USAGE
+    settings.daemon.state_dir.mkdir(parents=True, exist_ok=True)
+    state = AutomationState(settings.daemon.state_dir)
+    try:
+        doc = new_reminder(target, due.timestamp(), text, time.time(), by="command")
+        state.add_reminder(doc)
+    finally:
+        state.close()
+    print(f"reminder {doc['id']} for {when_text(doc['due'], tz)} to {target}")
+    return 0

@@ -1,0 +1,266 @@
+"""One automation run: a fresh conversation, the turn path, delivery to every target, a record.
+
+A run takes the same turn path as a chat message (`TurnRunner`), so it gets the same prefix
+rules, tools, `model.max_calls`, calibration and overflow handling:
+
+* The chat key is `automation:<name>`; each run starts a fresh conversation there (the previous
+  one is archived and stays searchable).
+* The request is the automation prefix (the core prompt with the automation overlay, the
+  capability index and the day's memory map: the same bytes all day) + the automation's prompt +
+  the run's scheduled date and time, which the replay stamps at the very end of that message.
+  Two runs on one day therefore send identical bytes up to that stamp.
+* Its model calls run inside `ModelClient.scheduled`: they queue behind interactive turns.
+* The reply lands in the automation chat's outbox (crash-safe, as for any turn) and is moved
+  from there to each target's outbox, with ids derived from the reply's, so doing it again after
+  a crash sends nothing twice. The target's channel formats and splits it.
+* Ollama down: the turn path retries with backoff; then the run is tried again until `grace`
+  after its slot, then recorded as failed. Two failures in a row alert the targets, at most once
+  an hour per automation. A run is stopped after `timeout` and recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from automations.schedule import slot_key
+from automations.state import AutomationState
+from channels.base import Inbound, Outbound
+from daemon.config import AutomationSettings
+from daemon.conversations import new_id
+from daemon.engine import Engine
+from daemon.logs import automation_log as log
+from daemon.turn import Outcome, TurnRunner
+
+ALERT_EVERY = 3600.0
+RETRY_PAUSE = 30.0
+CHAT_PREFIX = "automation:"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run did (the record's fields, for the command that prints it)."""
+
+    run_id: str
+    status: str  # ok, quiet, failed, skipped
+    text: str = ""
+    error: str = ""
+
+
+class AutomationRunner:
+    """Runs automations on an engine's parts; see the module docstring."""
+
+    def __init__(self, engine: Engine, state: AutomationState, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.state = state
+        self.clock = clock
+        self.settings = engine.settings
+        self._notices: dict[str, list[str]] = {}
+        self._running: set[str] = set()
+        self.turns = TurnRunner(
+            settings=engine.settings, store=engine.store, llm=engine.llm, router=engine.router,
+            prompting=engine.prompting, registry=engine.registry, index=engine.index,
+            records=engine.records, notify=self._notice, stream=lambda chat_key, delta: None,
+            clock=clock)
+
+    def running(self, name: str) -> bool:
+        return name in self._running
+
+    async def run(self, automation: AutomationSettings, slot: datetime | None, *,
+                  deliver: bool = True, request: str | None = None) -> RunResult:
+        """Run `automation` for `slot` (None: now, by hand; `request` names the run then). A
+        slot already run, or a run of the same automation still going, is not run again."""
+        name = automation.name
+        now = self.clock()
+        scheduled = slot.timestamp() if slot is not None else now
+        run_id = (f"{name}@{slot_key(slot)}" if slot is not None
+                  else manual_run_id(name, request or new_id(now)))
+        doc = {"id": run_id, "name": name, "scheduled": scheduled, "started": now,
+               "ended": None, "status": "running", "manual": slot is None,
+               "prompt_tokens": None, "eval_tokens": None, "delivered": [], "error": None}
+        if name in self._running:
+            # APScheduler's max_instances=1 stops most of these; a manual run can still meet one.
+            log.warning("automation %s: the previous run is still going; slot %s skipped",
+                        name, run_id)
+            reason = "the previous run was still going"
+            skipped = {**doc, "status": "skipped", "ended": now, "error": reason}
+            await asyncio.to_thread(self.state.start_run, skipped)
+            return RunResult(run_id, "skipped", error=reason)
+        if not await asyncio.to_thread(self.state.start_run, doc):
+            log.info("automation %s: %s has run already; not again", name, run_id)
+            return RunResult(run_id, "skipped", error="this slot has run already")
+        self._running.add(name)
+        try:
+            result = await self._run(automation, run_id, scheduled, deliver)
+        finally:
+            self._running.discard(name)
+        if result.status == "failed" and deliver:
+            await self._maybe_alert(automation, result.error)
+        return result
+
+    async def record_missed(self, automation: AutomationSettings, slot: datetime) -> None:
+        """A slot the scheduler could not start in time: recorded, not run."""
+        now = self.clock()
+        await asyncio.to_thread(self.state.start_run, {
+            "id": f"{automation.name}@{slot_key(slot)}", "name": automation.name,
+            "scheduled": slot.timestamp(), "started": now, "ended": now, "status": "missed",
+            "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
+            "error": f"could not start within the grace ({automation.grace:g}s)"})
+
+    async def _run(self, automation: AutomationSettings, run_id: str, scheduled: float,
+                   deliver: bool) -> RunResult:
+        log.info("automation %s: run %s starts", automation.name, run_id)
+        try:
+            async with asyncio.timeout(automation.timeout):
+                text, tokens = await self._answer(automation, scheduled)
+        except TimeoutError:
+            return await self._failed(run_id, f"stopped after the run timeout "
+                                              f"({automation.timeout:g}s)")
+        except _RunFailed as exc:
+            return await self._failed(run_id, str(exc))
+        except Exception as exc:  # the boundary of a scheduled job: record it, keep the daemon
+            log.exception("automation %s: run %s failed unexpectedly", automation.name, run_id)
+            return await self._failed(run_id, f"internal error: {exc!r}")
+        quiet = automation.quiet is not None and text.strip() == automation.quiet
+        delivered: list[str] = []
+        if not quiet and deliver:
+            delivered = await self.distribute(automation)
+        else:
+            await self._drop_outbox(automation.name)
+        status = "quiet" if quiet else "ok"
+        await asyncio.to_thread(self.state.update_run, run_id, status=status, ended=self.clock(),
+                                text=text, delivered=delivered, **tokens)
+        log.info("automation %s: run %s %s (%s prompt tokens)", automation.name, run_id,
+                 "quiet: nothing delivered" if quiet else f"delivered to {len(delivered)}",
+                 tokens.get("prompt_tokens"))
+        return RunResult(run_id, status, text=text)
+
+    async def _answer(self, automation: AutomationSettings,
+                      scheduled: float) -> tuple[str, dict[str, Any]]:
+        """The reply of a fresh conversation, retried while Ollama is down, until the grace."""
+        chat_key = CHAT_PREFIX + automation.name
+        await asyncio.to_thread(self.engine.router.rotate, chat_key, self.clock())
+        # The prompt is the user message; the replay stamps it with `received`, the slot's time.
+        item = Inbound(chat_key=chat_key, text=prompt_text(automation), received=scheduled,
+                       id=new_id(scheduled))
+        # Measured on the monotonic clock: the wall clock may jump (NTP, a test's clock).
+        deadline = time.monotonic() + max(scheduled + automation.grace - self.clock(), 0.0)
+        model = automation.model or self.settings.model.name
+        while True:
+            self._notices[chat_key] = []
+            with self.engine.llm.scheduled(model):
+                result = await self.turns.run(chat_key, [item], announce_outage=False)
+            notices = self._notices.pop(chat_key, [])
+            if result.outcome is Outcome.ANSWERED:
+                return await asyncio.to_thread(self._reply, chat_key)
+            if result.outcome is Outcome.FAILED:
+                raise _RunFailed(notices[-1] if notices else "the model call failed")
+            pause = min(RETRY_PAUSE, deadline - time.monotonic())
+            if pause <= 0:
+                raise _RunFailed(f"the model server at {self.engine.llm.host} was unreachable "
+                                 f"until the grace time ({automation.grace:g}s) ran out")
+            log.warning("automation %s: Ollama unreachable; trying again in %.0fs",
+                        automation.name, pause)
+            await asyncio.sleep(pause)
+
+    def _reply(self, chat_key: str) -> tuple[str, dict[str, Any]]:
+        """The run's reply text (from the automation chat's outbox) and Ollama's counts."""
+        docs = [d for d in self.engine.store.outbox_pending(chat_key) if d.get("kind") == "reply"]
+        text = docs[-1]["text"] if docs else ""
+        conversation = self.engine.store.active_conversation(chat_key)
+        tokens: dict[str, Any] = {}
+        if conversation is not None:
+            answers = [m for m in self.engine.store.messages(conversation.id)
+                       if m.role == "assistant"]
+            if answers:
+                prompt = [m.meta.get("prompt_eval_count") for m in answers]
+                tokens = {"prompt_tokens": sum(p or 0 for p in prompt),
+                          "eval_tokens": answers[-1].meta.get("eval_count"),
+                          "conversation_id": conversation.id}
+        return text, tokens
+
+    async def distribute(self, automation: AutomationSettings) -> list[str]:
+        """Move the automation chat's replies to each target's outbox; the outbox ids queued.
+
+        Safe to repeat (after a crash): a target's item id is the reply's id plus the target,
+        and `Engine.deliver` queues an id once.
+        """
+        chat_key = CHAT_PREFIX + automation.name
+        docs = await asyncio.to_thread(self.engine.store.outbox_pending, chat_key)
+        queued: list[str] = []
+        for doc in docs:
+            if doc.get("kind") == "reply":
+                for target in automation.deliver:
+                    if target == "log":
+                        log.info("automation %s reported:\n%s", automation.name, doc["text"])
+                        await asyncio.to_thread(
+                            self.engine.records.event, self.clock(), "automation",
+                            doc.get("conversation_id") or chat_key, doc["text"])
+                        queued.append("log")
+                        continue
+                    outbound = Outbound(
+                        chat_key=target, text=doc["text"], created=doc["created"],
+                        kind="reply", id=f"{doc['id']}.{target}",
+                        conversation_id=doc.get("conversation_id"),
+                        message_id=doc.get("message_id"))
+                    await self.engine.deliver(outbound)
+                    queued.append(outbound.id)
+            await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+        return queued
+
+    async def _drop_outbox(self, name: str) -> None:
+        chat_key = CHAT_PREFIX + name
+        for doc in await asyncio.to_thread(self.engine.store.outbox_pending, chat_key):
+            await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+
+    async def _failed(self, run_id: str, reason: str) -> RunResult:
+        log.warning("run %s failed: %s", run_id, reason)
+        await asyncio.to_thread(self.state.update_run, run_id, status="failed",
+                                ended=self.clock(), error=reason)
+        return RunResult(run_id, "failed", error=reason)
+
+    async def _maybe_alert(self, automation: AutomationSettings, reason: str) -> None:
+        """After two failures in a row, tell the targets, at most once an hour."""
+        name = automation.name
+        failures = await asyncio.to_thread(self.state.consecutive_failures, name)
+        last = await asyncio.to_thread(self.state.last_alert, name)
+        now = self.clock()
+        if failures < 2 or (last is not None and now - last < ALERT_EVERY):
+            return
+        await asyncio.to_thread(self.state.set_alert, name, now)
+        text = (f"The automation {name!r} failed {failures} times in a row. The last error: "
+                f"{reason}. roost tries again at its next scheduled time.")
+        log.warning("automation %s: alerting its targets after %d failures", name, failures)
+        for target in automation.deliver:
+            if target != "log":
+                with contextlib.suppress(Exception):
+                    await self.engine.notify(target, text)
+
+    async def _notice(self, chat_key: str, text: str) -> None:
+        """What the turn path would tell a user (an outage, an error) becomes the run's error
+        reason instead: nobody reads the automation chat."""
+        self._notices.setdefault(chat_key, []).append(text)
+
+
+def prompt_text(automation: AutomationSettings) -> str:
+    """The automation's prompt, with how to say "nothing to report" when it has a quiet token
+    (the same bytes every run: the run's time is stamped after it)."""
+    if automation.quiet is None:
+        return automation.prompt
+    return (f"{automation.prompt}\n\nIf there is nothing to report, answer exactly "
+            f"{automation.quiet} and nothing else.")
+
+
+def manual_run_id(name: str, request: str) -> str:
+    """The record id of a run made by hand (`roost automations run`)."""
+    return f"{name}@now-{request}"
+
+
+class _RunFailed(Exception):
+    """A run ended without a reply; the message is the reason recorded."""

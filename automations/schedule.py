@@ -1,0 +1,135 @@
+"""Schedules: a config line -> an APScheduler 3.x trigger that means what crontab(5) means.
+
+Pure functions, no clock of their own. Three differences between crontab and APScheduler 3.x's
+`CronTrigger` are translated here:
+
+* Weekday numbers. APScheduler 3.x counts 0 as Monday (its `from_crontab` documents the
+  mismatch and keeps it for compatibility); crontab counts 0 and 7 as Sunday. The weekday field
+  is expanded to crontab day numbers and handed over as names (`sun`, `mon`, ...), which both
+  read the same way.
+* Day of month *and* day of week. When both are restricted, crontab runs on days matching
+  either; APScheduler requires both. roost builds an `OrTrigger` of the two then.
+* Daylight saving. APScheduler runs a time that does not exist (spring forward) once, an hour
+  later by the wall clock, and a time that happens twice (fall back) twice. roost identifies a
+  run by its wall-clock slot (`slot_key`), so the second one is recognised and not run again.
+
+`every <duration>` that divides an hour or a day is the matching crontab line (`every 15m` is
+`*/15 * * * *`, `every 1d` is `0 0 * * *`), so it keeps to the wall clock across daylight
+saving. Any other (`every 90m`) is an `IntervalTrigger` of elapsed time anchored at midnight,
+2000-01-01, in the daemon's zone, so its times survive restarts.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, tzinfo
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from daemon.config import parse_duration
+
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+INTERVAL_ANCHOR = (2000, 1, 1)
+
+
+def crontab_weekdays(field: str) -> str:
+    """A crontab weekday field as APScheduler day names, e.g. "0" -> "sun", "1-5" -> "mon,...".
+
+    `*` stays `*`. Numbers 0 and 7 are Sunday; ranges and steps run over crontab's numbering
+    (so `5-7` is Friday to Sunday and `*/2` is Sunday, Tuesday, Thursday, Saturday).
+    """
+    if field == "*":
+        return "*"
+    days: set[int] = set()
+    for item in field.split(","):
+        match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([0-9]+))?", item)
+        if not match:
+            raise ValueError(f"day of week field {field!r} is not valid crontab syntax")
+        step = int(match[4] or 1)
+        if match[1] == "*":
+            low, high = 0, 7
+        else:
+            low = _day_number(match[2])
+            high = _day_number(match[3]) if match[3] else (7 if match[4] else low)
+        days.update(day % 7 for day in range(low, high + 1, step))
+    return ",".join(DAY_NAMES[day] for day in sorted(days))
+
+
+def _day_number(token: str) -> int:
+    token = token.lower()
+    if token in DAY_NAMES:
+        return DAY_NAMES.index(token)
+    number = int(token)
+    if not 0 <= number <= 7:
+        raise ValueError(f"day of week {token!r} is not in 0-7")
+    return number
+
+
+def build_trigger(schedule: str, tz: tzinfo) -> BaseTrigger:
+    """The trigger of a schedule as the config accepts it (see the module docstring)."""
+    if schedule.startswith("every "):
+        seconds = parse_duration(schedule.removeprefix("every ").strip(), "schedule")
+        as_cron = _every_as_crontab(int(seconds) // 60)
+        if as_cron is None:
+            anchor = datetime(*INTERVAL_ANCHOR, tzinfo=tz)
+            return IntervalTrigger(seconds=int(seconds), start_date=anchor, timezone=tz)
+        schedule = as_cron
+    minute, hour, day, month, weekday = schedule.split()
+    weekdays = crontab_weekdays(weekday)
+
+    def cron(day: str, day_of_week: str) -> CronTrigger:
+        return CronTrigger(minute=minute, hour=hour, day=day, month=month.lower(),
+                           day_of_week=day_of_week, timezone=tz)
+
+    if day != "*" and weekdays != "*":
+        return OrTrigger([cron(day, "*"), cron("*", weekdays)])
+    return cron(day, weekdays)
+
+
+def _every_as_crontab(minutes: int) -> str | None:
+    """`every N` that divides an hour or a day, as the crontab line that keeps it on the wall
+    clock (an elapsed-time interval would drift by an hour across daylight saving)."""
+    if minutes < 60 and 60 % minutes == 0:
+        return f"*/{minutes} * * * *"
+    if minutes == 24 * 60:
+        return "0 0 * * *"
+    if minutes < 24 * 60 and minutes % 60 == 0 and 24 % (minutes // 60) == 0:
+        return f"0 */{minutes // 60} * * *"
+    return None
+
+
+def next_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:
+    """The trigger's first fire time at or after `now`."""
+    fire: datetime | None = trigger.get_next_fire_time(None, now)
+    return fire
+
+
+def due_slot(trigger: BaseTrigger, now: datetime, grace: float) -> datetime | None:
+    """The latest fire time in the `grace` seconds up to `now`: the slot a run at `now` serves.
+
+    APScheduler does not tell a job which fire time it runs for; a run that starts a little late
+    (a busy loop, a retry) still belongs to its slot, and a run far from any slot has none.
+    """
+    tz = now.tzinfo
+    assert tz is not None
+    cursor = now.astimezone(tz) - timedelta(seconds=grace)
+    found: datetime | None = None
+    previous: datetime | None = None
+    while True:
+        fire: datetime | None = trigger.get_next_fire_time(previous, cursor)
+        if fire is None or fire > now:
+            return found
+        found = previous = fire
+        # Step past it in absolute time: wall-clock arithmetic would loop in a repeated hour.
+        cursor = (fire.astimezone(UTC) + timedelta(seconds=1)).astimezone(tz)
+
+
+def slot_key(fire: datetime) -> str:
+    """A run's identity: its wall-clock minute in the daemon's zone (a repeated hour's second
+    occurrence has the same key, so it is not run twice)."""
+    return fire.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M")
+

@@ -1,0 +1,163 @@
+"""What the automations remember: run records, reminders, alert times.
+
+Layout, in the state directory (apart from the store's files, which stay the store's own)::
+
+    automations.json          TinyDB (atomic writes): runs, reminders done, alerts
+    reminders/<id>.json       one file per pending reminder, written atomically
+    run-requests/<id>.json    `roost automations run NAME` asking the running daemon
+
+A pending reminder is a file of its own so that `roost automations remind` can add one while the
+daemon runs, without two processes writing one database: the command only creates files, the
+daemon arms them (at start and by a periodic scan), and when a reminder is delivered, cancelled
+or reported it records it in `automations.json` and only then removes the file. Both files are
+bounded: runs keep the last `RUNS_KEPT` per automation, finished reminders `DONE_KEPT`.
+
+Synchronous and serialised by one lock; the daemon calls it through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tinydb import Query, TinyDB
+
+from daemon.errors import StoreError
+from daemon.store import AtomicJSONStorage, atomic_write
+
+RUNS_KEPT = 100
+DONE_KEPT = 500
+FILE = "automations.json"
+REMINDERS = "reminders"
+REQUESTS = "run-requests"
+
+
+class AutomationState:
+    """Run records, reminders and alert times; see the module docstring."""
+
+    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
+        self.state_dir = state_dir
+        self.reminder_dir = state_dir / REMINDERS
+        self.read_only = read_only
+        if not read_only:
+            self.reminder_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = TinyDB(state_dir / FILE, storage=AtomicJSONStorage)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- runs ----------------------------------------------------------------------------
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            doc = self._db.table("runs").get(Query().id == run_id)
+        return dict(doc) if isinstance(doc, Mapping) else None
+
+    def start_run(self, doc: Mapping[str, Any]) -> bool:
+        """Record a run that starts; False when its slot already has a record (run once)."""
+        with self._lock:
+            runs = self._db.table("runs")
+            if runs.contains(Query().id == doc["id"]):
+                return False
+            runs.insert(dict(doc))
+            mine = sorted((r for r in runs.all() if r["name"] == doc["name"]),
+                          key=lambda r: r["started"])
+            if len(mine) > RUNS_KEPT:
+                old = {r["id"] for r in mine[:-RUNS_KEPT]}
+                runs.remove(Query().id.one_of(sorted(old)))
+            return True
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self._lock:
+            self._db.table("runs").update(fields, Query().id == run_id)
+
+    def runs(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Run records, oldest first."""
+        with self._lock:
+            found = [dict(r) for r in self._db.table("runs").all()
+                     if name is None or r["name"] == name]
+        return sorted(found, key=lambda r: r["started"])
+
+    def consecutive_failures(self, name: str) -> int:
+        count = 0
+        for run in reversed(self.runs(name)):
+            if run.get("status") == "skipped":
+                continue
+            if run.get("status") != "failed":
+                break
+            count += 1
+        return count
+
+    def last_alert(self, name: str) -> float | None:
+        with self._lock:
+            doc = self._db.table("alerts").get(Query().name == name)
+        return float(doc["at"]) if isinstance(doc, Mapping) else None
+
+    def set_alert(self, name: str, at: float) -> None:
+        with self._lock:
+            self._db.table("alerts").upsert({"name": name, "at": at}, Query().name == name)
+
+    # ---- reminders -----------------------------------------------------------------------
+
+    def add_reminder(self, doc: Mapping[str, Any]) -> None:
+        """A pending reminder, as its own file (safe from another process, see above)."""
+        self.reminder_dir.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps(dict(doc), ensure_ascii=False).encode("utf-8")
+        atomic_write(self.reminder_dir / f"{doc['id']}.json", payload)
+
+    def pending_reminders(self) -> list[dict[str, Any]]:
+        """Every pending reminder, soonest first; an unreadable file is skipped (and named)."""
+        found = []
+        for path in sorted(self.reminder_dir.glob("*.json")):
+            try:
+                doc = json.loads(path.read_text("utf-8"))
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"cannot read the reminder {path}: {exc}") from exc
+            found.append(doc)
+        return sorted(found, key=lambda d: d["due"])
+
+    def finish_reminder(self, doc: Mapping[str, Any], status: str, at: float) -> None:
+        """Record how a reminder ended (delivered, late, missed, cancelled), then forget the
+        pending file; a crash in between finds the record and removes the file again."""
+        with self._lock:
+            done = self._db.table("reminders")
+            if not done.contains(Query().id == doc["id"]):
+                done.insert({**doc, "status": status, "finished": at})
+            records = sorted(done.all(), key=lambda r: r["finished"])
+            if len(records) > DONE_KEPT:
+                done.remove(Query().id.one_of([r["id"] for r in records[:-DONE_KEPT]]))
+        (self.reminder_dir / f"{doc['id']}.json").unlink(missing_ok=True)
+
+    def finished_reminder(self, reminder_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            doc = self._db.table("reminders").get(Query().id == reminder_id)
+        return dict(doc) if isinstance(doc, Mapping) else None
+
+    # ---- run requests from the command line ------------------------------------------------
+
+    def request_run(self, doc: Mapping[str, Any]) -> None:
+        folder = self.state_dir / REQUESTS
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder / f"{doc['id']}.json", json.dumps(dict(doc)).encode("utf-8"))
+
+    def take_run_requests(self) -> list[dict[str, Any]]:
+        """The requests waiting, each removed as it is taken (a crash loses the request, and
+        the command that made it says the daemon did not answer)."""
+        taken = []
+        for path in sorted((self.state_dir / REQUESTS).glob("*.json")):
+            try:
+                taken.append(json.loads(path.read_text("utf-8")))
+            except (OSError, ValueError):
+                pass  # half a request cannot be run; dropped below
+            path.unlink(missing_ok=True)
+        return taken
+
+    def finished_reminders(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return sorted((dict(r) for r in self._db.table("reminders").all()),
+                          key=lambda r: r["finished"])

@@ -1,0 +1,52 @@
+"""When a reminder is due: the words a person (or a small model) writes -> a point in time.
+
+Pure: `now` and the zone are passed in. Accepted, case-insensitive:
+
+* a duration from now: `20m`, `in 2h`, `in 1h30m`, `1d`;
+* a time of day: `15:30` (today, or tomorrow when it has passed), `tomorrow 09:00`;
+* a date and time: `2026-12-24 18:00` or ISO 8601 (`2026-12-24T18:00`, with an offset if
+  wanted); without an offset it is in the daemon's zone.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, time, timedelta, tzinfo
+
+from daemon.config import parse_duration
+from daemon.errors import ConfigError
+
+FORMS = ("'in 20m', '2h', '15:30', 'tomorrow 09:00' or '2026-12-24 18:00'")
+
+
+def parse_when(text: str, now: datetime) -> datetime:
+    """The moment `text` names, in `now`'s zone; ValueError (naming the forms) otherwise."""
+    tz = now.tzinfo
+    assert tz is not None, "now must be aware"
+    words = text.strip().lower()
+    if not words:
+        raise ValueError(f"no time given; use {FORMS}")
+    duration = words.removeprefix("in ").strip()
+    if re.fullmatch(r"([0-9.]+(ms|s|m|h|d))+", duration):
+        try:
+            return now + timedelta(seconds=parse_duration(duration))
+        except ConfigError:
+            pass
+    day_words, _, clock = words.rpartition(" ")
+    if re.fullmatch(r"[0-9]{1,2}:[0-9]{2}", clock) and day_words in ("", "today", "tomorrow"):
+        hour, minute = (int(x) for x in clock.split(":"))
+        if hour > 23 or minute > 59:
+            raise ValueError(f"{text!r} is not a time of day")
+        at = _local(now.date(), time(hour, minute), tz)
+        if day_words == "tomorrow" or (not day_words and at <= now):
+            at = _local(now.date() + timedelta(days=1), time(hour, minute), tz)
+        return at
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a time; use {FORMS}") from None
+    return moment.astimezone(tz) if moment.tzinfo else moment.replace(tzinfo=tz)
+
+
+def _local(day: date, at: time, tz: tzinfo) -> datetime:
+    return datetime.combine(day, at, tzinfo=tz)

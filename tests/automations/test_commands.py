@@ -1,0 +1,89 @@
+"""`roost automations list` and `remind` as a user runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.automations.conftest import DaemonFactory, automation
+from tests.fakes.ollama import FakeOllama
+
+
+def roost(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "daemon", *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_list_shows_next_run_and_remind_adds_a_pending_reminder(tmp_path: Path) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\ntimezone = "UTC"\n'
+                      '[[automations]]\nname = "weekly"\nschedule = "0 9 * * 0"\n'
+                      'prompt = "Hi"\ndeliver = ["telegram:1"]\n')
+    listed = roost("automations", "list", "--config", str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert "weekly" in listed.stdout and "next: Sun" in listed.stdout
+    assert "never run" in listed.stdout
+    added = roost("automations", "remind", "in 2h", "water the plants", "--to",
+                  "telegram:1", "--config", str(config))
+    assert added.returncode == 0, added.stderr
+    listed = roost("automations", "list", "--config", str(config))
+    assert "water the plants" in listed.stdout and "-> telegram:1" in listed.stdout
+    bad = roost("automations", "remind", "someday", "x", "--to", "telegram:1",
+                "--config", str(config))
+    assert bad.returncode == 2 and "tomorrow 09:00" in bad.stderr
+    unknown = roost("automations", "run", "daily", "--config", str(config))
+    assert unknown.returncode == 1 and "no automation named 'daily'" in unknown.stderr
+
+
+async def test_run_while_the_daemon_runs_is_run_by_the_daemon_and_printed(
+    tmp_path: Path, make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("brief", "0 7 * * *"))
+    automations = await daemon.start()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{daemon.settings.daemon.state_dir}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "brief"\nschedule = "0 7 * * *"\n'
+                      'prompt = "Anything new on the things I follow?"\n'
+                      'deliver = ["console:local"]\n')
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "automations", "run", "brief", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        while command.returncode is None:
+            await automations.scan()  # what the daemon's scan job does every few seconds
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await command.wait()
+    out, err = await command.communicate()
+    assert command.returncode == 0, err
+    assert out.decode().strip() == "echo: Anything new on the things I follow?"
+    assert daemon.replies() == []  # printed, not delivered
+    (run,) = automations.state.runs("brief")
+    assert run["manual"] and run["status"] == "ok"
+
+
+async def test_doctor_warns_about_an_automation_on_a_second_model(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "big"\nschedule = "every 1h"\nprompt = "Hi"\n'
+                      'deliver = ["log"]\nmodel = "llama3.1:70b"\n'
+                      '[[automations]]\nname = "off"\nschedule = "0 9 * * 0"\nprompt = "Hi"\n'
+                      'deliver = ["log"]\nenabled = false\n')
+    # The fake Ollama answers on this loop: run the command without blocking it.
+    doctor = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "doctor", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(doctor.communicate(), 30)
+    report = out.decode()
+    assert "ok   automation big: next run " in report
+    assert "ok   automation big model: uses llama3.1:70b, not " in report
+    assert "ok   automation off: disabled" in report
+    listed = roost("automations", "list", "--config", str(config))
+    assert "next: disabled" in listed.stdout

@@ -1,0 +1,180 @@
+"""Runs as a user notices them: on time, once per slot, byte-stable, not doubled, alerts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime, timedelta
+
+from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
+from tests.fakes.ollama import FakeOllama
+
+
+async def test_an_hourly_job_fires_each_hour_and_delivers_once_per_slot(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("hourly", "0 * * * *"))
+    automations = await daemon.start()
+    assert automations.scheduler.get_job("automation:hourly") is not None
+    for hour in (10, 11, 12):
+        daemon.clock.set(at(2026, 12, 1, hour, 0, 1))
+        await automations.fire("hourly")
+        daemon.clock.set(at(2026, 12, 1, hour, 0, 40))  # APScheduler firing again: same slot
+        await automations.fire("hourly")
+    await wait_until(lambda: len(daemon.replies()) >= 3)
+    # The real scheduler fires the job too (told to run now); the clock says 13:00.
+    daemon.clock.set(at(2026, 12, 1, 13, 0, 2))
+    automations.scheduler.modify_job("automation:hourly", next_run_time=datetime.now(TZ))
+    await wait_until(lambda: len(daemon.replies()) >= 4)
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    assert len(daemon.replies()) == 4
+    assert len(fake_ollama.chat_requests) == 4
+    runs = automations.state.runs("hourly")
+    assert [r["id"] for r in runs] == [f"hourly@2026-12-01T{h}:00" for h in (10, 11, 12, 13)]
+    assert all(r["status"] == "ok" and r["prompt_tokens"] for r in runs)
+
+
+async def test_two_runs_on_one_day_send_identical_bytes_up_to_the_volatile_tail(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("brief", "0 9,17 * * *"))
+    automations = await daemon.start()
+    for hour in (9, 17):
+        daemon.clock.set(at(2026, 12, 1, hour, 0, 3))
+        await automations.fire("brief")
+    first, second = fake_ollama.chat_requests
+    assert first["messages"][:-1] == second["messages"][:-1]
+    assert {k: v for k, v in first.items() if k != "messages"} == {
+        k: v for k, v in second.items() if k != "messages"}
+    last_a, last_b = first["messages"][-1]["content"], second["messages"][-1]["content"]
+    prompt = "Anything new on the things I follow?"
+    assert last_a.startswith(prompt) and last_b.startswith(prompt)
+    # The only difference is the run's time, at the very end of the last message.
+    common = next(i for i, (x, y) in enumerate(zip(last_a, last_b, strict=False)) if x != y)
+    assert "09:00" in last_a[common - 3:] and "17:00" in last_b[common - 3:]
+    assert last_a.endswith("09:00]") and last_b.endswith("17:00]")
+    # On the wire: the bytes of the two requests' messages part only in the last few, the stamp.
+    a = json.dumps(first["messages"], ensure_ascii=False)
+    b = json.dumps(second["messages"], ensure_ascii=False)
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert len(a) - shared <= len('09:00]"}]') and shared / len(a) > 0.95
+    assert first["messages"][0]["role"] == "system"
+    assert "scheduled automation" in first["messages"][0]["content"]
+
+
+async def test_crontab_sunday_fires_on_sunday_and_not_on_monday(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("weekly", "0 9 * * 0"))
+    automations = await daemon.start()
+    daemon.clock.set(at(2026, 11, 30, 9, 0, 1))  # a Monday
+    await automations.fire("weekly")
+    daemon.clock.set(at(2026, 12, 6, 9, 0, 1))  # a Sunday
+    await automations.fire("weekly")
+    await wait_until(lambda: len(daemon.replies()) >= 1)
+    assert len(fake_ollama.chat_requests) == 1
+    assert [r["id"] for r in automations.state.runs("weekly")] == ["weekly@2026-12-06T09:00"]
+    job = automations.scheduler.get_job("automation:weekly")
+    assert job.next_run_time.strftime("%A %H:%M") == "Sunday 09:00"
+
+
+async def test_a_run_overlapping_the_next_slot_is_not_doubled(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("hourly", "0 * * * *"))
+    automations = await daemon.start()
+    fake_ollama.hang = True
+    daemon.clock.set(at(2026, 12, 1, 10, 0, 1))
+    first = asyncio.create_task(automations.fire("hourly"))
+    await fake_ollama.wait_for_chats(1, timeout=10)
+    daemon.clock.set(at(2026, 12, 1, 11, 0, 1))
+    await automations.fire("hourly")  # the next slot while the first still runs
+    fake_ollama.hang = False
+    await first
+    await wait_until(lambda: len(daemon.replies()) >= 1)
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    assert len(daemon.replies()) == 1
+    assert len(fake_ollama.chat_requests) == 1
+    statuses = {r["id"]: r["status"] for r in automations.state.runs("hourly")}
+    assert statuses == {"hourly@2026-12-01T10:00": "ok", "hourly@2026-12-01T11:00": "skipped"}
+
+
+async def test_the_quiet_token_delivers_nothing(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("watch", "0 * * * *", quiet="NOTHING"))
+    automations = await daemon.start()
+    fake_ollama.script("NOTHING", "A new release is out.")
+    for hour in (10, 11):
+        daemon.clock.set(at(2026, 12, 1, hour, 0, 1))
+        await automations.fire("watch")
+    await wait_until(lambda: len(daemon.replies()) >= 1)
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    assert daemon.replies() == ["A new release is out."]
+    assert [r["status"] for r in automations.state.runs("watch")] == ["quiet", "ok"]
+
+
+async def test_failures_are_retried_recorded_and_alerted_at_most_hourly(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("often", "every 15m", grace=0.3))
+    automations = await daemon.start()
+    await fake_ollama.refuse_connections()
+    for hour, minute in ((10, 0), (10, 15), (10, 30)):
+        daemon.clock.set(at(2026, 12, 1, hour, minute, 0))
+        await automations.fire("often")
+    runs = automations.state.runs("often")
+    assert [r["status"] for r in runs] == ["failed"] * 3
+    assert "unreachable" in runs[0]["error"]
+    await wait_until(lambda: len(daemon.channel.texts("notice")) >= 1)
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    alerts = daemon.channel.texts("notice")
+    assert len(alerts) == 1 and "'often' failed 2 times in a row" in alerts[0]
+    daemon.clock.set(at(2026, 12, 1, 11, 15, 0))  # an hour after the alert: one more
+    await automations.fire("often")
+    await wait_until(lambda: len(daemon.channel.texts("notice")) >= 2)
+    assert "failed 4 times in a row" in daemon.channel.texts("notice")[1]
+    await fake_ollama.accept_connections()
+    daemon.clock.set(at(2026, 12, 1, 11, 30, 0))
+    await automations.fire("often")
+    await wait_until(lambda: len(daemon.replies()) >= 1)
+    assert automations.state.runs("often")[-1]["status"] == "ok"
+    assert automations.state.consecutive_failures("often") == 0
+
+
+async def test_an_automation_on_another_model_uses_it(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("brief", "0 9 * * *", model="qwen3:4b"))
+    automations = await daemon.start()
+    daemon.clock.set(at(2026, 12, 1, 9, 0, 5))
+    await automations.fire("brief")
+    assert fake_ollama.chat_requests[0]["model"] == "qwen3:4b"
+
+
+async def test_a_run_past_its_timeout_is_stopped_and_recorded(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    daemon = make_daemon(automation("slow", "0 * * * *", timeout=0.3))
+    automations = await daemon.start()
+    fake_ollama.hang = True
+    daemon.clock.set(at(2026, 12, 1, 10, 0, 1))
+    await automations.fire("slow")
+    fake_ollama.hang = False
+    (run,) = automations.state.runs("slow")
+    assert run["status"] == "failed" and "timeout" in run["error"]
+    assert daemon.replies() == []
+
+
+async def test_a_run_the_scheduler_could_not_start_within_the_grace_is_recorded_as_missed(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    # A yearly schedule: no regular fire time lies in the real last minutes.
+    daemon = make_daemon(automation("yearly", "0 3 1 1 *"))
+    automations = await daemon.start()
+    late = datetime.now(TZ) - timedelta(minutes=10)  # as after a blocked loop or a sleep
+    automations.scheduler.modify_job("automation:yearly", next_run_time=late)
+    await wait_until(lambda: bool(automations.state.runs("yearly")))
+    (run,) = automations.state.runs("yearly")
+    assert run["status"] == "missed" and "grace" in run["error"]
+    assert fake_ollama.chat_requests == [] and daemon.replies() == []
