@@ -420,4 +420,3 @@ def test_default_timezone_follows_tz(env: dict[str, str]) -> None:
     assert Settings.defaults(env | {"TZ": "Asia/Tokyo"}).daemon.timezone == "Asia/Tokyo"
     zone = Settings.defaults(env | {"TZ": "not/a-zone"}).daemon.tz  # falls back, never fails
     assert zone.key
-
