@@ -424,3 +424,20 @@ async def test_doctor_checks_the_whatsapp_token(
     bad = await doctor("expired")
     assert "FAIL whatsapp: the Graph API refused: HTTP 401, code 190" in bad
     assert "expired" not in bad
+
+
+async def test_a_held_reply_survives_a_restart_and_goes_out_once(
+        start: Start, graph: FakeGraph) -> None:
+    first = await start()
+    graph.fail_next("send", 131047)
+    assert await first.post(webhook(text_message("wamid.h1", USER, "before the restart"))) == 200
+    await graph.wait_for("send")
+    await first.settle()
+    assert first.store.outbox_pending(KEY)[0]["held"]
+    await first.runner.cleanup()
+    second = await start()
+    assert await second.post(webhook(text_message("wamid.h2", USER, "after it"))) == 200
+    await graph.wait_sent(2)
+    await second.settle()
+    await asyncio.sleep(0.3)  # room for a duplicate to show up, were there one
+    assert graph.texts() == ["echo: before the restart", "echo: after it"]
