@@ -101,12 +101,12 @@ class TelegramIntake:
             _log_refused(None, envelope.key, "no sender (a channel post or an anonymous group "
                          "admin)")
             return False
-        if not self._may_talk(envelope.sender):
+        if not await self._may_talk(envelope.sender):
             # A stranger costs no stored state: a pairing code at most (in a private chat,
             # never in a group's chatter), else a log line.
             if self.access is not None and self.access.pairs and envelope.chat > 0:
-                notice = self.access.stranger(CHANNEL, str(envelope.sender), envelope.key,
-                                              envelope.name)
+                notice = await self.access.greet(CHANNEL, str(envelope.sender), envelope.key,
+                                                 envelope.name)
                 if notice:
                     await self.engine.notify(envelope.key, notice)
             else:
@@ -114,10 +114,10 @@ class TelegramIntake:
             return False
         return await self.intake.accept(update_key(payload["update_id"]), envelope.key, payload)
 
-    def _may_talk(self, user: int) -> bool:
+    async def _may_talk(self, user: int) -> bool:
         """On the allow list, or approved by the owner with `roost pairing approve`."""
         return user in self.allow or (self.access is not None
-                                      and self.access.approved(CHANNEL, str(user)))
+                                      and await self.access.is_approved(CHANNEL, str(user)))
 
     async def resume(self) -> int:
         return await self.intake.resume()
@@ -149,7 +149,7 @@ class TelegramIntake:
         edited = message_of(updates[0]) == (message, True)
         key = chat_key_of(message)
         user = message.from_user.id if message.from_user else None
-        approved = {user} if user is not None and self._may_talk(user) else set()
+        approved = {user} if user is not None and await self._may_talk(user) else set()
         verdict = admit(message, self.identity, self.allow | approved)  # groups, bots, mentions
         if not verdict.admitted:
             _log_refused(user, key, verdict.reason)

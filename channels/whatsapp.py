@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from channels.base import Inbound, Outbound, inbound_id
 from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
 from channels.webhooks import read_at_most
-from channels.whatsapp_api import Failure, GraphClient, GraphError
+from channels.whatsapp_api import REENGAGEMENT, Failure, GraphClient, GraphError
 from channels.whatsapp_media import WhatsAppMedia
 from channels.whatsapp_payloads import (
     SIGNATURE_HEADER,
@@ -61,6 +62,24 @@ UNSUPPORTED = ("I can read text, photos, voice notes, audio, video, documents, l
 REENGAGEMENT_NOTE = ("(WhatsApp would not take this reply: it has been more than 24 hours since "
                      "you last wrote there.)")
 _SENT_REMEMBERED = 1000  # wamids of recent sends, to name the conversation in status records
+WINDOW = 24 * 3600.0  # WhatsApp takes free-form messages this long after the user last wrote
+LAST_INBOUND = "last_inbound"  # the chat flag with the time the user last wrote
+
+
+class Engine(Submitter, Protocol):
+    """What WhatsApp needs of the engine besides submitting messages."""
+
+    async def deliver(self, outbound: Outbound) -> bool: ...
+
+    def wake(self, chat_key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A part roost sent, remembered until Meta reports what became of it."""
+
+    outbound: Outbound
+    text: str
 
 
 @dataclass(frozen=True)
@@ -82,13 +101,14 @@ class WhatsAppChannel:
     name = CHANNEL
 
     def __init__(self, client: GraphClient, store: Store, settings: WhatsAppSettings, *,
-                 typing_refresh: float = 20.0) -> None:
+                 typing_refresh: float = 20.0, clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.store = store
         self.settings = settings
         self.typing_refresh = typing_refresh
+        self.clock = clock
         self.last_received: dict[str, str] = {}  # chat key -> newest wamid (for typing)
-        self.sent: OrderedDict[str, str] = OrderedDict()  # wamid -> conversation or chat
+        self.sent: OrderedDict[str, _Sent] = OrderedDict()  # wamid -> what it carried
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
         """Ignored: WhatsApp messages cannot be edited as they grow."""
@@ -118,27 +138,37 @@ class WhatsAppChannel:
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress after each one."""
         to = wa_id_of(outbound.chat_key)
+        flags = await asyncio.to_thread(self.store.chat_flags, outbound.chat_key)
+        last = flags.get(LAST_INBOUND)
+        if isinstance(last, int | float) and self.clock() - last > WINDOW:
+            # Meta would take it and then report it failed (131047): do not even try. (With no
+            # record, e.g. a pairing code for a stranger, it is tried; a failed status comes
+            # back to `WhatsApp._record_status`.)
+            raise self._window_closed("more than 24 hours since the user last wrote")
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
         for index in range(outbound.parts_sent, len(parts)):
             try:
                 wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
-            self._remember(wamid, outbound.conversation_id or outbound.chat_key)
+            self._remember(wamid, _Sent(outbound, parts[index]))
             await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:
-            return DeliveryError(f"WhatsApp refused it: {exc.title}", window_closed=True,
-                                 fallback=self.settings.fallback, note=REENGAGEMENT_NOTE)
+            return self._window_closed(exc.title)
         if exc.kind is Failure.REFUSED:
             return DeliveryError(f"WhatsApp refused it: {exc.title} (code {exc.code})",
                                  permanent=True)
         return DeliveryError(f"WhatsApp did not take it yet: {exc}")
 
-    def _remember(self, wamid: str, where: str) -> None:
+    def _window_closed(self, reason: str) -> DeliveryError:
+        return DeliveryError(f"WhatsApp refused it: {reason}", window_closed=True,
+                             fallback=self.settings.fallback, note=REENGAGEMENT_NOTE)
+
+    def _remember(self, wamid: str, sent: _Sent) -> None:
         if wamid:
-            self.sent[wamid] = where
+            self.sent[wamid] = sent
             while len(self.sent) > _SENT_REMEMBERED:
                 self.sent.popitem(last=False)
 
@@ -146,7 +176,7 @@ class WhatsAppChannel:
 class WhatsAppIntake:
     """WhatsApp messages into the shared intake, and out of it to the engine (its Handler)."""
 
-    def __init__(self, *, store: Store, engine: Submitter, channel: WhatsAppChannel,
+    def __init__(self, *, store: Store, engine: Engine, channel: WhatsAppChannel,
                  media: WhatsAppMedia, allow: Collection[str], access: Access | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -160,11 +190,11 @@ class WhatsAppIntake:
     async def accept(self, message: WaMessage) -> bool:
         """Persist one message before Meta is answered, if its sender may talk; False for a
         redelivery or a message that is dropped. Raises when it could not be stored."""
-        if not self._may_talk(message.sender):
+        if not await self._may_talk(message.sender):
             # A stranger costs no stored state: a pairing code at most, else a log line.
             if self.access is not None and self.access.pairs:
-                notice = self.access.stranger(CHANNEL, message.sender, message.chat_key,
-                                              message.profile_name or "")
+                notice = await self.access.greet(CHANNEL, message.sender, message.chat_key,
+                                                 message.profile_name or "")
                 if notice:
                     await self.engine.notify(message.chat_key, notice)
             else:
@@ -175,10 +205,10 @@ class WhatsAppIntake:
                    "business_number": message.business_number}
         return await self.intake.accept(message_key(message.id), message.chat_key, payload)
 
-    def _may_talk(self, sender: str) -> bool:
+    async def _may_talk(self, sender: str) -> bool:
         """On the allow list, or approved by the owner with `roost pairing approve`."""
         return sender in self.allow or (self.access is not None
-                                        and self.access.approved(CHANNEL, sender))
+                                        and await self.access.is_approved(CHANNEL, sender))
 
     # ---- the intake's Handler --------------------------------------------------------------
 
@@ -205,6 +235,9 @@ class WhatsAppIntake:
             await self.channel.client.mark_read(message.id, typing=False)
         except GraphError as exc:  # the blue ticks are a courtesy
             log.debug("marking %s read failed: %s", message.id, exc)
+        # The user wrote: WhatsApp takes free-form replies for the next 24 hours (counted from
+        # receipt; a message Meta redelivered days late is refused by Meta itself, as 131047).
+        await asyncio.to_thread(self.store.set_chat_flag, key, LAST_INBOUND, item.received)
         await self._release_held(key)
         described = describe(message)
         if described.reaction is not None:
@@ -226,10 +259,14 @@ class WhatsAppIntake:
 
     async def _release_held(self, key: str) -> None:
         """The user wrote: the 24-hour window is open again for replies that waited for it."""
+        released = 0
         for doc in await asyncio.to_thread(self.store.outbox_pending, key):
             if doc.get("held"):
                 await asyncio.to_thread(self.store.outbox_update, doc["id"], held=None)
-                log.info("%s wrote again: a held reply goes out", key)
+                released += 1
+        if released:
+            log.info("%s wrote again: %d held replies go out", key, released)
+            self.engine.wake(key)  # also when this message starts no turn (a reaction)
 
 
 def _stored_message(payload: Mapping[str, Any]) -> WaMessage:
@@ -272,7 +309,7 @@ class WhatsApp:
     async def open(self) -> None:
         await self.client.start()
 
-    async def start(self, engine: Submitter) -> None:
+    async def start(self, engine: Engine) -> None:
         self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
                                      media=self.media, allow=self.settings.allow,
                                      access=self.access)
@@ -294,7 +331,7 @@ class WhatsApp:
                 and hmac.compare_digest(token, expected) and "hub.challenge" in query):
             log.info("Meta verified the webhook subscription")
             return web.Response(text=query["hub.challenge"], content_type="text/plain")
-        log.warning("webhook verification from %s refused", request.remote)
+        log.debug("webhook verification from %s refused", request.remote)  # the guard logs it
         return web.Response(status=403, text="forbidden\n")
 
     async def webhook(self, request: web.Request) -> web.Response:
@@ -306,12 +343,13 @@ class WhatsApp:
         verdict = check_signature(self.settings.app_secret, body,
                                   request.headers.get(SIGNATURE_HEADER))
         if verdict is not Signature.OK:
-            log.warning("webhook call from %s with a %s signature; refused", request.remote,
-                        verdict.value)
+            # Counted and logged once a minute by the HTTP guard: a stranger cannot fill the log.
+            log.debug("webhook call from %s with a %s signature; refused", request.remote,
+                      verdict.value)
             status = 401 if verdict is Signature.MISSING else 403
             return web.Response(status=status, text=f"signature {verdict.value}\n")
         try:
-            hook = parse_webhook(json.loads(body))
+            hook = parse_webhook(json.loads(body), self.settings.phone_number_id)
         except (ValueError, UnicodeDecodeError) as exc:  # NotAWebhook is a ValueError too
             reason = str(exc) if isinstance(exc, NotAWebhook) else "malformed JSON"
             log.warning("webhook body refused: %s", reason)
@@ -332,10 +370,31 @@ class WhatsApp:
         return web.Response(status=200)
 
     async def _record_status(self, status: WaStatus) -> None:
-        where = self.channel.sent.get(status.id, chat_key(status.recipient))
+        sent = self.channel.sent.get(status.id)
+        where = (sent.outbound.conversation_id or sent.outbound.chat_key if sent
+                 else chat_key(status.recipient))
         errors = "; ".join(f"{code} {title}" for code, title in status.errors)
         detail = f"WhatsApp {status.status} {status.id}" + (f": {errors}" if errors else "")
         if status.status == "failed":
             log.warning("WhatsApp could not deliver %s to %s: %s", status.id, status.recipient,
                         errors or "no reason given")
         await asyncio.to_thread(self.records.event, time.time(), "delivery", where, detail)
+        if (status.status == "failed" and sent is not None and self.intake is not None
+                and any(code == REENGAGEMENT for code, _ in status.errors)):
+            await self._resend_later(status.id, sent)
+
+    async def _resend_later(self, wamid: str, sent: _Sent) -> None:
+        """Meta took a part and then refused it for the 24-hour rule: it goes to the fallback
+        chat, or waits for the user's next message, like a part refused at once."""
+        assert self.intake is not None
+        original = sent.outbound
+        again_id = inbound_id(original.created, f"{original.id}:{wamid}")  # once per part
+        if self.settings.fallback:
+            await self.intake.engine.deliver(dataclasses.replace(
+                original, id=again_id, chat_key=self.settings.fallback, parts_sent=0,
+                reply_to=None, text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
+            return
+        held = dataclasses.replace(original, id=again_id, text=sent.text, parts_sent=0,
+                                   held="WhatsApp refused it: more than 24 hours since the "
+                                        "user last wrote")
+        await asyncio.to_thread(self.store.outbox_add, held.to_doc())

@@ -21,7 +21,7 @@ REENGAGEMENT = 131047  # more than 24 hours since the user last wrote: only temp
 PAIR_RATE_LIMIT = 131056  # too many messages to one user in a short time
 THROUGHPUT_LIMIT = 130429  # the number's messages-per-second limit
 RATE_LIMITS = frozenset({PAIR_RATE_LIMIT, THROUGHPUT_LIMIT, 4, 80007})
-TOKEN_PROBLEMS = frozenset({190, 0})  # expired or invalid token: fixable, so never give up
+TOKEN_PROBLEMS = frozenset({190})  # expired or invalid token: fixable, so never give up
 TEXT_LIMIT = 4096  # characters of a text message body
 
 
@@ -44,10 +44,11 @@ class GraphError(Exception):
     def kind(self) -> Failure:
         if self.code == REENGAGEMENT:
             return Failure.REENGAGE
-        if (self.status == 429 or self.status >= 500 or self.code in RATE_LIMITS
-                or self.code in TOKEN_PROBLEMS or self.status == 401):
+        if self.status in (401, 429) or self.status >= 500 or self.code in RATE_LIMITS:
             return Failure.RETRY
-        return Failure.REFUSED
+        if self.code in TOKEN_PROBLEMS:  # a token can be fixed: wait for the owner to do it
+            return Failure.RETRY
+        return Failure.REFUSED  # any other 4xx, also one without Meta's error body
 
 
 class GraphClient:
@@ -106,17 +107,25 @@ class GraphClient:
     async def download(self, url: str, limit: int) -> bytes:
         """The file behind a media URL (bearer token required), at most `limit` bytes."""
         session = self._require()
-        async with session.get(url) as response:
-            if response.status != 200:
-                raise GraphError(response.status, 0, "media download failed")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.content.iter_chunked(64 * 1024):
-                size += len(chunk)
-                if size > limit:
-                    raise GraphError(413, 0, f"the file is larger than {limit} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
+        # A large video takes longer than an API call: only a stalled read times out.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
+                                        sock_read=self.timeout)
+        try:
+            async with session.get(url, timeout=timeout) as response:
+                if response.status != 200:
+                    raise GraphError(response.status, 0, "media download failed")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        raise GraphError(413, 0, f"the file is larger than {limit} bytes")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except aiohttp.ClientError as exc:  # refused, reset, cut off: worth a retry
+            raise GraphError(503, 0, f"the download was cut off: {exc}") from exc
+        except TimeoutError as exc:
+            raise GraphError(504, 0, "the download stalled") from exc
 
     async def phone_number(self) -> dict[str, Any]:
         """`GET /{phone_number_id}`: proves the token is valid for this number (doctor)."""

@@ -71,9 +71,9 @@ class WhatsAppMedia:
         for attempt in range(DOWNLOAD_ATTEMPTS):
             try:
                 url, _, size = await self.client.media_url(media_id)
-                if size is not None and size > DOWNLOAD_LIMIT:
+                if size is not None and size > self._limit(what):
                     raise _Failed(f"That {what} is too large for me to download.")
-                return await self.client.download(url, DOWNLOAD_LIMIT)
+                return await self.client.download(url, self._limit(what))
             except GraphError as exc:
                 log.warning("downloading WhatsApp media %s failed (attempt %d of %d): %s",
                             media_id, attempt + 1, DOWNLOAD_ATTEMPTS, exc)
@@ -82,6 +82,12 @@ class WhatsAppMedia:
                 if attempt + 1 < DOWNLOAD_ATTEMPTS:
                     await asyncio.sleep(self.backoff * 2**attempt)
         raise _Failed(f"I could not download that {what} from WhatsApp; please send it again.")
+
+
+    def _limit(self, what: str) -> int:
+        """Never download more than roost would keep (a 413 from download says so)."""
+        keep = self.limits.image_max_bytes if what == "photo" else self.limits.file_max_bytes
+        return min(DOWNLOAD_LIMIT, keep)
 
 
 class _Failed(Exception):

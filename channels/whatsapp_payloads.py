@@ -89,8 +89,9 @@ def check_signature(app_secret: str, body: bytes, header: str | None) -> Signatu
     return Signature.OK if hmac.compare_digest(given, expected.encode()) else Signature.MISMATCH
 
 
-def parse_webhook(payload: object) -> Webhook:
-    """Every message and status in a webhook body, in the order Meta listed them."""
+def parse_webhook(payload: object, phone_number_id: str | None = None) -> Webhook:
+    """Every message and status in a webhook body, in the order Meta listed them; with
+    `phone_number_id`, only those of that number (one Meta app may serve several)."""
     if not isinstance(payload, dict) or payload.get("object") != "whatsapp_business_account":
         raise NotAWebhook("not a whatsapp_business_account webhook")
     entries = payload.get("entry")
@@ -103,6 +104,10 @@ def parse_webhook(payload: object) -> Webhook:
             value = change.get("value")
             if change.get("field") != "messages" or not isinstance(value, dict):
                 continue  # account updates, templates...: not roost's business
+            metadata = value.get("metadata")
+            number_id = metadata.get("phone_number_id") if isinstance(metadata, dict) else None
+            if phone_number_id is not None and number_id != phone_number_id:
+                continue  # another number of the same Meta app: not roost's to answer
             names = {c.get("wa_id"): c["profile"].get("name")
                      for c in _dicts(value.get("contacts")) if isinstance(c.get("profile"), dict)}
             number = (value.get("metadata") or {}).get("display_phone_number")

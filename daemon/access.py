@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from daemon.config import AccessSettings
+from daemon.errors import StoreError
 from daemon.logs import pairing_log as log
 from daemon.pairing import CODE_TTL, PairingBook
 
@@ -91,6 +92,25 @@ class Access:
         log.warning("unknown %s user %s (%s) asked to talk; approve with: roost pairing approve "
                     "%s", channel, sender, name or "no name", made.code)
         return pairing_notice(made.code)
+
+    async def is_approved(self, channel: str, sender: str) -> bool:
+        """`approved`, off the event loop (it may read the pairing file); a pairing file that
+        cannot be read counts as no approval, never as a failed webhook call."""
+        try:
+            return await asyncio.to_thread(self.approved, channel, sender)
+        except (StoreError, OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("cannot read the pairing file: %s", exc)
+            return False
+
+    async def greet(self, channel: str, sender: str, chat_key: str, name: str) -> str | None:
+        """`stranger`, off the event loop (it locks and writes the pairing file); when that
+        fails the stranger gets nothing, and the webhook call still succeeds."""
+        try:
+            return await asyncio.to_thread(self.stranger, channel, sender, chat_key, name)
+        except (StoreError, OSError, ValueError, TypeError, KeyError) as exc:
+            log.error("cannot record a pairing request from %s user %s: %s", channel, sender,
+                      exc)
+            return None
 
     async def pace(self, sender: str, tell: Callable[[str], Awaitable[None]]) -> None:
         """Wait until `sender` ("channel:id") is within the rate limit; `tell(text)` once per

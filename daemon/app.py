@@ -286,6 +286,12 @@ class _CountedIntake:
     async def notify(self, chat_key: str, text: str) -> None:
         await self.engine.notify(chat_key, text)
 
+    async def deliver(self, outbound: Outbound) -> bool:
+        return await self.engine.deliver(outbound)
+
+    def wake(self, chat_key: str) -> None:
+        self.engine.wake(chat_key)
+
 
 def channel_names(app: web.Application) -> list[str]:
     channels: dict[str, Channel] = app[CHANNELS]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from channels.base import Channel, Inbound, Outbound
+from channels.base import Channel, Inbound, Outbound, inbound_id
 from daemon.commands import Commands
 from daemon.config import Settings
 from daemon.conversations import kind_of
@@ -37,6 +38,8 @@ from daemon.tools.registry import Registry
 from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
 
 DELIVERY_RETRY_MAX = 300.0
+HELD_MAX = 20  # replies kept per chat while the platform waits for the user to write
+HELD_MAX_AGE = 7 * 86400.0  # seconds a reply may wait for that
 
 
 class Engine:
@@ -212,6 +215,11 @@ class Engine:
         added = await asyncio.to_thread(add)
         self._kick(outbound.chat_key)
         return added
+
+    def wake(self, chat_key: str) -> None:
+        """Have the chat's worker look at its inbox and outbox again (e.g. replies that were
+        held until the user wrote are free to go)."""
+        self._kick(chat_key)
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -396,22 +404,41 @@ class Engine:
         fallback chat when there is one, else keep it (a restart keeps it too) until then."""
         where = outbound.conversation_id or outbound.chat_key
         if exc.fallback:
-            rerouted = Outbound(chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}",
-                                created=self.clock(), kind=outbound.kind,
-                                conversation_id=outbound.conversation_id,
-                                message_id=outbound.message_id)
-            await asyncio.to_thread(self.store.outbox_add, rerouted.to_doc())
+            # Its id follows from the original's: a crash before the original is done makes
+            # the next pass find it queued (or sent) and not queue it twice.
+            rerouted = dataclasses.replace(
+                outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"),
+                chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}", parts_sent=0,
+                reply_to=None)  # the original's message id means nothing in another chat
+            await self.deliver(rerouted)
             await asyncio.to_thread(self.store.outbox_done, outbound.id)
             await asyncio.to_thread(self.records.event, self.clock(), "rerouted", where,
                                     f"{exc}; sent to {exc.fallback}")
             log.info("a %s for %s went to %s instead: %s", outbound.kind, outbound.chat_key,
                      exc.fallback, exc)
-            self._kick(exc.fallback)
             return
         await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc))
+        await self._drop_stale_held(outbound.chat_key)
         await asyncio.to_thread(self.records.event, self.clock(), "held", where, str(exc))
         log.info("a %s for %s waits until the user writes again: %s", outbound.kind,
                  outbound.chat_key, exc)
+
+    async def _drop_stale_held(self, chat_key: str) -> None:
+        """Held replies are bounded: an hourly report to a user who never writes must not pile
+        up for months and then arrive all at once. Beyond the newest HELD_MAX, or older than
+        HELD_MAX_AGE, a held reply is given up (it stays in its conversation)."""
+        held = sorted((d for d in await asyncio.to_thread(self.store.outbox_pending, chat_key)
+                       if d.get("held")), key=lambda d: d["created"])
+        now = self.clock()
+        stale = [d for i, d in enumerate(held)
+                 if i < len(held) - HELD_MAX or now - d["created"] > HELD_MAX_AGE]
+        for doc in stale:
+            await asyncio.to_thread(self.store.outbox_done, doc["id"])
+            await asyncio.to_thread(self.records.event, now, "undelivered",
+                                    doc.get("conversation_id") or chat_key,
+                                    f"held too long: {doc['held']}")
+        if stale:
+            log.info("gave up %d held replies for %s (held too long)", len(stale), chat_key)
 
     async def _give_up(self, outbound: Outbound, exc: DeliveryError) -> None:
         """A delivery retrying cannot help. The reply stays in the conversation either way."""

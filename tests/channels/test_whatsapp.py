@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from io import BytesIO
@@ -23,6 +24,7 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from channels.base import Outbound
 from channels.telegram import TelegramTuning
 from channels.whatsapp import UNSUPPORTED, WEBHOOK_PATH, WhatsAppTuning
 from daemon.app import ENGINE, STORE, WHATSAPP, build_app
@@ -441,3 +443,68 @@ async def test_a_held_reply_survives_a_restart_and_goes_out_once(
     await second.settle()
     await asyncio.sleep(0.3)  # room for a duplicate to show up, were there one
     assert graph.texts() == ["echo: before the restart", "echo: after it"]
+
+
+async def test_a_report_after_24_hours_is_held_without_calling_meta(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    assert await daemon.post(webhook(text_message("wamid.o1", USER, "hello"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    daemon.store.set_chat_flag(KEY, "last_inbound", time.time() - 25 * 3600)
+    engine = daemon.app[ENGINE]
+    for n in range(25):  # an hourly report to a user who stopped writing
+        report = Outbound(chat_key=KEY, text=f"report {n}", created=time.time() + n)
+        assert await engine.deliver(report)
+    async with asyncio.timeout(10):
+        while not all(d.get("held") for d in daemon.store.outbox_pending(KEY)):
+            await asyncio.sleep(0.05)
+    assert len(graph.calls_of("send")) == 1  # Meta is not even asked
+    held = daemon.store.outbox_pending(KEY)
+    assert len(held) == 20 and all(d["held"] for d in held)  # bounded: the newest 20
+    assert sorted(d["text"] for d in held) == sorted(f"report {n}" for n in range(5, 25))
+
+
+async def test_a_failed_status_for_the_24_hour_rule_holds_the_reply_until_the_user_writes(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    assert await daemon.post(webhook(text_message("wamid.f1", USER, "late"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    failed = {"id": "wamid.FAKE000001", "status": "failed", "timestamp": "2",
+              "recipient_id": USER, "errors": [{"code": 131047, "title": "Re-engagement message"}]}
+    assert await daemon.post(webhook(statuses=(failed,))) == 200
+    assert await daemon.post(webhook(statuses=(failed,))) == 200  # Meta may say it twice
+    (held,) = daemon.store.outbox_pending(KEY)
+    assert held["held"] and held["text"] == "echo: late"
+    assert await daemon.post(webhook(text_message("wamid.f2", USER, "again"))) == 200
+    await graph.wait_sent(3)
+    await daemon.settle()
+    assert graph.texts() == ["echo: late", "echo: late", "echo: again"]
+    assert daemon.store.outbox_pending() == []
+
+
+async def test_messages_to_another_number_of_the_same_app_are_not_answered(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    body = json.loads(webhook(text_message("wamid.other", USER, "to the test number")))
+    body["entry"][0]["changes"][0]["value"]["metadata"]["phone_number_id"] = "999999999"
+    assert await daemon.post(json.dumps(body).encode()) == 200
+    await asyncio.sleep(0.3)
+    assert graph.calls == [] and fake_ollama.chat_requests == []
+
+
+async def test_a_media_download_cut_off_tells_the_user_and_the_text_goes_on(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    graph.add_media("m-doc", b"%PDF-1.4 plan", "application/pdf")
+    graph.drop_next("download", times=10)  # aiohttp itself retries a reused connection once
+    document = {"from": USER, "id": "wamid.d1", "timestamp": "1", "type": "document",
+                "document": {"id": "m-doc", "mime_type": "application/pdf",
+                             "filename": "plan.pdf", "caption": "read this"}}
+    assert await daemon.post(webhook(document)) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert graph.texts() == ["I could not download that document from WhatsApp; please send "
+                             "it again.", "echo: read this"]
+    assert daemon.store.quarantined() == []

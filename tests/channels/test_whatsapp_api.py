@@ -124,3 +124,13 @@ async def test_a_broken_image_and_a_lost_file_get_a_message_for_the_user(
                                         mime_type="audio/ogg"))
     (stored,) = voice.attachments
     assert stored["kind"] == "audio" and voice.problems == ()
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    (404, Failure.REFUSED), (413, Failure.REFUSED), (400, Failure.REFUSED),
+    (401, Failure.RETRY), (429, Failure.RETRY), (502, Failure.RETRY), (504, Failure.RETRY)])
+def test_an_answer_without_metas_error_body_is_retried_only_when_waiting_helps(
+        status: int, kind: Failure) -> None:
+    # A proxy's HTML page or a wrong api_version has no Graph error code: a 4xx there would
+    # fail the same way for ever, and retrying it would stall the chat.
+    assert GraphError(status, 0, "unexpected answer").kind is kind
