@@ -457,8 +457,9 @@ async def test_a_report_after_24_hours_is_held_without_calling_meta(
         report = Outbound(chat_key=KEY, text=f"report {n}", created=time.time() + n)
         assert await engine.deliver(report)
     async with asyncio.timeout(10):
-        while not all(d.get("held") for d in daemon.store.outbox_pending(KEY)):
-            await asyncio.sleep(0.05)  # noqa: ASYNC110  (polls the store, which has no event)
+        # The store has no event to wait on: poll it.
+        while not all(d.get("held") for d in daemon.store.outbox_pending(KEY)):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
     assert len(graph.calls_of("send")) == 1  # Meta is not even asked
     held = daemon.store.outbox_pending(KEY)
     assert len(held) == 20 and all(d["held"] for d in held)  # bounded: the newest 20
