@@ -42,6 +42,11 @@ RETRY_PAUSE = 30.0
 CHAT_PREFIX = "automation:"
 
 
+# How a run ends up recorded (`status` of its record; "running" meanwhile). A run stopped by its
+# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time.
+RUN_STATUSES = ("ok", "quiet", "failed", "skipped", "missed")
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a run did (the record's fields, for the command that prints it)."""
@@ -63,6 +68,8 @@ class AutomationRunner:
         self.settings = engine.settings
         self._notices: dict[str, list[str]] = {}
         self._running: set[str] = set()
+        # Told (automation, status) each time a run's record gets its final status (/metrics).
+        self.on_run: Callable[[str, str], None] = lambda name, status: None
         self.turns = TurnRunner(
             settings=engine.settings, store=engine.store, llm=engine.llm, router=engine.router,
             prompting=engine.prompting, registry=engine.registry, index=engine.index,
@@ -91,6 +98,7 @@ class AutomationRunner:
             reason = "the previous run was still going"
             skipped = {**doc, "status": "skipped", "ended": now, "error": reason}
             await asyncio.to_thread(self.state.start_run, skipped)
+            self.on_run(name, "skipped")
             return RunResult(run_id, "skipped", error=reason)
         if not await asyncio.to_thread(self.state.start_run, doc):
             log.info("automation %s: %s has run already; not again", name, run_id)
@@ -100,6 +108,7 @@ class AutomationRunner:
             result = await self._run(automation, run_id, scheduled, deliver)
         finally:
             self._running.discard(name)
+        self.on_run(name, result.status)
         if result.status == "failed" and deliver:
             await self._maybe_alert(automation, result.error)
         return result
@@ -112,6 +121,7 @@ class AutomationRunner:
             "scheduled": slot.timestamp(), "started": now, "ended": now, "status": "missed",
             "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
             "error": f"could not start within the grace ({automation.grace:g}s)"})
+        self.on_run(automation.name, "missed")
 
     async def _run(self, automation: AutomationSettings, run_id: str, scheduled: float,
                    deliver: bool) -> RunResult:

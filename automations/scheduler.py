@@ -165,6 +165,7 @@ class Automations:
             if run["status"] == "running":
                 await asyncio.to_thread(self.state.update_run, run["id"], status="failed",
                                         error="roost stopped during the run")
+                self.runner.on_run(run["name"], "failed")
         await self.scan()
         for automation in self.settings.automations:
             slot = due_slot(build_trigger(automation.schedule, self.tz), self.now(),
