@@ -119,13 +119,16 @@ class WhatsAppChannel:
         """Send the parts not yet delivered, recording progress after each one."""
         to = wa_id_of(outbound.chat_key)
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
+        ids = list(outbound.platform_ids)
         for index in range(outbound.parts_sent, len(parts)):
             try:
                 wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, outbound.conversation_id or outbound.chat_key)
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+            ids += [wamid] if wamid else []
+            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1,
+                                    platform_ids=ids)
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from channels.base import Channel, Inbound, Outbound
@@ -86,6 +86,10 @@ class Engine:
         # What each chat's worker is doing, to quarantine it if it fails twice.
         self._current: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         self._accepting = False
+        # Told of each outbox item the platform took, while the item (with what the channel
+        # recorded on it, e.g. `platform_ids`) is still in the outbox: a crash before it is
+        # forgotten tells again. Automations record their runs' message ids this way.
+        self.on_sent: Callable[[Outbound], Awaitable[None]] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -388,8 +392,18 @@ class Engine:
                 log.warning("delivery to %s failed (%d in a row): %s", chat_key, failures, exc)
                 return False
             self._delivery_failures.pop(chat_key, None)
+            await self._tell_sent(outbound)
             await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
+
+    async def _tell_sent(self, outbound: Outbound) -> None:
+        if self.on_sent is None:
+            return
+        try:
+            await self.on_sent(outbound)
+        except Exception:  # a listener's bookkeeping: never a reason to send a message again
+            log.exception("recording the delivery of %s to %s failed", outbound.id,
+                          outbound.chat_key)
 
     async def _hold(self, outbound: Outbound, exc: DeliveryError) -> None:
         """The platform takes this reply only after the user writes again: send it through the
