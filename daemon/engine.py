@@ -413,7 +413,7 @@ class Engine:
             rerouted = Outbound(chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}",
                                 created=self.clock(), kind=outbound.kind,
                                 conversation_id=outbound.conversation_id,
-                                message_id=outbound.message_id)
+                                message_id=outbound.message_id, origin=outbound.origin)
             await asyncio.to_thread(self.store.outbox_add, rerouted.to_doc())
             await asyncio.to_thread(self.store.outbox_done, outbound.id)
             await asyncio.to_thread(self.records.event, self.clock(), "rerouted", where,
