@@ -22,7 +22,7 @@ from daemon.llm import ModelClient
 from daemon.store import Store
 
 EX_USAGE = 2
-TARGET = re.compile(r"telegram:-?[0-9]+|whatsapp:[0-9]+|console:local")
+TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local")
 
 
 def list_automations(settings: Settings) -> int:
@@ -120,8 +120,9 @@ def remind(settings: Settings, when: str, text: str, target: str) -> int:
     start."""
     tz = settings.daemon.tz
     if not TARGET.fullmatch(target):
-        print(f"roost: --to {target!r}: expected telegram:<chat id>, whatsapp:<wa_id> or "
-              "console:local", file=sys.stderr)
+        print(f"roost: --to {target!r}: expected telegram:<chat id>, "
+              "telegram:<chat id>:<topic id>, whatsapp:<wa_id> or console:local",
+              file=sys.stderr)
         return EX_USAGE
     now = datetime.now(tz)
     try:

@@ -13,6 +13,9 @@ rules, tools, `model.max_calls`, calibration and overflow handling:
 * The reply lands in the automation chat's outbox (crash-safe, as for any turn) and is moved
   from there to each target's outbox, with ids derived from the reply's, so doing it again after
   a crash sends nothing twice. The target's channel formats and splits it.
+* The record lists the outbox items queued (`delivered`) at once, and the platform's ids of the
+  messages they became (`message_ids`, per target) as each target's chat worker sends them: the
+  engine tells `sent()` while the item is still in the outbox, a crash included.
 * Ollama down: the turn path retries with backoff; then the run is tried again until `grace`
   after its slot, then recorded as failed. Two failures in a row alert the targets, at most once
   an hour per automation. A run is stopped after `timeout` and recorded.
@@ -42,6 +45,11 @@ RETRY_PAUSE = 30.0
 CHAT_PREFIX = "automation:"
 
 
+# How a run ends up recorded (`status` of its record; "running" meanwhile). A run stopped by its
+# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time.
+RUN_STATUSES = ("ok", "quiet", "failed", "skipped", "missed")
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a run did (the record's fields, for the command that prints it)."""
@@ -63,6 +71,8 @@ class AutomationRunner:
         self.settings = engine.settings
         self._notices: dict[str, list[str]] = {}
         self._running: set[str] = set()
+        # Told (automation, status) each time a run's record gets its final status (/metrics).
+        self.on_run: Callable[[str, str], None] = lambda name, status: None
         self.turns = TurnRunner(
             settings=engine.settings, store=engine.store, llm=engine.llm, router=engine.router,
             prompting=engine.prompting, registry=engine.registry, index=engine.index,
@@ -83,7 +93,8 @@ class AutomationRunner:
                   else manual_run_id(name, request or new_id(now)))
         doc = {"id": run_id, "name": name, "scheduled": scheduled, "started": now,
                "ended": None, "status": "running", "manual": slot is None,
-               "prompt_tokens": None, "eval_tokens": None, "delivered": [], "error": None}
+               "prompt_tokens": None, "eval_tokens": None, "delivered": [], "message_ids": {},
+               "error": None}
         if name in self._running:
             # APScheduler's max_instances=1 stops most of these; a manual run can still meet one.
             log.warning("automation %s: the previous run is still going; slot %s skipped",
@@ -91,6 +102,7 @@ class AutomationRunner:
             reason = "the previous run was still going"
             skipped = {**doc, "status": "skipped", "ended": now, "error": reason}
             await asyncio.to_thread(self.state.start_run, skipped)
+            self.on_run(name, "skipped")
             return RunResult(run_id, "skipped", error=reason)
         if not await asyncio.to_thread(self.state.start_run, doc):
             log.info("automation %s: %s has run already; not again", name, run_id)
@@ -100,6 +112,7 @@ class AutomationRunner:
             result = await self._run(automation, run_id, scheduled, deliver)
         finally:
             self._running.discard(name)
+        self.on_run(name, result.status)
         if result.status == "failed" and deliver:
             await self._maybe_alert(automation, result.error)
         return result
@@ -111,7 +124,9 @@ class AutomationRunner:
             "id": f"{automation.name}@{slot_key(slot)}", "name": automation.name,
             "scheduled": slot.timestamp(), "started": now, "ended": now, "status": "missed",
             "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
+            "message_ids": {},
             "error": f"could not start within the grace ({automation.grace:g}s)"})
+        self.on_run(automation.name, "missed")
 
     async def _run(self, automation: AutomationSettings, run_id: str, scheduled: float,
                    deliver: bool) -> RunResult:
@@ -127,10 +142,10 @@ class AutomationRunner:
         except Exception as exc:  # the boundary of a scheduled job: record it, keep the daemon
             log.exception("automation %s: run %s failed unexpectedly", automation.name, run_id)
             return await self._failed(run_id, f"internal error: {exc!r}")
-        quiet = automation.quiet is not None and text.strip() == automation.quiet
+        quiet = is_quiet(automation, text)
         delivered: list[str] = []
         if not quiet and deliver:
-            delivered = await self.distribute(automation)
+            delivered = await self.distribute(automation, run_id)
         else:
             await self._drop_outbox(automation.name)
         status = "quiet" if quiet else "ok"
@@ -185,8 +200,10 @@ class AutomationRunner:
                           "conversation_id": conversation.id}
         return text, tokens
 
-    async def distribute(self, automation: AutomationSettings) -> list[str]:
+    async def distribute(self, automation: AutomationSettings,
+                         run_id: str | None = None) -> list[str]:
         """Move the automation chat's replies to each target's outbox; the outbox ids queued.
+        Each item names `run_id`, whose record then gets the platform's message ids.
 
         Safe to repeat (after a crash): a target's item id is the reply's id plus the target,
         and `Engine.deliver` queues an id once.
@@ -195,7 +212,8 @@ class AutomationRunner:
         docs = await asyncio.to_thread(self.engine.store.outbox_pending, chat_key)
         queued: list[str] = []
         for doc in docs:
-            if doc.get("kind") == "reply":
+            # A quiet reply left by a crash (before it was dropped) is not delivered either.
+            if doc.get("kind") == "reply" and not is_quiet(automation, doc["text"]):
                 for target in automation.deliver:
                     if target == "log":
                         log.info("automation %s reported:\n%s", automation.name, doc["text"])
@@ -208,11 +226,26 @@ class AutomationRunner:
                         chat_key=target, text=doc["text"], created=doc["created"],
                         kind="reply", id=f"{doc['id']}.{target}",
                         conversation_id=doc.get("conversation_id"),
-                        message_id=doc.get("message_id"))
+                        message_id=doc.get("message_id"), origin=run_id)
                     await self.engine.deliver(outbound)
                     queued.append(outbound.id)
             await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
         return queued
+
+    async def sent(self, outbound: Outbound) -> None:
+        """The engine's `on_sent`: a run's report reached a target; record the platform's ids
+        of its messages (the channel noted them on the outbox item, still there now)."""
+        run_id = outbound.origin
+        if run_id is None:
+            return  # not a run's report: a chat reply, a notice, a reminder
+
+        def record() -> None:
+            docs = self.engine.store.outbox_pending(outbound.chat_key)
+            stored = next((d for d in docs if d["id"] == outbound.id), None)
+            ids = (stored or {}).get("platform_ids") or list(outbound.platform_ids)
+            self.state.record_sent(run_id, outbound.chat_key, [str(i) for i in ids])
+
+        await asyncio.to_thread(record)
 
     async def _drop_outbox(self, name: str) -> None:
         chat_key = CHAT_PREFIX + name
@@ -255,6 +288,11 @@ def prompt_text(automation: AutomationSettings) -> str:
         return automation.prompt
     return (f"{automation.prompt}\n\nIf there is nothing to report, answer exactly "
             f"{automation.quiet} and nothing else.")
+
+
+def is_quiet(automation: AutomationSettings, text: str) -> bool:
+    """Whether a reply is the automation's quiet token: nothing to deliver."""
+    return automation.quiet is not None and text.strip() == automation.quiet
 
 
 def manual_run_id(name: str, request: str) -> str:

@@ -51,6 +51,7 @@ class Automations:
         self.runner = AutomationRunner(engine, self.state, clock=clock)
         self.reminders = Reminders(engine, self.state, clock=clock)
         self.reminders.arm = self._arm
+        engine.on_sent = self.runner.sent
         self.by_name = {a.name: a for a in self.settings.automations}
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})
@@ -153,9 +154,17 @@ class Automations:
                                misfire_grace_time=None, replace_existing=True)
 
     async def _recover(self) -> None:
-        # Replies a crash left in an automation chat's outbox go to their targets now.
+        # Replies a crash left in an automation chat's outbox go to their targets now, for the
+        # run that was going (its record then lists what they were delivered as).
+        running = {r["name"]: r["id"] for r in await asyncio.to_thread(self.state.runs)
+                   if r["status"] == "running"}
         for automation in self.settings.automations:
-            await self.runner.distribute(automation)
+            run_id = running.get(automation.name)
+            queued = await self.runner.distribute(automation, run_id)
+            if run_id is not None and queued:
+                await asyncio.to_thread(self.state.update_run, run_id, status="ok",
+                                        ended=self.clock(), delivered=queued)
+                self.runner.on_run(automation.name, "ok")
         stale = [d for d in await asyncio.to_thread(self.engine.store.outbox_pending)
                  if d["chat_key"].startswith(CHAT_PREFIX)
                  and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]
@@ -165,6 +174,7 @@ class Automations:
             if run["status"] == "running":
                 await asyncio.to_thread(self.state.update_run, run["id"], status="failed",
                                         error="roost stopped during the run")
+                self.runner.on_run(run["name"], "failed")
         await self.scan()
         for automation in self.settings.automations:
             slot = due_slot(build_trigger(automation.schedule, self.tz), self.now(),

@@ -76,6 +76,18 @@ class AutomationState:
         with self._lock:
             self._db.table("runs").update(fields, Query().id == run_id)
 
+    def record_sent(self, run_id: str, target: str, message_ids: list[str]) -> bool:
+        """The platform's ids of what a run delivered to `target` (set again, not appended, so
+        hearing of one delivery twice records it once); False when the run is not known."""
+        with self._lock:
+            runs = self._db.table("runs")
+            doc = runs.get(Query().id == run_id)
+            if not isinstance(doc, Mapping):
+                return False
+            sent = {**doc.get("message_ids", {}), target: list(message_ids)}
+            runs.update({"message_ids": sent}, Query().id == run_id)
+            return True
+
     def runs(self, name: str | None = None) -> list[dict[str, Any]]:
         """Run records, oldest first."""
         with self._lock:

@@ -86,6 +86,10 @@ class Outbound:
     reply_to: str | None = None  # the platform's id of the message this answers
     parts_sent: int = 0  # delivery progress: a restart resumes after the last part sent
     held: str | None = None  # why it waits for the user to write again (WhatsApp's 24 hours)
+    # The platform's ids of the messages sent so far (Telegram message_ids, WhatsApp wamids),
+    # recorded by the channel with `parts_sent`.
+    platform_ids: tuple[str, ...] = ()
+    origin: str | None = None  # what queued it, when someone asks after it (an automation run)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -97,6 +101,7 @@ class Outbound:
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> Outbound:
         known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        known["platform_ids"] = tuple(known.get("platform_ids", ()))  # a list in JSON
         return cls(**known)
 
 
@@ -107,7 +112,9 @@ class Channel(Protocol):
 
     async def send(self, outbound: Outbound) -> None:
         """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered
-        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot)."""
+        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot).
+        A platform channel records its progress on the item as it goes (`parts_sent`, and
+        `platform_ids`: the platform's ids of what it sent)."""
         ...
 
     def stream_delta(self, chat_key: str, delta: str) -> None:

@@ -173,36 +173,37 @@ class TelegramChannel:
         """Send the parts not yet delivered, recording progress after each one."""
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
+        ids = list(outbound.platform_ids)
         for index in range(outbound.parts_sent, len(parts)):
             # In a group the answer quotes the message that asked, so everyone sees whom it
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
-            await self._send_part(_Destination(chat_id, topic, reply), parts[index],
-                                  outbound.chat_key)
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+            ids += await self._send_part(_Destination(chat_id, topic, reply), parts[index],
+                                         outbound.chat_key)
+            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1,
+                                    platform_ids=ids)
 
-    async def _send_part(self, where: _Destination, part: str, chat_key: str) -> None:
-        """One part, HTML first. A refusal of the content (not of the chat) is tried again as
-        plain text, then in smaller pieces; only then is this reply given up, and the engine
-        tells the user. Only 403 (blocked, removed from the group) gives up on the chat."""
+    async def _send_part(self, where: _Destination, part: str, chat_key: str) -> list[str]:
+        """One part, HTML first; the message_ids it became. A refusal of the content (not of
+        the chat) is tried again as plain text, then in smaller pieces; only then is this reply
+        given up, and the engine tells the user. Only 403 (blocked, removed from the group)
+        gives up on the chat."""
         try:
             try:
-                await self._send(where, part, ParseMode.HTML)
-                return
+                return [await self._send(where, part, ParseMode.HTML)]
             except BadRequest as exc:
                 # PTB drops "Bad Request: " and capitalises the rest.
                 log.warning("Telegram refused a part for %s (%s); sending it as plain text",
                             chat_key, exc.message)
             plain = visible_text(part)
             try:
-                await self._send(where, plain, None)
-                return
+                return [await self._send(where, plain, None)]
             except BadRequest as exc:
                 log.warning("Telegram refused the plain text for %s too (%s); sending it in "
                             "smaller pieces", chat_key, exc.message)
-            for piece in split_text(plain, SMALLER_PIECE):
-                await self._send(where, piece, None)
+            return [await self._send(where, piece, None)
+                    for piece in split_text(plain, SMALLER_PIECE)]
         except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
             raise DeliveryError(f"Telegram refused delivery: {exc.message}",
                                 permanent=True, chat_blocked=True) from exc
@@ -215,10 +216,11 @@ class TelegramChannel:
         except TelegramError as exc:
             raise DeliveryError(f"Telegram error: {exc}") from exc
 
-    async def _send(self, where: _Destination, text: str, parse_mode: str | None) -> None:
-        await self.bot.send_message(where.chat_id, text, parse_mode=parse_mode,
-                                    message_thread_id=where.topic,
-                                    reply_parameters=where.reply)
+    async def _send(self, where: _Destination, text: str, parse_mode: str | None) -> str:
+        message = await self.bot.send_message(where.chat_id, text, parse_mode=parse_mode,
+                                              message_thread_id=where.topic,
+                                              reply_parameters=where.reply)
+        return str(message.message_id)
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,16 @@ class WhatsAppChannel:
             # back to `WhatsApp._record_status`.)
             raise self._window_closed("more than 24 hours since the user last wrote")
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
+        ids = list(outbound.platform_ids)
         for index in range(outbound.parts_sent, len(parts)):
             try:
                 wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, _Sent(outbound, parts[index]))
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+            ids += [wamid] if wamid else []
+            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1,
+                                    platform_ids=ids)
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:
@@ -392,9 +395,9 @@ class WhatsApp:
         if self.settings.fallback:
             await self.intake.engine.deliver(dataclasses.replace(
                 original, id=again_id, chat_key=self.settings.fallback, parts_sent=0,
-                reply_to=None, text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
+                platform_ids=(), reply_to=None, text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
             return
-        held = dataclasses.replace(original, id=again_id, text=sent.text, parts_sent=0,
-                                   held="WhatsApp refused it: more than 24 hours since the "
-                                        "user last wrote")
+        held = dataclasses.replace(
+            original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(),
+            held="WhatsApp refused it: more than 24 hours since the user last wrote")
         await asyncio.to_thread(self.store.outbox_add, held.to_doc())

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from automations.runner import RUN_STATUSES
 from automations.scheduler import Automations
 from channels.base import Channel, Inbound, Outbound
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
@@ -176,6 +177,9 @@ async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
     # turn runs, and the scheduler stops before the engine it delivers through.
     automations = Automations(app[ENGINE])
     app[AUTOMATIONS] = automations
+    metrics = app[METRICS]
+    metrics.automations_known((a.name for a in app[SETTINGS].automations), RUN_STATUSES)
+    automations.runner.on_run = metrics.automation_run
     await automations.start()
     yield
     await automations.stop()
@@ -308,9 +312,15 @@ def _status(app: web.Application) -> tuple[str, list[str]]:
 async def _gauges(app: web.Application) -> dict[str, float]:
     engine, llm = app[ENGINE], app[LLM]
     depths = engine.queue_depths()
-    outbox = len(await asyncio.to_thread(app[STORE].outbox_pending))
+    store = app[STORE]
+
+    def read() -> tuple[int, int]:
+        return len(store.outbox_pending()), store.chats_flagged("undeliverable")
+
+    outbox, undeliverable = await asyncio.to_thread(read)
     return {"roost_queued_messages": sum(depths.values()), "roost_busy_chats": len(depths),
-            "roost_outbox_pending": outbox, "roost_model_requests_in_flight": llm.in_flight,
+            "roost_outbox_pending": outbox, "roost_undeliverable_chats": undeliverable,
+            "roost_model_requests_in_flight": llm.in_flight,
             "roost_healthy": 1.0 if _status(app)[0] == "ok" else 0.0,
             "roost_start_time_seconds": START_TIME}
 

@@ -303,9 +303,11 @@ _AUTOMATION: _Spec = {
     "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
                        then=_schedule),
     "prompt": _STRING,
-    "deliver": _array(_like("telegram:-?[0-9]+|whatsapp:[0-9]+|console:local|log",
-                            "a known target ('telegram:<chat id>', 'whatsapp:<wa_id>', "
-                            "'console:local' or 'log')")),
+    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram_updates.py
+    # keys it (topic ids start at 1; the General topic has none).
+    "deliver": _array(_like("telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local|log",
+                            "a known target ('telegram:<chat id>', 'telegram:<chat id>:<topic>', "
+                            "'whatsapp:<wa_id>', 'console:local' or 'log')")),
     "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
     "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
                     "must be at least 1s", _seconds),

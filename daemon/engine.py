@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from channels.base import Channel, Inbound, Outbound, inbound_id
@@ -89,6 +89,10 @@ class Engine:
         # What each chat's worker is doing, to quarantine it if it fails twice.
         self._current: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         self._accepting = False
+        # Told of each outbox item the platform took, while the item (with what the channel
+        # recorded on it, e.g. `platform_ids`) is still in the outbox: a crash before it is
+        # forgotten tells again. Automations record their runs' message ids this way.
+        self.on_sent: Callable[[Outbound], Awaitable[None]] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -396,8 +400,18 @@ class Engine:
                 log.warning("delivery to %s failed (%d in a row): %s", chat_key, failures, exc)
                 return False
             self._delivery_failures.pop(chat_key, None)
+            await self._tell_sent(outbound)
             await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
+
+    async def _tell_sent(self, outbound: Outbound) -> None:
+        if self.on_sent is None:
+            return
+        try:
+            await self.on_sent(outbound)
+        except Exception:  # a listener's bookkeeping: never a reason to send a message again
+            log.exception("recording the delivery of %s to %s failed", outbound.id,
+                          outbound.chat_key)
 
     async def _hold(self, outbound: Outbound, exc: DeliveryError) -> None:
         """The platform takes this reply only after the user writes again: send it through the
@@ -409,7 +423,8 @@ class Engine:
             rerouted = dataclasses.replace(
                 outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"),
                 chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}", parts_sent=0,
-                reply_to=None)  # the original's message id means nothing in another chat
+                # The original's message ids mean nothing in another chat.
+                platform_ids=(), reply_to=None)
             await self.deliver(rerouted)
             await asyncio.to_thread(self.store.outbox_done, outbound.id)
             await asyncio.to_thread(self.records.event, self.clock(), "rerouted", where,

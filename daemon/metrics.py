@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -52,6 +52,10 @@ class Metrics:
                               "overflow-retry, silent-cut, undeliverable", ["kind"], registry=r)
         self.webhook_rejections = Counter("roost_webhook_rejections",
                                           "Webhook calls refused, by cause", ["cause"], registry=r)
+        self.automation_runs = Counter(
+            "roost_automation_runs",
+            "Automation runs recorded, by automation and outcome (ok, quiet, failed, skipped, "
+            "missed)", ["automation", "outcome"], registry=r)
         self._previous = ""
         # Gauges are read at each scrape by the route (on the event loop): name -> value.
         self.gauges: dict[str, float] = {}
@@ -74,6 +78,16 @@ class Metrics:
     def turn_done(self, seconds: float) -> None:
         self.turn_seconds.observe(seconds)
 
+    def automations_known(self, names: Iterable[str], outcomes: Iterable[str]) -> None:
+        """Start each configured automation's series at 0, so that the first run shows as a
+        change (a rate or an alert on failures sees it) rather than as a new series."""
+        for name in names:
+            for outcome in outcomes:
+                self.automation_runs.labels(name, outcome)
+
+    def automation_run(self, name: str, outcome: str) -> None:
+        self.automation_runs.labels(name, outcome).inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -94,6 +108,8 @@ _HELP = {
     "roost_queued_messages": "Messages received and not yet answered, all chats",
     "roost_busy_chats": "Chats with messages waiting or a turn running",
     "roost_outbox_pending": "Replies and notices saved and not yet delivered",
+    "roost_undeliverable_chats": "Chats marked undeliverable now (the user blocked the bot); "
+                                 "cleared when the user writes again",
     "roost_model_requests_in_flight": "Requests at Ollama now",
     "roost_healthy": "1 when /healthz says ok, else 0",
     "roost_start_time_seconds": "When this process started (Unix time)",

@@ -454,6 +454,11 @@ class Store:
     def chat_flags(self, chat_key: str) -> dict[str, Any]:
         return self.flags.get(chat_key)
 
+    @_locked
+    def chats_flagged(self, flag: str) -> int:
+        """How many chats have `flag` now (e.g. undeliverable, for /metrics)."""
+        return self.flags.count(flag)
+
     # ---- internals -------------------------------------------------------------------------
 
     def _summary_path(self, conversation_id: str) -> Path:

@@ -270,6 +270,9 @@ class ChatFlags:
         doc = self.db.get(Query().chat_key == chat_key)
         return {k: v for k, v in dict(doc or {}).items() if k != "chat_key"}  # type: ignore[arg-type]
 
+    def count(self, flag: str) -> int:
+        return self.db.count(Query()[flag].exists())
+
     def set(self, chat_key: str, flag: str, value: Any) -> None:
         flags = self.get(chat_key)
         if flags.get(flag) == value and (value is not None or flag not in flags):

@@ -34,6 +34,11 @@ def test_list_shows_next_run_and_remind_adds_a_pending_reminder(tmp_path: Path) 
     bad = roost("automations", "remind", "someday", "x", "--to", "telegram:1",
                 "--config", str(config))
     assert bad.returncode == 2 and "tomorrow 09:00" in bad.stderr
+    topic = roost("automations", "remind", "in 3h", "stand-up notes", "--to",
+                  "telegram:-1001234:42", "--config", str(config))  # a forum topic
+    assert topic.returncode == 0, topic.stderr
+    assert "-> telegram:-1001234:42" in roost("automations", "list", "--config",
+                                               str(config)).stdout
     unknown = roost("automations", "run", "daily", "--config", str(config))
     assert unknown.returncode == 1 and "no automation named 'daily'" in unknown.stderr
 

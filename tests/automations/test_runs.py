@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime, timedelta
+from pathlib import Path
 
+from automations.schedule import slot_key
+from automations.state import AutomationState
+from channels.base import Outbound
+from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
 from tests.fakes.ollama import FakeOllama
 
@@ -178,3 +183,29 @@ async def test_a_run_the_scheduler_could_not_start_within_the_grace_is_recorded_
     (run,) = automations.state.runs("yearly")
     assert run["status"] == "missed" and "grace" in run["error"]
     assert fake_ollama.chat_requests == [] and daemon.replies() == []
+
+
+async def test_a_report_a_crash_left_behind_goes_out_at_start_for_its_run(
+    make_daemon: DaemonFactory, state_dir: Path
+) -> None:
+    daemon = make_daemon(automation("brief", "0 * * * *"),
+                         automation("watch", "0 * * * *", quiet="NOTHING"))
+    # What a crash between the model's reply and its delivery leaves: the runs still going,
+    # each reply in its automation chat's outbox.
+    state, store = AutomationState(state_dir), Store.open(state_dir)
+    slot = at(2026, 12, 1, 9, 0)
+    for name, text in (("brief", "The report."), ("watch", "NOTHING")):
+        state.start_run({"id": f"{name}@{slot_key(slot)}", "name": name,
+                         "scheduled": slot.timestamp(), "started": slot.timestamp(),
+                         "ended": None, "status": "running", "delivered": [],
+                         "message_ids": {}, "error": None})
+        store.outbox_add(Outbound(chat_key=f"automation:{name}", text=text,
+                                  created=slot.timestamp() + 5).to_doc())
+    state.close()
+    store.close()
+    automations = await daemon.start()
+    await wait_until(lambda: daemon.replies() == ["The report."])
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    (brief,) = automations.state.runs("brief")
+    assert brief["status"] == "ok" and len(brief["delivered"]) == 1
+    assert daemon.replies() == ["The report."]  # the quiet token was not delivered

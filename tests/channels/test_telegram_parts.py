@@ -183,6 +183,17 @@ async def test_send_resumes_after_the_last_part_sent(
     assert store.outbox_pending()[0]["parts_sent"] == len(parts)
 
 
+async def test_the_message_ids_of_every_part_are_recorded_across_a_resume(
+        bot: Bot, store: Store, fake_telegram: FakeTelegram) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 300 for i in range(4))
+    assert len(split_telegram(text)) == 2
+    item = outbound(text, store)
+    store.outbox_update(item.id, parts_sent=1, platform_ids=["41"])  # a crash after part one
+    await TelegramChannel(bot, store).send(Outbound.from_doc(store.outbox_pending()[0]))
+    (sent,) = [message_id for chat, message_id in fake_telegram.messages if chat == USER]
+    assert store.outbox_pending()[0]["platform_ids"] == ["41", str(sent)]
+
+
 async def test_a_blocked_bot_is_a_permanent_failure(
         bot: Bot, store: Store, fake_telegram: FakeTelegram) -> None:
     fake_telegram.fail_next("sendMessage", status=403,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from channels.telegram_updates import chat_key
 from daemon.config import (
     DEFAULT_HOST,
     SYSTEM_CONFIG,
@@ -279,6 +280,9 @@ def test_bad_crontabs_name_the_key(tmp_path: Path, env: dict[str, str], schedule
         ({"deliver": '["signal:123"]'}, "automations[0].deliver[0]"),
         ({"deliver": '["telegram:1", "whatsapp:+972"]'}, "automations[0].deliver[1]"),
         ({"deliver": '["console:remote"]'}, "automations[0].deliver[0]"),
+        ({"deliver": '["telegram:-1001234:"]'}, "automations[0].deliver[0]"),
+        ({"deliver": '["telegram:-1001234:0"]'}, "automations[0].deliver[0]"),
+        ({"deliver": '["telegram:-1001234:7:8"]'}, "automations[0].deliver[0]"),
         ({"deliver": "[]"}, "automations[0].deliver"),
         ({"prompt": ""}, "automations[0].prompt"),
         ({"name": '"Morning Brief"'}, "automations[0].name"),
@@ -295,10 +299,14 @@ def test_bad_automations_name_the_key(
 
 
 def test_deliver_targets_and_duplicate_names(tmp_path: Path, env: dict[str, str]) -> None:
-    targets = '["telegram:-1001234", "whatsapp:972544401243", "console:local"]'
+    targets = '["telegram:-1001234", "telegram:-1001234:42", "whatsapp:972544401243", ' \
+              '"console:local"]'
     path = write(tmp_path, automation(deliver=targets) + automation(name='"other"'))
     first, _ = load_settings(path, env=env).automations
-    assert first.deliver == ("telegram:-1001234", "whatsapp:972544401243", "console:local")
+    # A forum topic's chat key, as the Telegram channel keys (and answers) that topic.
+    assert first.deliver == ("telegram:-1001234", "telegram:-1001234:42",
+                             "whatsapp:972544401243", "console:local")
+    assert chat_key(-1001234, 42) in first.deliver
     path = write(tmp_path, automation() + automation())
     with pytest.raises(ConfigError) as caught:
         load_settings(path, env=env)

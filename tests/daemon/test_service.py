@@ -123,6 +123,44 @@ async def test_run_tells_systemd_ready_watchdog_and_stopping(
             await daemon.wait()
 
 
+async def test_a_stuck_event_loop_stops_the_watchdog_pings_until_it_runs_again(
+    fake_ollama: FakeOllama, tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    """The pings come from the event loop itself: while it is stuck, systemd hears nothing (and
+    restarts the service after WatchdogSec); once it runs again, the pings resume."""
+    sock, path = notify_socket
+    port = free_port()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                      f'listen = "127.0.0.1:{port}"\n[model]\nhost = "{fake_ollama.url}"\n')
+    # Pings every 0.1 s; the loop is stuck for 1.5 s, fifteen intervals.
+    env = {**os.environ, "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).parent / "stuck_loop_child.py"), "1.5",
+        "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        seen = [await _next_datagram(sock)]
+        while seen.count("WATCHDOG=1") < 2:
+            seen.append(await _next_datagram(sock))
+        assert seen[0] == "READY=1"
+        daemon.send_signal(signal.SIGUSR1)
+        while seen[-1] != "X-ROOST-TEST=unblocked":
+            seen.append(await _next_datagram(sock))
+        # One process sends them all, in order: what lies between the markers was sent while
+        # the loop was stuck.
+        stuck = seen[seen.index("X-ROOST-TEST=blocked") + 1:-1]
+        assert stuck == []
+        assert await _next_datagram(sock) == "WATCHDOG=1"  # the loop runs: pings again
+        daemon.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(daemon.communicate(), 20)
+        assert daemon.returncode == 0, err.decode()
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+
+
 def _modes(root: Path) -> dict[str, int]:
     found = {".": stat.S_IMODE(root.stat().st_mode)}
     for path in root.rglob("*"):

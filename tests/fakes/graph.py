@@ -60,6 +60,7 @@ class Call:
     body: dict[str, Any]
     authorization: str
     accepted: bool = False  # Meta answered 200
+    wamid: str | None = None  # the id Meta answered a send with
 
 
 @dataclass
@@ -185,7 +186,7 @@ class FakeGraph:
         if len(text) > TEXT_LIMIT:
             return error(100, "Param text['body'] must be at most 4096 characters long.")
         call.accepted = True
-        wamid = f"wamid.FAKE{next(self._ids):06d}"
+        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
         return web.json_response({"messaging_product": "whatsapp",
                                   "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                                   "messages": [{"id": wamid}]})
