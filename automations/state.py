@@ -25,9 +25,11 @@ from typing import Any
 
 from tinydb import Query, TinyDB
 
-from daemon.errors import StoreError
+from daemon.logs import automation_log as log
 from daemon.store import AtomicJSONStorage, atomic_write
+from daemon.store.files import move_aside
 
+REMINDER_FIELDS = frozenset({"id", "chat_key", "due", "text"})  # what delivering one needs
 RUNS_KEPT = 100
 DONE_KEPT = 500
 FILE = "automations.json"
@@ -123,15 +125,30 @@ class AutomationState:
         atomic_write(self.reminder_dir / f"{doc['id']}.json", payload)
 
     def pending_reminders(self) -> list[dict[str, Any]]:
-        """Every pending reminder, soonest first; an unreadable file is skipped (and named)."""
+        """Every pending reminder, soonest first. A file that is not a reminder (damaged,
+        hand-edited, unreadable by this user) is skipped and named, once: it is moved aside
+        when it can be, so it stops neither the others nor a start."""
         found = []
         for path in sorted(self.reminder_dir.glob("*.json")):
             try:
                 doc = json.loads(path.read_text("utf-8"))
             except (OSError, ValueError) as exc:
-                raise StoreError(f"cannot read the reminder {path}: {exc}") from exc
+                self._set_aside(path, str(exc))
+                continue
+            if not (isinstance(doc, dict) and REMINDER_FIELDS <= doc.keys()
+                    and isinstance(doc["due"], int | float)):
+                self._set_aside(path, "not a reminder record")
+                continue
             found.append(doc)
         return sorted(found, key=lambda d: d["due"])
+
+    @staticmethod
+    def _set_aside(path: Path, reason: str) -> None:
+        try:
+            move_aside(path, reason, "that reminder is not delivered")
+        except OSError as exc:  # e.g. a file of another user in a folder we cannot write
+            log.error("cannot use the reminder file %s (%s) nor move it aside: %s", path,
+                      reason, exc)
 
     def finish_reminder(self, doc: Mapping[str, Any], status: str, at: float) -> None:
         """Record how a reminder ended (delivered, late, missed, cancelled), then forget the

@@ -176,3 +176,25 @@ async def test_a_chat_message_queued_after_an_automation_call_is_still_served_fi
     firsts = [b["messages"][-1]["content"].split("\n")[0] for b in fake_ollama.chat_requests]
     assert firsts == ["first chat", "hi there", "Anything new on the things I follow?"]
     assert automations.state.runs("brief")[-1]["status"] == "ok"
+
+
+async def test_a_damaged_reminder_file_stops_neither_the_start_nor_the_other_reminders(
+    make_daemon: DaemonFactory,
+) -> None:
+    daemon = make_daemon(start=at(2026, 12, 1, 9, 0))
+    automations = await daemon.start()
+    good = await automations.reminders.add(
+        "console:local", at(2026, 12, 1, 10, 0).timestamp(), "water the plants", by="command")
+    await daemon.stop()
+    folder = automations.state.reminder_dir
+    (folder / "broken.json").write_text("{not json")
+    (folder / "edited.json").write_text('{"id": "edited", "text": "no due time"}')
+
+    again = make_daemon(start=at(2026, 12, 1, 10, 5))  # came due while roost was down
+    automations = await again.start()
+    await wait_until(lambda: len(again.channel.texts("notice")) >= 1)
+    assert "water the plants" in again.channel.texts("notice")[0]
+    assert automations.state.finished_reminder(good["id"]) is not None
+    assert sorted(p.name.split(".json")[0] for p in folder.iterdir()) == ["broken", "edited"]
+    assert all(".corrupt-" in p.name for p in folder.iterdir())  # kept, renamed, not retried
+    await again.stop()
