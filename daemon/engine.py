@@ -38,6 +38,7 @@ from daemon.tools.registry import Registry
 from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
 
 DELIVERY_RETRY_MAX = 300.0
+WORKER_IDLE_EXIT = 600.0
 HELD_MAX = 20  # replies kept per chat while the platform waits for the user to write
 HELD_MAX_AGE = 7 * 86400.0  # seconds a reply may wait for that
 
@@ -80,6 +81,9 @@ class Engine:
         self._rotation: asyncio.Task[None] | None = None
         self._indexing: asyncio.Task[int] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
+        # Seconds a chat's worker waits with nothing to do before it goes (a new message
+        # starts another); tests shorten it.
+        self.worker_idle_exit = WORKER_IDLE_EXIT
         self._wake: dict[str, asyncio.Event] = {}
         self._idle: dict[str, asyncio.Event] = {}
         self._depth: dict[str, int] = {}
@@ -242,7 +246,15 @@ class Engine:
         while True:
             wake.clear()
             try:
-                await self._work_once(chat_key, wake, idle)
+                if await self._work_once(chat_key, wake, idle):
+                    # Idle for a while: the chat's worker and its state go, so a chat that
+                    # wrote once (a stranger given a pairing code) leaves nothing behind. No
+                    # await since the worker last looked: a `_kick` meanwhile would have set
+                    # `wake`, and one after this starts a new worker.
+                    for state in (self._workers, self._wake, self._idle, self._depth,
+                                  self._delivery_failures):
+                        state.pop(chat_key, None)
+                    return
                 failures = errors = 0
             except StoreError as exc:
                 # A full or failing disk: nothing is marked done, so everything is retried.
@@ -297,17 +309,18 @@ class Engine:
                     "Something went wrong inside roost while answering. Please try again."))
         return True
 
-    async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> None:
-        """Send what waits in the outbox, then answer what waits in the inbox."""
+    async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> bool:
+        """Send what waits in the outbox, then answer what waits in the inbox; True when the
+        chat has been idle for `worker_idle_exit` seconds (the worker may go)."""
         if not await self._flush_outbox(chat_key):
             await self._sleep_or_wake(wake, self._delivery_delay(chat_key))
-            return
+            return False
         docs = await asyncio.to_thread(self.store.inbox_pending, chat_key)
         self._depth[chat_key] = len(docs)
         if not docs or not self._accepting:
             idle.set()
-            await wake.wait()
-            return
+            await self._sleep_or_wake(wake, self.worker_idle_exit)
+            return not wake.is_set() and self._accepting and chat_key not in self._parked
         idle.clear()
         self._in_turn.add(chat_key)
         self._current[chat_key] = ("inbox", docs)
@@ -317,6 +330,7 @@ class Engine:
             self._in_turn.discard(chat_key)
         if chat_key in self._parked:
             await self._sleep_or_wake(wake, self._park_interval())
+        return False
 
     async def _handle(self, items: list[Inbound]) -> None:
         """Run the leading command, or one turn for the messages before the next command."""

@@ -106,3 +106,31 @@ class _Lines:
 
     def flush(self) -> None:
         pass
+
+
+async def test_an_idle_chat_leaves_no_worker_behind_and_is_served_again(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama) -> None:
+    settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.02})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    channel = Flaky()
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine.worker_idle_exit = 0.1  # ten minutes in the daemon
+
+    def workers() -> list[str]:
+        return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("roost-chat")]
+
+    await engine.start()
+    try:
+        for text in ("once", "and again"):
+            assert await engine.submit(Inbound(chat_key=CHAT, text=text, received=time.time()))
+            await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+            async with asyncio.timeout(10):
+                while workers():  # noqa: ASYNC110  (tasks have no event to wait on)
+                    await asyncio.sleep(0.05)
+        assert channel.texts("reply") == ["echo: once", "echo: and again"]
+        assert engine.queue_depths() == {}
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
