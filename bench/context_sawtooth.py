@@ -80,6 +80,7 @@ from daemon.context.compact import STATE_REQUEST
 from daemon.conversations import Message
 from daemon.engine import Engine
 from daemon.llm import ModelClient
+from daemon.metrics import common_prefix
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
@@ -137,18 +138,6 @@ def generated(reply: Reply) -> ChatMessage:
 def part_tokens(fake: FakeOllama) -> Callable[[ChatMessage], int]:
     """The fake's token count of one part of `template_parts`."""
     return lambda part: part["tokens"] if "tokens" in part else fake.count_tokens([part])
-
-
-def common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix of two strings (binary search over slice compares)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class Metrics:
         self.prompt_tokens.labels(kind).inc(prompt)
         self.eval_tokens.labels(kind).inc(result.eval_count or 0)
         text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, default=str)
-        shared = _common_prefix(text, self._previous)
+        shared = common_prefix(text, self._previous)
         self._previous = text
         # Ollama reuses its cache for the longest shared prefix; scaled from characters.
         self.uncached_tokens.inc(round(prompt * (1 - shared / len(text))) if text else prompt)
@@ -116,7 +116,7 @@ _HELP = {
 }
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
     """Length of the longest common prefix (binary search: slices compare in C)."""
     low, high = 0, min(len(a), len(b))
     while low < high:
