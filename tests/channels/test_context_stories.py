@@ -1,6 +1,9 @@
-"""Issue 11's stories, as a user lives them: through the engine (the intake every channel uses)
-against a fake Ollama that behaves like Ollama 0.12.6. Each one wedged a chat, lost a fold or left
-a message unanswered before; each asserts what the user would notice."""
+"""Issue 11's stories, as a user lives them: each message enters through roost's real Telegram
+webhook route, every answer and notice leaves through the real outbox and python-telegram-bot to
+the fake Bot API, against a fake Ollama that behaves like Ollama 0.12.6. Each one wedged a chat,
+lost a fold or left a message unanswered before; each asserts what the user would notice, read
+from the messages Telegram accepted (nothing else reaches a user, so "no notice" is "nothing but
+the expected answers")."""
 
 from __future__ import annotations
 
@@ -12,20 +15,24 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from bench.scenario import WORDS
-from channels.base import Inbound
+from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
+from daemon.app import build_app
 from daemon.context.budget import estimate_tokens
 from daemon.context.fold import FOLD_SYSTEM
-from daemon.engine import Engine
-from daemon.llm import ModelClient
 from daemon.store import Store
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.channels.test_telegram import HOOK_URL, SECRET, USER, Daemon, message
+from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
+from tests.fakes.telegram import FakeTelegram, parse_html
 
-CHAT = "telegram:1111111"
+CHAT = f"telegram:{USER}"
 PLAIN = ("completion", "tools")  # a model that does not think
+BUSY_USERS = tuple(range(1, 21))  # the 20 chats writing at once
 
 
 def is_fold(body: dict[str, Any]) -> bool:
@@ -42,25 +49,59 @@ def words(size: int, seed: int, head: str = "") -> str:
     return " ".join(out)[:size]
 
 
+def echo(text: str) -> str:
+    """The fake model's answer to `text`, as the user sees it."""
+    return "echo: " + text[:200].rstrip()
+
+
 @dataclass
 class Story:
-    engine: Engine
+    daemon: Daemon
     fake: FakeOllama
-    channel: RecordingChannel
+    bot: FakeTelegram
+    http: aiohttp.ClientSession
     window: int
     reserve: int = 1024
     fold_text: str = "The user talks about the garden and servers."
+    next_update: int = 1
 
     @property
     def store(self) -> Store:
-        return self.engine.store
+        return self.daemon.store
 
-    async def say(self, text: str, chat: str = CHAT) -> None:
-        assert await self.engine.submit(Inbound(chat_key=chat, text=text, received=time.time()))
-        await asyncio.wait_for(self.engine.wait_idle(chat), 30)
-        conversation = self.store.active_conversation(chat)
-        if conversation is not None:
-            await self.engine.folder.wait(conversation.id)
+    async def post(self, text: str, user: int = USER) -> None:
+        """The user sends `text`: Telegram delivers the update to roost's webhook."""
+        update_id, self.next_update = self.next_update, self.next_update + 1
+        async with self.http.post(self.daemon.url + WEBHOOK_PATH, json=message(
+                update_id, text, user=user), headers={SECRET_HEADER: SECRET}) as reply:
+            assert reply.status == 200
+
+    async def settle(self, user: int = USER, timeout: float = 30) -> None:  # noqa: ASYNC109
+        """Wait until the update is processed, answered, delivered and its fold (if any) done."""
+        chat_key = f"telegram:{user}"
+        intake = self.daemon.telegram.intake
+        assert intake is not None
+        waiting_for = "the intake"
+        try:
+            async with asyncio.timeout(timeout):
+                await intake.idle()
+                waiting_for = "the turn and its delivery"
+                await self.daemon.engine.wait_idle(chat_key)
+                waiting_for = "the fold"
+                conversation = self.store.active_conversation(chat_key)
+                if conversation is not None:
+                    await self.daemon.engine.folder.wait(conversation.id)
+        except TimeoutError:
+            raise TimeoutError(f"{chat_key}: {waiting_for} not done in {timeout} s") from None
+
+    async def say(self, text: str, user: int = USER) -> None:
+        await self.post(text, user)
+        await self.settle(user)
+
+    def seen(self, user: int | None = USER) -> list[str]:
+        """What the user saw: every sendMessage Telegram accepted for their chat, in order."""
+        return [parse_html(str(p["text"])) if p.get("parse_mode") == "HTML" else str(p["text"])
+                for p in self.bot.sent_messages if user is None or p["chat_id"] == user]
 
     def turns(self) -> list[dict[str, Any]]:
         return [r for r in self.fake.chat_requests if not is_fold(r)]
@@ -77,41 +118,52 @@ class Story:
                 if self.real_tokens(b) > self.window - self.reserve]
         assert over == []
 
-    def notices(self) -> list[str]:
-        return self.channel.texts("notice")
-
 
 @pytest.fixture
-async def story_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[..., Any]]:
-    made: list[tuple[Engine, ModelClient, Store, FakeOllama]] = []
+async def story_for(fake_telegram: FakeTelegram,
+                    make_settings: SettingsFactory) -> AsyncIterator[Callable[..., Any]]:
+    """Start roost (real app, Telegram in webhook mode on 127.0.0.1) against the fake Bot API
+    and a fake Ollama serving `model`; keyword arguments override the model settings."""
+    fakes: list[FakeOllama] = []
+    runners: list[web.AppRunner] = []
+    http = aiohttp.ClientSession()
 
     async def make(*, window: int = 8192, model: FakeModel | None = None,
                    **settings: Any) -> Story:
         fake = FakeOllama(models=[model or FakeModel(capabilities=PLAIN)])
         await fake.start()
+        fakes.append(fake)
         config = make_settings(
             model={"host": fake.url, "name": (model.name if model else "qwen3:4b"),
                    "window": window, "retry_backoff": 0.01, "retry_attempts": 2, **settings},
-            daemon={"timezone": "UTC"})
-        store = Store.open(config.daemon.state_dir)
-        llm = ModelClient(config.model)
-        channel = RecordingChannel("telegram")
-        engine = Engine(settings=config, store=store, llm=llm, channels={"telegram": channel})
-        story = Story(engine, fake, channel, window)
+            daemon={"timezone": "UTC"},
+            # A story's user writes 200 messages in seconds; pacing senders is not its subject.
+            access={"rate_limit": 1_000_000},
+            telegram={"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
+                      "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
+                      "allow": (USER, *BUSY_USERS), "token": fake_telegram.token,
+                      "secret": SECRET})
+        # The daemon's own timings (typing every 4 s...): nothing here needs them short.
+        app = build_app(config, telegram_tuning=TelegramTuning())
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        runners.append(runner)
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        daemon = Daemon(app, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
+        story = Story(daemon, fake, fake_telegram, http, window)
 
         def answer(body: dict[str, Any]) -> Reply:
             return Reply(content=story.fold_text) if is_fold(body) else echo_reply(body)
 
         fake.default_reply = answer
-        await engine.start()
-        made.append((engine, llm, store, fake))
         return story
 
     yield make
-    for engine, llm, store, fake in made:
-        await engine.stop(grace=0)
-        await llm.close()
-        store.close()
+    await http.close()
+    for runner in runners:
+        await runner.cleanup()
+    for fake in fakes:
         await fake.stop()
 
 
@@ -122,9 +174,8 @@ async def test_two_long_pastes_then_thanks_are_all_answered(
     first, second = words(12_000, 1, "PASTE ONE"), words(12_000, 2, "PASTE TWO")  # ~4,000 tokens
     for text in (first, second, "thanks"):
         await story.say(text)
-    assert story.notices() == []
-    assert story.channel.texts("reply") == ["echo: " + first[:200].rstrip(),
-                                            "echo: " + second[:200].rstrip(), "echo: thanks"]
+    # Every message answered, and nothing else said: no "too long", no "send it in parts".
+    assert story.seen() == [echo(first), echo(second), "echo: thanks"]
     story.assert_nothing_cut_or_over_budget()
     # The newest paste went whole; the older one as an excerpt that says how to read it all.
     last = story.turns()[1]["messages"]
@@ -137,13 +188,15 @@ async def test_one_long_answer_then_three_short_messages_at_4096(
     story_for: Callable[..., Any],
 ) -> None:
     story: Story = await story_for(window=4096)
-    story.fake.script(Reply(content=words(8_700, 3, "LONG ANSWER")))  # ~2,900 tokens
+    answer = words(8_700, 3, "LONG ANSWER")  # ~2,900 tokens: sent as several Telegram messages
+    story.fake.script(Reply(content=answer))
     await story.say("explain the whole backup setup in detail")
     for text in ("ok", "and the raid?", "thanks"):
         await story.say(text)
-    assert story.notices() == []
-    assert story.channel.texts("reply")[1:] == ["echo: ok", "echo: and the raid?",
-                                                "echo: thanks"]
+    seen = story.seen()
+    assert seen[-3:] == ["echo: ok", "echo: and the raid?", "echo: thanks"]
+    # The long answer arrived whole, and nothing but it and the three answers was said.
+    assert " ".join(seen[:-3]).split() == answer.split()
     story.assert_nothing_cut_or_over_budget()
 
 
@@ -153,8 +206,7 @@ async def test_a_message_larger_than_the_window_is_answered_from_an_excerpt_and_
     story: Story = await story_for(window=4096)
     paste = words(30_000, 4, "HUGE LOG")  # ~10,000 tokens: more than the whole window
     await story.say(paste)
-    assert story.notices() == []
-    assert story.channel.texts("reply") == ["echo: " + paste[:200].rstrip()]
+    assert story.seen() == [echo(paste)]
     story.assert_nothing_cut_or_over_budget()
     [request] = story.turns()
     last = request["messages"][-1]["content"]
@@ -173,11 +225,13 @@ async def test_200_long_turns_with_a_model_that_ignores_the_notes_format(
     story_for: Callable[..., Any],
 ) -> None:
     story: Story = await story_for(window=8192)
-    for turn in range(200):
-        await story.say(words(870, turn, f"(turn {turn})"))  # ~290 tokens
-    replies = story.channel.texts("reply")
-    assert len(replies) == 200 and story.notices() == []
-    assert replies[-1].startswith("echo: (turn 199)")
+    # ~290 tokens each. Most of the time goes to PTB's rate limiter (Telegram's 30 messages a
+    # second for a bot): 200 replies cannot leave in less than about 6.5 s.
+    said = [words(870, turn, f"(turn {turn})") for turn in range(200)]
+    async with asyncio.timeout(120):
+        for text in said:
+            await story.say(text)
+    assert story.seen() == [echo(text) for text in said]  # each answered, nothing refused
     story.assert_nothing_cut_or_over_budget()
     conversation = story.store.active_conversation(CHAT)
     assert conversation is not None
@@ -188,7 +242,7 @@ async def test_200_long_turns_with_a_model_that_ignores_the_notes_format(
     assert estimate_tokens(summary.summary, ratio) <= 8192 // 32
     assert estimate_tokens(summary.user_notes, ratio) <= 8192 // 16
     day = time.strftime("%Y-%m-%d", time.gmtime())
-    assert any("notes-trimmed" in e for e in story.engine.records.events(day))
+    assert any("notes-trimmed" in e for e in story.daemon.engine.records.events(day))
     # Folds stay rare: the cost of a turn does not creep up as the conversation grows.
     assert len(story.folds()) <= 30
 
@@ -199,14 +253,15 @@ async def test_a_thinking_model_folds_and_never_thinks_in_the_background(
     thinker = FakeModel(capabilities=("completion", "tools", "thinking"),
                         default_thinking="Hmm, let me weigh every message in turn. " * 40)
     story: Story = await story_for(window=4096, model=thinker)
-    for turn in range(12):
-        await story.say(words(870, turn, f"(turn {turn})"))
+    said = [words(870, turn, f"(turn {turn})") for turn in range(12)]
+    for text in said:
+        await story.say(text)
     conversation = story.store.active_conversation(CHAT)
     assert conversation is not None and conversation.summary.fold_count >= 1
     assert conversation.summary.summary == story.fold_text
     assert story.folds() and all(f["think"] is False for f in story.folds())
     assert all(t["think"] is False for t in story.turns())  # model.think defaults to false
-    assert story.notices() == []
+    assert story.seen() == [echo(text) for text in said]
 
 
 async def test_model_think_lets_the_turn_think_but_never_shows_it(
@@ -216,7 +271,7 @@ async def test_model_think_lets_the_turn_think_but_never_shows_it(
                                    think=True)
     await story.say("hello")
     assert story.turns()[0]["think"] is True
-    assert story.channel.texts("reply") == ["echo: hello"]
+    assert story.seen() == ["echo: hello"]
 
 
 async def test_a_model_without_tools_is_answered_and_status_says_so(
@@ -226,14 +281,13 @@ async def test_a_model_without_tools_is_answered_and_status_says_so(
                                                    capabilities=("completion",)))
     await story.say("hello")
     await story.say("what did I say?")
-    assert story.notices() == []
-    assert story.channel.texts("reply") == ["echo: hello", "echo: what did I say?"]
+    assert story.seen() == ["echo: hello", "echo: what did I say?"]
     for body in story.turns():
         assert not body.get("tools") and "think" not in body
         system = body["messages"][0]["content"]
         assert "<capabilities>" not in system and "your tools" not in system
     await story.say("/status")
-    assert "Tools: none" in story.notices()[-1]
+    assert "Tools: none" in story.seen()[-1]
 
 
 async def test_a_503_is_an_outage_told_once_and_answered_when_ollama_is_back(
@@ -241,33 +295,33 @@ async def test_a_503_is_an_outage_told_once_and_answered_when_ollama_is_back(
 ) -> None:
     story: Story = await story_for()
     story.fake.busy = True
-    assert await story.engine.submit(Inbound(chat_key=CHAT, text="are you there?",
-                                             received=time.time()))
+    await story.post("are you there?")
     # Tried, told, parked and tried again: the third try comes after the notice.
     await story.fake.wait_for_chats(3, timeout=10)
-    assert len(story.notices()) == 1
+    await story.bot.wait_for("sendMessage", 1, timeout=10)
     story.fake.busy = False
-    await asyncio.wait_for(story.engine.wait_idle(CHAT), 10)
-    assert story.channel.texts("reply") == ["echo: are you there?"]
-    [notice] = story.notices()
+    await story.settle()
+    seen = story.seen()
+    assert seen[-1:] == ["echo: are you there?"]  # answered once Ollama is back
+    [notice] = seen[:-1]  # told once, not once per try, and nothing else
     assert "not answering" in notice and "saved" in notice
 
 
 async def test_20_busy_chats_each_get_their_folds(story_for: Callable[..., Any]) -> None:
     story: Story = await story_for(window=4096)
-    chats = [f"telegram:{n}" for n in range(1, 21)]
+    said = {user: [words(1_500, turn, f"(telegram:{user} turn {turn})")  # ~500 tokens each
+                   for turn in range(6)] for user in BUSY_USERS}
 
-    async def chat(key: str) -> None:
-        for turn in range(6):
-            text = words(1_500, turn, f"({key} turn {turn})")  # ~500 tokens
-            assert await story.engine.submit(Inbound(chat_key=key, text=text,
-                                                     received=time.time()))
-            await asyncio.wait_for(story.engine.wait_idle(key), 60)
+    async def chat(user: int) -> None:
+        for text in said[user]:
+            await story.post(text, user)
+            await story.settle(user, timeout=60)
 
     async with asyncio.timeout(120):
-        await asyncio.gather(*(chat(key) for key in chats))
-    assert len(story.channel.texts("reply")) == 20 * 6 and story.notices() == []
-    for key in chats:
-        conversation = story.store.active_conversation(key)
-        assert conversation is not None and conversation.summary.fold_count >= 1, key
+        await asyncio.gather(*(chat(user) for user in BUSY_USERS))
+    for user in BUSY_USERS:
+        assert story.seen(user) == [echo(text) for text in said[user]], user
+        conversation = story.store.active_conversation(f"telegram:{user}")
+        assert conversation is not None and conversation.summary.fold_count >= 1, user
+    assert len(story.seen(None)) == 20 * 6
     story.assert_nothing_cut_or_over_budget()
