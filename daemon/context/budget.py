@@ -1,6 +1,6 @@
 """Token arithmetic: how much of the window a request may use, and what a text costs.
 
-Estimates are characters/4 times a per-conversation ratio that is calibrated against Ollama's
+Estimates are UTF-8 bytes/4 times a per-conversation ratio that is calibrated against Ollama's
 real `prompt_eval_count`, so that the estimate tracks the model's own tokenizer.
 """
 
@@ -14,8 +14,12 @@ RATIO_MAX = 4.0
 
 
 def estimate_tokens(text: str, ratio: float = 1.0) -> int:
-    """Estimated tokens of `text`: characters/4, scaled by the conversation's ratio."""
-    return math.ceil(len(text) / 4 * ratio)
+    """Estimated tokens of `text`: UTF-8 bytes/4, scaled by the conversation's ratio.
+
+    Bytes, not characters: tokenizers spend about a token on four letters of English but on
+    one or two CJK characters (three bytes each), so one conversation's ratio, learned on
+    either, holds for a paste in the other script as well."""
+    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / 4 * ratio)
 
 
 def request_budget(num_ctx: int, response_reserve: int) -> int:

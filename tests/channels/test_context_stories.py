@@ -184,6 +184,22 @@ async def test_two_long_pastes_then_thanks_are_all_answered(
     assert "conversation_read(" in older and len(older) < len(first)
 
 
+async def test_two_cjk_pastes_then_thanks_stay_within_the_budget(
+    story_for: Callable[..., Any],
+) -> None:
+    # The issue's own example: two ~4,000-token articles in Chinese, within Telegram's 4,096
+    # characters each. Counting characters, roost once took them for a quarter of their size.
+    story: Story = await story_for(window=8192)
+    rng = random.Random(5)
+    first, second = ("".join(rng.choice("的一是在不了有和人这中大为上个国我以要他时来用们生到作地"
+                                        "于出就分对成会可主发年动同工也能下过子说产种面而方后多")
+                             for _ in range(4000)) for _ in range(2))
+    for text in (first, second, "thanks"):
+        await story.say(text)
+    assert story.seen() == [echo(first), echo(second), "echo: thanks"]
+    story.assert_nothing_cut_or_over_budget()
+
+
 async def test_one_long_answer_then_three_short_messages_at_4096(
     story_for: Callable[..., Any],
 ) -> None:

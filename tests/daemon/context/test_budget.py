@@ -34,10 +34,12 @@ def test_estimate_is_characters_over_four_times_ratio_rounded_up(
     assert estimate_tokens("x" * chars, ratio) == expected
 
 
-def test_estimate_counts_characters_not_bytes() -> None:
-    # 8 characters of 2-3 bytes each in UTF-8: characters/4 = 2.
-    assert estimate_tokens("ééééüüüü") == 2
-    assert estimate_tokens("€€€€€€€€") == 2
+def test_estimate_counts_bytes_so_one_ratio_fits_every_script() -> None:
+    # A tokenizer spends about a token on four English letters and on one or two CJK
+    # characters: UTF-8 bytes/4 tracks both (4,000 CJK characters are ~3,000 tokens, not 1,000).
+    assert estimate_tokens("abcdefgh") == 2
+    assert estimate_tokens("ééééüüüü") == 4  # 2 bytes each
+    assert estimate_tokens("日本語の文章" * 1000) == 4500  # 3 bytes each
 
 
 def test_estimate_grows_with_the_ratio() -> None:

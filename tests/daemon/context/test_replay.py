@@ -97,14 +97,14 @@ def build(
 
 def my_estimate(request: Request, ratio: float) -> int:
     """The request's size recomputed from what is actually sent: per message 4 tokens of
-    overhead, the text, the tool calls as compact JSON, and each image's pixels (w*h/1024, at
-    least 256)."""
+    overhead, the text and the tool calls as compact JSON (UTF-8 bytes/4), and each image's
+    pixels (w*h/1024, at least 256)."""
     total = 0
     for index, chat in enumerate(request.messages):
-        total += 4 + math.ceil(len(str(chat.get("content") or "")) / 4 * ratio)
+        total += 4 + math.ceil(len(str(chat.get("content") or "").encode()) / 4 * ratio)
         if chat.get("tool_calls"):
             calls = json.dumps(chat["tool_calls"], separators=(",", ":"))
-            total += math.ceil(len(calls) / 4 * ratio)
+            total += math.ceil(len(calls.encode()) / 4 * ratio)
         for img in request.images.get(index, ()):
             width, height = img["width"], img["height"]
             assert isinstance(width, int) and isinstance(height, int)
