@@ -35,8 +35,8 @@ from daemon.errors import StoreError
 from daemon.logs import intake_log as log
 from daemon.store import Store
 
-STORE_RETRIES = 5  # then the payload waits, stored, for the next start
 STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
+STORE_RETRY_MAX = 60.0  # seconds between tries while the disk refuses
 ATTEMPTS = 2  # a payload that fails this often is quarantined
 
 
@@ -136,6 +136,7 @@ class Intake:
         self.group_window = group_window
         self.clock = clock
         self.commit = GroupCommit(store, channel)
+        self.store_retry_delay = STORE_RETRY_DELAY  # the first pause; tests shorten it
         self._queues: dict[str, asyncio.Queue[Pending]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
 
@@ -237,14 +238,16 @@ class Intake:
             try:
                 outcome = await self.handler.process(batch)
             except StoreError as exc:
-                # A full or failing disk: the payload stays pending (retried here, and at the
-                # next start at the latest) rather than being lost after the platform's 200.
+                # A full or failing disk is not the payload's fault: it stays pending and is
+                # tried again here, with growing pauses, until the disk takes it. Giving up
+                # would leave it on disk but out of the queue until the next start, with the
+                # platform's redeliveries dropped as known and later messages answered first.
                 store_failures += 1
-                log.error("cannot store %s payloads %s (%s); retry %d of %d", self.channel,
-                          keys, exc, store_failures, STORE_RETRIES)
-                if store_failures >= STORE_RETRIES:
-                    return
-                await asyncio.sleep(STORE_RETRY_DELAY * 2 ** (store_failures - 1))
+                delay = min(self.store_retry_delay * 2 ** (store_failures - 1),
+                            STORE_RETRY_MAX)
+                log.error("cannot store %s payloads %s (%s); try %d, again in %.0fs",
+                          self.channel, keys, exc, store_failures, delay)
+                await asyncio.sleep(delay)
                 continue
             except Exception as exc:
                 # The boundary of one payload's processing: a bug or a poison payload must not

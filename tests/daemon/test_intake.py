@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from daemon.errors import StoreError
 from daemon.intake import Intake, Outcome, Pending
 from daemon.store import Store
 
@@ -103,3 +104,30 @@ async def test_resume_processes_what_was_left_and_quarantines_what_cannot_be_rou
         assert handler.processed == [["left"]]
         assert [q["key"] for q in store.quarantined()] == ["test:2"]
         assert store.updates_pending("test") == []
+
+
+class FullDisk(Recorder):
+    """Processing cannot store anything while `full` lasts (a full disk)."""
+
+    def __init__(self, full: int) -> None:
+        super().__init__()
+        self.full = full
+
+    async def process(self, batch: list[Pending]) -> Outcome:
+        if self.full:
+            self.full -= 1
+            raise StoreError("cannot write inbox/x.json: No space left on device")
+        return await super().process(batch)
+
+
+async def test_a_disk_full_for_a_while_delays_a_payload_and_loses_nothing(
+        state_dir: Path) -> None:
+    with Store.open(state_dir) as store:
+        handler = FullDisk(full=8)  # more tries than a start-up's patience would allow
+        intake = Intake(store=store, channel="test", handler=handler)
+        intake.store_retry_delay = 0.001
+        await feed(intake, {"id": 1, "chat": "a", "text": "first"},
+                   {"id": 2, "chat": "a", "text": "second"})
+        await intake.stop()
+        assert handler.processed == [["first"], ["second"]]  # in order, neither left behind
+        assert store.updates_pending("test") == [] and store.quarantined() == []
