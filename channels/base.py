@@ -107,7 +107,13 @@ class Channel(Protocol):
 
     async def send(self, outbound: Outbound) -> None:
         """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered
-        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot)."""
+        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot).
+
+        A channel that splits a reply records `parts_sent` after each part but the last: the
+        caller's `Store.mark_sent`, its first write after `send` returns, records the last
+        one. That is the same one write between the platform taking the last part and roost
+        knowing it as recording `parts_sent` there, so a crash resends nothing more, and a
+        reply costs one write (and fsync) less."""
         ...
 
     def stream_delta(self, chat_key: str, delta: str) -> None:

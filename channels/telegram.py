@@ -170,7 +170,8 @@ class TelegramChannel:
             await asyncio.sleep(self.typing_interval)
 
     async def send(self, outbound: Outbound) -> None:
-        """Send the parts not yet delivered, recording progress after each one."""
+        """Send the parts not yet delivered, recording progress after each one but the last
+        (the engine's `mark_sent` records that one: see `Channel.send`)."""
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
         for index in range(outbound.parts_sent, len(parts)):
@@ -180,7 +181,9 @@ class TelegramChannel:
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
             await self._send_part(_Destination(chat_id, topic, reply), parts[index],
                                   outbound.chat_key)
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+            if index + 1 < len(parts):
+                await asyncio.to_thread(self.store.outbox_update, outbound.id,
+                                        parts_sent=index + 1)
 
     async def _send_part(self, where: _Destination, part: str, chat_key: str) -> None:
         """One part, HTML first. A refusal of the content (not of the chat) is tried again as

@@ -116,7 +116,8 @@ class WhatsAppChannel:
             await asyncio.sleep(self.typing_refresh)
 
     async def send(self, outbound: Outbound) -> None:
-        """Send the parts not yet delivered, recording progress after each one."""
+        """Send the parts not yet delivered, recording progress after each one but the last
+        (the engine's `mark_sent` records that one: see `Channel.send`)."""
         to = wa_id_of(outbound.chat_key)
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
         for index in range(outbound.parts_sent, len(parts)):
@@ -125,7 +126,9 @@ class WhatsAppChannel:
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, outbound.conversation_id or outbound.chat_key)
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1)
+            if index + 1 < len(parts):
+                await asyncio.to_thread(self.store.outbox_update, outbound.id,
+                                        parts_sent=index + 1)
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:
