@@ -220,9 +220,20 @@ class Store:
 
     @_locked
     def active_conversation(self, chat_key: str) -> Conversation | None:
-        """The chat's active conversation, if it has one."""
+        """The chat's active conversation, if it has one.
+
+        Its `last_active` counts its newest message too: a turn saves the record once, with
+        the reply, and the user messages it appended before are activity all the same (when a
+        crash cuts the turn short, idle rotation still counts from them). Every caller reads
+        the messages next, so loading them here costs nothing extra."""
         doc = self.book.active_of(chat_key)
-        return self._with_summary(doc) if doc else None
+        if not doc:
+            return None
+        conversation = self._with_summary(doc)
+        messages = self.log.messages(conversation.id)
+        if messages and messages[-1].created > conversation.last_active:
+            conversation = replace(conversation, last_active=messages[-1].created)
+        return conversation
 
     @_locked
     def list_conversations(
