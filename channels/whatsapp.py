@@ -204,10 +204,13 @@ class WhatsAppIntake:
             await self.access.pace(f"{CHANNEL}:{message.sender}",
                                    lambda text: self.engine.notify(key, text))
         self.channel.last_received[key] = message.id
-        try:
-            await self.channel.client.mark_read(message.id, typing=False)
-        except GraphError as exc:  # the blue ticks are a courtesy
-            log.debug("marking %s read failed: %s", message.id, exc)
+        # Marking a message read marks the earlier ones of the chat read too: in a burst only
+        # the last queued one is marked (one Graph call, not one per message).
+        if not self.intake.waiting(key):
+            try:
+                await self.channel.client.mark_read(message.id, typing=False)
+            except GraphError as exc:  # the blue ticks are a courtesy
+                log.debug("marking %s read failed: %s", message.id, exc)
         await self._release_held(key)
         described = describe(message)
         if described.reaction is not None:
