@@ -1,14 +1,18 @@
-"""How fast roost acknowledges Telegram webhooks, and what it adds to a turn, on an empty store
-and on a store holding a year of use. Every figure comes with its baseline from the same run.
+"""How fast roost acknowledges webhooks, and what it adds to a turn, on an empty store and on a
+store holding a year of use. Every figure comes with its baseline from the same run.
 
     python bench/webhook_load.py                 # everything, a year at full scale
     python bench/webhook_load.py --scale 0.1     # a tenth of the year (3,000 -> 300 ...)
     python bench/webhook_load.py --skip-year --turns 100
+    python bench/webhook_load.py --channel whatsapp --skip-year --turns 0 --group-turns 0
 
 * **acks**: 2,000 updates from 50 chats posted at concurrency 64 to a bare aiohttp handler
   (reads and parses the body, answers 200), then to roost (`POST /webhooks/telegram`, every
   update fsynced before its 200) on an empty store, then on the year. Acks/s and ack latency
-  p50/p99, with ratios to the bare handler and to the empty store.
+  p50/p99, with ratios to the bare handler and to the empty store. With `--channel whatsapp`
+  the same burst is also posted as signed WhatsApp webhooks (one message each, to
+  `POST /webhooks/whatsapp`, each signature checked over the raw body) and WhatsApp's figures
+  are printed beside Telegram's from the same run (issue 8: no slower than Telegram).
 * **year**: 3,000 archived conversations with 100,000 messages and 50,000 dedupe keys of the
   last 14 days, built through the Store's own methods (with fsync switched off while building,
   one `sync` at the end); **cold start** is the time from nothing to a running daemon on it.
@@ -17,6 +21,8 @@ and on a store holding a year of use. Every figure comes with its baseline from 
   1-10 against turns N-9..N; then 20 chats writing at once.
 
 The fakes are the test suite's (tests/fakes), speaking the real wire protocols on 127.0.0.1.
+Per-sender pacing (`access.rate_limit`) is set out of reach: it is a limit on people, not a
+cost of roost's.
 """
 
 from __future__ import annotations
@@ -42,18 +48,26 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
+from channels.whatsapp import WEBHOOK_PATH as WA_WEBHOOK_PATH
 from daemon.app import STORE, build_app
 from daemon.config import Settings
 from daemon.conversations import Role
 from daemon.memory_index import MemoryIndex
 from daemon.store import Store
+from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
 SECRET = "bench-secret"
 FIRST_USER = 2_000_000
+APP_SECRET = "bench-app-secret"
+FIRST_WA_ID = 972_500_000_000
 TUNING = TelegramTuning(album_window=0.3, typing_interval=4.0)
 DAY = 86400.0
+# Between one chat's turns: a turn makes two Bot API calls (typing, the reply), and back to
+# back they would reach Telegram's flood limit of 30 calls/s, which PTB's AIORateLimiter keeps
+# by delaying the reply; that wait is Telegram's limit, not roost's overhead.
+TURN_GAP = 0.1
 
 
 # ---- payloads --------------------------------------------------------------------------------
@@ -69,6 +83,31 @@ def update(update_id: int, user: int, text: str) -> dict[str, Any]:
 def burst(count: int, chats: int, first_id: int) -> list[bytes]:
     return [json.dumps(update(first_id + i, FIRST_USER + i % chats, f"load {i}")).encode()
             for i in range(count)]
+
+
+def wa_burst(count: int, chats: int, first_id: int) -> list[bytes]:
+    """The same burst as WhatsApp webhooks, one message per call as Meta usually sends them."""
+    return [webhook(text_message(f"wamid.bench{first_id + i}", str(FIRST_WA_ID + i % chats),
+                                 f"load {i}")) for i in range(count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Door:
+    """One channel's webhook: its path and how a body is authenticated."""
+
+    name: str
+    path: str
+    sign: bool  # WhatsApp: X-Hub-Signature-256 over the body; Telegram: the secret header
+
+    def headers(self, body: bytes) -> dict[str, str]:
+        if self.sign:
+            return {"Content-Type": "application/json",
+                    "X-Hub-Signature-256": sign(APP_SECRET, body)}
+        return {"Content-Type": "application/json", SECRET_HEADER: SECRET}
+
+
+TELEGRAM = Door("telegram", WEBHOOK_PATH, sign=False)
+WHATSAPP = Door("whatsapp", WA_WEBHOOK_PATH, sign=True)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -93,16 +132,17 @@ class AckFigures:
                 f"p99 {self.p99 * 1000:8.1f} ms{extra}{f'  non-200: {bad}' if bad else ''}")
 
 
-async def post_all(url: str, bodies: list[bytes], concurrency: int) -> AckFigures:
+async def post_all(url: str, bodies: list[bytes], concurrency: int,
+                   door: Door = TELEGRAM) -> AckFigures:
     latencies: list[float] = []
     statuses: dict[int, int] = {}
-    queue = list(reversed(bodies))
-    headers = {"Content-Type": "application/json", SECRET_HEADER: SECRET}
+    # Signed before the clock starts: the sender's work is not roost's.
+    queue = [(body, door.headers(body)) for body in reversed(bodies)]
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
         async def client() -> None:
             while queue:
-                body = queue.pop()
+                body, headers = queue.pop()
                 started = time.perf_counter()
                 async with http.post(url, data=body, headers=headers) as reply:
                     await reply.read()
@@ -116,36 +156,49 @@ async def post_all(url: str, bodies: list[bytes], concurrency: int) -> AckFigure
                       percentile(latencies, 0.99), statuses)
 
 
-async def bare_handler(bodies: list[bytes], concurrency: int) -> AckFigures:
+async def bare_handler(bodies: list[bytes], concurrency: int,
+                       door: Door = TELEGRAM) -> AckFigures:
     async def handle(request: web.Request) -> web.Response:
         json.loads(await request.read())
         return web.Response(status=200)
 
     app = web.Application()
-    app.router.add_post(WEBHOOK_PATH, handle)
+    app.router.add_post(door.path, handle)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
     try:
-        return await post_all(f"http://127.0.0.1:{port}{WEBHOOK_PATH}", bodies, concurrency)
+        return await post_all(f"http://127.0.0.1:{port}{door.path}", bodies, concurrency,
+                              door)
     finally:
         await runner.cleanup()
 
 
 def settings_for(state_dir: Path, telegram: FakeTelegram, ollama: FakeOllama,
-                 chats: int) -> Settings:
+                 chats: int, graph: FakeGraph | None = None) -> Settings:
     base = Settings.defaults(env={"STATE_DIRECTORY": str(state_dir)})
+    whatsapp = base.whatsapp
+    if graph is not None:
+        whatsapp = dataclasses.replace(
+            whatsapp, enabled=True, phone_number_id=PHONE_NUMBER_ID, api_base=graph.url,
+            api_version=API_VERSION, token=graph.token, app_secret=APP_SECRET,
+            verify_token="bench-verify", allow=tuple(str(FIRST_WA_ID + i) for i in range(chats)))
     return dataclasses.replace(
         base,
         daemon=dataclasses.replace(base.daemon, state_dir=state_dir),
+        # Pacing off: a bench sender writes faster than `access.rate_limit` allows a person,
+        # and the figures are roost's speed, not the limit's (at 20 a minute, 500 turns of
+        # one chat would take 25 minutes and the backlog a minute per 20 messages a chat).
+        access=dataclasses.replace(base.access, rate_limit=1_000_000),
         model=dataclasses.replace(base.model, host=ollama.url, retry_backoff=0.05),
         telegram=dataclasses.replace(
             base.telegram, enabled=True, mode="webhook",
             webhook_url="https://bot.example.org/webhooks/telegram",
             api_base=telegram.api_base, file_base=telegram.file_base, token=telegram.token,
-            secret=SECRET, allow=tuple(FIRST_USER + i for i in range(chats))))
+            secret=SECRET, allow=tuple(FIRST_USER + i for i in range(chats))),
+        whatsapp=whatsapp)
 
 
 @contextlib.asynccontextmanager
@@ -165,24 +218,32 @@ async def roost(settings: Settings) -> Any:
 
 
 async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurrency: int,
-                     drain_timeout: float) -> tuple[AckFigures, float, float]:
+                     drain_timeout: float, door: Door = TELEGRAM
+                     ) -> tuple[AckFigures, float, float]:
     """Ack figures, cold start, and how long after the last ack every message was answered
     (the backlog drained) with a fake model that answers at once; inf if not in time."""
-    async with FakeTelegram() as telegram, FakeOllama() as ollama:
-        async with roost(settings_for(state_dir, telegram, ollama, chats)) as (url, cold, store):
-            figures = await post_all(url + WEBHOOK_PATH, bodies, concurrency)
+    async with FakeTelegram() as telegram, FakeOllama() as ollama, FakeGraph() as graph:
+        settings = settings_for(state_dir, telegram, ollama, chats,
+                                graph if door.sign else None)
+        async with roost(settings) as (url, cold, store):
+            figures = await post_all(url + door.path, bodies, concurrency, door)
             acked = time.perf_counter()
             drained = float("inf")
             while time.perf_counter() - acked < drain_timeout:
-                if not (store.updates_pending("telegram") or store.inbox_pending()
+                if not (store.updates_pending(door.name) or store.inbox_pending()
                         or store.outbox_pending()):
                     drained = time.perf_counter() - acked
                     break
                 await asyncio.sleep(0.05)
-            replies = len(telegram.calls_to("sendMessage"))
-            typing = len(telegram.calls_to("sendChatAction"))
-    print(f"  (the drain sent {replies} replies and {typing} typing actions; Telegram's flood "
-          f"limit, kept by PTB's rate limiter, is 30 calls/s)")
+            if door.sign:
+                replies, typing = len(graph.sent), len(graph.calls_of("read"))
+                what = "read and typing calls"
+            else:
+                replies = len(telegram.calls_to("sendMessage"))
+                typing = len(telegram.calls_to("sendChatAction"))
+                what = "typing actions; Telegram's flood limit, kept by PTB's rate limiter, " \
+                       "is 30 calls/s"
+    print(f"  (the drain sent {replies} replies and {typing} {what})")
     return figures, cold, drained
 
 
@@ -240,7 +301,7 @@ class Turn:
     total: float
 
 
-async def one_chat_turns(state_dir: Path, turns: int) -> list[Turn]:
+async def one_chat_turns(state_dir: Path, turns: int, gap: float = TURN_GAP) -> list[Turn]:
     async with FakeTelegram() as telegram, FakeOllama() as ollama:
         async with roost(settings_for(state_dir, telegram, ollama, 1)) as (url, _, _):
             results = []
@@ -255,6 +316,7 @@ async def one_chat_turns(state_dir: Path, turns: int) -> list[Turn]:
                     sent = await telegram.wait_for("sendMessage", count=i, timeout=60)
                     results.append(Turn(model_time(ollama, marker) - posted,
                                         sent[i - 1].time - posted))
+                    await asyncio.sleep(gap)
             return results
 
 
@@ -295,8 +357,24 @@ def p50_ms(values: list[float]) -> float:
 # ---- main ------------------------------------------------------------------------------------
 
 
+async def whatsapp_acks(state_dir: Path, args: argparse.Namespace, label: str,
+                        telegram: AckFigures) -> None:
+    """WhatsApp's acks on `state_dir`, beside its own bare handler and Telegram's figures."""
+    bodies = wa_burst(args.updates, args.chats, 1)
+    bare = await bare_handler(bodies, args.concurrency, WHATSAPP)
+    print(bare.line("bare handler, WhatsApp bodies"))
+    figures, _, drain = await roost_acks(state_dir, bodies, args.chats, args.concurrency,
+                                         args.drain_timeout, WHATSAPP)
+    print(figures.line(f"roost WhatsApp, {label}", ("bare", bare.rate),
+                       ("Telegram", telegram.rate)))
+    print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack; ack p50 "
+          f"WhatsApp/Telegram {figures.p50 / telegram.p50:.2f}x, p99 "
+          f"{figures.p99 / telegram.p99:.2f}x")
+
+
 async def main(args: argparse.Namespace) -> None:
     bodies = burst(args.updates, args.chats, 1)
+    whatsapp = args.channel == "whatsapp"
     print(f"acks: {args.updates} updates from {args.chats} chats, concurrency {args.concurrency}")
     bare = await bare_handler(bodies, args.concurrency)
     print(bare.line("bare aiohttp handler"))
@@ -305,6 +383,8 @@ async def main(args: argparse.Namespace) -> None:
                                                     args.concurrency, args.drain_timeout)
         print(empty.line("roost, empty store", ("bare", bare.rate)))
         print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
+        if whatsapp:
+            await whatsapp_acks(Path(tmp) / "empty-wa", args, "empty store", empty)
         year_state = Path(tmp) / "year"
         if not args.skip_year:
             started = time.perf_counter()
@@ -318,11 +398,16 @@ async def main(args: argparse.Namespace) -> None:
                             ("empty", empty.rate)))
             print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
             print(f"  ack p50 year/empty: {year.p50 / empty.p50:.2f}x")
+            if whatsapp:
+                await whatsapp_acks(year_state, args, "a year of data", year)
             print(f"cold start (store, Telegram, engine; until the webhook is served): "
                   f"empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s")
-        print(f"turn overhead, one chat, {args.turns} turns (fake model answers at once):")
-        for name, state in (("empty", Path(tmp) / "turns-empty"),
-                            *((("year", year_state),) if not args.skip_year else ())):
+        states = [("empty", Path(tmp) / "turns-empty")]
+        if not args.skip_year:
+            states.append(("year", year_state))
+        if args.turns:
+            print(f"turn overhead, one chat, {args.turns} turns (fake model answers at once):")
+        for name, state in states if args.turns else []:
             turns = await one_chat_turns(state, args.turns)
             head, tail = turns[:10], turns[-10:]
             h_model, t_model = p50_ms([t.to_model for t in head]), p50_ms(
@@ -349,7 +434,9 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of a year of data")
     parser.add_argument("--skip-year", action="store_true")
-    parser.add_argument("--turns", type=int, default=500)
+    parser.add_argument("--channel", choices=("telegram", "whatsapp"), default="telegram",
+                        help="whatsapp: also WhatsApp's acks, beside Telegram's")
+    parser.add_argument("--turns", type=int, default=500, help="0: skip (else at least 10)")
     parser.add_argument("--group-turns", type=int, default=30,
                         help="rounds of 20 chats writing at once (0: skip)")
     parser.add_argument("--drain-timeout", type=float, default=300.0,

@@ -136,7 +136,7 @@ class WhatsAppChannel:
             await asyncio.sleep(self.typing_refresh)
 
     async def send(self, outbound: Outbound) -> None:
-        """Send the parts not yet delivered, recording progress after each one."""
+        """Send the parts not yet delivered, recording progress (and Meta's ids) after each."""
         to = wa_id_of(outbound.chat_key)
         flags = await asyncio.to_thread(self.store.chat_flags, outbound.chat_key)
         last = flags.get(LAST_INBOUND)
@@ -234,10 +234,13 @@ class WhatsAppIntake:
             await self.access.pace(f"{CHANNEL}:{message.sender}",
                                    lambda text: self.engine.notify(key, text))
         self.channel.last_received[key] = message.id
-        try:
-            await self.channel.client.mark_read(message.id, typing=False)
-        except GraphError as exc:  # the blue ticks are a courtesy
-            log.debug("marking %s read failed: %s", message.id, exc)
+        # Marking a message read marks the earlier ones of the chat read too: in a burst only
+        # the last queued one is marked (one Graph call, not one per message).
+        if not self.intake.waiting(key):
+            try:
+                await self.channel.client.mark_read(message.id, typing=False)
+            except GraphError as exc:  # the blue ticks are a courtesy
+                log.debug("marking %s read failed: %s", message.id, exc)
         # The user wrote: WhatsApp takes free-form replies for the next 24 hours (counted from
         # receipt; a message Meta redelivered days late is refused by Meta itself, as 131047).
         await asyncio.to_thread(self.store.set_chat_flag, key, LAST_INBOUND, item.received)

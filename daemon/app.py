@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -128,10 +129,16 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     if problem := exposure(state_dir):
         log.warning("the state directory %s is %s", state_dir, problem)
     store = await asyncio.to_thread(Store.open, state_dir)
+    # What the store holds in memory (the conversation list, a year of dedupe keys) lives as
+    # long as the process: out of the collector's full passes, which walk every tracked object
+    # and stalled acks for tens of milliseconds each on a year of data.
+    gc.collect()
+    gc.freeze()
     app[STORE] = store
     log.info("state directory %s", store.state_dir)
     yield
     store.close()
+    gc.unfreeze()
     log.info("store closed")
 
 

@@ -178,6 +178,11 @@ class Intake:
         self._queues.clear()
         await self.commit.close()
 
+    def waiting(self, chat: str) -> int:
+        """Payloads of `chat` queued behind the one being processed."""
+        queue = self._queues.get(chat)
+        return queue.qsize() if queue is not None else 0
+
     async def idle(self) -> None:
         """Wait until every queued payload has been processed (for tests and shutdown)."""
         await asyncio.gather(*(queue.join() for queue in list(self._queues.values())))

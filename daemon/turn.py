@@ -176,6 +176,7 @@ class TurnRunner:
         )
         if not items:  # every one was answered before a crash; the replies are queued again
             return TurnResult(Outcome.ANSWERED, conversation.id)
+        recorded = conversation  # touched, not yet saved: see _record_user_messages
         if self.folder is not None and self.folder.owes(conversation.id):
             # The last request reached its budget and no background fold landed since: fold
             # now, as this chat's own work, so this request does not drop messages again.
@@ -216,19 +217,20 @@ class TurnRunner:
         except DoesNotFit as exc:
             # Messages are excerpted to fit, so only the fixed part can be too large: a window
             # too small for the setup, not a message too long.
-            return await self._fail(chat_key, items, (
+            return await self._fail(recorded, items, (
                 f"The model's context window is too small for this conversation's setup (about "
                 f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
                 "saved; raise model.window or lower model.response_reserve."))
         except ModelNotFound as exc:
-            return await self._fail(chat_key, items, (
+            return await self._fail(recorded, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
         except (LLMUnavailable, LLMTimeout):
+            await asyncio.to_thread(self.store.save_conversation, recorded)
             return TurnResult(Outcome.PARKED, conversation.id)
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
-            return await self._fail(chat_key, items, (
+            return await self._fail(recorded, items, (
                 f"The model server answered with an error: {exc}. Your message is saved; "
                 "send another message to try again."))
         ratio = await self._calibrate(conversation, prepared, first)
@@ -379,8 +381,10 @@ class TurnRunner:
             return measured
         return prepared.ratio + (measured - prepared.ratio) * RATIO_DECAY
 
-    async def _fail(self, chat_key: str, items: Sequence[Inbound], text: str) -> TurnResult:
-        await self.notify(chat_key, text)
+    async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
+                    text: str) -> TurnResult:
+        await self.notify(conversation.chat_key, text)
+        await asyncio.to_thread(self.store.save_conversation, conversation)
         await asyncio.to_thread(self.store.inbox_done, [i.id for i in items])
         return TurnResult(Outcome.FAILED)
 
@@ -424,8 +428,11 @@ class TurnRunner:
                 meta=meta,
             )
         if items:
+            # Touched here, saved once per turn: with the reply (`_save_reply`), or when the
+            # turn ends without one (`_fail`, parked). Until then the appended messages are
+            # the activity on disk, and `Store.active_conversation` counts them, so a crash
+            # in between rotates no sooner than if this had been saved.
             conversation = conversation.touched(now)
-            self.store.save_conversation(conversation)
         return conversation, list(items)
 
     def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:

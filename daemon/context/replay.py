@@ -48,7 +48,7 @@ EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio chan
 JSONScalar = str | int | float | bool | None
 JSONValue = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
 ChatMessage = dict[str, JSONValue]
-_Total = Callable[[], int]
+Estimator = Callable[[str, float], int]  # (text, ratio) -> tokens
 
 
 class DoesNotFit(ValueError):
@@ -93,6 +93,8 @@ class _Entry:
     current: bool = False  # one of the newest user messages, the ones this turn answers
     full: str = ""  # the content before any excerpt (file notes and sent stamp included)
     suffix: str = ""  # the end of `full` that an excerpt keeps whole: file notes, sent stamp
+    tokens: int = 0  # what it adds to the request as it stands (kept by `_Tally`)
+    extra: int = 0  # its tool calls and images, which fitting never changes
 
 
 def image_tokens(image: Mapping[str, JSONValue]) -> int:
@@ -103,12 +105,14 @@ def image_tokens(image: Mapping[str, JSONValue]) -> int:
     return max(IMAGE_MIN_TOKENS, math.ceil(width * height / 1024))
 
 
-def chat_tokens(message: Mapping[str, JSONValue], ratio: float) -> int:
-    """Estimated tokens of one chat message (its text, tool calls, and any images)."""
-    tokens = MESSAGE_OVERHEAD_TOKENS + estimate_tokens(str(message.get("content") or ""), ratio)
+def chat_tokens(message: Mapping[str, JSONValue], ratio: float,
+                estimate: Estimator = estimate_tokens) -> int:
+    """Estimated tokens of one chat message (its text and tool calls; images are counted
+    apart)."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + estimate(str(message.get("content") or ""), ratio)
     calls = message.get("tool_calls")
     if calls:
-        tokens += estimate_tokens(json.dumps(calls, separators=(",", ":")), ratio)
+        tokens += estimate(json.dumps(calls, separators=(",", ":")), ratio)
     return tokens
 
 
@@ -176,11 +180,13 @@ def build_request(
     summary: SummaryState | None = None,
     tail_note: str = "",
     tz: tzinfo | None = None,
+    estimate: Estimator = estimate_tokens,
 ) -> Request:
     """The request for the next model call; see the module docstring for the rules.
 
     `tz` stamps each user message with the time it was sent; `tail_note` is appended to the
-    last message (counters and nudges that hold for this request only).
+    last message (counters and nudges that hold for this request only). `estimate` is the
+    token estimator (a parameter so that a test can count how often a build estimates).
     """
     summary = summary or SummaryState()
     system: ChatMessage = {"role": "system", "content": prefix}
@@ -188,39 +194,102 @@ def build_request(
     tail = [m for m in history if m.seq > summary.through_seq]
     first_user = next((m.seq for m in history if m.role == "user"), None)
     entries, stubbed = _entries(conversation_id, tail, first_user, tz)
-    shortened = _excerpt_old(entries, conversation_id, budget // OLD_MESSAGE_SHARE, ratio)
+    shortened = _excerpt_old(entries, conversation_id, budget // OLD_MESSAGE_SHARE, ratio,
+                             estimate)
 
-    fixed = chat_tokens(system, ratio) + sum(chat_tokens(m, ratio) for m in preamble)
-    fixed += estimate_tokens(tail_note, ratio)
-
-    def total() -> int:
-        return fixed + _entries_tokens(entries, ratio)
+    fixed = chat_tokens(system, ratio, estimate)
+    fixed += sum(chat_tokens(m, ratio, estimate) for m in preamble)
+    fixed += estimate(tail_note, ratio)
+    tally = _Tally(entries, fixed, ratio, estimate)
 
     decayed = condensed = omitted = cut = 0
-    if total() > budget:
-        decayed = _decay(entries, ratio, budget, total)
-    if total() > budget:
-        condensed = _condense(entries, conversation_id, budget, total)
-    if total() > budget:
-        omitted = _drop(entries, budget, total)
-    if total() > budget:
-        cut = _cut(entries, conversation_id, ratio, budget, total)
-    if total() > budget:
-        shortened += _shorten(entries, conversation_id, ratio, budget, total)
-    if total() > budget:
-        raise DoesNotFit(total(), budget)
+    if tally.total() > budget:
+        decayed = _decay(entries, tally, budget)
+    if tally.total() > budget:
+        condensed = _condense(entries, conversation_id, tally, budget)
+    if tally.total() > budget:
+        omitted = _drop(entries, tally, budget)
+    if tally.total() > budget:
+        cut = _cut(entries, conversation_id, tally, budget)
+    if tally.total() > budget:
+        shortened += _shorten(entries, conversation_id, tally, budget)
+    if tally.total() > budget:
+        raise DoesNotFit(tally.total(), budget)
 
     messages, images = _render(entries, preamble, system, tail_note)
-    tail_tokens = sum(chat_tokens(m, ratio) for m in messages[1 + len(preamble):])
+    tail_tokens = sum(chat_tokens(m, ratio, estimate) for m in messages[1 + len(preamble):])
     tail_tokens += sum(image_tokens(i) for group in images.values() for i in group)
     parts = {
-        "prefix": chat_tokens(system, ratio),
-        "summary": sum(chat_tokens(m, ratio) for m in preamble),
+        "prefix": chat_tokens(system, ratio, estimate),
+        "summary": sum(chat_tokens(m, ratio, estimate) for m in preamble),
         "tail": tail_tokens,
     }
     return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
                    stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut,
                    shortened=shortened)
+
+
+class _Tally:
+    """The running size of the request while it is fitted.
+
+    Each entry's tokens are estimated once, and again only when its text changes; the total is
+    kept as a sum. Re-estimating every entry at each fitting step made a build quadratic in
+    the conversation's length.
+    """
+
+    def __init__(self, entries: Sequence[_Entry], fixed: int, ratio: float,
+                 estimate: Estimator) -> None:
+        self.fixed = fixed
+        self.ratio = ratio
+        self.estimate = estimate
+        self.dropped = 0
+        self.sum = 0
+        for entry in entries:
+            if entry.tool_calls:
+                calls = json.dumps([dict(c) for c in entry.tool_calls], separators=(",", ":"))
+                entry.extra = estimate(calls, ratio)
+            entry.extra += sum(image_tokens(i) for i in entry.images)
+            self._count(entry)
+
+    def total(self) -> int:
+        """What `_render` would produce, in tokens (the omitted note included)."""
+        note = chat_tokens(omitted_note(self.dropped), self.ratio, self.estimate) \
+            if self.dropped else 0
+        return self.fixed + self.sum + note
+
+    def set_content(self, entry: _Entry, content: str) -> None:
+        entry.content = content
+        self._count(entry)
+
+    def condense(self, entry: _Entry, line: str) -> None:
+        entry.condensed_into = line
+        self._count(entry)
+
+    def drop(self, entry: _Entry) -> None:
+        entry.dropped = True
+        self.dropped += 1
+        self._count(entry)
+
+    def _count(self, entry: _Entry) -> None:
+        self.sum -= entry.tokens
+        if entry.dropped:
+            entry.tokens = 0
+        elif entry.condensed_into is not None:
+            entry.tokens = (MESSAGE_OVERHEAD_TOKENS + self.estimate(entry.condensed_into,
+                                                                     self.ratio)
+                            if entry.condensed_into else 0)
+        else:
+            entry.tokens = (MESSAGE_OVERHEAD_TOKENS + self.estimate(entry.content, self.ratio)
+                            + entry.extra)
+        self.sum += entry.tokens
+
+
+def _groups(entries: Sequence[_Entry]) -> dict[int, list[_Entry]]:
+    """The entries of each group (a group is contiguous), in order."""
+    groups: dict[int, list[_Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.group, []).append(entry)
+    return groups
 
 
 def _entries(
@@ -280,7 +349,8 @@ def _read_label(conversation_id: str, seq: int, why: str) -> str:
             "all of it in pages")
 
 
-def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio: float) -> int:
+def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio: float,
+                 estimate: Estimator) -> int:
     """Older messages over their fair share of the budget become head-and-tail excerpts."""
     shortened = 0
     keep = _excerpt_chars(share, ratio)
@@ -288,7 +358,7 @@ def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio:
         if entry.current or entry.message.role == "tool" \
                 or len(entry.content) <= keep + EXCERPT_STEP_CHARS:
             continue
-        if estimate_tokens(entry.content, ratio) <= share:
+        if estimate(entry.content, ratio) <= share:
             continue
         entry.content = _excerpt_entry(entry, keep, _read_label(
             conversation_id, entry.message.seq, "of a long earlier message left out"))
@@ -302,25 +372,23 @@ def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
     return excerpt(body, keep, label) + entry.suffix
 
 
-def _shorten(
-    entries: list[_Entry], conversation_id: str, ratio: float, budget: int, total: _Total
-) -> int:
+def _shorten(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int) -> int:
     """Last resort: shorten protected messages in fixed steps, older ones first and the newest
     user message(s) only after them, until the request fits."""
     shortened = 0
     candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
     order = [e for e in candidates if not e.current] + [e for e in candidates if e.current]
     for share in (2, 4, 8, 16, 32, 64):
-        keep = _excerpt_chars(budget // share, ratio)
+        keep = _excerpt_chars(budget // share, tally.ratio)
         for entry in order:
-            if total() <= budget:
+            if tally.total() <= budget:
                 return shortened
             if len(entry.content) <= keep + EXCERPT_STEP_CHARS:
                 continue
             why = ("too long to send whole; this is its start and end" if entry.current
                    else "of a long message left out to fit the context window")
-            entry.content = _excerpt_entry(
-                entry, keep, _read_label(conversation_id, entry.message.seq, why))
+            tally.set_content(entry, _excerpt_entry(
+                entry, keep, _read_label(conversation_id, entry.message.seq, why)))
             shortened += 1
     return shortened
 
@@ -352,49 +420,30 @@ def _protect(entries: list[_Entry], first_user: int | None, newest_images: int |
         entry.protected = entry.group in kept
 
 
-def _entries_tokens(entries: Sequence[_Entry], ratio: float) -> int:
-    tokens = 0
-    dropped = 0
-    for entry in entries:
-        if entry.dropped:
-            dropped += 1
-            continue
-        if entry.condensed_into is not None:
-            if entry.condensed_into:
-                tokens += MESSAGE_OVERHEAD_TOKENS + estimate_tokens(entry.condensed_into, ratio)
-            continue
-        tokens += MESSAGE_OVERHEAD_TOKENS + estimate_tokens(entry.content, ratio)
-        if entry.tool_calls:
-            calls = json.dumps([dict(c) for c in entry.tool_calls], separators=(",", ":"))
-            tokens += estimate_tokens(calls, ratio)
-        tokens += sum(image_tokens(i) for i in entry.images)
-    if dropped:
-        tokens += chat_tokens(omitted_note(dropped), ratio)
-    return tokens
-
-
-def _decay(entries: list[_Entry], ratio: float, budget: int, total: _Total) -> int:
+def _decay(entries: list[_Entry], tally: _Tally, budget: int) -> int:
     """Old tool output shrinks with age: older results keep less, oldest first."""
     decayed = 0
     for entry in entries:
-        if total() <= budget:
+        if tally.total() <= budget:
             break
         if entry.message.role != "tool" or entry.protected or entry.age == 0:
             continue
         keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> entry.age)
         if len(entry.content) > keep + 80:
-            entry.content = excerpt(entry.content, keep, "of an old tool result left out")
+            tally.set_content(entry, excerpt(entry.content, keep,
+                                             "of an old tool result left out"))
             decayed += 1
     return decayed
 
 
-def _condense(entries: list[_Entry], conversation_id: str, budget: int, total: _Total) -> int:
+def _condense(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int) -> int:
     """Old tool cycles (a call and its results) become one line, oldest first."""
     condensed = 0
+    groups = _groups(entries)
     for group in sorted({e.group for e in entries if e.tool_calls and not e.protected}):
-        if total() <= budget:
+        if tally.total() <= budget:
             break
-        members = [e for e in entries if e.group == group]
+        members = groups[group]
         calls = ", ".join(_call_text(c) for m in members for c in m.tool_calls)
         sizes = sum(len(m.message.content) for m in members if m.message.role == "tool")
         first, last = members[0].message.seq, members[-1].message.seq
@@ -402,9 +451,9 @@ def _condense(entries: list[_Entry], conversation_id: str, budget: int, total: _
         line = (f"{text} " if text else "") + (
             f"[earlier I called {calls}; {sizes:,} characters of results, "
             f'conversation_read("{conversation_id}", {first}, {last}) returns them]')
-        members[0].condensed_into = line
+        tally.condense(members[0], line)
         for member in members[1:]:
-            member.condensed_into = ""
+            tally.condense(member, "")
         condensed += 1
     return condensed
 
@@ -420,22 +469,20 @@ def _call_text(call: Mapping[str, JSONValue]) -> str:
     return f"{function.get('name', 'a tool')}({arguments})"
 
 
-def _drop(entries: list[_Entry], budget: int, total: _Total) -> int:
+def _drop(entries: list[_Entry], tally: _Tally, budget: int) -> int:
     """Drop the oldest unprotected groups whole until the request fits."""
     dropped = 0
+    groups = _groups(entries)
     for group in sorted({e.group for e in entries if not e.protected}):
-        if total() <= budget:
+        if tally.total() <= budget:
             break
-        for entry in entries:
-            if entry.group == group:
-                entry.dropped = True
-                dropped += 1
+        for entry in groups[group]:
+            tally.drop(entry)
+            dropped += 1
     return dropped
 
 
-def _cut(
-    entries: list[_Entry], conversation_id: str, ratio: float, budget: int, total: _Total
-) -> int:
+def _cut(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int) -> int:
     """Last resort: cut tool output (protected too), oldest first, in fixed steps.
 
     The steps depend only on the budget, not on how far over it the request is, so a result cut
@@ -444,19 +491,19 @@ def _cut(
     cut = 0
     for keep in _cut_levels(budget):
         for entry in entries:
-            if total() <= budget:
+            if tally.total() <= budget:
                 return cut
             if entry.dropped or entry.condensed_into is not None or entry.message.role != "tool":
                 continue
             if keep == 0:
                 stub = stub_text(conversation_id, entry.message)
                 if len(entry.content) > len(stub):
-                    entry.content = stub
+                    tally.set_content(entry, stub)
                     cut += 1
             elif len(entry.content) > keep + 200:
                 label = (f'cut to fit the context window; conversation_read("{conversation_id}", '
                          f"{entry.message.seq}, {entry.message.seq}) returns all of it")
-                entry.content = excerpt(entry.message.content, keep, label)
+                tally.set_content(entry, excerpt(entry.message.content, keep, label))
                 cut += 1
     return cut
 

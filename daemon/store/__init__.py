@@ -215,14 +215,21 @@ class Store:
 
     @_locked
     def get_conversation(self, conversation_id: str) -> Conversation | None:
+        """The conversation with its summary; an active one as recent as its newest message
+        (see `active_conversation`)."""
         doc = self.book.get(conversation_id)
-        return self._with_summary(doc) if doc else None
+        return self._current(doc) if doc else None
 
     @_locked
     def active_conversation(self, chat_key: str) -> Conversation | None:
-        """The chat's active conversation, if it has one."""
+        """The chat's active conversation, if it has one.
+
+        Its `last_active` counts its newest message too: a turn saves the record once, with
+        the reply, and the user messages it appended before are activity all the same (when a
+        crash cuts the turn short, idle rotation still counts from them). Callers read the
+        messages next, so loading them here costs nothing extra."""
         doc = self.book.active_of(chat_key)
-        return self._with_summary(doc) if doc else None
+        return self._current(doc) if doc else None
 
     @_locked
     def list_conversations(
@@ -482,6 +489,15 @@ class Store:
         while len(self._summaries) > _CACHED_SUMMARIES:
             self._summaries.popitem(last=False)
         return db
+
+    def _current(self, doc: Mapping[str, Any]) -> Conversation:
+        conversation = self._with_summary(doc)
+        if conversation.status != "active":
+            return conversation  # archived with its last activity fixed
+        messages = self.log.messages(conversation.id)
+        if messages and messages[-1].created > conversation.last_active:
+            conversation = replace(conversation, last_active=messages[-1].created)
+        return conversation
 
     def _with_summary(self, doc: Mapping[str, Any]) -> Conversation:
         conversation = Conversation.from_doc(doc)

@@ -191,6 +191,21 @@ async def test_a_batch_of_100_messages_is_answered_in_order_per_sender(
     assert daemon.store.inbox_pending() == []
 
 
+async def test_a_burst_from_one_sender_is_marked_read_by_its_last_message(
+        start: Start, graph: FakeGraph) -> None:
+    """Marking a message read marks the earlier ones read too: a burst queued in one POST
+    costs one read receipt, for its last message, not one per message."""
+    daemon = await start()
+    messages = [text_message(f"wamid.r{n}", USER, f"part {n}") for n in range(5)]
+    assert await daemon.post(webhook(*messages)) == 200
+    await daemon.settle()
+    receipts = [c.body["message_id"] for c in graph.calls_of("read")
+                if "typing_indicator" not in c.body]
+    assert receipts and receipts[-1] == "wamid.r4"
+    assert len(receipts) < 5
+    assert [m.content for m in daemon.user_messages()] == [f"part {n}" for n in range(5)]
+
+
 async def test_a_markdown_reply_arrives_in_whatsapp_syntax(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
     daemon = await start()

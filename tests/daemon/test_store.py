@@ -355,6 +355,20 @@ def test_conversations_per_chat_archiving_and_listing(state_dir: Path) -> None:
         assert store.get_conversation("no-such-id") is None
 
 
+def test_an_active_conversation_is_as_recent_as_its_newest_message(state_dir: Path) -> None:
+    """A turn saves the record once, with its reply; a message appended before a crash counts
+    as activity all the same, so idle rotation does not start from the reply before it."""
+    with Store.open(state_dir) as store:
+        conversation = store.create_conversation(CHAT, T0)
+        store.append_message(conversation.id, "user", "hello", created=T0 + 50)
+    with Store.open(state_dir) as store:
+        active = store.active_conversation(CHAT)
+        assert active is not None and active.last_active == T0 + 50
+        store.save_conversation(active.touched(T0 + 60))
+        active = store.active_conversation(CHAT)
+        assert active is not None and active.last_active == T0 + 60
+
+
 def test_summary_round_trips_through_reopen_and_is_replaced(state_dir: Path) -> None:
     with Store.open(state_dir) as store:
         conversation = store.create_conversation(CHAT, T0)

@@ -690,3 +690,28 @@ def test_an_old_long_message_is_excerpted_the_same_way_on_every_turn() -> None:
     assert len(set(firsts)) == 1  # the same bytes: Ollama's cache keeps matching
     assert "[TRUNCATED" in firsts[0] and all(r.shortened == 1 for r in requests)
     check_invariants(requests[-1], script, 7_000, 1.0)
+
+
+def test_a_build_estimates_each_message_a_bounded_number_of_times() -> None:
+    """Fitting keeps a running total: a long conversation that needs every fitting step costs
+    a few estimates per message, not one per message per step (a quadratic build)."""
+    for rounds in (20, 100):
+        script = Script()
+        for i in range(rounds):
+            script.user(f"question {i} " + filler(300, i))
+            script.tool_cycle(5_000, 3_000)
+            script.assistant(f"answer {i} " + filler(1_500, -i))
+        script.user("a paste: " + filler(40_000))
+        calls = 0
+
+        def counting(text: str, ratio: float) -> int:
+            nonlocal calls
+            calls += 1
+            return estimate_tokens(text, ratio)
+
+        request = build_request(conversation_id=CID, prefix=PREFIX, history=script.messages,
+                                budget=2_500, tail_note=TAIL_NOTE, estimate=counting)
+        assert request.condensed and request.omitted and request.cut and request.shortened
+        assert request.messages == build(script.messages, 2_500).messages
+        # About 7 per message here; rescanning at each step made it 180 at 20 rounds, 580 at 100.
+        assert calls <= 10 * len(script.messages), (rounds, calls)
