@@ -49,6 +49,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from channels.base import Outbound
 from channels.formatting import split_telegram, split_text
+from channels.progress import Progress
 from channels.telegram_intake import TelegramIntake
 from channels.telegram_media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram_updates import UPDATE_KINDS, BotIdentity, address_of
@@ -141,6 +142,7 @@ class TelegramChannel:
     def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0) -> None:
         self.bot = bot
         self.store = store
+        self.progress = Progress(store)
         self.typing_interval = typing_interval
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
@@ -173,16 +175,15 @@ class TelegramChannel:
         """Send the parts not yet delivered, recording progress after each one."""
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
-        ids = list(outbound.platform_ids)
-        for index in range(outbound.parts_sent, len(parts)):
+        done, ids = self.progress.start(outbound)
+        for index in range(done, len(parts)):
             # In a group the answer quotes the message that asked, so everyone sees whom it
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
             ids += await self._send_part(_Destination(chat_id, topic, reply), parts[index],
                                          outbound.chat_key)
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1,
-                                    platform_ids=ids)
+            await self.progress.record(outbound, index + 1, ids)
 
     async def _send_part(self, where: _Destination, part: str, chat_key: str) -> list[str]:
         """One part, HTML first; the message_ids it became. A refusal of the content (not of

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from channels.base import Inbound, Outbound, inbound_id
 from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
+from channels.progress import Progress
 from channels.webhooks import read_at_most
 from channels.whatsapp_api import REENGAGEMENT, Failure, GraphClient, GraphError
 from channels.whatsapp_media import WhatsAppMedia
@@ -104,6 +105,7 @@ class WhatsAppChannel:
                  typing_refresh: float = 20.0, clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.store = store
+        self.progress = Progress(store)
         self.settings = settings
         self.typing_refresh = typing_refresh
         self.clock = clock
@@ -146,16 +148,15 @@ class WhatsAppChannel:
             # back to `WhatsApp._record_status`.)
             raise self._window_closed("more than 24 hours since the user last wrote")
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
-        ids = list(outbound.platform_ids)
-        for index in range(outbound.parts_sent, len(parts)):
+        done, ids = self.progress.start(outbound)
+        for index in range(done, len(parts)):
             try:
                 wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, _Sent(outbound, parts[index]))
             ids += [wamid] if wamid else []
-            await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=index + 1,
-                                    platform_ids=ids)
+            await self.progress.record(outbound, index + 1, ids)
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:

@@ -798,3 +798,25 @@ async def test_a_link_heavy_answer_is_split_under_the_byte_limit_and_delivered(
     calls = fake_telegram.calls_to("sendMessage")
     assert len(fake_telegram.sent_messages) == len(calls) >= 2  # none refused
     assert sum(texts(fake_telegram)[i].count("source") for i in range(len(calls))) == 400
+
+
+async def test_a_disk_that_refuses_the_progress_record_does_not_resend_the_reply(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon = await start()
+    fake_ollama.script("\n\n".join(f"Part {i}. " + "word " * 700 for i in range(3)))
+    real = daemon.store.outbox_update
+    refusals = [StoreError("cannot write outbox/x.json: No space left on device")] * 3
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        if "parts_sent" in kwargs and refusals:  # after Telegram took the part
+            raise refusals.pop()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(daemon.store, "outbox_update", full_disk)
+    assert await daemon.post(message(1, "a long answer please")) == 200
+    await fake_telegram.wait_for("sendMessage", 3, timeout=20)
+    await daemon.settle()
+    await asyncio.sleep(0.3)  # room for a resend to show up, were there one
+    assert [t.split(".")[0] for t in texts(fake_telegram)] == ["Part 0", "Part 1", "Part 2"]
+    assert refusals == [] and daemon.store.outbox_pending() == []
