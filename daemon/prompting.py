@@ -131,6 +131,7 @@ class Prompting:
             ratio=ratio,
             summary=conversation.summary,
             tz=self.settings.daemon.tz,
+            tools=with_tools,
         )
         return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
                         tool_tokens=tool_tokens, tools=tuple(tools))

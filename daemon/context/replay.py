@@ -116,20 +116,20 @@ def chat_tokens(message: Mapping[str, JSONValue], ratio: float,
     return tokens
 
 
-def summary_preamble(conversation_id: str, summary: SummaryState) -> list[ChatMessage]:
-    """The user message carrying the rolling summary, and a one-line acknowledgement."""
+def summary_preamble(reader: str | None, summary: SummaryState) -> list[ChatMessage]:
+    """The user message carrying the rolling summary, and a one-line acknowledgement.
+    `reader` is the conversation id `conversation_read` takes, None for a model without
+    tools (it cannot read the originals, so nothing promises it can)."""
     notes = summary.user_notes.strip() or "(none)"
+    how = (f' conversation_read("{reader}") retrieves any of them verbatim.' if reader else "")
     text = (
         f"[Earlier in this conversation, {summary.through_seq} messages were folded into the "
-        f'summary below. conversation_read("{conversation_id}") retrieves any of them '
-        f"verbatim.]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
+        f"summary below.{how}]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
         f"<user_notes>\nWhat I said in that part, in my own words:\n{notes}\n</user_notes>"
     )
-    return [
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": "Understood. I have the summary and will read the "
-                                         "originals when I need them."},
-    ]
+    ack = ("Understood. I have the summary and will read the originals when I need them."
+           if reader else "Understood. I have the summary.")
+    return [{"role": "user", "content": text}, {"role": "assistant", "content": ack}]
 
 
 def stub_text(conversation_id: str, message: Message) -> str:
@@ -181,20 +181,24 @@ def build_request(
     tail_note: str = "",
     tz: tzinfo | None = None,
     estimate: Estimator = estimate_tokens,
+    tools: bool = True,
 ) -> Request:
     """The request for the next model call; see the module docstring for the rules.
 
     `tz` stamps each user message with the time it was sent; `tail_note` is appended to the
     last message (counters and nudges that hold for this request only). `estimate` is the
     token estimator (a parameter so that a test can count how often a build estimates).
+    Without `tools` (a model that cannot call them) the summary and excerpts name no
+    `conversation_read` call.
     """
+    reader = conversation_id if tools else None
     summary = summary or SummaryState()
     system: ChatMessage = {"role": "system", "content": prefix}
-    preamble = summary_preamble(conversation_id, summary) if summary.through_seq else []
+    preamble = summary_preamble(reader, summary) if summary.through_seq else []
     tail = [m for m in history if m.seq > summary.through_seq]
     first_user = next((m.seq for m in history if m.role == "user"), None)
     entries, stubbed = _entries(conversation_id, tail, first_user, tz)
-    shortened = _excerpt_old(entries, conversation_id, budget // OLD_MESSAGE_SHARE, ratio,
+    shortened = _excerpt_old(entries, reader, budget // OLD_MESSAGE_SHARE, ratio,
                              estimate)
 
     fixed = chat_tokens(system, ratio, estimate)
@@ -212,7 +216,7 @@ def build_request(
     if tally.total() > budget:
         cut = _cut(entries, conversation_id, tally, budget)
     if tally.total() > budget:
-        shortened += _shorten(entries, conversation_id, tally, budget)
+        shortened += _shorten(entries, reader, tally, budget)
     if tally.total() > budget:
         raise DoesNotFit(tally.total(), budget)
 
@@ -344,12 +348,14 @@ def _excerpt_chars(tokens: int, ratio: float) -> int:
     return max(chars // EXCERPT_STEP_CHARS * EXCERPT_STEP_CHARS, CUT_FLOOR_CHARS)
 
 
-def _read_label(conversation_id: str, seq: int, why: str) -> str:
-    return (f'{why}; conversation_read("{conversation_id}", {seq}, {seq}, offset=...) reads '
-            "all of it in pages")
+def _read_label(reader: str | None, seq: int, why: str) -> str:
+    if reader is None:
+        return why
+    return (f'{why}; conversation_read("{reader}", {seq}, {seq}, offset=...) reads all of it '
+            "in pages")
 
 
-def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio: float,
+def _excerpt_old(entries: list[_Entry], reader: str | None, share: int, ratio: float,
                  estimate: Estimator) -> int:
     """Older messages over their fair share of the budget become head-and-tail excerpts."""
     shortened = 0
@@ -361,7 +367,7 @@ def _excerpt_old(entries: list[_Entry], conversation_id: str, share: int, ratio:
         if estimate(entry.content, ratio) <= share:
             continue
         entry.content = _excerpt_entry(entry, keep, _read_label(
-            conversation_id, entry.message.seq, "of a long earlier message left out"))
+            reader, entry.message.seq, "of a long earlier message left out"))
         shortened += 1
     return shortened
 
@@ -372,7 +378,7 @@ def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
     return excerpt(body, keep, label) + entry.suffix
 
 
-def _shorten(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int) -> int:
+def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: int) -> int:
     """Last resort: shorten protected messages in fixed steps, older ones first and the newest
     user message(s) only after them, until the request fits."""
     shortened = 0
@@ -388,7 +394,7 @@ def _shorten(entries: list[_Entry], conversation_id: str, tally: _Tally, budget:
             why = ("too long to send whole; this is its start and end" if entry.current
                    else "of a long message left out to fit the context window")
             tally.set_content(entry, _excerpt_entry(
-                entry, keep, _read_label(conversation_id, entry.message.seq, why)))
+                entry, keep, _read_label(reader, entry.message.seq, why)))
             shortened += 1
     return shortened
 

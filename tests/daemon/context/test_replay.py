@@ -545,6 +545,24 @@ def test_a_newest_message_that_fits_alone_is_sent_whole_and_old_pastes_give_way(
     assert isinstance(first, str) and "[TRUNCATED" in first
 
 
+def test_a_model_without_tools_is_promised_no_conversation_read() -> None:
+    script = Script()
+    script.user("hello")
+    script.assistant("hi")
+    script.user("first paste: " + filler(16_000, 1))
+    script.assistant("got it")
+    script.user("second paste: " + filler(16_000, 2))
+    summary = SummaryState(summary="A greeting.", through_seq=2,
+                           through_id=script.messages[1].id)
+    with_tools = build(script.messages, 7_000, summary=summary)
+    without = build_request(conversation_id=CID, prefix=PREFIX, history=script.messages,
+                            budget=7_000, summary=summary, tools=False)
+    shown = json.dumps(without.messages)
+    assert "A greeting." in shown and "[TRUNCATED" in shown
+    assert "conversation_read" not in shown
+    assert "conversation_read" in json.dumps(with_tools.messages)
+
+
 def test_does_not_fit_only_when_the_prefix_alone_is_too_large() -> None:
     script = chat_script(1)
     with pytest.raises(DoesNotFit) as raised:
