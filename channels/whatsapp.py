@@ -65,6 +65,9 @@ REENGAGEMENT_NOTE = ("(WhatsApp would not take this reply: it has been more than
 _SENT_REMEMBERED = 1000  # wamids of recent sends, to name the conversation in status records
 WINDOW = 24 * 3600.0  # WhatsApp takes free-form messages this long after the user last wrote
 LAST_INBOUND = "last_inbound"  # the chat flag with the time the user last wrote
+# The flag is rewritten only when it is this much older than the newest message (one write per
+# chat per ten minutes, not one per message); this process knows the exact time meanwhile.
+LAST_INBOUND_REFRESH = 600.0
 
 
 class Engine(Submitter, Protocol):
@@ -110,6 +113,7 @@ class WhatsAppChannel:
         self.typing_refresh = typing_refresh
         self.clock = clock
         self.last_received: dict[str, str] = {}  # chat key -> newest wamid (for typing)
+        self.last_inbound: dict[str, float] = {}  # chat key -> when the user last wrote
         self.sent: OrderedDict[str, _Sent] = OrderedDict()  # wamid -> what it carried
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
@@ -140,9 +144,8 @@ class WhatsAppChannel:
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress (and Meta's ids) after each."""
         to = wa_id_of(outbound.chat_key)
-        flags = await asyncio.to_thread(self.store.chat_flags, outbound.chat_key)
-        last = flags.get(LAST_INBOUND)
-        if isinstance(last, int | float) and self.clock() - last > WINDOW:
+        last = await self._last_inbound(outbound.chat_key)
+        if last is not None and self.clock() - last > WINDOW:
             # Meta would take it and then report it failed (131047): do not even try. (With no
             # record, e.g. a pairing code for a stranger, it is tried; a failed status comes
             # back to `WhatsApp._record_status`.)
@@ -157,6 +160,23 @@ class WhatsAppChannel:
             self._remember(wamid, _Sent(outbound, parts[index]))
             ids += [wamid] if wamid else []
             await self.progress.record(outbound, index + 1, ids)
+
+    async def note_inbound(self, chat_key: str, when: float) -> None:
+        """The user wrote: WhatsApp takes free-form replies for the next 24 hours."""
+        self.last_inbound[chat_key] = max(when, self.last_inbound.get(chat_key, 0.0))
+        flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
+        stored = flags.get(LAST_INBOUND)
+        if not isinstance(stored, int | float) or when - stored > LAST_INBOUND_REFRESH:
+            await asyncio.to_thread(self.store.set_chat_flag, chat_key, LAST_INBOUND, when)
+
+    async def _last_inbound(self, chat_key: str) -> float | None:
+        """When the user last wrote, as exactly as this process knows it; after a restart the
+        stored flag, which may lag by up to LAST_INBOUND_REFRESH (so it is read as that much
+        newer: at worst Meta refuses the send itself, with 131047)."""
+        if chat_key in self.last_inbound:
+            return self.last_inbound[chat_key]
+        stored = (await asyncio.to_thread(self.store.chat_flags, chat_key)).get(LAST_INBOUND)
+        return stored + LAST_INBOUND_REFRESH if isinstance(stored, int | float) else None
 
     def _delivery_error(self, exc: GraphError) -> DeliveryError:
         if exc.kind is Failure.REENGAGE:
@@ -242,9 +262,9 @@ class WhatsAppIntake:
                 await self.channel.client.mark_read(message.id, typing=False)
             except GraphError as exc:  # the blue ticks are a courtesy
                 log.debug("marking %s read failed: %s", message.id, exc)
-        # The user wrote: WhatsApp takes free-form replies for the next 24 hours (counted from
-        # receipt; a message Meta redelivered days late is refused by Meta itself, as 131047).
-        await asyncio.to_thread(self.store.set_chat_flag, key, LAST_INBOUND, item.received)
+        # Counted from receipt: a message Meta redelivered days late is refused by Meta itself
+        # (131047), which holds or reroutes the reply just the same.
+        await self.channel.note_inbound(key, item.received)
         await self._release_held(key)
         described = describe(message)
         if described.reaction is not None:

@@ -466,7 +466,8 @@ async def test_a_report_after_24_hours_is_held_without_calling_meta(
     assert await daemon.post(webhook(text_message("wamid.o1", USER, "hello"))) == 200
     await graph.wait_sent(1)
     await daemon.settle()
-    daemon.store.set_chat_flag(KEY, "last_inbound", time.time() - 25 * 3600)
+    # The user last wrote 25 hours ago (as this process would know after a restart, too).
+    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
     engine = daemon.app[ENGINE]
     for n in range(25):  # an hourly report to a user who stopped writing
         report = Outbound(chat_key=KEY, text=f"report {n}", created=time.time() + n)
@@ -524,3 +525,22 @@ async def test_a_media_download_cut_off_tells_the_user_and_the_text_goes_on(
     assert graph.texts() == ["I could not download that document from WhatsApp; please send "
                              "it again.", "echo: read this"]
     assert daemon.store.quarantined() == []
+
+
+async def test_after_a_restart_the_stored_time_of_the_users_last_message_still_counts(
+        start: Start, graph: FakeGraph) -> None:
+    first = await start()
+    assert await first.post(webhook(text_message("wamid.r1", USER, "hello"))) == 200
+    await graph.wait_sent(1)
+    await first.settle()
+    assert first.store.chat_flags(KEY)["last_inbound"] > time.time() - 60  # recorded
+    first.store.set_chat_flag(KEY, "last_inbound", time.time() - 26 * 3600)
+    await first.runner.cleanup()
+    second = await start()
+    report = Outbound(chat_key=KEY, text="the daily report", created=time.time())
+    assert await second.app[ENGINE].deliver(report)
+    async with asyncio.timeout(10):
+        # The store has no event to wait on: poll it.
+        while not second.store.outbox_pending(KEY)[0].get("held"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert len(graph.calls_of("send")) == 1  # only the first reply: the report was not tried
