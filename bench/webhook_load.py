@@ -55,7 +55,7 @@ from daemon.conversations import Role
 from daemon.memory_index import MemoryIndex
 from daemon.store import Store
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram
 
 SECRET = "bench-secret"
@@ -218,11 +218,16 @@ async def roost(settings: Settings) -> Any:
 
 
 async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurrency: int,
-                     drain_timeout: float, door: Door = TELEGRAM
+                     drain_timeout: float, door: Door = TELEGRAM, model_delay: float = 0.0
                      ) -> tuple[AckFigures, float, float]:
     """Ack figures, cold start, and how long after the last ack every message was answered
-    (the backlog drained) with a fake model that answers at once; inf if not in time."""
+    (the backlog drained) with a fake model that answers at once, or after `model_delay`
+    seconds (a GPU's pace: the drain then no longer competes with the acks for the CPU as
+    fast as each channel's delivery allows); inf if not in time."""
     async with FakeTelegram() as telegram, FakeOllama() as ollama, FakeGraph() as graph:
+        if model_delay:
+            ollama.default_reply = lambda body: Reply(content=echo_reply(body).content,
+                                                      delay=model_delay)
         settings = settings_for(state_dir, telegram, ollama, chats,
                                 graph if door.sign else None)
         async with roost(settings) as (url, cold, store):
@@ -364,7 +369,7 @@ async def whatsapp_acks(state_dir: Path, args: argparse.Namespace, label: str,
     bare = await bare_handler(bodies, args.concurrency, WHATSAPP)
     print(bare.line("bare handler, WhatsApp bodies"))
     figures, _, drain = await roost_acks(state_dir, bodies, args.chats, args.concurrency,
-                                         args.drain_timeout, WHATSAPP)
+                                         args.drain_timeout, WHATSAPP, args.model_delay)
     print(figures.line(f"roost WhatsApp, {label}", ("bare", bare.rate),
                        ("Telegram", telegram.rate)))
     print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack; ack p50 "
@@ -380,7 +385,8 @@ async def main(args: argparse.Namespace) -> None:
     print(bare.line("bare aiohttp handler"))
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         empty, cold_empty, drain = await roost_acks(Path(tmp) / "empty", bodies, args.chats,
-                                                    args.concurrency, args.drain_timeout)
+                                                    args.concurrency, args.drain_timeout,
+                                                    model_delay=args.model_delay)
         print(empty.line("roost, empty store", ("bare", bare.rate)))
         print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
         if whatsapp:
@@ -393,7 +399,8 @@ async def main(args: argparse.Namespace) -> None:
                   f"{built['messages']} messages, {built['keys']} dedupe keys; built in "
                   f"{time.perf_counter() - started:.0f} s")
             year, cold_year, drain = await roost_acks(year_state, bodies, args.chats,
-                                                      args.concurrency, args.drain_timeout)
+                                                      args.concurrency, args.drain_timeout,
+                                                      model_delay=args.model_delay)
             print(year.line("roost, a year of data", ("bare", bare.rate),
                             ("empty", empty.rate)))
             print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
@@ -442,4 +449,7 @@ if __name__ == "__main__":
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="seconds to wait for the backlog after the acks")
     parser.add_argument("--tmp", default=None, help="where the state directories go")
+    parser.add_argument("--model-delay", type=float, default=0.0,
+                        help="seconds the fake model takes per answer in the ack runs "
+                             "(0: at once)")
     asyncio.run(main(parser.parse_args()))

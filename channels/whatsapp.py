@@ -386,8 +386,11 @@ class WhatsApp:
         intake = self.intake
         try:
             # Together, so one write (one fsync) stores the whole batch; the intake keeps the
-            # order in which they were handed over.
-            await asyncio.gather(*(intake.accept(m) for m in hook.messages))
+            # order in which they were handed over. (Most calls carry one message: no tasks.)
+            if len(hook.messages) == 1:
+                await intake.accept(hook.messages[0])
+            else:
+                await asyncio.gather(*(intake.accept(m) for m in hook.messages))
         except Exception:
             # The boundary of the route: without a 2xx Meta delivers the batch again.
             log.exception("storing a WhatsApp webhook failed")
