@@ -56,7 +56,7 @@ class Reminders:
         self.clock = clock
         self.tz = engine.settings.daemon.tz
         self.arm: Arm = lambda doc: None  # set by the scheduler: put a reminder on its timer
-        self._firing: set[str] = set()
+        self._firing: dict[str, asyncio.Event] = {}  # reminder id -> set once it is handled
 
     async def add(self, chat_key: str, due: float, text: str, by: str) -> dict[str, Any]:
         doc = new_reminder(chat_key, due, text, self.clock(), by)
@@ -80,15 +80,19 @@ class Reminders:
     async def fire(self, reminder_id: str) -> None:
         """Deliver one reminder (the scheduler calls this at its time, and at start for the
         ones that came due while roost was down)."""
-        if reminder_id in self._firing:
+        if (running := self._firing.get(reminder_id)) is not None:
+            # Fired twice at once (its timer and a scan): one delivers, and both return only
+            # once it is handled.
+            await running.wait()
             return
-        self._firing.add(reminder_id)
+        self._firing[reminder_id] = done = asyncio.Event()
         try:
             docs = [d for d in await self.pending() if d["id"] == reminder_id]
             if docs:
                 await self._deliver(docs[0])
         finally:
-            self._firing.discard(reminder_id)
+            del self._firing[reminder_id]
+            done.set()
 
     async def _deliver(self, doc: dict[str, Any]) -> None:
         now = self.clock()
