@@ -64,6 +64,7 @@ APP_SECRET = "bench-app-secret"
 FIRST_WA_ID = 972_500_000_000
 TUNING = TelegramTuning(album_window=0.3, typing_interval=4.0)
 DAY = 86400.0
+GRAPH_RATE = 80.0  # calls a second the fake Graph API answers (Meta's default throughput)
 # Between one chat's turns: a turn makes two Bot API calls (typing, the reply), and back to
 # back they would reach Telegram's flood limit of 30 calls/s, which PTB's AIORateLimiter keeps
 # by delaying the reply; that wait is Telegram's limit, not roost's overhead.
@@ -224,7 +225,11 @@ async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurren
     (the backlog drained) with a fake model that answers at once, or after `model_delay`
     seconds (a GPU's pace: the drain then no longer competes with the acks for the CPU as
     fast as each channel's delivery allows); inf if not in time."""
-    async with FakeTelegram() as telegram, FakeOllama() as ollama, FakeGraph() as graph:
+    # The Graph API paced as Meta paces a number (80 messages a second), as python-telegram-bot
+    # paces the Bot API (30 a second): otherwise WhatsApp's delivery alone would compete with
+    # its acks at full speed, for the same 2 cores (the fakes run in this process).
+    async with FakeTelegram() as telegram, FakeOllama() as ollama, \
+            FakeGraph(rate=GRAPH_RATE) as graph:
         if model_delay:
             ollama.default_reply = lambda body: Reply(content=echo_reply(body).content,
                                                       delay=model_delay)

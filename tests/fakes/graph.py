@@ -80,6 +80,10 @@ class FakeGraph:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
     _recorded: asyncio.Condition | None = None
+    # Calls per second the fake answers, like the throughput Meta gives a number (80 messages
+    # a second by default); None: as fast as asked (tests).
+    rate: float | None = None
+    _next_slot: float = 0.0
 
     @property
     def url(self) -> str:
@@ -140,6 +144,10 @@ class FakeGraph:
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _record(self, request: web.Request, kind: str, body: dict[str, Any]) -> Call:
+        if self.rate:  # each call waits for its slot, as Meta spreads a number's traffic
+            now = asyncio.get_running_loop().time()
+            self._next_slot = max(self._next_slot, now) + 1 / self.rate
+            await asyncio.sleep(self._next_slot - now - 1 / self.rate)
         call = Call(request.method, request.path, kind, body,
                     request.headers.get("Authorization", ""))
         self.calls.append(call)
