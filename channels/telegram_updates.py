@@ -135,11 +135,6 @@ def address_of(key: str) -> tuple[int, int | None]:
     return int(chat), int(topic) if topic else None
 
 
-def chat_id_of(key: str) -> int:
-    """`telegram:1111111` -> 1111111 (group ids are negative)."""
-    return address_of(key)[0]
-
-
 def admit(message: Message, identity: BotIdentity, allow: Collection[int]) -> Verdict:
     """Whether roost should handle the message: the gate, decided before any handling.
 
@@ -234,12 +229,6 @@ def edit_text(original_id: int, new_text: str) -> str:
     quoted, so that the earlier message is neither ignored nor silently contradicted."""
     quoted = "\n".join(f"> {line}" for line in new_text.splitlines()) or ">"
     return f"[The user edited their earlier message (id {original_id}); it now reads:]\n{quoted}"
-
-
-def media_group_of(update: Update) -> str | None:
-    """The album an update belongs to (photos sent together share a media_group_id)."""
-    found = message_of(update)
-    return found[0].media_group_id if found else None
 
 
 def routable_message(update: Update) -> Message | None:

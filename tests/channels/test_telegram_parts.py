@@ -22,8 +22,8 @@ from channels.telegram_media import best_photo
 from channels.telegram_updates import (
     BotIdentity,
     NotAnUpdate,
+    address_of,
     admit,
-    chat_id_of,
     chat_key,
     edit_text,
     message_of,
@@ -122,9 +122,10 @@ def test_edit_text_quotes_every_line() -> None:
 
 def test_chat_keys_and_ids() -> None:
     assert chat_key(-100777) == "telegram:-100777"
-    assert chat_id_of("telegram:-100777") == -100777
+    assert address_of("telegram:-100777") == (-100777, None)
+    assert address_of(chat_key(-100777, 42)) == (-100777, 42)
     with pytest.raises(ValueError, match="not a Telegram chat key"):
-        chat_id_of("whatsapp:1")
+        address_of("whatsapp:1")
 
 
 def test_inbound_ids_are_fixed_by_the_update() -> None:
