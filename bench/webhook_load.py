@@ -68,6 +68,7 @@ TUNING = TelegramTuning(album_window=0.3, typing_interval=4.0)
 DAY = 86400.0
 WARM_FIRST = 90_000_000  # ids of the warm-up messages, one per chat, before the timed burst
 WARM_UP = 50  # warm-up calls to the bare handler
+WARM_UP_TIMEOUT = 60.0
 GRAPH_RATE = 80.0  # calls a second the fake Graph API answers (Meta's default throughput)
 # Between one chat's turns: a turn makes two Bot API calls (typing, the reply), and back to
 # back they would reach Telegram's flood limit of 30 calls/s, which PTB's AIORateLimiter keeps
@@ -132,12 +133,17 @@ class AckFigures:
     p50: float
     p99: float
     statuses: dict[int, int]
+    # CPU the daemon's process used from the first post to the last ack, per ack (with what the
+    # drain did meanwhile); steadier than the rate on a loaded machine. None: not measured.
+    cpu: float | None = None
 
     def line(self, name: str, *ratios: tuple[str, float]) -> str:
         extra = "".join(f"  {self.rate / base:5.2f}x {label}" for label, base in ratios)
         bad = {s: n for s, n in self.statuses.items() if s != 200}
+        cpu = f"  CPU {self.cpu * 1000:5.3f} ms/ack" if self.cpu is not None else ""
         return (f"  {name:<38} {self.rate:8.1f} acks/s  p50 {self.p50 * 1000:8.1f} ms  "
-                f"p99 {self.p99 * 1000:8.1f} ms{extra}{f'  non-200: {bad}' if bad else ''}")
+                f"p99 {self.p99 * 1000:8.1f} ms{cpu}{extra}"
+                f"{f'  non-200: {bad}' if bad else ''}")
 
 
 async def post_all(url: str, bodies: list[bytes], concurrency: int,
@@ -221,7 +227,7 @@ def settings_for(state_dir: Path, fakes: Fakes, chats: int) -> Settings:
 # bench's process, and their work (hundreds of Graph or Bot API calls during a burst) is not
 # counted as roost's.
 
-PENDING_PATH = "/bench/pending"
+STATE_PATH = "/bench/state"  # the child's: is anything on its way, and its CPU time so far
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,13 +237,23 @@ class Served:
 
     async def pending(self, http: aiohttp.ClientSession) -> bool:
         """Whether any payload, inbox message or reply is still on its way."""
-        async with http.get(self.url + PENDING_PATH) as reply:
-            return bool((await reply.json())["pending"])
+        return bool((await self._state(http))["pending"])
+
+    async def cpu(self, http: aiohttp.ClientSession) -> float:
+        """CPU seconds the daemon's process has used so far, all its threads."""
+        return float((await self._state(http))["cpu"])
+
+    async def _state(self, http: aiohttp.ClientSession) -> dict[str, Any]:
+        async with http.get(self.url + STATE_PATH) as reply:
+            state: dict[str, Any] = await reply.json()
+            return state
 
 
 @contextlib.asynccontextmanager
-async def daemon(spec: dict[str, Any]) -> AsyncIterator[Served]:
-    """Run `serve(spec)` in a child process for the duration of the block."""
+async def daemon(spec: dict[str, Any], stop: bool = True) -> AsyncIterator[Served]:
+    """Run `serve(spec)` in a child process for the duration of the block; at its end the
+    child stops as the daemon does, or is killed (`stop=False`: what it had not done is of no
+    more use)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", json.dumps(spec),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -246,6 +262,8 @@ async def daemon(spec: dict[str, Any]) -> AsyncIterator[Served]:
         ready = json.loads(await asyncio.wait_for(child.stdout.readline(), 120))
         yield Served(f"http://127.0.0.1:{ready['port']}", ready["cold"])
     finally:
+        if not stop:
+            child.kill()
         child.stdin.close()  # the child stops when its stdin closes
         try:
             await asyncio.wait_for(child.wait(), 60)
@@ -282,13 +300,13 @@ async def serve(spec: dict[str, Any]) -> None:
         settings = settings_for(Path(spec["state_dir"]), Fakes(**spec["fakes"]), spec["chats"])
         app = build_app(settings, telegram_tuning=TUNING)
 
-        async def pending(request: web.Request) -> web.Response:
+        async def state(request: web.Request) -> web.Response:
             store = request.app[STORE]
             busy = (store.updates_pending("telegram") or store.updates_pending("whatsapp")
                     or store.inbox_pending() or store.outbox_pending())
-            return web.json_response({"pending": bool(busy)})
+            return web.json_response({"pending": bool(busy), "cpu": time.process_time()})
 
-        app.router.add_get(PENDING_PATH, pending)
+        app.router.add_get(STATE_PATH, state)
     runner = web.AppRunner(app, shutdown_timeout=1.0)
     started = time.perf_counter()
     await runner.setup()
@@ -303,19 +321,16 @@ async def serve(spec: dict[str, Any]) -> None:
 
 
 async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurrency: int,
-                     drain_timeout: float, door: Door = TELEGRAM, model_delay: float = 0.0
-                     ) -> tuple[AckFigures, float, float]:
+                     drain_timeout: float | None, door: Door = TELEGRAM,
+                     model_delay: float = 0.0) -> tuple[AckFigures, float, float]:
     """Ack figures, cold start, and how long after the last ack every message was answered
     (the backlog drained) with a fake model that answers at once, or after `model_delay`
-    seconds (a GPU's pace: the drain then no longer competes with the acks for the CPU as
-    fast as each channel's delivery allows); inf if not in time."""
+    seconds; inf if not in time, nan if not waited for (`drain_timeout` None: the daemon is
+    killed after the last ack)."""
     # The Graph API answers at Meta's default throughput for a number (80 messages a second),
     # as python-telegram-bot paces the Bot API (30 a second).
     async with FakeTelegram() as telegram, FakeOllama() as ollama, \
             FakeGraph(rate=GRAPH_RATE) as graph:
-        if model_delay:
-            ollama.default_reply = lambda body: Reply(content=echo_reply(body).content,
-                                                      delay=model_delay)
         fakes = Fakes.of(telegram, ollama, graph if door.sign else None)
 
         def counts() -> tuple[int, int]:
@@ -325,16 +340,24 @@ async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurren
             return (len(telegram.calls_to("sendMessage")),
                     len(telegram.calls_to("sendChatAction")))
 
-        async with daemon(roost_spec(state_dir, fakes, chats)) as served, \
+        async with daemon(roost_spec(state_dir, fakes, chats),
+                          stop=drain_timeout is not None) as served, \
                 aiohttp.ClientSession() as http:
             # A daemon runs for months: the first requests' one-off costs (imports, pools,
             # connections) are left out, as are these messages' answers.
             await post_all(served.url + door.path, door.burst(chats, chats, WARM_FIRST),
                            concurrency, door)
-            if await drain(served, http, drain_timeout) == float("inf"):
+            if await drain(served, http, WARM_UP_TIMEOUT) == float("inf"):
                 raise SystemExit("the warm-up was not answered in time")
             warm = counts()
+            if model_delay:
+                ollama.default_reply = lambda body: Reply(content=echo_reply(body).content,
+                                                          delay=model_delay)
+            cpu = await served.cpu(http)
             figures = await post_all(served.url + door.path, bodies, concurrency, door)
+            figures.cpu = (await served.cpu(http) - cpu) / len(bodies)
+            if drain_timeout is None:
+                return figures, served.cold, float("nan")
             drained = await drain(served, http, drain_timeout)
             calls = counts()
     replies, typing = (after - before for after, before in zip(calls, warm, strict=True))
@@ -459,37 +482,37 @@ def p50_ms(values: list[float]) -> float:
 
 
 async def whatsapp_acks(state: Callable[[str], Path], args: argparse.Namespace, label: str,
-                        telegram: AckFigures) -> None:
-    """WhatsApp's acks beside Telegram's: `args.rounds` runs of each, taken in turn so that a
-    change in the machine's load falls on both (`telegram` is the first Telegram run); the
-    medians are compared."""
-    bodies = wa_burst(args.updates, args.chats, 1)
-    bare = await bare_handler(bodies, args.concurrency, WHATSAPP)
+                        telegram: AckFigures, rounds: int, drain_each: bool) -> None:
+    """WhatsApp's acks beside Telegram's (`telegram`, from this run): one run with its drain,
+    then `rounds` rounds of one run of each channel, taken in turn (the order alternating) so
+    that a change in the machine's load falls on both, and the medians compared. Without
+    `drain_each` a round's daemons are killed after their last ack."""
+    bodies = {TELEGRAM: burst(args.updates, args.chats, 1),
+              WHATSAPP: wa_burst(args.updates, args.chats, 1)}
+    bare = await bare_handler(bodies[WHATSAPP], args.concurrency, WHATSAPP)
     print(bare.line("bare handler, WhatsApp bodies"))
-    telegram_runs, whatsapp_runs = [telegram], []
-    for round_ in range(1, args.rounds + 1):
-        if round_ > 1:
-            again, _, _ = await roost_acks(state(f"telegram-{round_}"),
-                                           burst(args.updates, args.chats, 1), args.chats,
-                                           args.concurrency, args.drain_timeout,
-                                           model_delay=args.model_delay)
-            print(again.line(f"roost Telegram, {label}, round {round_}"))
-            telegram_runs.append(again)
-        figures, _, drain = await roost_acks(state(f"whatsapp-{round_}"), bodies, args.chats,
-                                             args.concurrency, args.drain_timeout, WHATSAPP,
-                                             args.model_delay)
-        print(figures.line(f"roost WhatsApp, {label}, round {round_}", ("bare", bare.rate),
-                           ("Telegram", telegram_runs[-1].rate)))
-        print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
-        whatsapp_runs.append(figures)
+    first, _, drained = await roost_acks(state("whatsapp"), bodies[WHATSAPP], args.chats,
+                                         args.concurrency, args.drain_timeout, WHATSAPP,
+                                         args.model_delay)
+    print(first.line(f"roost WhatsApp, {label}", ("bare", bare.rate),
+                     ("Telegram", telegram.rate)))
+    print(f"  backlog of {args.updates} drained {drained:.1f} s after the last ack")
+    runs: dict[Door, list[AckFigures]] = {TELEGRAM: [], WHATSAPP: []}
+    for round_ in range(1, rounds + 1):
+        for door in (TELEGRAM, WHATSAPP) if round_ % 2 else (WHATSAPP, TELEGRAM):
+            figures, _, _ = await roost_acks(
+                state(f"{door.name}-{round_}"), bodies[door], args.chats, args.concurrency,
+                args.drain_timeout if drain_each else None, door, args.model_delay)
+            print(figures.line(f"  round {round_}, {door.name}"))
+            runs[door].append(figures)
 
-    def median(runs: list[AckFigures], field: str) -> float:
-        return statistics.median(getattr(run, field) for run in runs)
+    def ratio(field: str) -> str:
+        wa, tg = (statistics.median(getattr(run, field) for run in runs[door])
+                  for door in (WHATSAPP, TELEGRAM))
+        return f"{wa / tg:.2f}x"
 
-    print(f"  WhatsApp/Telegram, medians of {args.rounds} rounds ({label}): acks/s "
-          f"{median(whatsapp_runs, 'rate') / median(telegram_runs, 'rate'):.2f}x, ack p50 "
-          f"{median(whatsapp_runs, 'p50') / median(telegram_runs, 'p50'):.2f}x, p99 "
-          f"{median(whatsapp_runs, 'p99') / median(telegram_runs, 'p99'):.2f}x")
+    print(f"  WhatsApp/Telegram, medians of {rounds} rounds ({label}): acks/s {ratio('rate')}, "
+          f"ack p50 {ratio('p50')}, p99 {ratio('p99')}, CPU per ack {ratio('cpu')}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -506,7 +529,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  backlog of {args.updates} drained {drain:.1f} s after the last ack")
         if whatsapp:
             await whatsapp_acks(lambda name: Path(tmp) / f"empty-{name}", args, "empty store",
-                                empty)
+                                empty, args.rounds, drain_each=False)
         year_state = Path(tmp) / "year"
         if not args.skip_year:
             started = time.perf_counter()
@@ -523,7 +546,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"  ack p50 year/empty: {year.p50 / empty.p50:.2f}x")
             if whatsapp:
                 # Each run adds its 2,000 messages to the year: a few percent of it.
-                await whatsapp_acks(lambda name: year_state, args, "a year of data", year)
+                await whatsapp_acks(lambda name: year_state, args, "a year of data", year,
+                                    max(1, args.rounds // 4), drain_each=True)
             print(f"cold start (store, Telegram, engine; until the webhook is served): "
                   f"empty store {cold_empty:.2f} s, a year of data {cold_year:.2f} s")
         states = [("empty", Path(tmp) / "turns-empty")]
@@ -565,8 +589,9 @@ if __name__ == "__main__":
                         help="rounds of 20 chats writing at once (0: skip)")
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="seconds to wait for the backlog after the acks")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="with --channel whatsapp: runs of each channel, taken in turn")
+    parser.add_argument("--rounds", type=int, default=12,
+                        help="with --channel whatsapp: runs of each channel, taken in turn "
+                             "(a quarter of them on the year)")
     parser.add_argument("--tmp", default=None, help="where the state directories go")
     parser.add_argument("--model-delay", type=float, default=0.0,
                         help="seconds the fake model takes per answer in the ack runs "

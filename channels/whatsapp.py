@@ -114,6 +114,7 @@ class WhatsAppChannel:
         self.clock = clock
         self.last_received: dict[str, str] = {}  # chat key -> newest wamid (for typing)
         self.last_inbound: dict[str, float] = {}  # chat key -> when the user last wrote
+        self.inbound_stored: dict[str, float] = {}  # chat key -> that time as last stored
         self.sent: OrderedDict[str, _Sent] = OrderedDict()  # wamid -> what it carried
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
@@ -161,13 +162,33 @@ class WhatsAppChannel:
             ids += [wamid] if wamid else []
             await self.progress.record(outbound, index + 1, ids)
 
-    async def note_inbound(self, chat_key: str, when: float) -> None:
-        """The user wrote: WhatsApp takes free-form replies for the next 24 hours."""
+    async def note_inbound(self, chat_key: str, when: float) -> int:
+        """The user wrote: WhatsApp takes free-form replies for the next 24 hours, so the
+        replies that waited for that go out. Returns how many were released. One store call
+        (a thread hop) per message: the intake's workers pay it for each one."""
         self.last_inbound[chat_key] = max(when, self.last_inbound.get(chat_key, 0.0))
-        flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
-        stored = flags.get(LAST_INBOUND)
-        if not isinstance(stored, int | float) or when - stored > LAST_INBOUND_REFRESH:
-            await asyncio.to_thread(self.store.set_chat_flag, chat_key, LAST_INBOUND, when)
+        stored, released = await asyncio.to_thread(self._user_wrote, chat_key, when,
+                                                    self.inbound_stored.get(chat_key))
+        self.inbound_stored[chat_key] = stored
+        return released
+
+    def _user_wrote(self, chat_key: str, when: float, stored: float | None
+                    ) -> tuple[float, int]:
+        """On a worker thread: keep the time on disk for after a restart (rewritten only when
+        it is LAST_INBOUND_REFRESH old) and release held replies; the stored time, and how
+        many were released."""
+        if stored is None:  # the chat's first message since the start
+            flag = self.store.chat_flags(chat_key).get(LAST_INBOUND)
+            stored = flag if isinstance(flag, int | float) else None
+        if stored is None or when - stored > LAST_INBOUND_REFRESH:
+            self.store.set_chat_flag(chat_key, LAST_INBOUND, when)
+            stored = when
+        released = 0
+        for doc in self.store.outbox_pending(chat_key):
+            if doc.get("held"):
+                self.store.outbox_update(doc["id"], held=None)
+                released += 1
+        return stored, released
 
     async def _last_inbound(self, chat_key: str) -> float | None:
         """When the user last wrote, as exactly as this process knows it; after a restart the
@@ -264,8 +285,9 @@ class WhatsAppIntake:
                 log.debug("marking %s read failed: %s", message.id, exc)
         # Counted from receipt: a message Meta redelivered days late is refused by Meta itself
         # (131047), which holds or reroutes the reply just the same.
-        await self.channel.note_inbound(key, item.received)
-        await self._release_held(key)
+        if released := await self.channel.note_inbound(key, item.received):
+            log.info("%s wrote again: %d held replies go out", key, released)
+            self.engine.wake(key)  # also when this message starts no turn (a reaction)
         described = describe(message)
         if described.reaction is not None:
             # Understood, not answered: a reaction is no new turn.
@@ -283,18 +305,6 @@ class WhatsAppIntake:
                           id=item_id, platform_id=message.id, sender=message.sender,
                           attachments=fetched.attachments)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
-
-    async def _release_held(self, key: str) -> None:
-        """The user wrote: the 24-hour window is open again for replies that waited for it."""
-        released = 0
-        for doc in await asyncio.to_thread(self.store.outbox_pending, key):
-            if doc.get("held"):
-                await asyncio.to_thread(self.store.outbox_update, doc["id"], held=None)
-                released += 1
-        if released:
-            log.info("%s wrote again: %d held replies go out", key, released)
-            self.engine.wake(key)  # also when this message starts no turn (a reaction)
-
 
 def _stored_message(payload: Mapping[str, Any]) -> WaMessage:
     body = payload["message"]
