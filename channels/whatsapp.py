@@ -91,6 +91,9 @@ class WhatsAppTuning:
     """Timings and limits that are not user settings; tests make them short."""
 
     typing_refresh: float = 20.0  # WhatsApp drops the typing indicator after 25 seconds
+    # A read receipt waits this long: a turn that starts meanwhile marks the message read with
+    # its typing indicator (one Graph call, not two), and a burst costs one receipt.
+    read_delay: float = 0.5
     max_body: int = 4 * 1024 * 1024  # above Meta's largest batches; larger bodies get a 413
     media_backoff: float = 0.5
 
@@ -105,14 +108,18 @@ class WhatsAppChannel:
     name = CHANNEL
 
     def __init__(self, client: GraphClient, store: Store, settings: WhatsAppSettings, *,
-                 typing_refresh: float = 20.0, clock: Callable[[], float] = time.time) -> None:
+                 typing_refresh: float = 20.0, read_delay: float = 0.5,
+                 clock: Callable[[], float] = time.time) -> None:
         self.client = client
         self.store = store
         self.progress = Progress(store)
         self.settings = settings
         self.typing_refresh = typing_refresh
+        self.read_delay = read_delay
         self.clock = clock
-        self.last_received: dict[str, str] = {}  # chat key -> newest wamid (for typing)
+        self.last_received: dict[str, str] = {}  # chat key -> newest wamid
+        self.marked_read: dict[str, str] = {}  # chat key -> newest wamid marked read
+        self._receipts: dict[str, asyncio.Task[None]] = {}  # chat key -> its pending receipt
         self.last_inbound: dict[str, float] = {}  # chat key -> when the user last wrote
         self.inbound_stored: dict[str, float] = {}  # chat key -> that time as last stored
         self.sent: OrderedDict[str, _Sent] = OrderedDict()  # wamid -> what it carried
@@ -136,11 +143,41 @@ class WhatsAppChannel:
         while True:
             wamid = self.last_received.get(chat_key)
             if wamid is not None:
+                self.marked_read[chat_key] = wamid
                 try:
                     await self.client.mark_read(wamid, typing=True)
                 except GraphError as exc:  # cosmetic: never worth failing a turn for
                     log.debug("typing indicator for %s failed: %s", chat_key, exc)
             await asyncio.sleep(self.typing_refresh)
+
+    def received(self, chat_key: str, wamid: str) -> None:
+        """A message came in: it is marked read within `read_delay` (with the typing indicator
+        if its turn starts by then), and with it every earlier one of the chat."""
+        self.last_received[chat_key] = wamid
+        if chat_key not in self._receipts:
+            self._receipts[chat_key] = asyncio.create_task(
+                self._mark_read_soon(chat_key), name=f"roost-read-{chat_key}")
+
+    async def _mark_read_soon(self, chat_key: str) -> None:
+        try:
+            while True:  # again if more came in while a receipt was on its way
+                await asyncio.sleep(self.read_delay)
+                wamid = self.last_received.get(chat_key)
+                if wamid is None or self.marked_read.get(chat_key) == wamid:
+                    return
+                self.marked_read[chat_key] = wamid
+                try:
+                    await self.client.mark_read(wamid, typing=False)
+                except GraphError as exc:  # the blue ticks are a courtesy
+                    log.debug("marking %s read failed: %s", wamid, exc)
+        finally:
+            self._receipts.pop(chat_key, None)
+
+    async def stop(self) -> None:
+        """Cancel the receipts still waiting."""
+        for task in list(self._receipts.values()):
+            task.cancel()
+        await asyncio.gather(*self._receipts.values(), return_exceptions=True)
 
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress (and Meta's ids) after each."""
@@ -275,14 +312,7 @@ class WhatsAppIntake:
         if self.access is not None:  # a flood waits here, stored, and is answered later
             await self.access.pace(f"{CHANNEL}:{message.sender}",
                                    lambda text: self.engine.notify(key, text))
-        self.channel.last_received[key] = message.id
-        # Marking a message read marks the earlier ones of the chat read too: in a burst only
-        # the last queued one is marked (one Graph call, not one per message).
-        if not self.intake.waiting(key):
-            try:
-                await self.channel.client.mark_read(message.id, typing=False)
-            except GraphError as exc:  # the blue ticks are a courtesy
-                log.debug("marking %s read failed: %s", message.id, exc)
+        self.channel.received(key, message.id)
         # Counted from receipt: a message Meta redelivered days late is refused by Meta itself
         # (131047), which holds or reroutes the reply just the same.
         if released := await self.channel.note_inbound(key, item.received):
@@ -332,7 +362,8 @@ class WhatsApp:
         self.tuning = tuning or WhatsAppTuning()
         self.client = GraphClient(settings)
         self.channel = WhatsAppChannel(self.client, store, settings,
-                                       typing_refresh=self.tuning.typing_refresh)
+                                       typing_refresh=self.tuning.typing_refresh,
+                                       read_delay=self.tuning.read_delay)
         limits = attachments or AttachmentSettings()
         mib = 1024 * 1024
         self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
@@ -355,6 +386,7 @@ class WhatsApp:
     async def stop(self) -> None:
         if self.intake is not None:
             await self.intake.intake.stop()
+        await self.channel.stop()
 
     async def close(self) -> None:
         await self.client.close()

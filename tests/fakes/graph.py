@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ class Call:
     authorization: str
     accepted: bool = False  # Meta answered 200
     wamid: str | None = None  # the id Meta answered a send with
+    time: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass
