@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import re
 import time
@@ -49,6 +50,8 @@ _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than 
 # A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
 # not the request wrong, so it is handled like a refused connection.
 _OUTAGE_STATUSES = (502, 503, 504)
+
+Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,10 @@ class ModelClient:
             think = None
         if not info.tools:
             tools = None
-        call = self._observed(name, num_ctx, options, messages, tools, on_delta, background,
-                              think)
+        # Made only once the call may go: a coroutine made earlier and cancelled while it
+        # queued would never be awaited.
+        call = functools.partial(self._observed, name, num_ctx, options, messages, tools,
+                                 on_delta, background, think)
         if background:
             return await self._background_call(call)
         if _scheduled.get() is not None:
@@ -204,9 +209,8 @@ class ModelClient:
         hold = holding_model.get()
         try:
             async with hold() if hold is not None else contextlib.nullcontext():
-                return await call
+                return await call()
         finally:
-            call.close()  # a no-op once awaited; frees it when entering `hold` failed
             self.in_flight -= 1
             self._gate.release()
             self._poke()
@@ -229,7 +233,7 @@ class ModelClient:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def _scheduled_call(self, call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+    async def _scheduled_call(self, call: Call) -> ChatResult:
         self.scheduled_waiting += 1
         try:
             while self._no_room_for_background() or self._gate.locked():
@@ -237,14 +241,11 @@ class ModelClient:
             # Free and nobody interactive waiting: acquire() returns without suspending, so
             # no turn can arrive in between.
             await self._gate.acquire()
-        except BaseException:
-            call.close()
-            raise
         finally:
             self.scheduled_waiting -= 1
         self.in_flight += 1
         try:
-            return await call
+            return await call()
         finally:
             self.in_flight -= 1
             self._gate.release()
@@ -296,16 +297,14 @@ class ModelClient:
         """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""
         return bool(self.waiting) or self.turns_active >= self.settings.concurrency
 
-    async def _background_call(self, call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
+    async def _background_call(self, call: Call) -> ChatResult:
         if self._no_room_for_background():
-            call.close()
             raise Preempted("turns are using the model")
         await self._gate.acquire()
         if self._no_room_for_background():  # a turn arrived while we queued: it goes first
             self._gate.release()
-            call.close()
             raise Preempted("a turn needs the model")
-        inner = asyncio.create_task(call)
+        inner = asyncio.create_task(call())
         self._background.add(inner)
         self.in_flight += 1
         try:

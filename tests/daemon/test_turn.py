@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -442,3 +444,30 @@ async def test_a_failing_disk_delays_a_turn_but_loses_nothing(
     assert conversation is not None
     assert [m.content for m in engine.store.messages(conversation.id)] == [
         "written when the disk has room", "echo: written when the disk has room"]
+
+
+@pytest.mark.parametrize("kind", ["turn", "fold"])
+async def test_a_call_cancelled_while_it_waits_for_the_model_leaves_nothing_behind(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, kind: str
+) -> None:
+    """A shutdown cancels calls still queued for the model: no call is left half made (Python
+    warns of a coroutine never awaited, at whatever moment it is collected)."""
+    fake_ollama.script(Reply(content="slow", delay=1.0))
+    llm = ModelClient(fast(make_settings, fake_ollama, concurrency=1).model)
+    try:
+        holding = asyncio.create_task(llm.chat([{"role": "user", "content": "first"}]))
+        await fake_ollama.wait_for_chats(1)
+        queued = asyncio.create_task(llm.chat([{"role": "user", "content": "second"}],
+                                              background=kind == "fold"))
+        await asyncio.sleep(0.05)  # queued behind the first at the gate
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            queued.cancel()
+            await asyncio.gather(queued, return_exceptions=True)
+            del queued
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+        assert (await holding).content == "slow"
+        assert len(fake_ollama.chat_requests) == 1
+    finally:
+        await llm.close()
