@@ -6,8 +6,9 @@
   when wrong), then parses it (400 when it is not JSON) and hands every message, in the order
   Meta listed them, to the shared intake (`daemon.intake`): each is on disk before the 200, keyed
   by its wamid so Meta's retries (for days) are dropped. Status webhooks are recorded.
-* Processing (`WhatsAppIntake.process`, per sender in order): mark the message read, fetch its
-  media, build the `Inbound`, submit. A reaction is noted, not answered.
+* Processing (`WhatsAppIntake.process`, per sender in order): have the message marked read
+  (within `read_delay`, by the typing indicator when its turn starts by then), fetch its media,
+  build the `Inbound`, submit. A reaction is noted, not answered.
 * Delivery (`WhatsAppChannel.send`): the model's Markdown in WhatsApp's own syntax, split at 4,096
   characters, progress recorded per part. Rate limits, 5xx and network errors are retried; a
   refused message gives way to the next; outside the 24-hour window (131047) the reply goes to
