@@ -337,6 +337,7 @@ class WhatsAppIntake:
                           attachments=fetched.attachments)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
+
 def _stored_message(payload: Mapping[str, Any]) -> WaMessage:
     body = payload["message"]
     return WaMessage(id=body["id"], sender=body["from"], timestamp=int(body.get("timestamp", 0)),
