@@ -28,7 +28,7 @@ import html
 import json
 import re
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +91,7 @@ class TelegramTuning:
     download_limit: int = BOT_API_DOWNLOAD_LIMIT
     download_backoff: float = 0.5
     poll_backoff: float = 1.0  # first pause after a failed poll or store, doubled up to a minute
+    connection_pool_size: int = 256  # PTB's default for its Bot API connections
 
 
 def check_settings(settings: TelegramSettings) -> None:
@@ -107,6 +108,28 @@ def check_settings(settings: TelegramSettings) -> None:
                           "A-Z, a-z, 0-9, _ and -) or use telegram.mode = 'polling'")
 
 
+_ApiResult = bool | dict[str, Any] | list[dict[str, Any]]  # what a Bot API call returns
+
+
+class _FinishingRateLimiter(AIORateLimiter):
+    """PTB's rate limiter, except that a request already on the wire finishes even when its
+    caller is cancelled (as each turn cancels its "typing…"): httpx's connection pool loses the
+    connection of a request cancelled while its response is being closed (encode/httpcore#1093,
+    httpcore 1.0.9), and after as many turns as the pool has connections no reply could be sent.
+    A call still waiting for its turn in the limiter is cancelled as before: it has no
+    connection yet, and sent late it would show "typing…" after the reply."""
+
+    async def process_request(
+        self, callback: Callable[..., Coroutine[Any, Any, _ApiResult]], args: Any,
+        kwargs: dict[str, Any], endpoint: str, data: dict[str, Any], rate_limit_args: int | None,
+    ) -> _ApiResult:
+        async def finishing(*call_args: Any, **call_kwargs: Any) -> _ApiResult:
+            return await asyncio.shield(callback(*call_args, **call_kwargs))
+
+        return await super().process_request(finishing, args, kwargs, endpoint, data,
+                                             rate_limit_args)
+
+
 def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> Application[
         Any, Any, Any, Any, Any, Any]:
     """PTB's Application pointed at the configured Bot API (for its Bot and rate limiter)."""
@@ -121,7 +144,8 @@ def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> App
         .token(settings.token)
         .base_url(settings.api_base)
         .base_file_url(settings.file_base)
-        .rate_limiter(AIORateLimiter(max_retries=tuning.rate_limit_retries))
+        .rate_limiter(_FinishingRateLimiter(max_retries=tuning.rate_limit_retries))
+        .connection_pool_size(tuning.connection_pool_size)
         .job_queue(None)  # roost has its own scheduler
     )
     # No Updater in either mode: webhooks come through roost's own route, and polling is roost's

@@ -7,12 +7,15 @@ python-telegram-bot; nothing is patched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import struct
+import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -376,6 +379,56 @@ async def test_typing_is_shown_while_a_turn_runs_and_not_after(
     assert len(typing) >= 3
     assert all(c.params == {"chat_id": USER, "action": "typing"} for c in typing)
     assert all(c.time < reply.time for c in typing)
+
+
+@contextlib.contextmanager
+def remote_fakes() -> Iterator[tuple[FakeTelegram, FakeOllama]]:
+    """The fake Bot API and Ollama on an event loop of their own, answering as remote servers
+    do: in step with each other, not with roost's loop."""
+    loop = asyncio.new_event_loop()
+    fakes = (FakeTelegram(), FakeOllama())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    for fake in fakes:
+        asyncio.run_coroutine_threadsafe(fake.__aenter__(), loop).result(10)
+    try:
+        yield fakes
+    finally:
+        for fake in fakes:
+            asyncio.run_coroutine_threadsafe(fake.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+async def test_hundreds_of_quick_turns_leave_the_bot_api_connections_free(
+        make_settings: SettingsFactory) -> None:
+    """Each turn ends its "typing…" while the chat action may still be on the wire. Cancelled
+    there, httpx lost the connection (encode/httpcore#1093): after as many turns as the pool
+    has connections (256 for real, 4 here) no reply could be sent any more."""
+    with remote_fakes() as (fake_telegram, fake_ollama):
+        telegram = {"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
+                    "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
+                    "allow": (USER,), "token": fake_telegram.token, "secret": SECRET}
+        settings = make_settings(model={"host": fake_ollama.url}, telegram=telegram,
+                                 access={"rate_limit": 1000})  # pacing is not the point here
+        app = build_app(settings, telegram_tuning=dataclasses.replace(
+            FAST, connection_pool_size=4))
+        runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        daemon = Daemon(app, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
+        try:
+            for turn in range(1, 41):
+                assert await daemon.post(message(turn, f"quick {turn}")) == 200
+                # Polled: the fake's own waiting lives on the other thread's loop.
+                async with asyncio.timeout(10):
+                    while len(fake_telegram.calls_to("sendMessage")) < turn:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+            assert texts(fake_telegram) == [f"echo: quick {turn}" for turn in range(1, 41)]
+        finally:
+            await daemon.stop()
 
 
 # ---- media ------------------------------------------------------------------------------------
