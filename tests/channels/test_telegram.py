@@ -126,6 +126,24 @@ class Daemon:
 Start = Callable[..., Awaitable[Daemon]]
 
 
+async def start_roost(make_settings: SettingsFactory, fake_telegram: FakeTelegram,
+                      fake_ollama: FakeOllama, tuning: TelegramTuning = FAST,
+                      **sections: dict[str, Any]) -> Daemon:
+    """roost with Telegram against these fakes; keyword groups override settings."""
+    telegram = {"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
+                "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
+                "allow": (USER,), "token": fake_telegram.token, "secret": SECRET}
+    settings = make_settings(
+        model={"host": fake_ollama.url, "retry_backoff": 0.05},
+        telegram=telegram | sections.pop("telegram", {}), **sections)
+    app = build_app(settings, telegram_tuning=tuning)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return Daemon(app, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
+
+
 @pytest.fixture
 async def start(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
                 make_settings: SettingsFactory) -> AsyncIterator[Start]:
@@ -133,19 +151,8 @@ async def start(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
     running: list[Daemon] = []
 
     async def run(tuning: TelegramTuning = FAST, **sections: dict[str, Any]) -> Daemon:
-        telegram = {"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
-                    "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
-                    "allow": (USER,), "token": fake_telegram.token, "secret": SECRET}
-        settings = make_settings(
-            model={"host": fake_ollama.url, "retry_backoff": 0.05},
-            telegram=telegram | sections.pop("telegram", {}), **sections)
-        app = build_app(settings, telegram_tuning=tuning)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        daemon = Daemon(app, runner, f"http://127.0.0.1:{port}")
+        daemon = await start_roost(make_settings, fake_telegram, fake_ollama, tuning,
+                                   **sections)
         running.append(daemon)
         return daemon
 
@@ -407,18 +414,10 @@ async def test_hundreds_of_quick_turns_leave_the_bot_api_connections_free(
     there, httpx lost the connection (encode/httpcore#1093): after as many turns as the pool
     has connections (256 for real, 4 here) no reply could be sent any more."""
     with remote_fakes() as (fake_telegram, fake_ollama):
-        telegram = {"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
-                    "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
-                    "allow": (USER,), "token": fake_telegram.token, "secret": SECRET}
-        settings = make_settings(model={"host": fake_ollama.url}, telegram=telegram,
-                                 access={"rate_limit": 1000})  # pacing is not the point here
-        app = build_app(settings, telegram_tuning=dataclasses.replace(
-            FAST, connection_pool_size=4))
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        daemon = Daemon(app, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
+        daemon = await start_roost(
+            make_settings, fake_telegram, fake_ollama,
+            dataclasses.replace(FAST, connection_pool_size=4),
+            access={"rate_limit": 1000})  # pacing is not the point here
         try:
             for turn in range(1, 41):
                 assert await daemon.post(message(turn, f"quick {turn}")) == 200
