@@ -39,7 +39,7 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from daemon.conversations import new_id
+from daemon.conversations import id_time, new_id
 from daemon.errors import RoostError
 from daemon.store import atomic_write
 
@@ -53,6 +53,9 @@ _DECODE_LOCK = threading.Lock()
 _SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
 _MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*")
 _NAME_MAX = 200
+# The only form of reference roost makes (`_write`, `_ref`): its folder, a month, an id.
+_REF_FORM = re.compile(
+    r"attachments/\d{4}-\d{2}/([0-7][0-9A-HJKMNP-TV-Z]{25})(?:\.[a-z0-9]{1,10})?")
 # Pillow's format names -> what the user is told ("" for MPO, which is how Pillow names the
 # multi-picture JPEGs many phone cameras write).
 _FORMAT_NAMES = {"JPEG": "JPEG", "MPO": "", "PNG": "PNG", "WEBP": "WebP", "GIF": "GIF",
@@ -201,6 +204,29 @@ def store_file(data: bytes, attachments_dir: Path, *, name: str, mime: str | Non
     return StoredFile(path=path, name=clean, mime=mime, size=len(data),
                       sha256=hashlib.sha256(data).hexdigest(), line_count=_count_lines(data),
                       kind=kind)
+
+
+def is_ref(text: str) -> bool:
+    """Whether `text` has the form of a reference roost makes, `attachments/2026-12/<id>.txt`:
+    nothing with `..`, an absolute path or another folder passes."""
+    return _REF_FORM.fullmatch(text) is not None
+
+
+def ref_time(ref: str) -> float:
+    """When the attachment of a reference (one that passes `is_ref`) was stored."""
+    found = _REF_FORM.fullmatch(ref)
+    if found is None:
+        raise ValueError(f"not an attachment reference: {ref!r}")
+    return id_time(found.group(1))
+
+
+def stored_path(ref: str, attachments_dir: Path) -> Path:
+    """The file of a stored reference, symlinks resolved; AttachmentError when it is not a
+    file inside the attachments dir (gone, or a link pointing out of it)."""
+    path = _resolve(ref, attachments_dir)
+    if not path.is_file():
+        raise AttachmentError("That attachment is no longer stored here.", "missing")
+    return path
 
 
 def read_image_base64(image_doc: dict[str, Any], attachments_dir: Path) -> str:

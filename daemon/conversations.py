@@ -8,6 +8,7 @@ one, or a fresh one when the chat has none or it has been idle longer than `idle
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -19,6 +20,8 @@ Kind = Literal["telegram", "whatsapp", "console", "automation"]
 Status = Literal["active", "archived"]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# What `new_id` makes: 26 characters of Crockford base32, the first at most 7 (128 bits).
+_ID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 
 
 _last_id = [0, 0]  # (millis, random) of the last id made here, for monotonic ids
@@ -41,6 +44,20 @@ def new_id(now: float | None = None) -> str:
         _last_id[:] = [millis, entropy]
     value = (millis << 80) | entropy
     return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def is_id(text: str) -> bool:
+    """Whether `text` has the form of an id `new_id` makes. Ids from outside (a tool's
+    arguments) are checked with this before they reach the store, so none can name a path."""
+    return _ID.fullmatch(text) is not None
+
+
+def id_time(text: str) -> float:
+    """When an id was made (its first 48 bits are milliseconds); `text` must pass `is_id`."""
+    millis = 0
+    for char in text[:10]:
+        millis = millis * 32 + _CROCKFORD.index(char)
+    return millis / 1000  # the first 10 characters are bits 80-129 of the id: the milliseconds
 
 
 def kind_of(chat_key: str) -> Kind:

@@ -30,7 +30,7 @@ import threading
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +88,23 @@ class Hit:
     chat_key: str
     snippet: str  # one line around the match
     score: float  # query words matched, plus bm25 squashed into [0, 1): higher is better
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """The rows a search may return, as an SQL condition on the row's chat and conversation."""
+
+    sql: str
+    args: tuple[str, ...]
+
+    @classmethod
+    def of(cls, chats: Collection[str] | None, conversations: Collection[str]) -> _Scope:
+        if chats is None:
+            return cls("", ())
+        keys, ids = sorted(set(chats)), sorted(set(conversations))
+        # `IN ()` is valid in SQLite and matches nothing: an empty scope finds nothing.
+        return cls(f" AND (chat_key IN ({','.join('?' * len(keys))}) OR conversation_id IN "
+                   f"({','.join('?' * len(ids))}))", (*keys, *ids))
 
 
 def query_terms(text: str) -> list[str]:
@@ -229,12 +246,18 @@ class MemoryIndex:
             self._db.execute("DELETE FROM memory WHERE conversation_id = ?", (cid,))
             self._db.execute("DELETE FROM indexed WHERE conversation_id = ?", (cid,))
 
-    def search(self, query: str, limit: int = 8, store: Store | None = None) -> list[Hit]:
-        """Messages and summaries of every conversation sharing words with `query`, best
-        first. Given the store, conversations marked dirty are indexed first."""
+    def search(self, query: str, limit: int = 8, store: Store | None = None, *,
+               chats: Collection[str] | None = None,
+               conversations: Collection[str] = ()) -> list[Hit]:
+        """Messages and summaries sharing words with `query`, best first. Given the store,
+        conversations marked dirty are indexed first.
+
+        `chats` limits the search to the conversations of those chat keys, plus the single
+        `conversations` named (a tool's recall scope); None searches every conversation."""
         terms = query_terms(query)
+        scope = _Scope.of(chats, conversations)
         try:
-            return self._search(terms, limit, store)
+            return self._search(terms, limit, store, scope)
         except sqlite3.DatabaseError as exc:
             if not _is_corrupt(exc):
                 raise
@@ -245,9 +268,10 @@ class MemoryIndex:
                 _move_aside(self.path)
                 self._db = _connect(self.path)
                 self._all_dirty = True
-            return self._search(terms, limit, store)
+            return self._search(terms, limit, store, scope)
 
-    def _search(self, terms: list[str], limit: int, store: Store | None) -> list[Hit]:
+    def _search(self, terms: list[str], limit: int, store: Store | None,
+                scope: _Scope) -> list[Hit]:
         if store is not None:
             with self._dirty_lock:
                 everything, dirty = self._all_dirty, sorted(self._dirty)
@@ -258,7 +282,7 @@ class MemoryIndex:
         if not terms or limit <= 0:
             return []
         with self._lock:
-            ranks = self._candidates(terms, max(4 * limit, 32))
+            ranks = self._candidates(terms, max(4 * limit, 32), scope)
             if not ranks:
                 return []
             # Which query words each candidate holds: FTS5 cannot test a term against a few
@@ -285,10 +309,13 @@ class MemoryIndex:
                             words[rowid] + relevance / (1 + relevance)))
         return hits
 
-    def _candidates(self, terms: list[str], k: int) -> dict[int, float]:
-        """Rowid -> bm25 of the top `k` rows, ranking at most BUDGET rows (see module doc)."""
-        rows = {t: self._db.execute("SELECT count(*) FROM (SELECT 1 FROM memory WHERE memory "
-                                    "MATCH ? LIMIT ?)", (_any_of([t]), BUDGET + 1)).fetchone()[0]
+    def _candidates(self, terms: list[str], k: int, scope: _Scope) -> dict[int, float]:
+        """Rowid -> bm25 of the top `k` rows in scope, ranking at most BUDGET rows (see module
+        doc)."""
+        where, args = scope.sql, scope.args
+        rows = {t: self._db.execute(f"SELECT count(*) FROM (SELECT 1 FROM memory WHERE memory "
+                                    f"MATCH ?{where} LIMIT ?)",
+                                    (_any_of([t]), *args, BUDGET + 1)).fetchone()[0]
                 for t in terms}
         by_rarity = sorted(terms, key=rows.__getitem__)  # rare words say the most
         chosen: list[str] = []
@@ -300,11 +327,13 @@ class MemoryIndex:
             chosen.append(term)
         match, floor = _any_of(chosen or by_rarity[:4]), 0
         if not chosen:  # every word is in thousands of rows and says little: rank the newest
-            newest = self._db.execute("SELECT rowid FROM memory WHERE memory MATCH ? ORDER BY "
-                                      "rowid DESC LIMIT 1 OFFSET ?", (match, BUDGET)).fetchone()
+            newest = self._db.execute(f"SELECT rowid FROM memory WHERE memory MATCH ?{where} "
+                                      "ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+                                      (match, *args, BUDGET)).fetchone()
             floor = newest[0] if newest else 0
-        return dict(self._db.execute("SELECT rowid, rank FROM memory WHERE memory MATCH ? AND "
-                                     "rowid >= ? ORDER BY rank LIMIT ?", (match, floor, k)))
+        return dict(self._db.execute(f"SELECT rowid, rank FROM memory WHERE memory MATCH ?"
+                                     f"{where} AND rowid >= ? ORDER BY rank LIMIT ?",
+                                     (match, *args, floor, k)))
 
     def stats(self) -> dict[str, int]:
         """Rows by kind, conversations indexed, and conversations waiting to be synced."""

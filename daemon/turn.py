@@ -57,6 +57,7 @@ from daemon.router import Router
 from daemon.store import Store
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry
+from daemon.tools.scope import recall_scope
 
 MAX_BACKOFF = 60.0
 RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
@@ -199,7 +200,8 @@ class TurnRunner:
                                    active_tools=(*conversation.active_tools, FILES_CAPABILITY))
         context = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
                               conversation_id=conversation.id, clock=self.clock,
-                              index=self.index, active=list(conversation.active_tools))
+                              index=self.index, active=list(conversation.active_tools),
+                              scope=recall_scope(conversation, self.settings.automations))
         try:
             prepared = await self.prompting.prepare(conversation, history)
             first, prepared, messages = await self._answer(

@@ -52,7 +52,7 @@ from typing import Any, ParamSpec, TypeVar
 from tinydb import TinyDB
 from tinydb.table import Document
 
-from daemon.conversations import Conversation, Message, Role, SummaryState, new_id
+from daemon.conversations import Conversation, Message, Role, SummaryState, is_id, new_id
 from daemon.errors import StoreError
 from daemon.store.book import ConversationBook, index_doc
 from daemon.store.files import (
@@ -284,7 +284,10 @@ class Store:
     def messages(
         self, conversation_id: str, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Message]:
-        """The conversation's messages with `from_seq <= seq <= to_seq`, in order."""
+        """The conversation's messages with `from_seq <= seq <= to_seq`, in order; none for
+        an id that is not one of roost's (nothing on disk is looked up for it)."""
+        if not is_id(conversation_id):
+            return []
         loaded = self.log.messages(conversation_id)
         if not loaded:
             return []

@@ -16,7 +16,7 @@ from pathlib import Path
 from tinydb import TinyDB
 from tinydb.table import Document
 
-from daemon.conversations import Message
+from daemon.conversations import Message, is_id
 from daemon.errors import StoreError
 from daemon.store.files import AtomicJSONStorage, CorruptFile, move_aside
 
@@ -39,6 +39,10 @@ class MessageLog:
         self._logs: OrderedDict[str, _Log] = OrderedDict()
 
     def folder(self, conversation_id: str) -> Path:
+        """The conversation's folder; only ever for an id of roost's own form, so that no
+        string from outside (a tool's arguments) can make it a path elsewhere."""
+        if not is_id(conversation_id):
+            raise ValueError(f"not a conversation id: {conversation_id!r}")
         return self.root / conversation_id
 
     def created(self, conversation_id: str) -> None:

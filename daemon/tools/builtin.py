@@ -1,28 +1,41 @@
 """The built-in tools: recall (nothing folded is lost), the clock, files, and tool discovery.
 
 They register through `register_builtin(registry)`, the same path an extra would use.
+
+Recall is scoped (`daemon.tools.scope`): a conversation id, message ref or attachment path
+outside the conversation's scope gets the very answer one that does not exist gets. Nothing a
+tool is given becomes a path: ids and refs must have the form roost makes them in, and a file
+is read only once its reference was found on a message in scope.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
+from daemon.attachments import AttachmentError, is_ref, ref_time, stored_path
 from daemon.config import Settings
-from daemon.conversations import Message
+from daemon.conversations import Conversation, Message, is_id
 from daemon.memory_index import MemoryIndex
 from daemon.store import Store
 from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.scope import RecallScope, recall_scope
 
 READ_CAP_CHARS = 6_000
 GET_CAP_CHARS = 12_000
 FILE_CAP_CHARS = 8_000
 FILE_MAX_LINES = 200
 SEARCH_MAX = 10
+# A conversation that ended this long before a file was stored cannot hold it (the slack
+# covers a clock set back); older ones are not read when looking for a file's message.
+FILE_SLACK = 86_400.0
+_MSG_REF = re.compile(r"msg:([0-9A-Z]{26}):([0-9]{1,12})")
+_SUMMARY_REF = re.compile(r"summary:([0-9A-Z]{26})")
 
 
 @dataclass
@@ -36,6 +49,28 @@ class ToolContext:
     clock: Callable[[], float]
     index: MemoryIndex | None = None
     active: list[str] = field(default_factory=list)  # capabilities activated in this conversation
+    # Whose conversations recall may read; None: worked out from this conversation's record.
+    scope: RecallScope | None = None
+
+    def recall_scope(self) -> RecallScope:
+        """The scope (synchronous: it may read the store; call it in a thread)."""
+        if self.scope is None:
+            conversation = self.store.get_conversation(self.conversation_id)
+            self.scope = (recall_scope(conversation, self.settings.automations)
+                          if conversation is not None
+                          else RecallScope(frozenset(), frozenset({self.conversation_id})))
+        return self.scope
+
+
+def _visible(ctx: ToolContext, conversation_id: str) -> Conversation | None:
+    """The conversation, if it is one this conversation may recall; None alike for a
+    malformed id, one that does not exist and one of someone else."""
+    if not is_id(conversation_id):
+        return None
+    conversation = ctx.store.get_conversation(conversation_id)
+    if conversation is None or not ctx.recall_scope().covers(conversation):
+        return None
+    return conversation
 
 
 def _header(message: Message, tz: tzinfo) -> str:
@@ -54,7 +89,7 @@ async def conversation_read(
 ) -> str:
     """Original messages, byte for byte, paged so that one call stays within a size cap."""
     cid = conversation_id or ctx.conversation_id
-    conversation = await asyncio.to_thread(ctx.store.get_conversation, cid)
+    conversation = await asyncio.to_thread(_visible, ctx, cid)
     if conversation is None:
         return f"ERROR: no conversation {cid!r}; memory_search returns valid references."
     messages = await asyncio.to_thread(ctx.store.messages, cid, max(from_seq, 1),
@@ -85,11 +120,14 @@ async def conversation_read(
 
 
 async def memory_search(ctx: ToolContext, query: str, limit: int = 5) -> str:
-    """Ranked snippets from every message and summary of every conversation."""
+    """Ranked snippets from the messages and summaries of the conversations in scope."""
     if ctx.index is None:
         return "ERROR: the search index is not available right now."
     limit = max(1, min(limit, SEARCH_MAX))
-    hits = await asyncio.to_thread(ctx.index.search, query, limit, ctx.store)
+    index = ctx.index
+    scope = await asyncio.to_thread(ctx.recall_scope)
+    hits = await asyncio.to_thread(lambda: index.search(
+        query, limit, ctx.store, chats=scope.chat_keys, conversations=scope.conversation_ids))
     if not hits:
         return (f"Nothing found for {query!r}. Try other words (a name, a number, a "
                 "distinctive term) before concluding it was never said.")
@@ -105,20 +143,23 @@ async def memory_search(ctx: ToolContext, query: str, limit: int = 5) -> str:
 
 async def memory_get(ctx: ToolContext, ref: str) -> str:
     """One search result whole: `msg:<conversation>:<seq>` or `summary:<conversation>`."""
-    kind, _, rest = ref.partition(":")
-    if kind == "summary":
-        conversation = await asyncio.to_thread(ctx.store.get_conversation, rest)
+    ref = ref.strip()
+    if summary_ref := _SUMMARY_REF.fullmatch(ref):
+        cid = summary_ref.group(1)
+        conversation = await asyncio.to_thread(_visible, ctx, cid)
         if conversation is None:
-            return f"ERROR: no conversation {rest!r}"
+            return f"ERROR: no conversation {cid!r}"
         summary = conversation.summary
-        return (f"Summary of conversation {rest} (messages 1-{summary.through_seq}):\n"
+        return (f"Summary of conversation {cid} (messages 1-{summary.through_seq}):\n"
                 f"{summary.summary}\n\nThe user's own words:\n{summary.user_notes}")
-    cid, _, seq_text = rest.rpartition(":")
-    if kind != "msg" or not cid or not seq_text.isdigit():
+    message_ref = _MSG_REF.fullmatch(ref)
+    if message_ref is None:
         return (f"ERROR: {ref!r} is not a reference; use one from memory_search, like "
                 "msg:<conversation id>:<seq> or summary:<conversation id>")
-    seq = int(seq_text)
-    found = await asyncio.to_thread(ctx.store.messages, cid, seq, seq)
+    cid, seq = message_ref.group(1), int(message_ref.group(2))
+    found: list[Message] = []
+    if await asyncio.to_thread(_visible, ctx, cid) is not None:
+        found = await asyncio.to_thread(ctx.store.messages, cid, seq, seq)
     if not found:
         return f"ERROR: no message #{seq} in conversation {cid!r}"
     message = found[0]
@@ -135,10 +176,9 @@ async def current_time(ctx: ToolContext) -> str:
 
 
 async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: int = 0) -> str:
-    """Lines of a file the user sent (stored under attachments/)."""
-    attachments = (ctx.store.state_dir / "attachments").resolve()
-    target = (ctx.store.state_dir / path).resolve()
-    if not target.is_relative_to(attachments) or not target.is_file():
+    """Lines of a file the user sent (stored under attachments/), in a conversation in scope."""
+    target = await asyncio.to_thread(_sent_file, ctx, path)
+    if target is None:
         return (f"ERROR: {path!r} is not a file the user sent; paths look like "
                 "attachments/2026-12/<id>.txt, as given in the file's note.")
     text = await asyncio.to_thread(_read_text, target)
@@ -159,6 +199,33 @@ async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: in
         out.append(f"{number}: {line}")
         used += len(line) + 8
     return "\n".join(out)
+
+
+def _sent_file(ctx: ToolContext, ref: str) -> Path | None:
+    """The stored file `ref` names, if a message of a conversation in scope carries it; None
+    alike for a malformed reference, a file that is not there and one of someone else."""
+    if not is_ref(ref):
+        return None
+    stored = ref_time(ref)
+    scope = ctx.recall_scope()
+    # This conversation first (where a file is nearly always read), then the others in scope,
+    # newest first, skipping those that ended before the file was stored.
+    candidates = [c for key in sorted(scope.chat_keys)
+                  for c in ctx.store.list_conversations(chat_key=key)
+                  if c.status == "active" or c.last_active >= stored - FILE_SLACK]
+    ids = dict.fromkeys([ctx.conversation_id, *sorted(scope.conversation_ids),
+                         *(c.id for c in sorted(candidates, key=lambda c: -c.created))])
+    for cid in ids:
+        conversation = _visible(ctx, cid)
+        if conversation is None:
+            continue
+        for message in reversed(ctx.store.messages(cid)):
+            if any(a.get("path") == ref for a in message.attachments):
+                try:
+                    return stored_path(ref, ctx.store.state_dir / "attachments")
+                except AttachmentError:
+                    return None
+    return None
 
 
 def _read_text(path: Path) -> str | None:

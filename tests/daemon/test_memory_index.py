@@ -131,6 +131,28 @@ def test_archived_conversations_and_every_chat_are_searched(store: Store,
     assert index.search("garage lamp")[0].chat_key == OTHER
 
 
+def test_a_scoped_search_returns_only_those_chats_however_many_others_match(
+        store: Store, index: MemoryIndex) -> None:
+    theirs = [conversation(store, [f"Garage code {n} for the other chat.", "Noted."],
+                           chat=OTHER, start=T0 + n) for n in range(30)]
+    mine = conversation(store, ["My garage code is 4817.", "Got it."], start=T0 + 100)
+    store.save_summary(theirs[0], SummaryState(summary="They talked about the garage code.",
+                                               through_seq=2, fold_count=1, folded_at=T0 + 50))
+    automation = conversation(store, ["Check the garage code."], chat="automation:brief",
+                              start=T0 + 200)
+    index.sync(store)
+
+    hits = index.search("garage code", 3, chats={CHAT})
+    assert [h.ref for h in hits] == [f"msg:{mine}:1"]
+    # A single conversation besides the chats (an automation's own run).
+    hits = index.search("garage code", 3, chats=set(), conversations={automation})
+    assert [h.ref for h in hits] == [f"msg:{automation}:1"]
+    assert index.search("garage code", 3, chats=set()) == []
+    # Unscoped (the index's own callers), every chat's rows rank as before.
+    assert {h.chat_key for h in index.search("garage code", 40)} == {
+        CHAT, OTHER, "automation:brief"}
+
+
 def test_a_fact_only_in_early_messages_is_found_after_the_summary_moved_on(
         store: Store, index: MemoryIndex) -> None:
     cid = conversation(store, ["My passport number is X1234567, keep it for the visa form.",

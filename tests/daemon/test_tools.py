@@ -224,11 +224,14 @@ async def test_a_capability_is_activated_and_used_in_the_same_turn(
     setup_for: Callable[..., Any],
 ) -> None:
     setup: Setup = await setup_for()
-    await setup.say("hello")  # a conversation exists; put a file where the user's files go
-    stored = setup.store.state_dir / "attachments" / "notes.txt"
-    stored.write_text("first line\nsecond line\nthird line\n", "utf-8")
+    # The user sent a file in an earlier conversation of this chat (file_read reads only files
+    # the user sent); the new one starts without the files capability.
+    notes = store_file(b"first line\nsecond line\nthird line\n",
+                       setup.store.state_dir / "attachments", name="notes.txt", mime=None)
+    await setup.say("hello, here are my notes", attachments=(notes.to_doc(),))
+    setup.engine.router.rotate(CHAT, time.time())
     setup.fake.script(Reply(tool_calls=[call("tool_activate", name="files")]),
-                      Reply(tool_calls=[call("file_read", path="attachments/notes.txt",
+                      Reply(tool_calls=[call("file_read", path=notes.ref,
                                              from_line=2, to_line=2)]),
                       Reply(content="The second line says: second line."))
     await setup.say("What is on line 2 of my notes?")
