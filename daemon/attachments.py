@@ -39,7 +39,7 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from daemon.conversations import id_time, new_id
+from daemon.conversations import ID_PATTERN, id_time, new_id
 from daemon.errors import RoostError
 from daemon.store import atomic_write
 
@@ -54,8 +54,7 @@ _SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
 _MIME = re.compile(r"[a-z0-9][a-z0-9.+-]*/[a-z0-9][a-z0-9.+-]*")
 _NAME_MAX = 200
 # The only form of reference roost makes (`_write`, `_ref`): its folder, a month, an id.
-_REF_FORM = re.compile(
-    r"attachments/\d{4}-\d{2}/([0-7][0-9A-HJKMNP-TV-Z]{25})(?:\.[a-z0-9]{1,10})?")
+_REF_FORM = re.compile(rf"attachments/\d{{4}}-\d{{2}}/({ID_PATTERN})(?:\.[a-z0-9]{{1,10}})?")
 # Pillow's format names -> what the user is told ("" for MPO, which is how Pillow names the
 # multi-picture JPEGs many phone cameras write).
 _FORMAT_NAMES = {"JPEG": "JPEG", "MPO": "", "PNG": "PNG", "WEBP": "WebP", "GIF": "GIF",

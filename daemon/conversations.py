@@ -21,7 +21,8 @@ Status = Literal["active", "archived"]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # What `new_id` makes: 26 characters of Crockford base32, the first at most 7 (128 bits).
-_ID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+ID_PATTERN = "[0-7][0-9A-HJKMNP-TV-Z]{25}"
+_ID = re.compile(ID_PATTERN)
 
 
 _last_id = [0, 0]  # (millis, random) of the last id made here, for monotonic ids

@@ -17,6 +17,9 @@ rebuilt; a file of another schema version is emptied and rebuilt. Nothing here i
   the newest BUDGET rows holding one of its four rarest words. The best candidates are then
   ordered by how many distinct query words they hold, then by bm25: a message holding two of
   the words beats one holding one.
+* A tool's search is scoped (`chats`, `conversations`): the condition on each row's chat key
+  and conversation is part of every query, candidates and counts included, so other people's
+  rows neither show nor crowd out the person's own.
 * One connection behind one lock, since the daemon calls in through `asyncio.to_thread`.
   `sync` takes the lock per conversation, so searches go on during a rebuild.
 """

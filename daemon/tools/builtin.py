@@ -20,7 +20,7 @@ from typing import Any
 
 from daemon.attachments import AttachmentError, is_ref, ref_time, stored_path
 from daemon.config import Settings
-from daemon.conversations import Conversation, Message, is_id
+from daemon.conversations import ID_PATTERN, Conversation, Message, is_id
 from daemon.memory_index import MemoryIndex
 from daemon.store import Store
 from daemon.tools.registry import Capability, Registry, Tool
@@ -34,8 +34,8 @@ SEARCH_MAX = 10
 # A conversation that ended this long before a file was stored cannot hold it (the slack
 # covers a clock set back); older ones are not read when looking for a file's message.
 FILE_SLACK = 86_400.0
-_MSG_REF = re.compile(r"msg:([0-9A-Z]{26}):([0-9]{1,12})")
-_SUMMARY_REF = re.compile(r"summary:([0-9A-Z]{26})")
+_MSG_REF = re.compile(rf"msg:({ID_PATTERN}):([0-9]{{1,12}})")
+_SUMMARY_REF = re.compile(rf"summary:({ID_PATTERN})")
 
 
 @dataclass

@@ -209,38 +209,59 @@ def plant_segment(folder: Path, content: str) -> Path:
     return path
 
 
-async def test_message_refs_cannot_name_a_path_outside_the_store(
+NOT_A_REF = ("ERROR: {ref!r} is not a reference; use one from memory_search, like "
+             "msg:<conversation id>:<seq> or summary:<conversation id>")
+
+
+def hostile_folders(world: World, folder: Path) -> list[str]:
+    """The ways a ref could name `folder`: absolute, relative to the conversations, and
+    through a real conversation's folder."""
+    relative = relative_to(folder, world.settings.daemon.state_dir / "conversations")
+    return [str(folder), relative, f"{world.alice}/../{relative}", f"./{relative}"]
+
+
+async def test_message_refs_cannot_read_a_segment_planted_outside_the_store(
         world: World, tmp_path: Path) -> None:
-    """Item 2 of issue 17: `msg:/abs/dir:1` read a planted segment, `msg:../../dir:1` too, and
-    a non-JSON file there was renamed to `.corrupt-<time>`."""
+    """Issue 17, item 2: `msg:/abs/dir:1` and `msg:../../dir:1` read a planted segment."""
     planted = plant_segment(tmp_path / "planted", "PLANTED outside the state dir")
-    junk_dir = tmp_path / "junk"
-    junk_dir.mkdir()
-    junk = junk_dir / "seg-000000001.json"
-    junk.write_bytes(b"not json at all \x00\xff")
-    conversations = world.settings.daemon.state_dir / "conversations"
-    relative, relative_junk = (relative_to(d, conversations) for d in (planted.parent, junk_dir))
     before = all_files(tmp_path)
     ctx = world.context(world.alice)
-    for where in (str(planted.parent), relative, str(junk_dir), relative_junk,
-                  f"{world.alice}/../{relative}", f"{world.alice}/.."):
+    for where in [*hostile_folders(world, planted.parent), f"{world.alice}/.."]:
         for ref in (f"msg:{where}:1", f"summary:{where}"):
-            answer = await memory_get(ctx, ref)
-            assert answer == (f"ERROR: {ref!r} is not a reference; use one from memory_search,"
-                              " like msg:<conversation id>:<seq> or summary:<conversation id>")
-        answer = await conversation_read(ctx, where, 1, 0)
-        assert answer == NOT_FOUND_CONVERSATION.format(cid=where)
+            assert (await memory_get(ctx, ref)) == NOT_A_REF.format(ref=ref)
+        assert (await conversation_read(ctx, where, 1, 0)) == (
+            NOT_FOUND_CONVERSATION.format(cid=where))
         assert world.store.messages(where) == []
-    for malformed in ("msg:", "msg::1", f"msg:{world.alice}:", f"msg:{world.alice}:-1",
-                      f"msg:{world.alice.lower()}:1", f"msg:{world.alice}:1:2", "summary:",
-                      f"file:{world.alice}", f"msg:{world.alice}:1.0", f"msg:{world.alice}:1 2"):
-        assert (await memory_get(ctx, malformed)).startswith(f"ERROR: {malformed!r} is "
-                                                             "not a reference")
-    # Nothing outside was read, renamed or added; nothing in the store was lost.
-    after = all_files(tmp_path)
-    assert after == before and junk.read_bytes() == b"not json at all \x00\xff"
-    assert not [p for p in after if ".corrupt-" in p.name]
+    assert all_files(tmp_path) == before
     assert [m.content for m in world.store.messages(world.bob)] == [SECRET]
+
+
+async def test_message_refs_cannot_make_roost_rename_a_file_outside_the_store(
+        world: World, tmp_path: Path) -> None:
+    """Issue 17, item 2: a non-JSON `seg-*.json` outside was moved aside as corrupt."""
+    junk = tmp_path / "junk" / "seg-000000001.json"
+    junk.parent.mkdir()
+    junk.write_bytes(b"not json at all \x00\xff")
+    before = all_files(tmp_path)
+    ctx = world.context(world.alice)
+    for where in hostile_folders(world, junk.parent):
+        assert (await memory_get(ctx, f"msg:{where}:1")) == NOT_A_REF.format(
+            ref=f"msg:{where}:1")
+        assert (await conversation_read(ctx, where)) == NOT_FOUND_CONVERSATION.format(cid=where)
+    after = all_files(tmp_path)
+    assert junk.read_bytes() == b"not json at all \x00\xff"
+    assert not [p for p in after if ".corrupt-" in p.name]
+    assert after == before
+
+
+async def test_malformed_refs_are_refused_before_anything_is_looked_up(world: World) -> None:
+    ctx = world.context(world.alice)
+    cid = world.alice
+    for malformed in ("msg:", "msg::1", f"msg:{cid}:", f"msg:{cid}:-1", f"msg:{cid.lower()}:1",
+                      f"msg:{cid}:1:2", "summary:", f"file:{cid}", f"msg:{cid}:1.0",
+                      f"msg:{cid}:1 2", f"summary:{cid}/", "msg:Z" + cid[1:] + ":1"):
+        assert (await memory_get(ctx, malformed)) == NOT_A_REF.format(ref=malformed)
+    assert (await memory_get(ctx, f" msg:{cid}:1 ")).endswith("parked at the station.")
 
 
 def with_automations(settings: Settings, *automations: AutomationSettings) -> Settings:
