@@ -244,14 +244,16 @@ async def test_message_refs_cannot_make_roost_rename_a_file_outside_the_store(
     junk.write_bytes(b"not json at all \x00\xff")
     before = all_files(tmp_path)
     ctx = world.context(world.alice)
+    answers = {}
     for where in hostile_folders(world, junk.parent):
-        assert (await memory_get(ctx, f"msg:{where}:1")) == NOT_A_REF.format(
-            ref=f"msg:{where}:1")
-        assert (await conversation_read(ctx, where)) == NOT_FOUND_CONVERSATION.format(cid=where)
+        answers[where] = (await memory_get(ctx, f"msg:{where}:1"),
+                          await conversation_read(ctx, where))
     after = all_files(tmp_path)
-    assert junk.read_bytes() == b"not json at all \x00\xff"
     assert not [p for p in after if ".corrupt-" in p.name]
+    assert junk.read_bytes() == b"not json at all \x00\xff"
     assert after == before
+    assert answers == {where: (NOT_A_REF.format(ref=f"msg:{where}:1"),
+                               NOT_FOUND_CONVERSATION.format(cid=where)) for where in answers}
 
 
 async def test_malformed_refs_are_refused_before_anything_is_looked_up(world: World) -> None:
