@@ -206,13 +206,15 @@ def _sent_file(ctx: ToolContext, ref: str) -> Path | None:
     alike for a malformed reference, a file that is not there and one of someone else."""
     if not is_ref(ref):
         return None
-    stored = ref_time(ref)
+    # Not later than now: ids made in a burst count up from the newest one (`new_id`), and an
+    # id made for a time ahead (a test's clock) would push every later one there.
+    since = min(ref_time(ref), ctx.clock()) - FILE_SLACK
     scope = ctx.recall_scope()
     # This conversation first (where a file is nearly always read), then the others in scope,
     # newest first, skipping those that ended before the file was stored.
     candidates = [c for key in sorted(scope.chat_keys)
                   for c in ctx.store.list_conversations(chat_key=key)
-                  if c.status == "active" or c.last_active >= stored - FILE_SLACK]
+                  if c.status == "active" or c.last_active >= since]
     ids = dict.fromkeys([ctx.conversation_id, *sorted(scope.conversation_ids),
                          *(c.id for c in sorted(candidates, key=lambda c: -c.created))])
     for cid in ids:
