@@ -187,8 +187,7 @@ async def test_a_sent_file_replaced_by_a_symlink_out_of_the_attachments_is_not_r
     stored.symlink_to(outside)
     ref = world.bob_file.ref
     assert (await file_read(world.context(world.bob), ref)) == NOT_A_FILE.format(path=ref)
-    # A link inside the attachments dir to a file of someone else's is refused the same way
-    # for the person whose message names the link: it must be their own file.
+    # Named on a message of Alice's as well, the link is still not followed out.
     world.store.append_message(world.alice, "user", "mine", created=T0 + 6,
                                attachments=({"kind": "document", "path": ref},))
     assert (await file_read(world.context(world.alice), ref)) == NOT_A_FILE.format(path=ref)
