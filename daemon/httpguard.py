@@ -259,13 +259,19 @@ def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > request.client_max_size:
+            # Refused before a byte of it is read: waiting for it would only end in a 408.
+            response: web.StreamResponse = web.Response(status=413, text="too large\n")
+            response.force_close()
+            return _account(request, response, rejections, count)
         if request.body_exists:
             try:
                 # Read here, bounded in time; the handler gets it from request.read()'s cache.
                 async with asyncio.timeout(limits.body_timeout):
                     await request.read()
             except TimeoutError:
-                response: web.StreamResponse = web.Response(status=408, text="body too slow\n")
+                response = web.Response(status=408, text="body too slow\n")
                 response.force_close()
                 return _account(request, response, rejections, count)
             except ConnectionResetError:  # the caller hung up mid-body: nobody to answer
