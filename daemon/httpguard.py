@@ -7,6 +7,11 @@
   connection that is sending no more than part of a request head is closed to make room, so
   idle sockets (a port scanner, a slowloris) cannot lock out /healthz or Telegram, and roost
   never runs out of file descriptors.
+* A connection whose head is complete but whose body has not all come is evictable too: at
+  most `bodies_per_address` of them per caller (an IPv4 address, an IPv6 /64) and `bodies` in
+  all; past either, the oldest of them is closed, and at the cap one is closed when no head is
+  waiting. A body that comes with its head (every real webhook call) is never among them, so
+  heads that announce a body and send none cannot hold the server for the body deadline.
 * `guard_middleware` bounds the time a request body may take, and counts and logs refused
   webhook calls at most once a minute per cause, so a stranger cannot fill the journal.
 """
@@ -14,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import socket
@@ -41,6 +47,9 @@ class HttpLimits:
     max_connections: int = 512  # well under the unit's LimitNOFILE and the default 1,024
     header_timeout: float = 10.0  # seconds for a request head, from its first byte (or connect)
     body_timeout: float = 15.0  # seconds to read a request body
+    # Connections waiting for the rest of a body: per caller, and in all (a quarter of the cap).
+    bodies_per_address: int = 16
+    bodies: int = 128
     keepalive_timeout: float = 15.0  # an idle kept-alive connection is closed after this
     lingering_time: float = 1.0  # reading the rest of a refused body before closing
     backlog: int = 128
@@ -110,10 +119,12 @@ class _Guarded(asyncio.Protocol):
         self._body = 0  # body bytes still to come of the current request
         self._followed = True  # False after a chunked body: its end is aiohttp's to find
         self._timer: asyncio.TimerHandle | None = None
+        self.caller = "?"  # the address a caller cannot vary cheaply (IPv6: its /64)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.caller = _caller(transport.get_extra_info("peername"))
         self.site.opened(self)
         self._arm()
         self.inner.connection_made(transport)
@@ -121,6 +132,8 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._followed:
             self._follow(data)
+        # A chunked body's end is not followed: such a connection stays evictable.
+        self.site.body_pending(self, self._body > 0 or not self._followed)
         self.inner.data_received(data)
 
     def _follow(self, data: bytes) -> None:
@@ -173,6 +186,23 @@ class _Guarded(asyncio.Protocol):
             self.transport.close()
 
 
+def _caller(peer: object) -> str:
+    """Whom a connection counts against: its IPv4 address, or its IPv6 /64 (one host may
+    hold a whole /64)."""
+    host = peer[0] if isinstance(peer, tuple) and peer else None
+    if not isinstance(host, str):
+        return "?"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # a dual-stack socket's IPv4 caller
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 class _Refused(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.close()
@@ -186,8 +216,12 @@ class GuardedSite(web.SockSite):
         self.limits = limits
         self.open = 0
         self._waiting: OrderedDict[int, _Guarded] = OrderedDict()  # no whole request head yet
+        self._bodies: OrderedDict[int, _Guarded] = OrderedDict()  # a head, not all its body
+        self._bodies_of: dict[str, OrderedDict[int, _Guarded]] = {}  # the same, by caller
         self.evicted = 0
+        self.evicted_bodies = 0
         self.refused = 0
+        self.rejections = RejectionLog()
 
     async def start(self) -> None:
         self._runner._reg_site(self)
@@ -197,12 +231,15 @@ class GuardedSite(web.SockSite):
 
     def _protocol(self) -> asyncio.Protocol:
         if self.open >= self.limits.max_connections:
-            if not self._waiting:
+            if self._waiting:
+                _, oldest = self._waiting.popitem(last=False)
+                self.evicted += 1
+                oldest.close()
+            elif self._bodies:
+                self._evict_body(next(iter(self._bodies.values())), "at the connection cap")
+            else:
                 self.refused += 1
                 return _Refused()
-            _, oldest = self._waiting.popitem(last=False)
-            self.evicted += 1
-            oldest.close()
         server = self._runner.server
         assert server is not None
         return _Guarded(self, server())
@@ -220,6 +257,36 @@ class GuardedSite(web.SockSite):
     def closed(self, conn: _Guarded) -> None:
         self.open -= 1
         self._waiting.pop(id(conn), None)
+        self.body_pending(conn, False)
+
+    def body_pending(self, conn: _Guarded, pending: bool) -> None:
+        """Whether `conn` has a whole head and waits for more of its body; over a bound, the
+        oldest such connection (of its caller, else of all) is closed."""
+        key = id(conn)
+        if not pending:
+            if self._bodies.pop(key, None) is not None:
+                same = self._bodies_of[conn.caller]
+                del same[key]
+                if not same:
+                    del self._bodies_of[conn.caller]
+            return
+        if key in self._bodies:  # still the same body: its place (its age) stays
+            return
+        self._bodies[key] = conn
+        same = self._bodies_of.setdefault(conn.caller, OrderedDict())
+        same[key] = conn
+        if len(same) > self.limits.bodies_per_address:
+            self._evict_body(next(iter(same.values())), "too many from this address")
+        elif len(self._bodies) > self.limits.bodies:
+            self._evict_body(next(iter(self._bodies.values())), "too many in all")
+
+    def _evict_body(self, conn: _Guarded, why: str) -> None:
+        self.body_pending(conn, False)
+        self.evicted_bodies += 1
+        if (line := self.rejections.line("closed a connection waiting for its body", why,
+                                         conn.caller)) is not None:
+            log.warning("%s", line)
+        conn.close()
 
 
 @dataclass
