@@ -3,15 +3,16 @@
 * `bind()` takes the port before anything else starts, so a second instance that cannot bind
   stops before it touches Telegram (setWebhook, setMyCommands).
 * `GuardedSite` serves a bound socket with a cap on open connections and a deadline for each
-  request's head (also the later ones on a kept-alive connection). At the cap, the oldest
-  connection that is sending no more than part of a request head is closed to make room, so
-  idle sockets (a port scanner, a slowloris) cannot lock out /healthz or Telegram, and roost
-  never runs out of file descriptors.
+  request's head (also the later ones on a kept-alive connection). At the cap, a connection
+  that is sending no more than part of a request head is closed to make room (the oldest of
+  the caller holding the most: an IPv4 address, an IPv6 /64), so idle sockets (a port scanner,
+  a slowloris) cannot lock out /healthz or Telegram, and roost never runs out of file
+  descriptors.
 * A connection whose head is complete but whose body has not all come is evictable too: at
-  most `bodies_per_address` of them per caller (an IPv4 address, an IPv6 /64) and `bodies` in
-  all; past either, the oldest of them is closed, and at the cap one is closed when no head is
-  waiting. A body that comes with its head (every real webhook call) is never among them, so
-  heads that announce a body and send none cannot hold the server for the body deadline.
+  most `bodies_per_address` of them per caller and `bodies` in all; past either, the oldest
+  of that caller (or of the caller holding the most) is closed, and at the cap one is closed
+  when no head is waiting. A body that comes with its head (every real webhook call) is
+  never among them, so heads that announce a body and send none cannot hold the server.
 * `guard_middleware` bounds the time a request body may take, and counts and logs refused
   webhook calls at most once a minute per cause, so a stranger cannot fill the journal.
 """
@@ -208,6 +209,40 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+class _Crowd:
+    """The connections in one state (a head arriving, a body awaited), oldest first, also by
+    caller. The one to close is the oldest of the caller holding the most: one caller's flood
+    pushes out its own connections, not Telegram's or Meta's."""
+
+    def __init__(self) -> None:
+        self.all: OrderedDict[int, _Guarded] = OrderedDict()
+        self.of: dict[str, OrderedDict[int, _Guarded]] = {}
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def add(self, conn: _Guarded) -> int:
+        """Add `conn` (where it was, if it is there: its age stays); how many its caller has."""
+        same = self.of.setdefault(conn.caller, OrderedDict())
+        if id(conn) not in self.all:
+            self.all[id(conn)] = conn
+            same[id(conn)] = conn
+        return len(same)
+
+    def remove(self, conn: _Guarded) -> None:
+        if self.all.pop(id(conn), None) is not None:
+            same = self.of[conn.caller]
+            del same[id(conn)]
+            if not same:
+                del self.of[conn.caller]
+
+    def oldest_of(self, caller: str) -> _Guarded:
+        return next(iter(self.of[caller].values()))
+
+    def oldest_of_heaviest(self) -> _Guarded:
+        return self.oldest_of(max(self.of, key=lambda caller: len(self.of[caller])))
+
+
 class GuardedSite(web.SockSite):
     """A site on an already bound socket, with a connection cap and a header deadline."""
 
@@ -215,9 +250,8 @@ class GuardedSite(web.SockSite):
         super().__init__(runner, sock, backlog=limits.backlog)
         self.limits = limits
         self.open = 0
-        self._waiting: OrderedDict[int, _Guarded] = OrderedDict()  # no whole request head yet
-        self._bodies: OrderedDict[int, _Guarded] = OrderedDict()  # a head, not all its body
-        self._bodies_of: dict[str, OrderedDict[int, _Guarded]] = {}  # the same, by caller
+        self._heads = _Crowd()  # no whole request head yet
+        self._bodies = _Crowd()  # a whole head, not all of its body
         self.evicted = 0
         self.evicted_bodies = 0
         self.refused = 0
@@ -231,12 +265,13 @@ class GuardedSite(web.SockSite):
 
     def _protocol(self) -> asyncio.Protocol:
         if self.open >= self.limits.max_connections:
-            if self._waiting:
-                _, oldest = self._waiting.popitem(last=False)
+            if self._heads:
+                oldest = self._heads.oldest_of_heaviest()
+                self._heads.remove(oldest)
                 self.evicted += 1
                 oldest.close()
             elif self._bodies:
-                self._evict_body(next(iter(self._bodies.values())), "at the connection cap")
+                self._evict_body(self._bodies.oldest_of_heaviest(), "at the connection cap")
             else:
                 self.refused += 1
                 return _Refused()
@@ -246,42 +281,31 @@ class GuardedSite(web.SockSite):
 
     def opened(self, conn: _Guarded) -> None:
         self.open += 1
-        self._waiting[id(conn)] = conn
+        self._heads.add(conn)
 
     def waiting(self, conn: _Guarded) -> None:
-        self._waiting[id(conn)] = conn
+        self._heads.add(conn)
 
     def active(self, conn: _Guarded) -> None:
-        self._waiting.pop(id(conn), None)
+        self._heads.remove(conn)
 
     def closed(self, conn: _Guarded) -> None:
         self.open -= 1
-        self._waiting.pop(id(conn), None)
-        self.body_pending(conn, False)
+        self._heads.remove(conn)
+        self._bodies.remove(conn)
 
     def body_pending(self, conn: _Guarded, pending: bool) -> None:
         """Whether `conn` has a whole head and waits for more of its body; over a bound, the
-        oldest such connection (of its caller, else of all) is closed."""
-        key = id(conn)
+        oldest such connection of its caller (else of the caller holding the most) is closed."""
         if not pending:
-            if self._bodies.pop(key, None) is not None:
-                same = self._bodies_of[conn.caller]
-                del same[key]
-                if not same:
-                    del self._bodies_of[conn.caller]
-            return
-        if key in self._bodies:  # still the same body: its place (its age) stays
-            return
-        self._bodies[key] = conn
-        same = self._bodies_of.setdefault(conn.caller, OrderedDict())
-        same[key] = conn
-        if len(same) > self.limits.bodies_per_address:
-            self._evict_body(next(iter(same.values())), "too many from this address")
+            self._bodies.remove(conn)
+        elif self._bodies.add(conn) > self.limits.bodies_per_address:
+            self._evict_body(self._bodies.oldest_of(conn.caller), "too many from this address")
         elif len(self._bodies) > self.limits.bodies:
-            self._evict_body(next(iter(self._bodies.values())), "too many in all")
+            self._evict_body(self._bodies.oldest_of_heaviest(), "too many in all")
 
     def _evict_body(self, conn: _Guarded, why: str) -> None:
-        self.body_pending(conn, False)
+        self._bodies.remove(conn)
         self.evicted_bodies += 1
         if (line := self.rejections.line("closed a connection waiting for its body", why,
                                          conn.caller)) is not None:
@@ -332,6 +356,10 @@ def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
             response: web.StreamResponse = web.Response(status=413, text="too large\n")
             response.force_close()
             return _account(request, response, rejections, count)
+        if request.body_exists and request.transport is None:
+            # Closed before its body was read (evicted, or the caller hung up): aiohttp would
+            # raise RuntimeError from read(); there is nobody to answer.
+            return _hung_up()
         if request.body_exists:
             try:
                 # Read here, bounded in time; the handler gets it from request.read()'s cache.
@@ -342,9 +370,7 @@ def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
                 response.force_close()
                 return _account(request, response, rejections, count)
             except ConnectionResetError:  # the caller hung up mid-body: nobody to answer
-                response = web.Response(status=400, text="incomplete body\n")
-                response.force_close()
-                return response
+                return _hung_up()
             except web.HTTPRequestEntityTooLarge:
                 response = web.Response(status=413, text="too large\n")
                 response.force_close()
@@ -352,6 +378,12 @@ def guard_middleware(limits: HttpLimits, rejections: RejectionLog,
         return _account(request, await handler(request), rejections, count)
 
     return guard
+
+
+def _hung_up() -> web.Response:
+    response = web.Response(status=400, text="incomplete body\n")
+    response.force_close()
+    return response
 
 
 def _account(request: web.Request, response: web.StreamResponse, rejections: RejectionLog,
