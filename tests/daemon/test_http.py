@@ -333,6 +333,41 @@ async def test_heads_without_bodies_are_bounded_per_address_and_in_all_and_lock_
     assert evictions and len(evictions) <= 2  # once a minute per cause, not per connection
 
 
+
+async def test_a_connection_closed_before_its_body_was_read_leaves_no_traceback(
+    guarded_telegram: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = guarded_telegram
+    caplog.set_level(logging.INFO)
+    connections = [await asyncio.open_connection(host, port) for _ in range(12)]
+    try:
+        for _, writer in connections:  # all at once: roost reads them in one go
+            writer.write(ATTACK_HEAD)
+        for _, writer in connections:
+            await writer.drain()
+        async with asyncio.timeout(30):  # 4 may wait for their bodies, 8 are closed
+            await _until_closed([reader for reader, _ in connections], 12 - 4)
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://{host}:{port}/healthz") as reply:
+            assert reply.status == 200
+    finally:
+        for _, writer in connections:
+            writer.close()
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+async def _until_closed(readers: list[asyncio.StreamReader], count: int) -> None:
+    reads = [asyncio.create_task(reader.read()) for reader in readers]
+    try:
+        while sum(t.done() for t in reads) < count:
+            await asyncio.wait([t for t in reads if not t.done()],
+                               return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in reads:
+            task.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+
+
 async def test_a_content_length_of_10_gb_without_a_body_gets_413_at_once(
     telegram_app: str
 ) -> None:
