@@ -3,6 +3,7 @@ and no body (issue 17, item 3). Every figure comes with its no-attack baseline f
 
     python bench/slow_body.py                        # 600 connections, 10 s baseline, 15 s attack
     python bench/slow_body.py --connections 300 --attack-seconds 8 --addresses 4
+    python bench/slow_body.py --attack idle        # kept-alive silent connections instead
 
 roost runs as in production: `python -m daemon run` in a child process (its own HTTP server,
 GuardedSite with its default limits, 1,024 file descriptors as a service gets without
@@ -17,7 +18,8 @@ fakes of Ollama, the Bot API and the Graph API in this process.
   up; the probes come from 127.0.0.1) each send `POST /webhooks/telegram` with
   `Content-Length: 1000`, no secret and no body, then nothing; each one roost closes is opened
   again at once, for `--attack-seconds` (and at most `--max-opens` connections in all). The
-  same probes run throughout.
+  same probes run throughout. `--attack idle`: each connection sends a whole `GET /healthz`,
+  reads the answer and then keeps the connection open and silent (kept alive).
 
 Printed: the probes answered in each phase and their ratio, probe latency, and what the attack
 did (connections opened, closed by roost, refused).
@@ -56,7 +58,11 @@ ANNOUNCED = 1000  # bytes of body each attacking head announces, and never sends
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def attack_head(port: int) -> bytes:
+def attack_head(port: int, kind: str) -> bytes:
+    """`body`: a head announcing a body that never comes; `idle`: a whole request, and then
+    the connection kept open and silent (kept alive, as a client may)."""
+    if kind == "idle":
+        return f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
     return (f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {ANNOUNCED}\r\n\r\n").encode()
 
@@ -179,13 +185,14 @@ async def probe_for(prober: Prober, seconds: float, interval: float) -> Probes:
 class Attack:
     opened: int = 0
     closed_by_roost: int = 0
-    refused: int = 0  # a connect that failed or was reset at once
+    refused: int = 0  # a connect that failed, or a connection reset while the head went out
     max_opens: int = 20_000
 
 
-async def hold(host: str, port: int, local: str, until: float, attack: Attack) -> None:
-    """One attacking slot: a head without its body, held until roost closes it, then again."""
-    head = attack_head(port)
+async def hold(host: str, port: int, local: str, until: float, attack: Attack,
+               kind: str) -> None:
+    """One attacking slot: a connection held until roost closes it, then another."""
+    head = attack_head(port, kind)
     while time.monotonic() < until and attack.opened < attack.max_opens:
         attack.opened += 1
         writer: asyncio.StreamWriter | None = None
@@ -273,7 +280,8 @@ async def run(args: argparse.Namespace) -> int:
                 attack = Attack(max_opens=args.max_opens)
                 until = time.monotonic() + args.attack_seconds
                 callers = [f"127.0.0.{2 + i % args.addresses}" for i in range(args.connections)]
-                slots = [asyncio.create_task(hold("127.0.0.1", port, caller, until, attack))
+                slots = [asyncio.create_task(hold("127.0.0.1", port, caller, until, attack,
+                                              args.attack))
                          for caller in callers]
                 await asyncio.sleep(min(1.0, args.attack_seconds / 4))  # the attack in place
                 under = await probe_for(prober, until - time.monotonic(), args.interval)
@@ -290,15 +298,18 @@ async def run(args: argparse.Namespace) -> int:
                 log.close()
             tracebacks = await asyncio.to_thread(count_tracebacks, Path(tmp) / "roost.log",
                                                  args.log)
-    print(f"slow bodies: {args.connections} connections from {args.addresses} address(es), "
-          f"each a POST head announcing {ANNOUNCED} bytes and no body, reopened when closed, "
-          f"for {args.attack_seconds:.0f} s; probes every {args.interval} s")
+    what = (f"a POST head announcing {ANNOUNCED} bytes and no body" if args.attack == "body"
+            else "a whole GET /healthz and then silence")
+    print(f"{args.attack} attack: {args.connections} connections from {args.addresses} "
+          f"address(es), each {what}, reopened when closed, for {args.attack_seconds:.0f} s; "
+          f"probes every {args.interval} s")
     print(baseline.line("baseline"))
     print(under.line("attack"))
     ratio = under.share / baseline.share if baseline.share else float("nan")
     print(f"  answered under attack / baseline: {ratio:.2f}x")
+    state = "still running" if alive else "DIED"
     print(f"  attack: {attack.opened} connections opened, {attack.closed_by_roost} closed by "
-          f"roost, {attack.refused} refused; roost {'still running' if alive else 'DIED'}, "
+          f"roost, {attack.refused} refused or reset; roost {state}, "
           f"{tracebacks} tracebacks in its log")
     return 0 if alive else 1
 
@@ -314,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-timeout", type=float, default=5.0)
     parser.add_argument("--max-opens", type=int, default=50_000,
                         help="connections the attack opens in all, at most")
+    parser.add_argument("--attack", choices=("body", "idle"), default="body",
+                        help="heads without bodies (default), or kept-alive idle connections")
     parser.add_argument("--log", help="keep roost's log (stderr) in this file")
     args = parser.parse_args(argv)
     if not 1 <= args.addresses <= 250 or args.connections < 1:

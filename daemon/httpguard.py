@@ -3,15 +3,16 @@
 * `bind()` takes the port before anything else starts, so a second instance that cannot bind
   stops before it touches Telegram (setWebhook, setMyCommands).
 * `GuardedSite` serves a bound socket with a cap on open connections and a deadline for each
-  request's head (also the later ones on a kept-alive connection). At the cap, a connection
-  that is sending no more than part of a request head is closed to make room (the oldest of
-  the caller holding the most: an IPv4 address, an IPv6 /64), so idle sockets (a port scanner,
-  a slowloris) cannot lock out /healthz or Telegram, and roost never runs out of file
-  descriptors.
-* A connection whose head is complete but whose body has not all come is evictable too: at
-  most `bodies_per_address` of them per caller and `bodies` in all; past either, the oldest
-  of that caller (or of the caller holding the most) is closed, and at the cap one is closed
-  when no head is waiting. A body that comes with its head (every real webhook call) is
+  request's head (also the later ones on a kept-alive connection). Each connection is sending
+  a head, or awaiting the rest of a body, or served (its whole request in: being answered, or
+  kept alive between requests). At the cap one is closed to make room: of the caller holding
+  the most connections (an IPv4 address, an IPv6 /64), the oldest sending a head, else
+  awaiting a body, else served. So idle sockets (a port scanner, a slowloris, kept-alive
+  silence) cannot lock out /healthz or Telegram, a flood pushes out its own connections
+  rather than a lone webhook call, and roost never runs out of file descriptors.
+* Connections awaiting a body are bounded below the cap too: at most `bodies_per_address` per
+  caller and `bodies` in all; past either, the oldest of that caller (or of the caller
+  holding the most) is closed. A body that comes with its head (every real webhook call) is
   never among them, so heads that announce a body and send none cannot hold the server.
 * `guard_middleware` bounds the time a request body may take, and counts and logs refused
   webhook calls at most once a minute per cause, so a stranger cannot fill the journal.
@@ -121,6 +122,8 @@ class _Guarded(asyncio.Protocol):
         self._followed = True  # False after a chunked body: its end is aiohttp's to find
         self._timer: asyncio.TimerHandle | None = None
         self.caller = "?"  # the address a caller cannot vary cheaply (IPv6: its /64)
+        self.crowd: _Crowd | None = None  # the site's set of connections in the same state
+        self.made_room = False  # closed by the site to make room; its socket goes soon
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -133,8 +136,9 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._followed:
             self._follow(data)
-        # A chunked body's end is not followed: such a connection stays evictable.
-        self.site.body_pending(self, self._body > 0 or not self._followed)
+        if self._timer is None:  # a whole head is in: its body is awaited, or it is served
+            # A chunked body's end is not followed: such a connection stays among the bodies.
+            self.site.head_done(self, body_pending=self._body > 0 or not self._followed)
         self.inner.data_received(data)
 
     def _follow(self, data: bytes) -> None:
@@ -157,7 +161,6 @@ class _Guarded(asyncio.Protocol):
             assert self._timer is not None
             self._timer.cancel()
             self._timer = None
-            self.site.active(self)
             if _CHUNKED.search(head):
                 self._followed = False
             elif length := _LENGTH.search(head):
@@ -244,7 +247,8 @@ class _Crowd:
 
 
 class GuardedSite(web.SockSite):
-    """A site on an already bound socket, with a connection cap and a header deadline."""
+    """A site on an already bound socket, with a connection cap and a header deadline; see the
+    module docstring for which connection is closed to make room."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits) -> None:
         super().__init__(runner, sock, backlog=limits.backlog)
@@ -252,6 +256,9 @@ class GuardedSite(web.SockSite):
         self.open = 0
         self._heads = _Crowd()  # no whole request head yet
         self._bodies = _Crowd()  # a whole head, not all of its body
+        self._served = _Crowd()  # a whole request: answered or being answered, or kept alive
+        self._held: dict[str, int] = {}  # connections of each caller in any of the three
+        self.closing = 0  # closed to make room, their sockets not yet released
         self.evicted = 0
         self.evicted_bodies = 0
         self.refused = 0
@@ -264,53 +271,88 @@ class GuardedSite(web.SockSite):
                                                 backlog=self._backlog)
 
     def _protocol(self) -> asyncio.Protocol:
-        if self.open >= self.limits.max_connections:
-            if self._heads:
-                oldest = self._heads.oldest_of_heaviest()
-                self._heads.remove(oldest)
-                self.evicted += 1
-                oldest.close()
-            elif self._bodies:
-                self._evict_body(self._bodies.oldest_of_heaviest(), "at the connection cap")
-            else:
+        # Those already closed to make room are gone by the next turn of the loop: not counted.
+        if self.open - self.closing >= self.limits.max_connections:
+            victim = self._victim()
+            if victim is None:
                 self.refused += 1
                 return _Refused()
+            if victim.crowd is self._bodies:
+                self._evict_body(victim, "at the connection cap")
+            else:
+                self._evict(victim)
         server = self._runner.server
         assert server is not None
         return _Guarded(self, server())
 
+    def _victim(self) -> _Guarded | None:
+        """The connection to close at the cap: of the caller holding the most, the oldest
+        still sending its head, else awaiting its body, else served (kept alive, or with its
+        answer late). A caller with a few connections keeps them while another floods."""
+        if not self._held:
+            return None
+        caller = max(self._held, key=self._held.__getitem__)
+        for crowd in (self._heads, self._bodies, self._served):
+            if caller in crowd.of:
+                return crowd.oldest_of(caller)
+        return None
+
+    def _move(self, conn: _Guarded, crowd: _Crowd | None) -> int:
+        """Put `conn` among `crowd` (None: none); how many of it its caller has there."""
+        if conn.crowd is not crowd:
+            if conn.crowd is not None:
+                conn.crowd.remove(conn)
+                if crowd is None:
+                    self._held[conn.caller] -= 1
+                    if not self._held[conn.caller]:
+                        del self._held[conn.caller]
+            elif crowd is not None:
+                self._held[conn.caller] = self._held.get(conn.caller, 0) + 1
+            conn.crowd = crowd
+        return crowd.add(conn) if crowd is not None else 0
+
+    def _evict(self, conn: _Guarded) -> None:
+        self._move(conn, None)
+        self.evicted += 1
+        self._closing(conn)
+
+    def _closing(self, conn: _Guarded) -> None:
+        if not conn.made_room:
+            conn.made_room = True
+            self.closing += 1
+        conn.close()
+
     def opened(self, conn: _Guarded) -> None:
         self.open += 1
-        self._heads.add(conn)
+        self._move(conn, self._heads)
 
     def waiting(self, conn: _Guarded) -> None:
-        self._heads.add(conn)
-
-    def active(self, conn: _Guarded) -> None:
-        self._heads.remove(conn)
+        """The next request's head has begun on a kept-alive connection."""
+        self._move(conn, self._heads)
 
     def closed(self, conn: _Guarded) -> None:
         self.open -= 1
-        self._heads.remove(conn)
-        self._bodies.remove(conn)
+        self.closing -= conn.made_room
+        self._move(conn, None)
 
-    def body_pending(self, conn: _Guarded, pending: bool) -> None:
-        """Whether `conn` has a whole head and waits for more of its body; over a bound, the
-        oldest such connection of its caller (else of the caller holding the most) is closed."""
-        if not pending:
-            self._bodies.remove(conn)
-        elif self._bodies.add(conn) > self.limits.bodies_per_address:
+    def head_done(self, conn: _Guarded, body_pending: bool) -> None:
+        """`conn` has a whole head, and waits for more of its body or has its whole request;
+        past a bound on bodies awaited, the oldest of its caller (else of the caller holding
+        the most) is closed."""
+        if not body_pending:
+            self._move(conn, self._served)
+        elif self._move(conn, self._bodies) > self.limits.bodies_per_address:
             self._evict_body(self._bodies.oldest_of(conn.caller), "too many from this address")
         elif len(self._bodies) > self.limits.bodies:
             self._evict_body(self._bodies.oldest_of_heaviest(), "too many in all")
 
     def _evict_body(self, conn: _Guarded, why: str) -> None:
-        self._bodies.remove(conn)
+        self._move(conn, None)
         self.evicted_bodies += 1
         if (line := self.rejections.line("closed a connection waiting for its body", why,
                                          conn.caller)) is not None:
             log.warning("%s", line)
-        conn.close()
+        self._closing(conn)
 
 
 @dataclass

@@ -334,6 +334,32 @@ async def test_heads_without_bodies_are_bounded_per_address_and_in_all_and_lock_
 
 
 
+
+async def test_kept_alive_idle_connections_at_the_cap_make_room_for_another_caller(
+    guarded_telegram: tuple[str, int]
+) -> None:
+    host, port = guarded_telegram
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(SLOW_BODIES.max_connections + 8):  # each served, then kept open, silent
+            reader, writer = await asyncio.open_connection(host, port,
+                                                           local_addr=("127.0.0.2", 0))
+            held.append(writer)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                continue  # refused at the cap
+            assert head.startswith(b"HTTP/1.1 200")
+            await reader.readexactly(int(re.search(  # type: ignore[index]
+                rb"Content-Length: (\d+)", head)[1]))
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://{host}:{port}/healthz") as reply:  # from 127.0.0.1
+            assert reply.status == 200
+    finally:
+        for writer in held:
+            writer.close()
+
 async def test_a_connection_closed_before_its_body_was_read_leaves_no_traceback(
     guarded_telegram: tuple[str, int], caplog: pytest.LogCaptureFixture
 ) -> None:
