@@ -285,7 +285,7 @@ class WhatsAppIntake:
         """Persist one message before Meta is answered, if its sender may talk; False for a
         redelivery or a message that is dropped. Raises when it could not be stored."""
         age = self.clock() - message.timestamp
-        if age > self.max_age:
+        if message.timestamp and age > self.max_age:  # 0: none given (Meta always gives one)
             # Past Meta's retry window: a replayed body, or a clock far off. Acked (Meta would
             # only send it again), never stored or answered, even to ask a stranger to pair.
             log.warning("dropped WhatsApp message %s from %s: sent %.0f days ago, longer than "
