@@ -213,9 +213,8 @@ class _Refused(asyncio.Protocol):
 
 
 class _Crowd:
-    """The connections in one state (a head arriving, a body awaited), oldest first, also by
-    caller. The one to close is the oldest of the caller holding the most: one caller's flood
-    pushes out its own connections, not Telegram's or Meta's."""
+    """The connections in one state (a head arriving, a body awaited, served), oldest first,
+    also by caller, so that the one closed can be the oldest of a given caller."""
 
     def __init__(self) -> None:
         self.all: OrderedDict[int, _Guarded] = OrderedDict()
