@@ -2,10 +2,13 @@
 
 * `GET /webhooks/whatsapp` answers Meta's subscription check: `hub.mode=subscribe` with the right
   `hub.verify_token` gets the raw `hub.challenge` back, anything else 403.
-* `POST /webhooks/whatsapp` checks `X-Hub-Signature-256` over the raw body (401 without it, 403
-  when wrong), then parses it (400 when it is not JSON) and hands every message, in the order
-  Meta listed them, to the shared intake (`daemon.intake`): each is on disk before the 200, keyed
-  by its wamid so Meta's retries (for days) are dropped. Status webhooks are recorded.
+* `POST /webhooks/whatsapp` takes only `application/json` (else 415), checks
+  `X-Hub-Signature-256` over the raw body (401 without it, 403 when wrong), then parses it (400
+  when it is not JSON or nests absurdly deep) and hands every message, in the order Meta listed
+  them, to the shared intake (`daemon.intake`): each is on disk before the 200, keyed by its
+  wamid so Meta's retries (for up to 7 days) are dropped. A message older than that (`max_age`)
+  cannot be one of Meta's deliveries, only a replay: acked, logged, counted, never answered.
+  Status webhooks are recorded.
 * Processing (`WhatsAppIntake.process`, per sender in order): have the message marked read
   (within `read_delay`, by the typing indicator when its turn starts by then), fetch its media,
   build the `Inbound`, submit. A reaction is noted, not answered.
@@ -33,6 +36,7 @@ from aiohttp import web
 from channels.base import Inbound, Outbound, inbound_id
 from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
 from channels.progress import Progress
+from channels.telegram_updates import too_deep
 from channels.webhooks import read_at_most
 from channels.whatsapp_api import REENGAGEMENT, Failure, GraphClient, GraphError
 from channels.whatsapp_media import WhatsAppMedia
@@ -51,7 +55,7 @@ from channels.whatsapp_payloads import (
 from daemon.access import Access
 from daemon.attachments import AttachmentLimits
 from daemon.config import AttachmentSettings, WhatsAppSettings
-from daemon.errors import DeliveryError
+from daemon.errors import DeliveryError, StoreError
 from daemon.intake import Intake, Outcome, Pending, Submitter
 from daemon.logs import whatsapp_log as log
 from daemon.records import Records
@@ -69,6 +73,10 @@ LAST_INBOUND = "last_inbound"  # the chat flag with the time the user last wrote
 # The flag is rewritten only when it is this much older than the newest message (one write per
 # chat per ten minutes, not one per message); this process knows the exact time meanwhile.
 LAST_INBOUND_REFRESH = 600.0
+# Meta retries an unanswered webhook "with decreasing frequency ... for up to 7 days" (Cloud API,
+# Set up webhooks): a message older than that is not a delivery but a replay of a signed body.
+MAX_AGE = 7 * 24 * 3600.0
+MAX_DEPTH = 40  # JSON nesting of a webhook body (Meta's nest about ten levels)
 
 
 class Engine(Submitter, Protocol):
@@ -97,6 +105,7 @@ class WhatsAppTuning:
     read_delay: float = 0.5
     max_body: int = 4 * 1024 * 1024  # above Meta's largest batches; larger bodies get a 413
     media_backoff: float = 0.5
+    max_age: float = MAX_AGE  # a message sent longer ago than this is dropped, unanswered
 
 
 def message_key(wamid: str) -> str:
@@ -261,18 +270,30 @@ class WhatsAppIntake:
 
     def __init__(self, *, store: Store, engine: Engine, channel: WhatsAppChannel,
                  media: WhatsAppMedia, allow: Collection[str], access: Access | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_age: float = MAX_AGE) -> None:
         self.store = store
         self.engine = engine
         self.channel = channel
         self.media = media
         self.allow = frozenset(allow)
         self.access = access  # pairing and pacing (daemon.access); None: the allow list only
+        self.clock = clock
+        self.max_age = max_age
         self.intake = Intake(store=store, channel=CHANNEL, handler=self, clock=clock)
 
     async def accept(self, message: WaMessage) -> bool:
         """Persist one message before Meta is answered, if its sender may talk; False for a
         redelivery or a message that is dropped. Raises when it could not be stored."""
+        age = self.clock() - message.timestamp
+        if message.timestamp and age > self.max_age:  # 0: none given (Meta always gives one)
+            # Past Meta's retry window: a replayed body, or a clock far off. Acked (Meta would
+            # only send it again), never stored or answered, even to ask a stranger to pair.
+            log.warning("dropped WhatsApp message %s from %s: sent %.0f days ago, longer than "
+                        "the %.0f days Meta retries a webhook", message.id, message.sender,
+                        age / 86400, self.max_age / 86400)
+            if self.access is not None:
+                self.access.count(CHANNEL, "stale")
+            return False
         if not await self._may_talk(message.sender):
             # A stranger costs no stored state: a pairing code at most, else a log line.
             if self.access is not None and self.access.pairs:
@@ -382,7 +403,7 @@ class WhatsApp:
     async def start(self, engine: Engine) -> None:
         self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
                                      media=self.media, allow=self.settings.allow,
-                                     access=self.access)
+                                     access=self.access, max_age=self.tuning.max_age)
         await self.intake.intake.resume()
 
     async def stop(self) -> None:
@@ -407,6 +428,8 @@ class WhatsApp:
 
     async def webhook(self, request: web.Request) -> web.Response:
         """`POST /webhooks/whatsapp`: check, persist, answer; processing comes after."""
+        if request.content_type != "application/json":  # what Meta sends, and nothing else
+            return web.Response(status=415, text="expected application/json\n")
         body = await read_at_most(request, self.tuning.max_body)
         if body is None:
             return web.Response(status=413, text="too large\n")
@@ -420,9 +443,15 @@ class WhatsApp:
             status = 401 if verdict is Signature.MISSING else 403
             return web.Response(status=status, text=f"signature {verdict.value}\n")
         try:
-            hook = parse_webhook(json.loads(body), self.settings.phone_number_id)
-        except (ValueError, UnicodeDecodeError) as exc:  # NotAWebhook is a ValueError too
-            reason = str(exc) if isinstance(exc, NotAWebhook) else "malformed JSON"
+            payload = json.loads(body)
+            if too_deep(payload, MAX_DEPTH):
+                # Reading or storing it would exhaust Python's recursion limit further on.
+                raise NotAWebhook(f"nested more than {MAX_DEPTH} levels deep")
+            hook = parse_webhook(payload, self.settings.phone_number_id)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            # NotAWebhook is a ValueError too; json raises RecursionError past ~1,000 levels.
+            reason = (str(exc) if isinstance(exc, NotAWebhook) else "nested too deeply to read"
+                      if isinstance(exc, RecursionError) else "malformed JSON")
             log.warning("webhook body refused: %s", reason)
             return web.Response(status=400, text=f"{reason}\n")
         if self.intake is None:
@@ -435,6 +464,9 @@ class WhatsApp:
                 await intake.accept(hook.messages[0])
             else:
                 await asyncio.gather(*(intake.accept(m) for m in hook.messages))
+        except StoreError as exc:  # e.g. the disk is full: Meta delivers the batch again later
+            log.error("storing a WhatsApp webhook failed: %s", exc)
+            return web.Response(status=503, text="not stored\n")
         except Exception:
             # The boundary of the route: without a 2xx Meta delivers the batch again.
             log.exception("storing a WhatsApp webhook failed")

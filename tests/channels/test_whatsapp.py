@@ -7,6 +7,7 @@ roost's Graph client; nothing is patched.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,15 @@ from daemon.app import ENGINE, STORE, WHATSAPP, build_app
 from daemon.conversations import Message
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
-from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
+from tests.fakes.graph import (
+    API_VERSION,
+    PHONE_NUMBER_ID,
+    FakeGraph,
+    sent_now,
+    sign,
+    text_message,
+    webhook,
+)
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram
 
@@ -40,6 +49,9 @@ VERIFY = "verify-me-please"
 USER = "972544401243"  # the signed fixture's sender
 KEY = f"whatsapp:{USER}"
 FAST = WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01, read_delay=0.1)
+# The recorded fixtures were sent in 2023 and 2024: far past Meta's 7-day retry window, after
+# which roost drops a message. Their bytes (and signatures) are the point, so they stay as sent.
+RECORDED = replace(FAST, max_age=float("inf"))
 
 
 @pytest.fixture
@@ -59,8 +71,8 @@ class Daemon:
         return self.app[STORE]
 
     async def post(self, body: bytes, *, signature: str | None = "sign",
-                   secret: str = APP_SECRET) -> int:
-        headers = {"Content-Type": "application/json"}
+                   secret: str = APP_SECRET, content_type: str = "application/json") -> int:
+        headers = {"Content-Type": content_type}
         if signature == "sign":
             headers["X-Hub-Signature-256"] = sign(secret, body)
         elif signature is not None:
@@ -129,7 +141,7 @@ async def test_meta_verification_gets_the_raw_challenge_and_anything_else_403(
 
 async def test_the_signed_fixture_is_verified_and_answered(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
-    daemon = await start()
+    daemon = await start(RECORDED)
     body = (FIXTURES / "whatsapp" / "signed_text_message.body").read_bytes()
     fixture_signature = ("sha256=54edfa1d7259e0eb13c677cc7d73d1b5c86cfa12433d19156e058ab92"
                          "51bc441")
@@ -161,6 +173,111 @@ async def test_bad_signatures_and_bodies_are_refused_and_never_processed(
     await graph.wait_sent(1)
     await daemon.settle()
     assert graph.texts() == ["echo: Grüße aus Köln 🦜"]
+
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_signed_body_nested_10000_deep_is_a_clear_400_without_a_traceback(
+        start: Start, graph: FakeGraph, caplog: pytest.LogCaptureFixture) -> None:
+    daemon = await start()
+    caplog.set_level(logging.WARNING)
+    deep = b"[" * 10_000 + b"]" * 10_000  # json itself gives up on this (RecursionError)
+    assert await daemon.post(deep) == 400
+    # Readable by json, but no webhook nests like this: storing it would recurse later.
+    envelope = json.loads(webhook(text_message("wamid.deep", USER, "deep")))
+    envelope["entry"][0]["changes"][0]["value"]["messages"][0]["extra"] = json.loads(
+        "[" * 500 + "]" * 500)
+    assert await daemon.post(json.dumps(envelope).encode()) == 400
+    assert _errors(caplog) == []
+    assert any("nested" in r.getMessage() for r in caplog.records if r.name == "roost.whatsapp")
+    assert await daemon.post(webhook(text_message("wamid.after", USER, "still here"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts() == ["echo: still here"]
+
+
+async def test_a_signed_body_sent_as_text_plain_gets_415_and_is_not_handled(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    body = webhook(text_message("wamid.plain", USER, "as plain text"))
+    assert await daemon.post(body, content_type="text/plain") == 415
+    assert await daemon.post(webhook(text_message("wamid.json", USER, "as JSON"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts() == ["echo: as JSON"]  # the text/plain one never reached the model
+
+
+async def test_a_message_older_than_metas_7_day_retry_window_is_acked_counted_and_unanswered(
+        start: Start, graph: FakeGraph, caplog: pytest.LogCaptureFixture) -> None:
+    daemon = await start()
+    caplog.set_level(logging.INFO, "roost.whatsapp")
+    now = time.time()
+    month_old = text_message("wamid.old", USER, "from last month",
+                             timestamp=str(int(now - 30 * 86400)))
+    assert await daemon.post(webhook(month_old)) == 200  # acked: Meta would only retry it
+    six_days = text_message("wamid.late", USER, "late but within Meta's retries",
+                            timestamp=str(int(now - 6 * 86400)))
+    assert await daemon.post(webhook(six_days)) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts() == ["echo: late but within Meta's retries"]
+    assert [m.content for m in daemon.user_messages()] == ["late but within Meta's retries"]
+    assert any("wamid.old" in r.getMessage() and "30 days" in r.getMessage()
+               for r in caplog.records)
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + "/metrics") as reply:
+        metrics = await reply.text()
+    assert re.search(r'roost_inbound_messages_total\{channel="whatsapp",outcome="stale"\} 1\.0',
+                     metrics), metrics
+
+
+async def test_a_content_length_of_10_gb_without_a_body_gets_413_at_once(start: Start) -> None:
+    daemon = await start()
+    port = daemon.runner.addresses[0][1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST " + WEBHOOK_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nX-Hub-Signature-256: sha256=00\r\n"
+                     b"Content-Length: 10000000000\r\n\r\n")
+        await writer.drain()
+        # Waiting for the body would end in a 408 once the body deadline passed.
+        status = await asyncio.wait_for(reader.readline(), 60)
+        assert status.startswith(b"HTTP/1.1 413"), status
+    finally:
+        writer.close()
+
+
+async def test_a_full_disk_while_storing_is_one_log_line_and_503_then_taken_once_freed(
+        start: Start, graph: FakeGraph, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon = await start()
+    caplog.set_level(logging.INFO)
+    real_fsync = os.fsync
+    full = True
+
+    def fsync(fd: int) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    body = webhook(text_message("wamid.full", USER, "while the disk is full"))
+    assert await daemon.post(body) == 503  # as Telegram's route: Meta delivers it again
+    full = False
+    assert [r for r in caplog.records if r.exc_info] == []
+    (line,) = [r for r in caplog.records if r.name == "roost.whatsapp"
+               and r.levelno >= logging.ERROR]
+    assert "No space left on device" in line.getMessage()
+    async with asyncio.timeout(30):
+        # Meta retries on its own schedule; here, until the disk check has seen the space.
+        while (status := await daemon.post(body)) == 503:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    assert status == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts() == ["echo: while the disk is full"]
 
 
 async def test_the_same_wamid_three_times_gets_one_reply(
@@ -385,7 +502,7 @@ def jpeg(width: int, height: int) -> bytes:
 async def test_the_image_fixture_reaches_the_model_as_an_image(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
     fake_ollama.models[0].capabilities += ("vision",)
-    daemon = await start(whatsapp={"allow": ("972987654321",)})
+    daemon = await start(RECORDED, whatsapp={"allow": ("972987654321",)})
     graph.add_media("65463453", jpeg(1600, 1200), "image/jpeg")
     body = (FIXTURES / "whatsapp" / "image_message.json").read_bytes()
     assert await daemon.post(body) == 200
@@ -404,11 +521,11 @@ async def test_unknown_senders_types_and_reactions(
     caplog.set_level(logging.INFO, "roost.whatsapp")
     stranger = text_message("wamid.u1", "15550001111", "let me in")
     assert await daemon.post(webhook(stranger)) == 200
-    hologram = {"from": USER, "id": "wamid.u2", "timestamp": "1", "type": "hologram",
+    hologram = {"from": USER, "id": "wamid.u2", "timestamp": sent_now(), "type": "hologram",
                 "hologram": {"shape": "cube"}}
-    reaction = {"from": USER, "id": "wamid.u3", "timestamp": "1", "type": "reaction",
+    reaction = {"from": USER, "id": "wamid.u3", "timestamp": sent_now(), "type": "reaction",
                 "reaction": {"message_id": "wamid.FAKE000001", "emoji": "👍"}}
-    location = {"from": USER, "id": "wamid.u4", "timestamp": "1", "type": "location",
+    location = {"from": USER, "id": "wamid.u4", "timestamp": sent_now(), "type": "location",
                 "location": {"latitude": 1.5, "longitude": 2.5, "name": "Home"}}
     assert await daemon.post(webhook(hologram, reaction, location)) == 200
     await graph.wait_sent(2)
@@ -540,7 +657,7 @@ async def test_a_media_download_cut_off_tells_the_user_and_the_text_goes_on(
     daemon = await start()
     graph.add_media("m-doc", b"%PDF-1.4 plan", "application/pdf")
     graph.drop_next("download", times=10)  # aiohttp itself retries a reused connection once
-    document = {"from": USER, "id": "wamid.d1", "timestamp": "1", "type": "document",
+    document = {"from": USER, "id": "wamid.d1", "timestamp": sent_now(), "type": "document",
                 "document": {"id": "m-doc", "mime_type": "application/pdf",
                              "filename": "plan.pdf", "caption": "read this"}}
     assert await daemon.post(webhook(document)) == 200

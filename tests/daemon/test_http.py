@@ -259,6 +259,156 @@ async def test_metrics_count_a_message_through_its_reply(
     assert str(USER) not in text and "127.0.0.1" not in text
 
 
+
+# Heads that announce a body and send none. The body deadline (60 s) is far beyond what any
+# wait here allows: only eviction can free these connections within the test.
+SLOW_BODIES = HttpLimits(max_connections=32, header_timeout=60, body_timeout=60,
+                         bodies_per_address=4, bodies=8)
+ATTACK_HEAD = (b"POST " + WEBHOOK_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+
+
+@pytest.fixture
+async def guarded_telegram(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+                           make_settings: SettingsFactory) -> AsyncIterator[tuple[str, int]]:
+    """roost with its Telegram webhook behind a GuardedSite with SLOW_BODIES."""
+    settings = make_settings(
+        model={"host": fake_ollama.url},
+        telegram={"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
+                  "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
+                  "allow": (USER,), "token": fake_telegram.token, "secret": SECRET})
+    app = build_app(settings, tuning=Tuning(http=SLOW_BODIES))
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    sock = bind("127.0.0.1", 0)
+    site = GuardedSite(runner, sock, SLOW_BODIES)
+    await site.start()
+    try:
+        yield "127.0.0.1", sock.getsockname()[1]
+    finally:
+        await runner.cleanup()
+
+
+async def test_heads_without_bodies_are_bounded_per_address_and_in_all_and_lock_nobody_out(
+    guarded_telegram: tuple[str, int], fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = guarded_telegram
+    caplog.set_level(logging.INFO)
+    # 12 from one address, 4 from each of three more, then 30 from a fifth: more than the
+    # connection cap (32), all of loopback (127.0.0.0/8).
+    callers = (["127.0.0.1"] * 12 + ["127.0.0.2"] * 4 + ["127.0.0.3"] * 4 + ["127.0.0.4"] * 4
+               + ["127.0.0.5"] * 30)
+    writers: list[asyncio.StreamWriter] = []
+    closed: list[asyncio.Task[bytes]] = []
+    try:
+        for caller in callers:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(caller, 0))
+            writer.write(ATTACK_HEAD)
+            await writer.drain()
+            writers.append(writer)
+            closed.append(asyncio.create_task(reader.read()))
+        # At most 8 may wait for their bodies: every other one is closed by roost, unanswered.
+        async with asyncio.timeout(30):
+            while sum(t.done() for t in closed) < len(callers) - SLOW_BODIES.bodies:
+                await asyncio.wait([t for t in closed if not t.done()],
+                                   return_when=asyncio.FIRST_COMPLETED)
+        assert all(t.result() == b"" for t in closed if t.done())
+        fake_ollama.script("still answered")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{host}:{port}/healthz") as reply:
+                assert reply.status == 200
+            async with http.post(f"http://{host}:{port}{WEBHOOK_PATH}", json=_update(5, "hi"),
+                                 headers={SECRET_HEADER: SECRET}) as reply:
+                assert reply.status == 200
+        await fake_telegram.wait_for("sendMessage", timeout=20)
+    finally:
+        for writer in writers:
+            writer.close()
+        for task in closed:
+            task.cancel()
+        await asyncio.gather(*closed, return_exceptions=True)
+    assert [r for r in caplog.records if r.exc_info] == []
+    evictions = [r.getMessage() for r in caplog.records if "waiting for its body" in r.getMessage()]
+    assert evictions and len(evictions) <= 2  # once a minute per cause, not per connection
+
+
+
+
+async def test_kept_alive_idle_connections_at_the_cap_make_room_for_another_caller(
+    guarded_telegram: tuple[str, int]
+) -> None:
+    host, port = guarded_telegram
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(SLOW_BODIES.max_connections + 8):  # each served, then kept open, silent
+            reader, writer = await asyncio.open_connection(host, port,
+                                                           local_addr=("127.0.0.2", 0))
+            held.append(writer)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                continue  # refused at the cap
+            assert head.startswith(b"HTTP/1.1 200")
+            await reader.readexactly(int(re.search(  # type: ignore[index]
+                rb"Content-Length: (\d+)", head)[1]))
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://{host}:{port}/healthz") as reply:  # from 127.0.0.1
+            assert reply.status == 200
+    finally:
+        for writer in held:
+            writer.close()
+
+async def test_a_connection_closed_before_its_body_was_read_leaves_no_traceback(
+    guarded_telegram: tuple[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    host, port = guarded_telegram
+    caplog.set_level(logging.INFO)
+    connections = [await asyncio.open_connection(host, port) for _ in range(12)]
+    try:
+        for _, writer in connections:  # all at once: roost reads them in one go
+            writer.write(ATTACK_HEAD)
+        for _, writer in connections:
+            await writer.drain()
+        async with asyncio.timeout(30):  # 4 may wait for their bodies, 8 are closed
+            await _until_closed([reader for reader, _ in connections], 12 - 4)
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://{host}:{port}/healthz") as reply:
+            assert reply.status == 200
+    finally:
+        for _, writer in connections:
+            writer.close()
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+async def _until_closed(readers: list[asyncio.StreamReader], count: int) -> None:
+    reads = [asyncio.create_task(reader.read()) for reader in readers]
+    try:
+        while sum(t.done() for t in reads) < count:
+            await asyncio.wait([t for t in reads if not t.done()],
+                               return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in reads:
+            task.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
+
+
+async def test_a_content_length_of_10_gb_without_a_body_gets_413_at_once(
+    telegram_app: str
+) -> None:
+    port = int(telegram_app.rpartition(":")[2])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST " + WEBHOOK_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n")
+        await writer.drain()
+        # Waiting for the body would end in a 408 once the body deadline passed.
+        status = await asyncio.wait_for(reader.readline(), 60)
+        assert status.startswith(b"HTTP/1.1 413"), status
+    finally:
+        writer.close()
+
 async def test_a_second_instance_that_cannot_bind_changes_nothing_at_telegram(
     fake_telegram: FakeTelegram, fake_ollama: FakeOllama, make_settings: SettingsFactory
 ) -> None:

@@ -259,6 +259,12 @@ def webhook(*messages: dict[str, Any], statuses: tuple[dict[str, Any], ...] = ()
     return json.dumps(body).encode()
 
 
+def sent_now() -> str:
+    """A message's `timestamp` as Meta gives it (seconds, a string), for a message sent now:
+    roost drops one older than Meta's 7-day retry window."""
+    return str(int(time.time()))
+
+
 def text_message(wamid: str, sender: str, text: str, **fields: Any) -> dict[str, Any]:
-    return {"from": sender, "id": wamid, "timestamp": "1730231903", "type": "text",
+    return {"from": sender, "id": wamid, "timestamp": sent_now(), "type": "text",
             "text": {"body": text}, **fields}
