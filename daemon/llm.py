@@ -41,9 +41,11 @@ holding_model: contextvars.ContextVar[
 ] = contextvars.ContextVar("roost_holding_model", default=None)
 
 # Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
-# A context variable, so the turn path it shares with chats needs no priority argument.
-_scheduled: contextvars.ContextVar[str | None] = contextvars.ContextVar("roost_scheduled",
-                                                                      default=None)
+# A context variable, so the turn path it shares with chats needs no priority argument. The
+# model is not carried here: the turn passes it down explicitly, so that the budget, num_ctx
+# and capabilities are all looked up for the model the request goes to.
+_scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_scheduled",
+                                                                default=False)
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -176,7 +178,7 @@ class ModelClient:
         that finds the gate held by a background call cancels that call, which then raises
         `Preempted` and can be tried again later. So a slow fold never delays a reply.
         """
-        name = model or _scheduled.get() or self.settings.name
+        name = model or self.settings.name
         num_ctx = await self.num_ctx(name)
         info = await self.model_info(name)
         options: dict[str, Any] = {"num_ctx": num_ctx}
@@ -194,7 +196,7 @@ class ModelClient:
                                  on_delta, background, think)
         if background:
             return await self._background_call(call)
-        if _scheduled.get() is not None:
+        if _scheduled.get():
             return await self._scheduled_call(call)
         self.waiting += 1
         try:
@@ -216,13 +218,13 @@ class ModelClient:
             self._poke()
 
     @contextlib.contextmanager
-    def scheduled(self, model: str) -> Iterator[None]:
-        """Calls made inside (an automation's run, on the turn path) use `model` and queue
+    def scheduled(self) -> Iterator[None]:
+        """Calls made inside (an automation's run, on the turn path) queue
         behind interactive turns: each waits until no turn waits for or holds the model, and
         then holds one request slot for its one call, so a user's message waits behind at most
         that one call. Unlike a fold's call it is never cancelled: a run's work is not thrown
         away."""
-        token = _scheduled.set(model)
+        token = _scheduled.set(True)
         try:
             yield
         finally:
@@ -259,7 +261,7 @@ class ModelClient:
 
         An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
         here nor stops anything; its calls queue instead."""
-        if _scheduled.get() is not None:
+        if _scheduled.get():
             yield
             return
         self.turns_active += 1

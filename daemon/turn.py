@@ -162,14 +162,19 @@ class TurnRunner:
         self.clock = clock
 
     async def run(
-        self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True
+        self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True,
+        model: str | None = None,
     ) -> TurnResult:
-        """Answer `items` (the chat's pending messages): one model call, or a few with tools."""
+        """Answer `items` (the chat's pending messages): one model call, or a few with tools.
+
+        `model` (an automation's own) is the model every call of the turn goes to, and the one
+        whose window and capabilities the request is fitted to; by default `model.name`."""
         async with self.llm.turn():
-            return await self._run(chat_key, items, announce_outage)
+            return await self._run(chat_key, items, announce_outage,
+                                   model or self.settings.model.name)
 
     async def _run(
-        self, chat_key: str, items: Sequence[Inbound], announce_outage: bool
+        self, chat_key: str, items: Sequence[Inbound], announce_outage: bool, model: str
     ) -> TurnResult:
         conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
@@ -201,13 +206,13 @@ class TurnRunner:
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools))
         try:
-            prepared = await self.prompting.prepare(conversation, history)
+            prepared = await self.prompting.prepare(conversation, history, model=model)
             first, prepared, messages = await self._answer(
-                chat_key, conversation, history, prepared, stream, announce_outage)
+                chat_key, conversation, history, prepared, stream, announce_outage, model)
             loop = ToolLoop(
                 registry=self.registry, context=context, records=self.records,
                 call=lambda messages, tools: self._call_model(
-                    chat_key, messages, tools, stream, announce_outage),
+                    chat_key, messages, tools, stream, announce_outage, model),
                 save=lambda role, content, **fields: self._save_step(
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
@@ -252,14 +257,14 @@ class TurnRunner:
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: _Stream, announce_outage: bool,
+        prepared: Prepared, stream: _Stream, announce_outage: bool, model: str,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
-            messages = await self._messages(chat_key, prepared)
+            messages = await self._messages(chat_key, prepared, model)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in prepared.tools] or None,
-                                            stream, announce_outage)
+                                            stream, announce_outage, model)
             return result, prepared, messages
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
@@ -272,18 +277,18 @@ class TurnRunner:
                                     f"Ollama refused {measured} tokens (estimated "
                                     f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
                                     f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self.prompting.prepare(conversation, history, ratio=ratio)
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
-                messages = await self._messages(chat_key, refit, notify=False)
+                messages = await self._messages(chat_key, refit, model, notify=False)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in refit.tools] or None,
-                                            stream, announce_outage)
+                                            stream, announce_outage, model)
             return result, refit, messages
 
     async def _call_model(
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-        stream: _Stream, announce_outage: bool,
+        stream: _Stream, announce_outage: bool, name: str,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
@@ -293,7 +298,8 @@ class TurnRunner:
         for attempt in range(model.retry_attempts):
             stream.begin()
             try:
-                result = await self.llm.chat(messages, tools=tools, on_delta=stream.delta)
+                result = await self.llm.chat(messages, model=name, tools=tools,
+                                             on_delta=stream.delta)
             except ModelCrashed as exc:
                 if crashed:
                     raise
@@ -318,13 +324,13 @@ class TurnRunner:
         raise AssertionError("retry_attempts is at least 1")
 
     async def _messages(
-        self, chat_key: str, prepared: Prepared, *, notify: bool = True
+        self, chat_key: str, prepared: Prepared, model: str, *, notify: bool = True
     ) -> list[ChatMessage]:
         """The request's messages with the newest image's pixels, if the model can see them."""
         messages = [dict(m) for m in prepared.request.messages]
         if not prepared.request.images:
             return messages
-        info = await self.llm.model_info()
+        info = await self.llm.model_info(model)
         attachments = self.store.state_dir / "attachments"
         for index, images in prepared.request.images.items():
             if "vision" in info.capabilities:
