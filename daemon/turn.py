@@ -193,6 +193,11 @@ class TurnRunner:
             intro = NEW_CONVERSATION_LINE + "\n\n"
         stream = _Stream(self.stream, chat_key, intro)
         answering = {i.id for i in items}
+        # The newest photo stays in every later request (as pixels, or as a note for a model
+        # that cannot see): the user hears that it cannot be seen once, on the turn it came.
+        new_images = any(a.get("kind") == "image" for m in history
+                         if m.role == "user" and m.meta.get("inbox_id") in answering
+                         for a in m.attachments)
         if FILES_CAPABILITY not in conversation.active_tools and any(
                 a.get("kind") != "image" for m in history
                 if m.role == "user" and m.meta.get("inbox_id") in answering
@@ -208,7 +213,8 @@ class TurnRunner:
         try:
             prepared = await self.prompting.prepare(conversation, history, model=model)
             first, prepared, messages = await self._answer(
-                chat_key, conversation, history, prepared, stream, announce_outage, model)
+                chat_key, conversation, history, prepared, stream, announce_outage, model,
+                new_images)
             loop = ToolLoop(
                 registry=self.registry, context=context, records=self.records,
                 call=lambda messages, tools: self._call_model(
@@ -258,10 +264,11 @@ class TurnRunner:
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
         prepared: Prepared, stream: _Stream, announce_outage: bool, model: str,
+        new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
-            messages = await self._messages(chat_key, prepared, model)
+            messages = await self._messages(chat_key, prepared, model, notify=new_images)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in prepared.tools] or None,
                                             stream, announce_outage, model)
