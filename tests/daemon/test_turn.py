@@ -122,6 +122,37 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     assert len(recording_channel.texts("notice")) == 1  # no repeated notices while parked
 
 
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a condition on plain state, no event to wait on)
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("outage", ["refused", "gateway 503"])
+async def test_the_first_message_after_a_start_with_ollama_down_is_told_and_answered(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel,
+    outage: str,
+) -> None:
+    # Nothing has asked /api/show yet in this process: building the request is what fails.
+    if outage == "refused":
+        await fake_ollama.refuse_connections()
+    else:
+        fake_ollama.gateway_status = 503
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    assert await engine.submit(inbound("hello after a reboot"))
+    await wait_for(lambda: bool(recording_channel.texts("notice")))
+    [notice] = recording_channel.texts("notice")
+    assert "not answering" in notice and fake_ollama.url in notice and "saved" in notice
+    if outage == "refused":
+        await fake_ollama.accept_connections()
+    else:
+        fake_ollama.gateway_status = None
+    await wait_for(lambda: bool(recording_channel.texts("reply")))
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: hello after a reboot"]
+    assert len(recording_channel.texts("notice")) == 1
+
+
 async def test_five_messages_during_a_turn_are_answered_together_in_order(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
 ) -> None:

@@ -175,6 +175,9 @@ class FakeOllama:
         self.cuts = 0
         self.overflows = 0
         self.busy = False  # answer every chat with 503, as Ollama does when its queue is full
+        # A reverse proxy in front of Ollama whose upstream is down answers every route, /api/show
+        # included, with this status (nginx: 502 Bad Gateway, or 503 while it is in maintenance).
+        self.gateway_status: int | None = None
         self.refuse_overlong = False  # 400 instead of cutting inside an overlong last message
         self.reloads = 0
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
@@ -283,6 +286,11 @@ class FakeOllama:
         if request.path == "/api/chat":
             async with self._chat_arrived:
                 self._chat_arrived.notify_all()
+        if self.gateway_status is not None:
+            phrase = f"{self.gateway_status} {HTTPStatus(self.gateway_status).phrase}"
+            return web.Response(status=self.gateway_status, content_type="text/html",
+                                text=f"<html><head><title>{phrase}</title></head><body>"
+                                     f"<center><h1>{phrase}</h1></center></body></html>\n")
         response: web.StreamResponse = await handler(request)
         return response
 
