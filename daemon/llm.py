@@ -433,6 +433,10 @@ def _translate(exc: BaseException, model: str) -> LLMError:
             return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
         if exc.status_code == 500:
             return ModelCrashed(f"Ollama answered 500: {text}")
+        if exc.status_code == -1:
+            # The ollama client's mark for an {"error": ...} line inside a 200 stream: the runner
+            # failed after the answer had begun. Like a 500, worth one more try.
+            return ModelCrashed(f"Ollama stopped in the middle of the answer: {text}")
         if any(marker in text for marker in _OVERFLOW_TEXTS):
             prompt_tokens, context_size = _overflow_numbers(text)
             return ContextOverflow(text, prompt_tokens, context_size)

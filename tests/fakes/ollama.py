@@ -35,6 +35,13 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
 - While ``busy`` (Ollama's queue is full, ``OLLAMA_MAX_QUEUE``), chats get a 503 ``server busy,
   please try again.  maximum pending requests exceeded``.
 
+Failures: ``refuse_connections`` (nothing listens), ``hang`` (requests accepted, none answered),
+``busy`` (503 on chats), ``gateway_status`` (a proxy whose upstream is down answers every route),
+and per ``Reply``: a status before streaming, or after some streamed pieces a dropped connection
+(``drop_after_chunks``), an in-stream ``{"error": ...}`` line (``error_after_chunks``, as
+``streamResponse`` in ``server/routes.go`` writes once the 200 is out) or silence
+(``stall_after_chunks``).
+
 Order inside ``/api/chat``: record, 503 while ``busy``, wait while ``hang``, 404 for an unknown
 model, 400 for tools or thinking the model lacks, load the model (``/api/ps``, ``reloads``), cut
 or refuse the prompt, then take the next scripted reply (so a
@@ -91,6 +98,10 @@ class Reply:
     status: int = 200  # non-200: answer {"error": error} with this status, before streaming
     error: str | None = None
     drop_after_chunks: int | None = None  # close the connection after this many streamed pieces
+    # After this many streamed pieces, end the 200 stream with {"error": error} instead of the
+    # final object, as Ollama's streamResponse does when the runner fails mid-answer.
+    error_after_chunks: int | None = None
+    stall_after_chunks: int | None = None  # after this many pieces, send nothing more (a hang)
 
 
 @dataclass(frozen=True)
@@ -370,6 +381,16 @@ class FakeOllama:
             if sent == reply.drop_after_chunks and request.transport is not None:
                 request.transport.close()  # the client sees the body end mid-stream
                 return response
+            if sent == reply.error_after_chunks:
+                # server/routes.go streamResponse: once the status line is out, an error is one
+                # more NDJSON line, {"error": "..."} (json.Encoder, so it ends in a newline),
+                # and the stream ends there, with no final object.
+                error = reply.error or "an error was encountered while running the model"
+                await response.write(_compact({"error": error}).encode() + b"\n")
+                await response.write_eof()
+                return response
+            if sent == reply.stall_after_chunks:
+                await asyncio.Event().wait()  # until the client gives up (handler_cancellation)
             if sent and reply.chunk_delay:
                 await asyncio.sleep(reply.chunk_delay)
             if obj["done"]:  # the final object's clock includes the streaming
