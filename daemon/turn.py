@@ -129,6 +129,25 @@ class _Stream:
             self._show(held)
 
 
+class _Outage:
+    """The outage notice of one turn, said at most once: by whichever call first finds the
+    model server unreachable, the model lookup before the request is built (the first thing
+    to fail after a start with Ollama down) or a model call."""
+
+    def __init__(self, notify: Notify, chat_key: str, host: str, announce: bool) -> None:
+        self.notify = notify
+        self.chat_key = chat_key
+        self.host = host
+        self.pending = announce
+
+    async def tell(self) -> None:
+        if self.pending:
+            self.pending = False
+            await self.notify(self.chat_key, (
+                f"The model server at {self.host} is not answering. Your message is saved; "
+                "I will keep trying and answer when it is back."))
+
+
 class TurnRunner:
     """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
 
@@ -170,11 +189,11 @@ class TurnRunner:
         `model` (an automation's own) is the model every call of the turn goes to, and the one
         whose window and capabilities the request is fitted to; by default `model.name`."""
         async with self.llm.turn():
-            return await self._run(chat_key, items, announce_outage,
-                                   model or self.settings.model.name)
+            outage = _Outage(self.notify, chat_key, self.llm.host, announce_outage)
+            return await self._run(chat_key, items, outage, model or self.settings.model.name)
 
     async def _run(
-        self, chat_key: str, items: Sequence[Inbound], announce_outage: bool, model: str
+        self, chat_key: str, items: Sequence[Inbound], outage: _Outage, model: str
     ) -> TurnResult:
         conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
@@ -211,14 +230,14 @@ class TurnRunner:
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools))
         try:
-            prepared = await self.prompting.prepare(conversation, history, model=model)
+            prepared = await self._prepare(chat_key, conversation, history, model, outage)
             first, prepared, messages = await self._answer(
-                chat_key, conversation, history, prepared, stream, announce_outage, model,
+                chat_key, conversation, history, prepared, stream, outage, model,
                 new_images)
             loop = ToolLoop(
                 registry=self.registry, context=context, records=self.records,
                 call=lambda messages, tools: self._call_model(
-                    chat_key, messages, tools, stream, announce_outage, model),
+                    chat_key, messages, tools, stream, outage, model),
                 save=lambda role, content, **fields: self._save_step(
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
@@ -263,7 +282,7 @@ class TurnRunner:
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: _Stream, announce_outage: bool, model: str,
+        prepared: Prepared, stream: _Stream, outage: _Outage, model: str,
         new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
@@ -271,7 +290,7 @@ class TurnRunner:
             messages = await self._messages(chat_key, prepared, model, notify=new_images)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in prepared.tools] or None,
-                                            stream, announce_outage, model)
+                                            stream, outage, model)
             return result, prepared, messages
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
@@ -290,12 +309,12 @@ class TurnRunner:
                 messages = await self._messages(chat_key, refit, model, notify=False)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in refit.tools] or None,
-                                            stream, announce_outage, model)
+                                            stream, outage, model)
             return result, refit, messages
 
     async def _call_model(
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-        stream: _Stream, announce_outage: bool, name: str,
+        stream: _Stream, outage: _Outage, name: str,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
@@ -316,19 +335,35 @@ class TurnRunner:
                 await asyncio.sleep(model.retry_backoff)
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
-                log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
-                            self.llm.host, attempt + 1, model.retry_attempts, exc)
-                if attempt == 0 and announce_outage:
-                    await self.notify(chat_key, (
-                        f"The model server at {self.llm.host} is not answering. Your message "
-                        "is saved; I will keep trying and answer when it is back."))
-                if attempt + 1 == model.retry_attempts:
-                    raise
-                await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+                await self._unreachable(attempt, exc, outage)
                 continue
             stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
         raise AssertionError("retry_attempts is at least 1")
+
+    async def _prepare(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,
+        outage: _Outage,
+    ) -> Prepared:
+        """The first request of the turn, retried like a model call while Ollama is
+        unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
+        for attempt in range(self.settings.model.retry_attempts):
+            try:
+                return await self.prompting.prepare(conversation, history, model=model)
+            except (LLMUnavailable, LLMTimeout) as exc:
+                await self._unreachable(attempt, exc, outage)
+        raise AssertionError("retry_attempts is at least 1")
+
+    async def _unreachable(self, attempt: int, exc: LLMError, outage: _Outage) -> None:
+        """After a failed try: log, tell the user (once a turn), re-raise after the last try,
+        else wait the backoff."""
+        model = self.settings.model
+        log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
+                    self.llm.host, attempt + 1, model.retry_attempts, exc)
+        await outage.tell()
+        if attempt + 1 == model.retry_attempts:
+            raise exc
+        await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
 
     async def _messages(
         self, chat_key: str, prepared: Prepared, model: str, *, notify: bool = True
