@@ -69,6 +69,13 @@ NEW_CONVERSATION_LINE = (
 # old messages), provided the prompt was not tiny; one that fills num_ctx to the brim was cut too.
 SILENT_CUT_SHARE = 0.6
 RATIO_DECAY = 0.2
+RATIO_DECAY_FAR = 0.5  # for a count far below the estimate that is not a cut
+# One reading moves the ratio up by at most this factor: a count can be wrong (a server that
+# counts only the uncached part, a cut misread), and the ratio is kept with the conversation.
+RATIO_STEP = 1.5
+# The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
+# is built once more at this one rather than refused: the ratio may be what is wrong.
+RATIO_START = 1.0
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
 CROWDED_SHARE = 0.9
@@ -271,6 +278,7 @@ class TurnRunner:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
             **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            "prompt_eval_cached_count": first.prompt_eval_cached_count,
             "model_calls": done.calls, "tool_calls": done.tool_calls,
         })
         log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
@@ -349,10 +357,43 @@ class TurnRunner:
         unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
         for attempt in range(self.settings.model.retry_attempts):
             try:
-                return await self.prompting.prepare(conversation, history, model=model)
+                try:
+                    return await self.prompting.prepare(conversation, history, model=model)
+                except DoesNotFit as exc:
+                    return await self._refit_lower(conversation, history, model, exc)
             except (LLMUnavailable, LLMTimeout) as exc:
                 await self._unreachable(attempt, exc, outage)
         raise AssertionError("retry_attempts is at least 1")
+
+    async def _refit_lower(
+        self, conversation: Conversation, history: Sequence[Message], model: str,
+        exc: DoesNotFit,
+    ) -> Prepared:
+        """Only the prefix and summary were left, and they did not fit at the conversation's
+        ratio: an overestimate must not lock the conversation. Build the request at the ratio
+        where that part fits (it scales with the ratio), else at the starting one; Ollama's
+        count of what is sent calibrates the ratio again. Raises `DoesNotFit` when even the
+        starting ratio leaves no room: then the window is too small."""
+        ratio = conversation.token_ratio
+        fitting = max(ratio * exc.budget / exc.needed * 0.95, RATIO_MIN)
+        tries = [r for r in (fitting, RATIO_START) if r < ratio]
+        if not tries:
+            raise exc
+        for lower in sorted(set(tries), reverse=True):
+            try:
+                prepared = await self.prompting.prepare(conversation, history, model=model,
+                                                        ratio=lower)
+            except DoesNotFit as again:
+                exc = again
+                continue
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "ratio-reset", conversation.id,
+                f"the fixed part needed {exc.needed} of {exc.budget} tokens at ratio "
+                f"{ratio:.2f}; built again at {lower:.2f}")
+            log.warning("conversation %s: request did not fit at ratio %.2f; built at %.2f",
+                        conversation.id, ratio, lower)
+            return prepared
+        raise exc
 
     async def _unreachable(self, attempt: int, exc: LLMError, outage: _Outage) -> None:
         """After a failed try: log, tell the user (once a turn), re-raise after the last try,
@@ -402,16 +443,30 @@ class TurnRunner:
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
     ) -> float:
-        """The conversation's new token ratio from Ollama's count, noticing a silent cut."""
+        """The conversation's new token ratio from Ollama's count, noticing a silent cut.
+
+        No single reading moves the ratio up by more than `RATIO_STEP`. A count far below the
+        estimate is a cut only when it is below what any tokenizer makes of the text (under
+        `RATIO_MIN` tokens per 4 bytes): otherwise it is the truth, and the ratio was too high
+        (taking it for a cut raised an overestimate further, to the cap). A count that may
+        leave out the cached part of the prompt (no `prompt_eval_cached_count`, and a server
+        that counts so) is a lower bound: it may raise the ratio, never mark a cut or lower it."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
             return prepared.ratio
         estimate = prepared.request.estimate + prepared.tool_tokens
+        measured = calibrated_ratio(count, raw, prepared.overhead())
         far_below = count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 4
-        if far_below or count >= prepared.num_ctx - 16:
+        brim = count >= prepared.num_ctx - 16
+        whole = result.prompt_eval_cached_count is not None or measured >= prepared.ratio \
+            or await self.llm.counts_whole_prompt()
+        if not whole and not brim:
+            return min(max(measured, prepared.ratio), prepared.ratio * RATIO_STEP)
+        if (far_below and count < RATIO_MIN * raw) or brim:
             # Ollama dropped part of the prompt: the real size was above num_ctx.
-            ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25), RATIO_MAX)
+            ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25),
+                        prepared.ratio * RATIO_STEP, RATIO_MAX)
             await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
                                     conversation.id,
                                     f"Ollama evaluated {count} tokens of about {estimate} sent "
@@ -421,13 +476,14 @@ class TurnRunner:
                         conversation.id, count, estimate)
             return ratio
         if count < RATIO_MIN * raw:
-            return prepared.ratio  # a count of cached-out tokens only (old Ollama): ignore it
-        measured = calibrated_ratio(count, raw, prepared.overhead())
-        # Up at once, down slowly: requests mix text whose tokens-per-character differ, and an
-        # underestimate is what makes Ollama cut, while an overestimate only costs a little room.
+            return prepared.ratio  # a count too small for the text: not a reading to learn from
+        # Up at once (within a step), down slowly: requests mix text whose tokens-per-character
+        # differ, and an underestimate is what makes Ollama cut, while an overestimate only
+        # costs a little room; far below, though, it costs most of the window: halfway down.
         if measured >= prepared.ratio:
-            return measured
-        return prepared.ratio + (measured - prepared.ratio) * RATIO_DECAY
+            return min(measured, prepared.ratio * RATIO_STEP)
+        decay = RATIO_DECAY_FAR if far_below else RATIO_DECAY
+        return prepared.ratio + (measured - prepared.ratio) * decay
 
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:
@@ -509,6 +565,7 @@ class TurnRunner:
             "inbox_ids": [i.id for i in items],
             "reply_to": items[-1].platform_id,  # where a group reply is threaded
             "prompt_eval_count": result.prompt_eval_count,
+            "prompt_eval_cached_count": result.prompt_eval_cached_count,
             "eval_count": result.eval_count,
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,
