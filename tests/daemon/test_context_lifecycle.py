@@ -288,6 +288,23 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     assert rig.store.get_conversation(cid).token_ratio > 0.5  # type: ignore[union-attr]
 
 
+async def test_one_silent_cut_moves_the_ratio_by_a_bounded_step(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    await rig.say("first")
+    cid = rig.conversation_id()
+    conversation = rig.store.get_conversation(cid)
+    assert conversation is not None
+    rig.store.save_conversation(replace(conversation, token_ratio=0.5))
+    rig.tool_cycle(12_000)
+    await rig.say("What does it say?", wait_fold=False)
+    assert rig.fake.cuts == 1
+    # One reading is one step (x1.5 at most), however large the cut looked: a reading can be
+    # wrong, and the ratio stays with the conversation.
+    assert 0.5 < ratio_of(rig) <= 0.75
+
+
 def ratio_of(rig: Rig) -> float:
     conversation = rig.store.get_conversation(rig.conversation_id())
     assert conversation is not None
