@@ -34,6 +34,7 @@ from daemon.context.budget import (
     RATIO_MIN,
     calibrated_ratio,
     estimate_tokens,
+    recalibrate,
     request_budget,
 )
 from daemon.context.replay import ChatMessage, DoesNotFit
@@ -65,14 +66,6 @@ EMPTY_REPLY = "(The model returned an empty reply.)"
 NEW_CONVERSATION_LINE = (
     "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
 )
-# A prompt_eval_count below this share of what was sent means Ollama cut the prompt (dropping
-# old messages), provided the prompt was not tiny; one that fills num_ctx to the brim was cut too.
-SILENT_CUT_SHARE = 0.6
-RATIO_DECAY = 0.2
-RATIO_DECAY_FAR = 0.5  # for a count far below the estimate that is not a cut
-# One reading moves the ratio up by at most this factor: a count can be wrong (a server that
-# counts only the uncached part, a cut misread), and the ratio is kept with the conversation.
-RATIO_STEP = 1.5
 # The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
 # is built once more at this one rather than refused: the ratio may be what is wrong.
 RATIO_START = 1.0
@@ -443,30 +436,21 @@ class TurnRunner:
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
     ) -> float:
-        """The conversation's new token ratio from Ollama's count, noticing a silent cut.
-
-        No single reading moves the ratio up by more than `RATIO_STEP`. A count far below the
-        estimate is a cut only when it is below what any tokenizer makes of the text (under
-        `RATIO_MIN` tokens per 4 bytes): otherwise it is the truth, and the ratio was too high
-        (taking it for a cut raised an overestimate further, to the cap). A count that may
-        leave out the cached part of the prompt (no `prompt_eval_cached_count`, and a server
-        that counts so) is a lower bound: it may raise the ratio, never mark a cut or lower it."""
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), recording a
+        silent cut. Whether the count includes the cached part is asked of the server only when
+        the reading would lower the ratio or mark a cut."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
             return prepared.ratio
         estimate = prepared.request.estimate + prepared.tool_tokens
-        measured = calibrated_ratio(count, raw, prepared.overhead())
-        far_below = count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 4
-        brim = count >= prepared.num_ctx - 16
-        whole = result.prompt_eval_cached_count is not None or measured >= prepared.ratio \
-            or await self.llm.counts_whole_prompt()
-        if not whole and not brim:
-            return min(max(measured, prepared.ratio), prepared.ratio * RATIO_STEP)
-        if (far_below and count < RATIO_MIN * raw) or brim:
-            # Ollama dropped part of the prompt: the real size was above num_ctx.
-            ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25),
-                        prepared.ratio * RATIO_STEP, RATIO_MAX)
+        whole = (result.prompt_eval_cached_count is not None
+                 or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
+                 or await self.llm.counts_whole_prompt())
+        ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
+                                 overhead=prepared.overhead(), estimate=estimate,
+                                 num_ctx=prepared.num_ctx, whole=whole)
+        if cut:
             await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
                                     conversation.id,
                                     f"Ollama evaluated {count} tokens of about {estimate} sent "
@@ -474,16 +458,7 @@ class TurnRunner:
                                     f"-> {ratio:.2f}")
             log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
                         conversation.id, count, estimate)
-            return ratio
-        if count < RATIO_MIN * raw:
-            return prepared.ratio  # a count too small for the text: not a reading to learn from
-        # Up at once (within a step), down slowly: requests mix text whose tokens-per-character
-        # differ, and an underestimate is what makes Ollama cut, while an overestimate only
-        # costs a little room; far below, though, it costs most of the window: halfway down.
-        if measured >= prepared.ratio:
-            return min(measured, prepared.ratio * RATIO_STEP)
-        decay = RATIO_DECAY_FAR if far_below else RATIO_DECAY
-        return prepared.ratio + (measured - prepared.ratio) * decay
+        return ratio
 
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:
