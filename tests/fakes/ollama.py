@@ -37,7 +37,8 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
   evaluated), and a reload empties it. With ``report_cached`` the final object says how many of
   ``prompt_eval_count`` were cached in ``prompt_eval_cached_count``, as Ollama does after
   ollama/ollama#17943; with ``uncached_only``, ``prompt_eval_count`` counts only the part that
-  was not cached, as Ollama 0.30.x did before ollama/ollama#16428.
+  was not cached, as Ollama 0.30.x did before ollama/ollama#16428 (set ``version`` to a 0.30
+  release too: ``/api/version`` is how roost tells).
 - While ``busy`` (Ollama's queue is full, ``OLLAMA_MAX_QUEUE``), chats get a 503 ``server busy,
   please try again.  maximum pending requests exceeded``.
 
