@@ -169,8 +169,9 @@ class AutomationRunner:
         model = automation.model or self.settings.model.name
         while True:
             self._notices[chat_key] = []
-            with self.engine.llm.scheduled(model):
-                result = await self.turns.run(chat_key, [item], announce_outage=False)
+            with self.engine.llm.scheduled():
+                result = await self.turns.run(chat_key, [item], announce_outage=False,
+                                              model=model)
             notices = self._notices.pop(chat_key, [])
             if result.outcome is Outcome.ANSWERED:
                 return await asyncio.to_thread(self._reply, chat_key)

@@ -41,9 +41,11 @@ holding_model: contextvars.ContextVar[
 ] = contextvars.ContextVar("roost_holding_model", default=None)
 
 # Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
-# A context variable, so the turn path it shares with chats needs no priority argument.
-_scheduled: contextvars.ContextVar[str | None] = contextvars.ContextVar("roost_scheduled",
-                                                                      default=None)
+# A context variable, so the turn path it shares with chats needs no priority argument. The
+# model is not carried here: the turn passes it down explicitly, so that the budget, num_ctx
+# and capabilities are all looked up for the model the request goes to.
+_scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_scheduled",
+                                                                default=False)
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
@@ -52,6 +54,70 @@ _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than 
 _OUTAGE_STATUSES = (502, 503, 504)
 
 Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
+
+
+@dataclass
+class _FinalCounts:
+    """Counters of a streamed chat's final object that the ollama client drops."""
+
+    cached: int | None = None
+
+
+# Set around one streamed call (`_stream`): the transport fills it from the raw final object.
+_final_counts: contextvars.ContextVar[_FinalCounts | None] = contextvars.ContextVar(
+    "roost_final_counts", default=None)
+
+
+class _CountsStream(httpx.AsyncByteStream):
+    """A chat's NDJSON body passed through unchanged, with `prompt_eval_cached_count` read
+    from its final line on the way."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, counts: _FinalCounts) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._pending = b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._pending += chunk
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                self._read(line)
+            yield chunk
+        self._read(self._pending)
+
+    def _read(self, line: bytes) -> None:
+        if b'"prompt_eval_cached_count"' not in line:
+            return
+        try:
+            final = json.loads(line)
+        except ValueError:
+            return  # the ollama client reports a broken line itself
+        value = final.get("prompt_eval_cached_count") if isinstance(final, dict) else None
+        if isinstance(value, int):
+            self._counts.cached = value
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CountsTransport(httpx.AsyncBaseTransport):
+    """httpx's own transport, keeping what the ollama client's response models drop: they ignore
+    fields they do not declare, and Ollama newer than ollama/ollama#17943 reports how many of
+    `prompt_eval_count` came from its cache in `prompt_eval_cached_count`."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        counts = _final_counts.get()
+        if counts is not None and isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _CountsStream(response.stream, counts)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 @dataclass(frozen=True)
@@ -81,6 +147,9 @@ class ChatResult:
     thinking: str = ""
     tool_calls: tuple[Mapping[str, Any], ...] = ()
     prompt_eval_count: int | None = None
+    # Of prompt_eval_count, the tokens Ollama took from its cache; None when the server does
+    # not say (before ollama/ollama#17943), and then the count may be the uncached part only.
+    prompt_eval_cached_count: int | None = None
     eval_count: int | None = None
     done_reason: str | None = None
     num_ctx: int = 0
@@ -106,11 +175,13 @@ class ModelClient:
             host=settings.host,
             # Read timeout is the silence allowed between streamed pieces, not the whole reply.
             timeout=httpx.Timeout(settings.timeout, connect=10.0),
+            transport=_CountsTransport(),
         )
         self._gate = asyncio.Semaphore(settings.concurrency)
         self._info: dict[str, ModelInfo] = {}
         self._background: set[asyncio.Task[ChatResult]] = set()
         self._system_only_first: set[str] = set()
+        self._full_counts: bool | None = None
         self.in_flight = 0
         self.waiting = 0
         self.turns_active = 0
@@ -148,6 +219,27 @@ class ModelClient:
                  name, info.context_length, ",".join(info.capabilities) or "-")
         return info
 
+    async def counts_whole_prompt(self) -> bool:
+        """Whether the server's `prompt_eval_count` counts the whole prompt, cached tokens
+        included. Ollama 0.30.x counted only what it evaluated anew (ollama/ollama#16414, fixed
+        by #16428), so there a count far below the prompt's size is the cache at work, not a
+        cut. Asked once (`/api/version`); an unknown answer counts as the whole prompt, as every
+        other release does."""
+        if self._full_counts is None:
+            try:
+                async with httpx.AsyncClient(base_url=self.settings.host, timeout=10.0) as http:
+                    response = await http.get("/api/version")
+                    response.raise_for_status()
+                    version = str(response.json().get("version", ""))
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.info("Ollama's version is unknown (%s); taking its counts as whole", exc)
+                return True
+            self._full_counts = not version.startswith("0.30.")
+            if not self._full_counts:
+                log.info("Ollama %s counts only uncached prompt tokens; its low counts are not "
+                         "taken for cuts", version)
+        return self._full_counts
+
     async def num_ctx(self, model: str | None = None) -> int:
         """The window sent as `options.num_ctx`: configured window capped at context_length."""
         info = await self.model_info(model)
@@ -176,7 +268,7 @@ class ModelClient:
         that finds the gate held by a background call cancels that call, which then raises
         `Preempted` and can be tried again later. So a slow fold never delays a reply.
         """
-        name = model or _scheduled.get() or self.settings.name
+        name = model or self.settings.name
         num_ctx = await self.num_ctx(name)
         info = await self.model_info(name)
         options: dict[str, Any] = {"num_ctx": num_ctx}
@@ -194,7 +286,7 @@ class ModelClient:
                                  on_delta, background, think)
         if background:
             return await self._background_call(call)
-        if _scheduled.get() is not None:
+        if _scheduled.get():
             return await self._scheduled_call(call)
         self.waiting += 1
         try:
@@ -216,13 +308,13 @@ class ModelClient:
             self._poke()
 
     @contextlib.contextmanager
-    def scheduled(self, model: str) -> Iterator[None]:
-        """Calls made inside (an automation's run, on the turn path) use `model` and queue
+    def scheduled(self) -> Iterator[None]:
+        """Calls made inside (an automation's run, on the turn path) queue
         behind interactive turns: each waits until no turn waits for or holds the model, and
         then holds one request slot for its one call, so a user's message waits behind at most
         that one call. Unlike a fold's call it is never cancelled: a run's work is not thrown
         away."""
-        token = _scheduled.set(model)
+        token = _scheduled.set(True)
         try:
             yield
         finally:
@@ -259,7 +351,7 @@ class ModelClient:
 
         An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
         here nor stops anything; its calls queue instead."""
-        if _scheduled.get() is not None:
+        if _scheduled.get():
             yield
             return
         self.turns_active += 1
@@ -358,6 +450,8 @@ class ModelClient:
         thinking: list[str] = []
         tool_calls: list[Mapping[str, Any]] = []
         final: Any = None
+        counts = _FinalCounts()
+        token = _final_counts.set(counts)
         try:
             stream = await self._client.chat(
                 model=name,
@@ -382,11 +476,14 @@ class ModelClient:
                     final = part
         except Exception as exc:
             raise _translate(exc, name) from exc
+        finally:
+            _final_counts.reset(token)
         return ChatResult(
             content="".join(content),
             thinking="".join(thinking),
             tool_calls=tuple(tool_calls),
             prompt_eval_count=getattr(final, "prompt_eval_count", None),
+            prompt_eval_cached_count=counts.cached if final is not None else None,
             eval_count=getattr(final, "eval_count", None),
             done_reason=getattr(final, "done_reason", None),
             num_ctx=num_ctx,
@@ -431,6 +528,10 @@ def _translate(exc: BaseException, model: str) -> LLMError:
             return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
         if exc.status_code == 500:
             return ModelCrashed(f"Ollama answered 500: {text}")
+        if exc.status_code == -1:
+            # The ollama client's mark for an {"error": ...} line inside a 200 stream: the runner
+            # failed after the answer had begun. Like a 500, worth one more try.
+            return ModelCrashed(f"Ollama stopped in the middle of the answer: {text}")
         if any(marker in text for marker in _OVERFLOW_TEXTS):
             prompt_tokens, context_size = _overflow_numbers(text)
             return ContextOverflow(text, prompt_tokens, context_size)

@@ -103,20 +103,21 @@ class Prompting:
 
     async def prepare(
         self, conversation: Conversation, history: Sequence[Message], *,
-        ratio: float | None = None,
+        ratio: float | None = None, model: str | None = None,
     ) -> Prepared:
-        """The request for the conversation's next model call, fitted to its budget, with the
-        tools of its loaded capabilities.
+        """The request for the conversation's next model call, fitted to the budget of `model`
+        (default `model.name`: the one the request goes to), with the tools of its loaded
+        capabilities.
 
         Raises `DoesNotFit` when the protected messages alone are larger than the budget.
         """
         ratio = conversation.token_ratio if ratio is None else ratio
         # A model without the tools capability gets no tools and no word of them (Ollama
         # would answer 400 to the tools, and the model would promise searches it cannot do).
-        with_tools = (await self.llm.model_info()).tools
+        with_tools = (await self.llm.model_info(model)).tools
         tools = self.registry.schemas(conversation.active_tools) if with_tools else []
         capabilities = self.registry.index(conversation.active_tools) if with_tools else []
-        num_ctx = await self.llm.num_ctx()
+        num_ctx = await self.llm.num_ctx(model)
         tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
                        if tools else 0)
         budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens

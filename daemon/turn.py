@@ -34,6 +34,7 @@ from daemon.context.budget import (
     RATIO_MIN,
     calibrated_ratio,
     estimate_tokens,
+    recalibrate,
     request_budget,
 )
 from daemon.context.replay import ChatMessage, DoesNotFit
@@ -66,10 +67,9 @@ EMPTY_REPLY = "(The model returned an empty reply.)"
 NEW_CONVERSATION_LINE = (
     "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
 )
-# A prompt_eval_count below this share of what was sent means Ollama cut the prompt (dropping
-# old messages), provided the prompt was not tiny; one that fills num_ctx to the brim was cut too.
-SILENT_CUT_SHARE = 0.6
-RATIO_DECAY = 0.2
+# The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
+# is built once more at this one rather than refused: the ratio may be what is wrong.
+RATIO_START = 1.0
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
 CROWDED_SHARE = 0.9
@@ -130,6 +130,25 @@ class _Stream:
             self._show(held)
 
 
+class _Outage:
+    """The outage notice of one turn, said at most once: by whichever call first finds the
+    model server unreachable, the model lookup before the request is built (the first thing
+    to fail after a start with Ollama down) or a model call."""
+
+    def __init__(self, notify: Notify, chat_key: str, host: str, announce: bool) -> None:
+        self.notify = notify
+        self.chat_key = chat_key
+        self.host = host
+        self.pending = announce
+
+    async def tell(self) -> None:
+        if self.pending:
+            self.pending = False
+            await self.notify(self.chat_key, (
+                f"The model server at {self.host} is not answering. Your message is saved; "
+                "I will keep trying and answer when it is back."))
+
+
 class TurnRunner:
     """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
 
@@ -163,14 +182,19 @@ class TurnRunner:
         self.clock = clock
 
     async def run(
-        self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True
+        self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True,
+        model: str | None = None,
     ) -> TurnResult:
-        """Answer `items` (the chat's pending messages): one model call, or a few with tools."""
+        """Answer `items` (the chat's pending messages): one model call, or a few with tools.
+
+        `model` (an automation's own) is the model every call of the turn goes to, and the one
+        whose window and capabilities the request is fitted to; by default `model.name`."""
         async with self.llm.turn():
-            return await self._run(chat_key, items, announce_outage)
+            outage = _Outage(self.notify, chat_key, self.llm.host, announce_outage)
+            return await self._run(chat_key, items, outage, model or self.settings.model.name)
 
     async def _run(
-        self, chat_key: str, items: Sequence[Inbound], announce_outage: bool
+        self, chat_key: str, items: Sequence[Inbound], outage: _Outage, model: str
     ) -> TurnResult:
         conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
@@ -189,6 +213,11 @@ class TurnRunner:
             intro = NEW_CONVERSATION_LINE + "\n\n"
         stream = _Stream(self.stream, chat_key, intro)
         answering = {i.id for i in items}
+        # The newest photo stays in every later request (as pixels, or as a note for a model
+        # that cannot see): the user hears that it cannot be seen once, on the turn it came.
+        new_images = any(a.get("kind") == "image" for m in history
+                         if m.role == "user" and m.meta.get("inbox_id") in answering
+                         for a in m.attachments)
         if FILES_CAPABILITY not in conversation.active_tools and any(
                 a.get("kind") != "image" for m in history
                 if m.role == "user" and m.meta.get("inbox_id") in answering
@@ -203,13 +232,14 @@ class TurnRunner:
                               index=self.index, active=list(conversation.active_tools),
                               scope=recall_scope(conversation, self.settings.automations))
         try:
-            prepared = await self.prompting.prepare(conversation, history)
+            prepared = await self._prepare(chat_key, conversation, history, model, outage)
             first, prepared, messages = await self._answer(
-                chat_key, conversation, history, prepared, stream, announce_outage)
+                chat_key, conversation, history, prepared, stream, outage, model,
+                new_images)
             loop = ToolLoop(
                 registry=self.registry, context=context, records=self.records,
                 call=lambda messages, tools: self._call_model(
-                    chat_key, messages, tools, stream, announce_outage),
+                    chat_key, messages, tools, stream, outage, model),
                 save=lambda role, content, **fields: self._save_step(
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
@@ -243,6 +273,7 @@ class TurnRunner:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
             **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            "prompt_eval_cached_count": first.prompt_eval_cached_count,
             "model_calls": done.calls, "tool_calls": done.tool_calls,
         })
         log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
@@ -254,14 +285,15 @@ class TurnRunner:
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: _Stream, announce_outage: bool,
+        prepared: Prepared, stream: _Stream, outage: _Outage, model: str,
+        new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
-            messages = await self._messages(chat_key, prepared)
+            messages = await self._messages(chat_key, prepared, model, notify=new_images)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in prepared.tools] or None,
-                                            stream, announce_outage)
+                                            stream, outage, model)
             return result, prepared, messages
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
@@ -274,18 +306,18 @@ class TurnRunner:
                                     f"Ollama refused {measured} tokens (estimated "
                                     f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
                                     f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self.prompting.prepare(conversation, history, ratio=ratio)
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
-                messages = await self._messages(chat_key, refit, notify=False)
+                messages = await self._messages(chat_key, refit, model, notify=False)
             result = await self._call_model(chat_key, messages,
                                             [dict(t) for t in refit.tools] or None,
-                                            stream, announce_outage)
+                                            stream, outage, model)
             return result, refit, messages
 
     async def _call_model(
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-        stream: _Stream, announce_outage: bool,
+        stream: _Stream, outage: _Outage, name: str,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
@@ -295,7 +327,8 @@ class TurnRunner:
         for attempt in range(model.retry_attempts):
             stream.begin()
             try:
-                result = await self.llm.chat(messages, tools=tools, on_delta=stream.delta)
+                result = await self.llm.chat(messages, model=name, tools=tools,
+                                             on_delta=stream.delta)
             except ModelCrashed as exc:
                 if crashed:
                     raise
@@ -305,28 +338,77 @@ class TurnRunner:
                 await asyncio.sleep(model.retry_backoff)
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
-                log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
-                            self.llm.host, attempt + 1, model.retry_attempts, exc)
-                if attempt == 0 and announce_outage:
-                    await self.notify(chat_key, (
-                        f"The model server at {self.llm.host} is not answering. Your message "
-                        "is saved; I will keep trying and answer when it is back."))
-                if attempt + 1 == model.retry_attempts:
-                    raise
-                await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+                await self._unreachable(attempt, exc, outage)
                 continue
             stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
         raise AssertionError("retry_attempts is at least 1")
 
+    async def _prepare(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,
+        outage: _Outage,
+    ) -> Prepared:
+        """The first request of the turn, retried like a model call while Ollama is
+        unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
+        for attempt in range(self.settings.model.retry_attempts):
+            try:
+                try:
+                    return await self.prompting.prepare(conversation, history, model=model)
+                except DoesNotFit as exc:
+                    return await self._refit_lower(conversation, history, model, exc)
+            except (LLMUnavailable, LLMTimeout) as exc:
+                await self._unreachable(attempt, exc, outage)
+        raise AssertionError("retry_attempts is at least 1")
+
+    async def _refit_lower(
+        self, conversation: Conversation, history: Sequence[Message], model: str,
+        exc: DoesNotFit,
+    ) -> Prepared:
+        """Only the prefix and summary were left, and they did not fit at the conversation's
+        ratio: an overestimate must not lock the conversation. Build the request at the ratio
+        where that part fits (it scales with the ratio), else at the starting one; Ollama's
+        count of what is sent calibrates the ratio again. Raises `DoesNotFit` when even the
+        starting ratio leaves no room: then the window is too small."""
+        ratio = conversation.token_ratio
+        fitting = max(ratio * exc.budget / exc.needed * 0.95, RATIO_MIN)
+        tries = [r for r in (fitting, RATIO_START) if r < ratio]
+        if not tries:
+            raise exc
+        for lower in sorted(set(tries), reverse=True):
+            try:
+                prepared = await self.prompting.prepare(conversation, history, model=model,
+                                                        ratio=lower)
+            except DoesNotFit as again:
+                exc = again
+                continue
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "ratio-reset", conversation.id,
+                f"the fixed part needed {exc.needed} of {exc.budget} tokens at ratio "
+                f"{ratio:.2f}; built again at {lower:.2f}")
+            log.warning("conversation %s: request did not fit at ratio %.2f; built at %.2f",
+                        conversation.id, ratio, lower)
+            return prepared
+        raise exc
+
+    async def _unreachable(self, attempt: int, exc: LLMError, outage: _Outage) -> None:
+        """After a failed try: log, tell the user (once a turn), re-raise after the last try,
+        else wait the backoff."""
+        model = self.settings.model
+        log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
+                    self.llm.host, attempt + 1, model.retry_attempts, exc)
+        await outage.tell()
+        if attempt + 1 == model.retry_attempts:
+            raise exc
+        await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+
     async def _messages(
-        self, chat_key: str, prepared: Prepared, *, notify: bool = True
+        self, chat_key: str, prepared: Prepared, model: str, *, notify: bool = True
     ) -> list[ChatMessage]:
         """The request's messages with the newest image's pixels, if the model can see them."""
         messages = [dict(m) for m in prepared.request.messages]
         if not prepared.request.images:
             return messages
-        info = await self.llm.model_info()
+        info = await self.llm.model_info(model)
         attachments = self.store.state_dir / "attachments"
         for index, images in prepared.request.images.items():
             if "vision" in info.capabilities:
@@ -356,16 +438,21 @@ class TurnRunner:
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
     ) -> float:
-        """The conversation's new token ratio from Ollama's count, noticing a silent cut."""
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), recording a
+        silent cut. Whether the count includes the cached part is asked of the server only when
+        the reading would lower the ratio or mark a cut."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
             return prepared.ratio
         estimate = prepared.request.estimate + prepared.tool_tokens
-        far_below = count < SILENT_CUT_SHARE * estimate and estimate >= prepared.num_ctx // 4
-        if far_below or count >= prepared.num_ctx - 16:
-            # Ollama dropped part of the prompt: the real size was above num_ctx.
-            ratio = min(max(prepared.num_ctx / raw * 1.1, prepared.ratio * 1.25), RATIO_MAX)
+        whole = (result.prompt_eval_cached_count is not None
+                 or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
+                 or await self.llm.counts_whole_prompt())
+        ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
+                                 overhead=prepared.overhead(), estimate=estimate,
+                                 num_ctx=prepared.num_ctx, whole=whole)
+        if cut:
             await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
                                     conversation.id,
                                     f"Ollama evaluated {count} tokens of about {estimate} sent "
@@ -373,15 +460,7 @@ class TurnRunner:
                                     f"-> {ratio:.2f}")
             log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
                         conversation.id, count, estimate)
-            return ratio
-        if count < RATIO_MIN * raw:
-            return prepared.ratio  # a count of cached-out tokens only (old Ollama): ignore it
-        measured = calibrated_ratio(count, raw, prepared.overhead())
-        # Up at once, down slowly: requests mix text whose tokens-per-character differ, and an
-        # underestimate is what makes Ollama cut, while an overestimate only costs a little room.
-        if measured >= prepared.ratio:
-            return measured
-        return prepared.ratio + (measured - prepared.ratio) * RATIO_DECAY
+        return ratio
 
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:
@@ -463,6 +542,7 @@ class TurnRunner:
             "inbox_ids": [i.id for i in items],
             "reply_to": items[-1].platform_id,  # where a group reply is threaded
             "prompt_eval_count": result.prompt_eval_count,
+            "prompt_eval_cached_count": result.prompt_eval_cached_count,
             "eval_count": result.eval_count,
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,

@@ -37,3 +37,47 @@ def calibrated_ratio(prompt_eval_count: int, raw_estimate: int, overhead: int = 
     if content <= 0:
         return 1.0
     return min(max((prompt_eval_count - overhead) / content, RATIO_MIN), RATIO_MAX)
+
+
+# A count below this share of the estimate means Ollama cut the prompt (dropping old messages),
+# provided the prompt was not tiny and the count is below any tokenizer's; one that fills
+# num_ctx to the brim was cut too.
+SILENT_CUT_SHARE = 0.6
+RATIO_DECAY = 0.2
+RATIO_DECAY_FAR = 0.5  # for a count far below the estimate that is not a cut
+# One reading moves the ratio up by at most this factor: a count can be wrong (a server that
+# counts only the uncached part, a cut misread), and the ratio is kept with the conversation.
+RATIO_STEP = 1.5
+
+
+def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: int,
+                num_ctx: int, whole: bool) -> tuple[float, bool]:
+    """The conversation's next ratio from Ollama's `count` of a request built at `ratio`, and
+    whether Ollama cut that request silently.
+
+    `raw` is the request's estimate at ratio 1 (`overhead` of it unscaled), `estimate` the one
+    it was fitted with. No single reading moves the ratio up by more than `RATIO_STEP`. A count
+    far below the estimate is a cut only when it is also below what any tokenizer makes of the
+    text (`RATIO_MIN` per 4 bytes): otherwise it is the truth, and the ratio was too high (taken
+    for a cut, it raised an overestimate further, to the cap). Unless the count is `whole`
+    (cached tokens included) it is a lower bound: it may raise the ratio, never mark a cut or
+    lower it.
+    """
+    if count <= 0 or raw <= 0:
+        return ratio, False
+    measured = calibrated_ratio(count, raw, overhead)
+    far_below = count < SILENT_CUT_SHARE * estimate and estimate >= num_ctx // 4
+    brim = count >= num_ctx - 16
+    if not whole and not brim:
+        return min(max(measured, ratio), ratio * RATIO_STEP), False
+    if (far_below and count < RATIO_MIN * raw) or brim:
+        # Ollama dropped part of the prompt: the real size was above num_ctx.
+        return min(max(num_ctx / raw * 1.1, ratio * 1.25), ratio * RATIO_STEP, RATIO_MAX), True
+    if count < RATIO_MIN * raw:
+        return ratio, False  # a count too small for the text: not a reading to learn from
+    # Up at once (within a step), down slowly: requests mix text whose tokens-per-character
+    # differ, and an underestimate is what makes Ollama cut, while an overestimate only costs a
+    # little room; far below, though, it costs most of the window: halfway down.
+    if measured >= ratio:
+        return min(measured, ratio * RATIO_STEP), False
+    return ratio + (measured - ratio) * (RATIO_DECAY_FAR if far_below else RATIO_DECAY), False

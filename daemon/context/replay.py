@@ -12,16 +12,19 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
   results were capped at a sixth of the budget when the tool ran, and become stubs later);
 * then, only while the request is over budget, cheapest loss first: old tool output decays with
   age, old tool cycles condense to one line, the oldest unprotected messages are dropped whole
-  (with a note saying how many), tool output is cut, oldest first, and last the protected
-  messages themselves are shortened, in fixed steps, the newest user message after all others.
+  (with a note saying how many), tool output is cut, oldest first; then protection gives way:
+  the pinned tool cycles condense to one line (a call's arguments are never cut otherwise), the
+  protected messages are shortened, in fixed steps, the newest user message after all others,
+  and last they are dropped, oldest first, all but the newest user message(s).
 
 So no single message can wedge a conversation. The newest user message is sent whole whenever it
 fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
 (and, for one larger than the window, the note of the file the turn stored it in). An excerpt
 keeps a message's file notes and sent stamp whole.
-Protected from dropping: the conversation's first user message, the last 6 messages, the newest
-message with images, the newest tool call with its results. Only when the prefix and summary
-alone leave no room is `DoesNotFit` raised and nothing sent.
+Protected from dropping (until nothing else is left to give): the conversation's first user
+message, the last 6 messages, the newest message with images, the newest tool call with its
+results. Only when the prefix and summary alone leave no room for an excerpt of the newest user
+message is `DoesNotFit` raised and nothing sent.
 """
 
 from __future__ import annotations
@@ -215,8 +218,16 @@ def build_request(
         omitted = _drop(entries, tally, budget)
     if tally.total() > budget:
         cut = _cut(entries, conversation_id, tally, budget)
+    # From here the protected set alone is over the budget (a pinned tool call with long
+    # arguments, which nothing above cuts, or a ratio that overestimates): shrink it rather than
+    # refuse, or the conversation is locked. A pinned cycle's output is already cut to its stub,
+    # so condensing it costs less than excerpting what the user wrote.
+    if tally.total() > budget:
+        condensed += _condense(entries, conversation_id, tally, budget, protected=True)
     if tally.total() > budget:
         shortened += _shorten(entries, reader, tally, budget)
+    if tally.total() > budget:
+        omitted += _drop(entries, tally, budget, protected=True)
     if tally.total() > budget:
         raise DoesNotFit(tally.total(), budget)
 
@@ -442,11 +453,14 @@ def _decay(entries: list[_Entry], tally: _Tally, budget: int) -> int:
     return decayed
 
 
-def _condense(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int) -> int:
-    """Old tool cycles (a call and its results) become one line, oldest first."""
+def _condense(entries: list[_Entry], conversation_id: str, tally: _Tally, budget: int, *,
+              protected: bool = False) -> int:
+    """Old tool cycles (a call and its results) become one line, oldest first; with
+    `protected`, the pinned ones too (as the last resort)."""
     condensed = 0
     groups = _groups(entries)
-    for group in sorted({e.group for e in entries if e.tool_calls and not e.protected}):
+    for group in sorted({e.group for e in entries if e.tool_calls and e.protected == protected
+                         and e.condensed_into is None and not e.dropped}):
         if tally.total() <= budget:
             break
         members = groups[group]
@@ -475,11 +489,14 @@ def _call_text(call: Mapping[str, JSONValue]) -> str:
     return f"{function.get('name', 'a tool')}({arguments})"
 
 
-def _drop(entries: list[_Entry], tally: _Tally, budget: int) -> int:
-    """Drop the oldest unprotected groups whole until the request fits."""
+def _drop(entries: list[_Entry], tally: _Tally, budget: int, *, protected: bool = False) -> int:
+    """Drop the oldest unprotected groups whole until the request fits; with `protected`, the
+    protected ones (as the last resort), never the newest user messages."""
     dropped = 0
     groups = _groups(entries)
-    for group in sorted({e.group for e in entries if not e.protected}):
+    current = {e.group for e in entries if e.current}
+    for group in sorted({e.group for e in entries if e.protected == protected
+                         and not e.dropped and e.group not in current}):
         if tally.total() <= budget:
             break
         for entry in groups[group]:

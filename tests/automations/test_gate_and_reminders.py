@@ -25,7 +25,7 @@ async def test_a_chat_turn_arriving_during_an_automation_is_served_first(
     async def chat(text: str, scheduled: bool = False) -> ChatResult:
         messages = [{"role": "user", "content": text}]
         if scheduled:
-            with llm.scheduled("qwen3:4b"):
+            with llm.scheduled():
                 return await llm.chat(messages)
         async with llm.turn():
             return await llm.chat(messages)
@@ -52,7 +52,7 @@ async def test_an_automation_call_waits_while_a_chat_turn_holds_the_model(
     llm = ModelClient(ModelSettings(host=fake_ollama.url, concurrency=1))
     try:
         async with llm.turn():  # a turn between its model calls (running a tool)
-            with llm.scheduled("qwen3:4b"):
+            with llm.scheduled():
                 waiting = asyncio.create_task(
                     llm.chat([{"role": "user", "content": "automation"}]))
             await wait_until(lambda: llm.scheduled_waiting == 1)

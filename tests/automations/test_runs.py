@@ -12,7 +12,7 @@ from automations.state import AutomationState
 from channels.base import Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeModel, FakeOllama
 
 
 async def test_an_hourly_job_fires_each_hour_and_delivers_once_per_slot(
@@ -155,6 +155,29 @@ async def test_an_automation_on_another_model_uses_it(
     daemon.clock.set(at(2026, 12, 1, 9, 0, 5))
     await automations.fire("brief")
     assert fake_ollama.chat_requests[0]["model"] == "qwen3:4b"
+
+
+async def test_an_automation_on_a_smaller_model_gets_a_request_fitted_to_that_model(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    # The chat model has a large window; the automation's own model only 2,048 tokens, and no
+    # tools. A long prompt fits the chat model's budget whole but not the small one's.
+    fake_ollama.models.append(FakeModel(name="tiny:1b", context_length=2048,
+                                        capabilities=("completion",)))
+    prompt = "Look at each of these topics and tell me what is new. " * 150  # ~2,700 tokens
+    daemon = make_daemon(automation("brief", "0 9 * * *", model="tiny:1b", prompt=prompt),
+                         window=8192, response_reserve=512)
+    automations = await daemon.start()
+    daemon.clock.set(at(2026, 12, 1, 9, 0, 5))
+    await automations.fire("brief")
+    [request] = fake_ollama.chat_requests
+    assert request["model"] == "tiny:1b" and request["options"]["num_ctx"] == 2048
+    assert not request.get("tools")
+    # Fitted by roost, so Ollama cut nothing, and the report went out.
+    assert fake_ollama.count_tokens(request["messages"]) <= 2048 - 512
+    assert fake_ollama.cuts == 0
+    (run,) = automations.state.runs("brief")
+    assert run["status"] == "ok" and len(daemon.replies()) == 1
 
 
 async def test_a_run_past_its_timeout_is_stopped_and_recorded(

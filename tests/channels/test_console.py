@@ -122,3 +122,20 @@ async def test_a_note_added_after_a_streamed_reply_is_shown(
     assert await chat.wait() == 0
     assert "roost> part. part. part. part. " in out
     assert "The answer was cut off; ask me to go on." in out
+
+
+async def test_a_message_while_ollama_is_down_after_the_banner_is_told_and_answered(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout and chat.stderr
+    await read_until(chat.stdout, "Ctrl-D to leave")  # the start listed the models: Ollama was up
+    await fake_ollama.refuse_connections()
+    chat.stdin.write(b"are you there?\n")
+    told = await read_until(chat.stdout, "[roost] The model server")
+    await fake_ollama.accept_connections()
+    told += await read_until(chat.stdout, "echo: are you there?")
+    assert "not answering" in told and "saved" in told
+    chat.stdin.close()
+    await asyncio.wait_for(chat.stdout.read(), 10)
+    assert await asyncio.wait_for(chat.wait(), 10) == 0

@@ -7,14 +7,16 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from channels.base import Inbound
 from daemon.config import Settings
+from daemon.context.budget import RATIO_MAX
 from daemon.context.fold import FOLD_SYSTEM
+from daemon.conversations import SummaryState
 from daemon.engine import Engine
 from daemon.llm import ModelClient
 from daemon.store import Store
@@ -286,6 +288,95 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     assert rig.store.get_conversation(cid).token_ratio > 0.5  # type: ignore[union-attr]
 
 
+async def test_one_silent_cut_moves_the_ratio_by_a_bounded_step(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    await rig.say("first")
+    cid = rig.conversation_id()
+    conversation = rig.store.get_conversation(cid)
+    assert conversation is not None
+    rig.store.save_conversation(replace(conversation, token_ratio=0.5))
+    rig.tool_cycle(12_000)
+    await rig.say("What does it say?", wait_fold=False)
+    assert rig.fake.cuts == 1
+    # One reading is one step (x1.5 at most), however large the cut looked: a reading can be
+    # wrong, and the ratio stays with the conversation.
+    assert 0.5 < ratio_of(rig) <= 0.75
+
+
+def ratio_of(rig: Rig) -> float:
+    conversation = rig.store.get_conversation(rig.conversation_id())
+    assert conversation is not None
+    return conversation.token_ratio
+
+
+async def test_a_server_counting_only_uncached_tokens_makes_no_false_cuts(
+    rig_for: Callable[..., Any],
+) -> None:
+    # Ollama 0.30.x before ollama/ollama#16428: prompt_eval_count leaves out the cached part,
+    # so every turn after the first reads far below what was sent.
+    rig: Rig = await rig_for()
+    rig.fake.uncached_only = True
+    rig.fake.version = "0.30.1"
+    for turn in range(13):
+        await rig.say(f"Turn {turn}: " + "tell me about the weather and the sea. " * 40)
+    assert len(rig.channel.texts("reply")) == 13
+    assert rig.fake.cuts == 0
+    events = rig.engine.records.events("2026-12-01")
+    assert not [e for e in events if "silent-cut" in e]
+    # The fake's tokenizer takes bytes/3: the true ratio is about 1.33, not the cap of 4.
+    assert ratio_of(rig) < 2.0
+
+
+async def test_the_cached_count_is_read_when_the_server_reports_it(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for()
+    rig.fake.report_cached = True
+    for turn in range(4):
+        await rig.say(f"Turn {turn}: " + "tell me about the weather and the sea. " * 40)
+    replies = [m for m in rig.store.messages(rig.conversation_id()) if m.role == "assistant"]
+    cached = [m.meta.get("prompt_eval_cached_count") for m in replies]
+    # The first request met an empty cache; each later one found the one before it there.
+    assert cached[0] == 0 and all(isinstance(c, int) and c > 0 for c in cached[1:])
+    assert all(c < m.meta["prompt_eval_count"] for c, m in zip(cached, replies, strict=True))
+    assert 1.0 <= ratio_of(rig) < 2.0
+
+
+async def test_a_ratio_at_its_cap_with_a_pinned_tool_call_does_not_lock_the_conversation(
+    rig_for: Callable[..., Any],
+) -> None:
+    # The wedge: false silent cuts pushed the ratio to its cap while the newest tool call (long
+    # arguments, a long error) was pinned, and the summary is at its size limit. Every message
+    # then got "context window is too small", after a restart too, until /new.
+    rig: Rig = await rig_for()
+    await rig.say("hello")
+    cid = rig.conversation_id()
+    history = rig.store.messages(cid)
+    rig.store.save_summary(cid, SummaryState(
+        summary="The user talks about the sea. " * 200, user_notes="- likes boats",
+        through_seq=history[-1].seq, through_id=history[-1].id))
+    rig.store.append_message(cid, "user", "save this for me", created=rig.clock())
+    rig.store.append_message(cid, "assistant", "", created=rig.clock(), tool_calls=(
+        {"function": {"name": "file_write", "arguments": {"text": "a long note " * 500}}},))
+    rig.store.append_message(cid, "tool", "Error: " + "no such directory\n" * 1_500,
+                             created=rig.clock(), tool_name="file_write",
+                             meta={"error": True, "shown_chars": 4_000})
+    conversation = rig.store.get_conversation(cid)
+    assert conversation is not None
+    rig.store.save_conversation(replace(conversation, token_ratio=RATIO_MAX))
+    for text in ("did it work?", "try again later", "thanks"):
+        await rig.say(text, wait_fold=False)
+    assert rig.channel.texts("reply")[-3:] == [
+        "echo: did it work?", "echo: try again later", "echo: thanks"]
+    assert not [n for n in rig.channel.texts("notice") if "too small" in n]
+    for body in rig.turn_requests():  # and roost sent nothing Ollama had to cut
+        assert rig.fake.count_tokens(body["messages"], body.get("tools")) \
+            <= body["options"]["num_ctx"]
+    assert ratio_of(rig) < RATIO_MAX - 1  # Ollama's counts bring it back down
+
+
 async def test_idle_chat_rotates_on_the_timer_and_the_next_reply_says_so(
     rig_for: Callable[..., Any],
 ) -> None:
@@ -349,3 +440,4 @@ async def test_debug_keeps_the_last_50_requests_with_their_parts(
     assert last["budget"] == room - room // 50
     assert last["parts"]["tools"] > 0
     assert last["messages"][-1]["content"].startswith("Turn 52")
+

@@ -353,6 +353,24 @@ async def test_a_model_that_cannot_see_gets_a_note_and_the_user_is_told(
     assert "cannot see images" in notice
 
 
+async def test_a_model_that_cannot_see_is_told_of_once_per_photo_not_before_every_reply(
+    setup_for: Callable[..., Any],
+) -> None:
+    blind: Setup = await setup_for()
+    image = store_image(jpeg(640, 480), blind.store.state_dir / "attachments")
+    await blind.say("And this?", attachments=(image.to_doc(),))
+    for text in ("what else?", "and then?", "thanks"):
+        await blind.say(text)
+    # The photo stays the newest image in the request (noted, not shown), yet the user heard
+    # about it once; the replies all came.
+    assert len(blind.channel.texts("reply")) == 4
+    assert len(blind.channel.texts("notice")) == 1
+    second = store_image(jpeg(300, 200), blind.store.state_dir / "attachments")
+    await blind.say("and this one?", attachments=(second.to_doc(),))
+    await blind.say("ok")
+    assert len(blind.channel.texts("notice")) == 2  # once for the second photo too
+
+
 async def test_sending_a_file_loads_file_read_for_that_conversation(
     setup_for: Callable[..., Any],
 ) -> None:

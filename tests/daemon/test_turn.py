@@ -122,6 +122,37 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     assert len(recording_channel.texts("notice")) == 1  # no repeated notices while parked
 
 
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a condition on plain state, no event to wait on)
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("outage", ["refused", "gateway 503"])
+async def test_the_first_message_after_a_start_with_ollama_down_is_told_and_answered(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel,
+    outage: str,
+) -> None:
+    # Nothing has asked /api/show yet in this process: building the request is what fails.
+    if outage == "refused":
+        await fake_ollama.refuse_connections()
+    else:
+        fake_ollama.gateway_status = 503
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    assert await engine.submit(inbound("hello after a reboot"))
+    await wait_for(lambda: bool(recording_channel.texts("notice")))
+    [notice] = recording_channel.texts("notice")
+    assert "not answering" in notice and fake_ollama.url in notice and "saved" in notice
+    if outage == "refused":
+        await fake_ollama.accept_connections()
+    else:
+        fake_ollama.gateway_status = None
+    await wait_for(lambda: bool(recording_channel.texts("reply")))
+    await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    assert recording_channel.texts("reply") == ["echo: hello after a reboot"]
+    assert len(recording_channel.texts("notice")) == 1
+
+
 async def test_five_messages_during_a_turn_are_answered_together_in_order(
     fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
 ) -> None:
@@ -194,6 +225,61 @@ async def test_one_500_is_retried_and_answered(
     await say(engine, "first")
     assert recording_channel.texts("notice") == []
     assert recording_channel.texts("reply") == ["echo: first"]
+
+
+RUNNER_FAILED = "an error was encountered while running the model: unexpected EOF"
+
+
+async def test_an_error_inside_a_200_stream_is_tried_again_and_answered(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(content="The answer begins and", chunks=4, error_after_chunks=2,
+                             error=RUNNER_FAILED), "The whole answer.")
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "tell me")
+    assert recording_channel.texts("reply") == ["The whole answer."]
+    assert recording_channel.texts("notice") == []
+
+
+async def test_an_error_inside_a_200_stream_twice_is_reported_in_words_and_the_chat_goes_on(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    broken = Reply(content="The answer begins and", chunks=4, error_after_chunks=1,
+                   error=RUNNER_FAILED)
+    fake_ollama.script(broken, broken)
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "first")
+    [notice] = recording_channel.texts("notice")
+    assert RUNNER_FAILED in notice and "saved" in notice
+    assert "-1" not in notice
+    await say(engine, "second")
+    assert recording_channel.texts("reply") == ["echo: second"]
+    conversation = engine.store.active_conversation(CHAT)
+    assert conversation is not None
+    assert [m.content for m in engine.store.messages(conversation.id)] == [
+        "first", "second", "echo: second"]
+
+
+async def test_a_connection_dropped_in_the_middle_of_the_answer_is_retried_and_answered(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(content="The answer begins and", chunks=4, drop_after_chunks=2),
+                       "The whole answer.")
+    engine = await engine_for(fast(make_settings, fake_ollama))
+    await say(engine, "tell me")
+    assert recording_channel.texts("reply") == ["The whole answer."]
+    assert len(fake_ollama.chat_requests) == 2
+
+
+async def test_an_answer_that_stalls_halfway_is_given_up_and_asked_again(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for, recording_channel
+) -> None:
+    fake_ollama.script(Reply(content="The answer begins and", chunks=4, stall_after_chunks=2),
+                       "The whole answer.")
+    engine = await engine_for(fast(make_settings, fake_ollama, timeout=0.5))
+    await say(engine, "tell me")
+    assert recording_channel.texts("reply") == ["The whole answer."]
+    assert len(fake_ollama.chat_requests) == 2
 
 
 async def test_concurrency_gate_limits_requests_in_flight(

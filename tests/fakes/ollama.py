@@ -32,8 +32,22 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
   ``done_reason: "length"``, its content cut (empty when the thinking used it all up).
 - ``tools`` for a model without the ``tools`` capability is a 400 ``<model> does not support
   tools``.
+- The prompt cache: a model keeps the messages (and tools) of its last prompt, after any cut;
+  the next prompt's leading messages equal to those are cached (at least its last message is
+  evaluated), and a reload empties it. With ``report_cached`` the final object says how many of
+  ``prompt_eval_count`` were cached in ``prompt_eval_cached_count``, as Ollama does after
+  ollama/ollama#17943; with ``uncached_only``, ``prompt_eval_count`` counts only the part that
+  was not cached, as Ollama 0.30.x did before ollama/ollama#16428 (set ``version`` to a 0.30
+  release too: ``/api/version`` is how roost tells).
 - While ``busy`` (Ollama's queue is full, ``OLLAMA_MAX_QUEUE``), chats get a 503 ``server busy,
   please try again.  maximum pending requests exceeded``.
+
+Failures: ``refuse_connections`` (nothing listens), ``hang`` (requests accepted, none answered),
+``busy`` (503 on chats), ``gateway_status`` (a proxy whose upstream is down answers every route),
+and per ``Reply``: a status before streaming, or after some streamed pieces a dropped connection
+(``drop_after_chunks``), an in-stream ``{"error": ...}`` line (``error_after_chunks``, as
+``streamResponse`` in ``server/routes.go`` writes once the 200 is out) or silence
+(``stall_after_chunks``).
 
 Order inside ``/api/chat``: record, 503 while ``busy``, wait while ``hang``, 404 for an unknown
 model, 400 for tools or thinking the model lacks, load the model (``/api/ps``, ``reloads``), cut
@@ -91,6 +105,10 @@ class Reply:
     status: int = 200  # non-200: answer {"error": error} with this status, before streaming
     error: str | None = None
     drop_after_chunks: int | None = None  # close the connection after this many streamed pieces
+    # After this many streamed pieces, end the 200 stream with {"error": error} instead of the
+    # final object, as Ollama's streamResponse does when the runner fails mid-answer.
+    error_after_chunks: int | None = None
+    stall_after_chunks: int | None = None  # after this many pieces, send nothing more (a hang)
 
 
 @dataclass(frozen=True)
@@ -175,9 +193,16 @@ class FakeOllama:
         self.cuts = 0
         self.overflows = 0
         self.busy = False  # answer every chat with 503, as Ollama does when its queue is full
+        # A reverse proxy in front of Ollama whose upstream is down answers every route, /api/show
+        # included, with this status (nginx: 502 Bad Gateway, or 503 while it is in maintenance).
+        self.gateway_status: int | None = None
         self.refuse_overlong = False  # 400 instead of cutting inside an overlong last message
         self.reloads = 0
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
+        self.report_cached = False  # send prompt_eval_cached_count (Ollama after #17943)
+        self.uncached_only = False  # prompt_eval_count without the cached part (0.30.x)
+        self.version = VERSION  # what /api/version says ("0.30.1" with uncached_only)
+        self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
         self._queue: deque[Reply] = deque()
         self._released = asyncio.Event()  # set while not hanging
         self._released.set()
@@ -283,6 +308,11 @@ class FakeOllama:
         if request.path == "/api/chat":
             async with self._chat_arrived:
                 self._chat_arrived.notify_all()
+        if self.gateway_status is not None:
+            phrase = f"{self.gateway_status} {HTTPStatus(self.gateway_status).phrase}"
+            return web.Response(status=self.gateway_status, content_type="text/html",
+                                text=f"<html><head><title>{phrase}</title></head><body>"
+                                     f"<center><h1>{phrase}</h1></center></body></html>\n")
         response: web.StreamResponse = await handler(request)
         return response
 
@@ -312,10 +342,12 @@ class FakeOllama:
         self._load(model.name, num_ctx)
         if not messages:  # Ollama's load request
             return _json(self._final(name, "load", 0, 0, started))
-        prompt_tokens = self._fit(messages, body.get("tools"), num_ctx)
+        prompt_tokens, kept = self._fit(messages, body.get("tools"), num_ctx)
         if prompt_tokens > num_ctx:
             self.overflows += 1
             return _error(400, _overflow_text(prompt_tokens, num_ctx))
+        cached = min(self._cached(model.name, kept, body.get("tools")), prompt_tokens - 1)
+        self._cache[model.name] = (kept, body.get("tools"))
         reply = self._queue.popleft() if self._queue else self.default_reply(body)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -340,7 +372,11 @@ class FakeOllama:
             reply = Reply(content=content, thinking=thinking, chunks=reply.chunks,
                           chunk_delay=reply.chunk_delay)
             eval_count, done_reason = num_predict, "length"
-        final = self._final(name, done_reason, prompt_tokens, eval_count, started)
+        final = self._final(name, done_reason,
+                            prompt_tokens - cached if self.uncached_only else prompt_tokens,
+                            eval_count, started)
+        if self.report_cached:
+            final["prompt_eval_cached_count"] = cached
         if not body.get("stream", True):
             final["message"] = _message(content, thinking, reply.tool_calls)
             return _json(final)
@@ -362,6 +398,16 @@ class FakeOllama:
             if sent == reply.drop_after_chunks and request.transport is not None:
                 request.transport.close()  # the client sees the body end mid-stream
                 return response
+            if sent == reply.error_after_chunks:
+                # server/routes.go streamResponse: once the status line is out, an error is one
+                # more NDJSON line, {"error": "..."} (json.Encoder, so it ends in a newline),
+                # and the stream ends there, with no final object.
+                error = reply.error or "an error was encountered while running the model"
+                await response.write(_compact({"error": error}).encode() + b"\n")
+                await response.write_eof()
+                return response
+            if sent == reply.stall_after_chunks:
+                await asyncio.Event().wait()  # until the client gives up (handler_cancellation)
             if sent and reply.chunk_delay:
                 await asyncio.sleep(reply.chunk_delay)
             if obj["done"]:  # the final object's clock includes the streaming
@@ -374,27 +420,45 @@ class FakeOllama:
         previous = self.loaded.get(name)
         if previous is not None and previous != num_ctx:
             self.reloads += 1
+            self._cache.pop(name, None)  # a reload starts with an empty KV cache
         self.loaded[name] = num_ctx
 
-    def _fit(self, messages: list[dict[str, Any]], tools: list[Any] | None, num_ctx: int) -> int:
-        """Tokens of the prompt Ollama would evaluate after cutting (> num_ctx: overflow)."""
+    def _cached(self, name: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
+        """Tokens of the prompt's leading messages that the model's last prompt had too."""
+        previous, previous_tools = self._cache.get(name, ([], None))
+        if previous_tools != tools:
+            return 0
+        cached = 0
+        for old, new in zip(previous, messages[:-1], strict=False):
+            if old != new:
+                break
+            cached += _message_tokens(new)
+        return cached + _tools_tokens(tools) if cached else 0
+
+    def _fit(self, messages: list[dict[str, Any]], tools: list[Any] | None,
+             num_ctx: int) -> tuple[int, list[dict[str, Any]]]:
+        """Tokens of the prompt Ollama would evaluate after cutting (> num_ctx: overflow), and
+        the messages it kept."""
         total = self.count_tokens(messages, tools)
         if total <= num_ctx:
-            return total
+            return total, messages
         last = len(messages) - 1
+        dropped: set[int] = set()
         for i, message in enumerate(messages[:-1]):
             if message.get("role") == "system":
                 continue
             total -= _message_tokens(message)
+            dropped.add(i)
             # chatPrompt never starts on a tool result: its call goes with it.
             starts_on_tool = messages[i + 1].get("role") == "tool" and i + 1 < last
             if total <= num_ctx and not starts_on_tool:
                 self.cuts += 1
-                return total
+                return total, [m for j, m in enumerate(messages) if j not in dropped]
+        kept = [m for j, m in enumerate(messages) if j not in dropped]
         if self.refuse_overlong:
-            return total
+            return total, kept
         self.cuts += 1  # the runner keeps the start and the end of what is left
-        return num_ctx
+        return num_ctx, kept
 
     @staticmethod
     def _final(
@@ -457,7 +521,7 @@ class FakeOllama:
         return _json({"models": running})
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json({"version": VERSION})
+        return _json({"version": self.version})
 
 
 def _message(

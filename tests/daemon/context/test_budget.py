@@ -7,8 +7,10 @@ import pytest
 from daemon.context.budget import (
     RATIO_MAX,
     RATIO_MIN,
+    RATIO_STEP,
     calibrated_ratio,
     estimate_tokens,
+    recalibrate,
     request_budget,
 )
 
@@ -97,3 +99,36 @@ def test_request_budget_is_the_window_less_the_reply_reserve(
     num_ctx: int, reserve: int, expected: int
 ) -> None:
     assert request_budget(num_ctx, reserve) == expected
+
+
+def test_one_reading_raises_the_ratio_by_one_bounded_step_at_most() -> None:
+    # Ollama counted three times the estimate: the ratio climbs, but by one step.
+    ratio, cut = recalibrate(1.0, count=6_000, raw=2_000, overhead=40, estimate=2_000,
+                             num_ctx=8_192, whole=True)
+    assert not cut and ratio == RATIO_STEP
+    # A silent cut (a prompt filling num_ctx) also moves one step, not to the cap.
+    ratio, cut = recalibrate(2.0, count=8_190, raw=1_000, overhead=40, estimate=2_000,
+                             num_ctx=8_192, whole=True)
+    assert cut and ratio == 2.0 * RATIO_STEP < RATIO_MAX
+
+
+def test_a_count_far_below_an_overestimate_lowers_the_ratio_instead_of_raising_it() -> None:
+    # Built at the cap: 8,000 estimated, Ollama counted 2,600 of a 2,000-token-at-ratio-1 text.
+    # That is a ratio of 1.3, not a cut; reading it as one kept the ratio at the cap forever.
+    ratio, cut = recalibrate(RATIO_MAX, count=2_600, raw=2_000, overhead=0, estimate=8_000,
+                             num_ctx=8_192, whole=True)
+    assert not cut and 1.3 < ratio < RATIO_MAX
+    again, _ = recalibrate(ratio, count=2_600, raw=2_000, overhead=0,
+                           estimate=int(2_000 * ratio), num_ctx=8_192, whole=True)
+    assert again < ratio  # and it keeps coming down
+
+
+def test_a_count_below_any_tokenizers_is_a_cut_only_when_the_count_is_whole() -> None:
+    reading = {"count": 700, "raw": 4_000, "overhead": 40, "estimate": 4_000, "num_ctx": 8_192}
+    ratio, cut = recalibrate(1.0, **reading, whole=True)
+    assert cut and 1.0 < ratio <= RATIO_STEP
+    # Without the cached count from a server that counts only uncached tokens (0.30.x), the
+    # same count is the cache at work: no cut, and it cannot lower the ratio either.
+    assert recalibrate(1.0, **reading, whole=False) == (1.0, False)
+    assert recalibrate(1.4, count=2_000, raw=4_000, overhead=0, estimate=5_600,
+                       num_ctx=8_192, whole=False) == (1.4, False)

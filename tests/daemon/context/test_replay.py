@@ -585,6 +585,50 @@ def test_does_not_fit_only_when_the_protected_non_tool_text_is_too_large() -> No
     check_invariants(request, script, budget, 1.0)
 
 
+def test_a_pinned_tool_call_with_long_arguments_and_an_error_result_gives_way() -> None:
+    # The newest tool call is pinned; its arguments (5,000 characters the model wrote) were
+    # never cut, so at a high ratio the protected set alone was over the budget, turn after
+    # turn: "context window is too small" until /new.
+    script = Script()
+    script.exchange("hello", "hi " + filler(300))
+    script.user("save this note for me")
+    calling = script.add("assistant", "", tool_calls=(call("file_write", text=filler(5_000)),))
+    script.add("tool", "Error: " + filler(12_000, 3), tool_name="file_write",
+               meta={"error": True, "shown_chars": 4_000})
+    script.assistant("Sorry, saving failed: " + filler(400, 4))
+    for i in range(3):
+        script.exchange(f"question {i} " + filler(200, i), "answer " + filler(500, i))
+    script.user("and now?")
+    budget = 5_353
+    for ratio in (2.0, 3.0, 4.0):
+        request = build(script.messages, budget, ratio=ratio)
+        assert request.estimate <= budget
+        assert my_estimate(request, ratio) == request.estimate
+        assert request.messages[-1]["content"] == script.messages[-1].content + TAIL_NOTE
+    # At the cap the call alone is about the whole budget: it became one line (naming how to
+    # read it back), or went with the oldest protected messages.
+    assert request.condensed >= 1
+    assert not any(m.get("tool_calls") for m in request.messages)
+    shown = json.dumps(request.messages)
+    assert request.omitted or (
+        f'conversation_read("{CID}", {calling.seq}, {calling.seq + 1})' in shown)
+
+
+def test_a_protected_set_larger_than_the_budget_is_dropped_but_the_newest_message_kept() -> None:
+    script = Script()
+    script.user("the first question " + filler(1_500))
+    for i in range(3):
+        script.exchange(filler(1_500, i), filler(1_500, i + 10))
+    script.user("the newest question")
+    # At ratio 4 even each protected message's smallest excerpt adds up past this budget.
+    budget = estimate_tokens(PREFIX, 4.0) + 900
+    request = build(script.messages, budget, ratio=4.0)
+    assert request.estimate <= budget
+    assert request.messages[-1]["content"] == script.messages[-1].content + TAIL_NOTE
+    assert request.omitted > 0
+    assert OMITTED.match(str(tail_of(request)[0]["content"]))
+
+
 def test_large_unprotected_history_does_not_raise() -> None:
     script = chat_script(40, size=1_000)  # ~10,000 tokens, mostly droppable
     request = build(script.messages, 2_500)
