@@ -393,7 +393,7 @@ def remote_fakes() -> Iterator[tuple[FakeTelegram, FakeOllama]]:
     """The fake Bot API and Ollama on an event loop of their own, answering as remote servers
     do: in step with each other, not with roost's loop."""
     loop = asyncio.new_event_loop()
-    fakes = (FakeTelegram(), FakeOllama())
+    fakes = (FakeTelegram(started=[USER]), FakeOllama())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     for fake in fakes:
