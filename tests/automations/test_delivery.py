@@ -83,4 +83,3 @@ async def test_a_run_records_the_message_ids_telegram_and_whatsapp_answered(
     assert run["message_ids"] == {f"telegram:{USER}": telegram_ids,
                                   f"whatsapp:{WA_USER}": wamids}
     assert run["delivered"][-1] == "log"  # the log target has no message ids
-
