@@ -215,17 +215,6 @@ class FakeTelegram:
         """Close the connection of the next `times` calls of method without an answer."""
         self._faults[method.lower()].extend([_Fault()] * times)
 
-    def start_chat(self, *user_ids: int) -> None:
-        """These users started the bot (pressed Start, or wrote to it): it may write to them."""
-        self.started.update(user_ids)
-
-    def block(self, user_id: int) -> None:
-        """The user blocked the bot: every send to them is refused until `unblock`."""
-        self.blocked.add(user_id)
-
-    def unblock(self, user_id: int) -> None:
-        self.blocked.discard(user_id)
-
     def queue_update(self, update: dict[str, Any]) -> None:
         """Queue an update for getUpdates; one without update_id gets the next one.
 
@@ -250,6 +239,17 @@ class FakeTelegram:
     def add_file(self, file_id: str, content: bytes, file_path: str | None = None) -> None:
         """Make a file known to getFile and downloadable at its file_path."""
         self.files[file_id] = _File(file_id, content, file_path or f"documents/{file_id}")
+
+    def start_chat(self, *user_ids: int) -> None:
+        """These users started the bot (pressed Start, or wrote to it): it may write to them."""
+        self.started.update(user_ids)
+
+    def block(self, user_id: int) -> None:
+        """The user blocked the bot: every send to them is refused until `unblock`."""
+        self.blocked.add(user_id)
+
+    def unblock(self, user_id: int) -> None:
+        self.blocked.discard(user_id)
 
     # The contract names a timeout parameter: a test that waits should fail fast by default.
     async def wait_for(
