@@ -63,6 +63,8 @@ from tests.fakes.telegram import FakeTelegram
 
 SECRET = "bench-secret"
 FIRST_USER = 2_000_000
+# The bench's users have all started the bot (the fake Bot API refuses to write first).
+STARTED = range(FIRST_USER, FIRST_USER + 10_000)
 APP_SECRET = "bench-app-secret"
 FIRST_WA_ID = 972_500_000_000
 TUNING = TelegramTuning(album_window=0.3, typing_interval=4.0)
@@ -330,7 +332,7 @@ async def roost_acks(state_dir: Path, bodies: list[bytes], chats: int, concurren
     killed after the last ack)."""
     # The Graph API answers at Meta's default throughput for a number (80 messages a second),
     # as python-telegram-bot paces the Bot API (30 a second).
-    async with FakeTelegram() as telegram, FakeOllama() as ollama, \
+    async with FakeTelegram(started=STARTED) as telegram, FakeOllama() as ollama, \
             FakeGraph(rate=GRAPH_RATE) as graph:
         fakes = Fakes.of(telegram, ollama, graph if door.sign else None)
 
@@ -423,7 +425,7 @@ class Turn:
 
 
 async def one_chat_turns(state_dir: Path, turns: int, gap: float = TURN_GAP) -> list[Turn]:
-    async with FakeTelegram() as telegram, FakeOllama() as ollama:
+    async with FakeTelegram(started=STARTED) as telegram, FakeOllama() as ollama:
         spec = roost_spec(state_dir, Fakes.of(telegram, ollama), 1)
         async with daemon(spec) as served:
             url = served.url
@@ -453,7 +455,7 @@ def model_time(ollama: FakeOllama, marker: str) -> float:
 
 async def many_chat_turns(state_dir: Path, chats: int, turns: int) -> list[list[float]]:
     """Per round r: the in->sendMessage times of every chat's r-th message, all sent at once."""
-    async with FakeTelegram() as telegram, FakeOllama() as ollama:
+    async with FakeTelegram(started=STARTED) as telegram, FakeOllama() as ollama:
         spec = roost_spec(state_dir, Fakes.of(telegram, ollama), chats)
         async with daemon(spec) as served:
             url = served.url

@@ -230,7 +230,7 @@ class TelegramChannel:
             return [await self._send(where, piece, None)
                     for piece in split_text(plain, SMALLER_PIECE)]
         except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
-            raise DeliveryError(f"Telegram refused delivery: {exc.message}",
+            raise DeliveryError(f"Telegram refused delivery: {exc.message}{_forbidden_hint(exc)}",
                                 permanent=True, chat_blocked=True) from exc
         except BadRequest as exc:  # refused whatever its form: this reply cannot go out
             raise DeliveryError(f"Telegram refused it: {exc.message}", permanent=True) from exc
@@ -447,3 +447,12 @@ def _limits(settings: AttachmentSettings) -> AttachmentLimits:
     return AttachmentLimits(image_max_side=settings.image_max_side,
                             image_max_bytes=settings.image_max_mb * mib,
                             file_max_bytes=settings.file_max_mb * mib)
+
+
+def _forbidden_hint(exc: Forbidden) -> str:
+    """What the operator can do about a 403: a bot may not write first to a person, so one who
+    never opened it (an automation's or reminder's target, say) has to start it once."""
+    if "initiate conversation" in exc.message:
+        return (" (this user has not started the bot: they must open it in Telegram and press "
+                "Start once; later messages to them are dropped until they write)")
+    return ""

@@ -38,6 +38,7 @@ from channels.telegram_updates import (
     chat_key_of,
     context_lines,
     edit_text,
+    is_bot_flag,
     message_of,
     message_text,
     parse_update,
@@ -250,8 +251,8 @@ def envelope_of(payload: Mapping[str, Any]) -> Envelope | None:
     if not isinstance(chat, dict) or type(chat.get("id")) is not int:
         return None
     sender = message.get("from")
-    person = isinstance(sender, dict) and type(sender.get("id")) is int and not sender.get(
-        "is_bot")
+    person = isinstance(sender, dict) and type(sender.get("id")) is int and not is_bot_flag(
+        sender.get("is_bot"))
     album = message.get("media_group_id")
     thread = message.get("message_thread_id")
     topic = thread if message.get("is_topic_message") is True and type(thread) is int else None

@@ -32,7 +32,8 @@ CHAT_PREFIX = "telegram:"
 QUOTE_CLIP = 200  # characters of a replied-to message the model sees; the rest is elsewhere
 
 # Fields that hold a User object. Telegram has sent `is_bot` on every user since Bot API 3.0 and
-# PTB 22 refuses a user without it; older recorded updates (the fixtures in tests/fixtures) lack it.
+# PTB 22 refuses a user without it; older recorded updates (the fixtures in tests/fixtures) lack it,
+# and some clients send it as a string.
 _USER_FIELDS = frozenset({"from", "forward_from", "via_bot", "user", "left_chat_member",
                           "new_chat_members", "sender_business_bot"})
 _GROUPS = (ChatType.GROUP, ChatType.SUPERGROUP)  # a tuple: `in` compares, so a plain str works
@@ -70,8 +71,8 @@ def parse_update(payload: object) -> Update:
         # Real updates nest about ten levels; copying or reading one nested hundreds deep
         # would exhaust Python's recursion limit (and crash every start, as it once did).
         raise NotAnUpdate(f"nested more than {MAX_DEPTH} levels deep")
-    data = copy.deepcopy(payload)  # de_json and the is_bot default must not touch what we store
-    _default_is_bot(data)
+    data = copy.deepcopy(payload)  # de_json and the defaults must not touch what we store
+    _fill_defaults(data)
     try:
         return Update.de_json(data, None)
     except (TypeError, KeyError, ValueError, AttributeError, RecursionError) as exc:
@@ -92,17 +93,30 @@ def too_deep(value: object, limit: int) -> bool:
     return False
 
 
-def _default_is_bot(value: Any) -> None:
+def is_bot_flag(value: object) -> bool:
+    """A user's `is_bot` read tolerantly: some clients send it as a string ("False", "true")
+    or a number, and a person must not be taken for a bot (and ignored) for that."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _fill_defaults(value: Any) -> None:
+    """What PTB requires and recorded or old-client updates lack: `is_bot` on a user (absent
+    before Bot API 3.0, sometimes a string), `file_unique_id` on a file (absent before Bot API
+    4.5; its file_id names the same file, which is all roost uses it for)."""
     if isinstance(value, dict):
+        if isinstance(value.get("file_id"), str) and "file_unique_id" not in value:
+            value["file_unique_id"] = value["file_id"]
         for key, inner in value.items():
             if key in _USER_FIELDS:
                 for user in inner if isinstance(inner, list) else [inner]:
                     if isinstance(user, dict):
-                        user.setdefault("is_bot", False)
-            _default_is_bot(inner)
+                        user["is_bot"] = is_bot_flag(user.get("is_bot", False))
+            _fill_defaults(inner)
     elif isinstance(value, list):
         for inner in value:
-            _default_is_bot(inner)
+            _fill_defaults(inner)
 
 
 def message_of(update: Update) -> tuple[Message, bool] | None:

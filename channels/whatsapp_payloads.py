@@ -193,12 +193,33 @@ def describe(message: WaMessage) -> Described:
         return Described(_join(context, f"[Location: {place + ' at ' if place else ''}{where}]"))
     if kind == "contacts":
         return Described(_join(context, _contacts_note(_dicts(body.get("contacts")))))
-    if kind == "button":
-        return Described(_join(context, str(inner.get("text") or "")))
-    if kind == "interactive":
-        reply = inner.get("button_reply") or inner.get("list_reply") or {}
-        return Described(_join(context, str(reply.get("title") or "")))
+    if kind in ("button", "interactive"):
+        # These always answer one of roost's messages, so the context line is there even when
+        # the reply itself carries nothing: never hand the model that alone as a user turn.
+        said = _choice(kind, inner)
+        return Described(_join(context, said)) if said else Described("", unsupported=True)
     return Described("", unsupported=True)
+
+
+def _choice(kind: str, inner: Mapping[str, Any]) -> str:
+    """What a button press, list choice or flow reply said: its title, else its id (the model
+    sent the message that offered it, so the id means something to it); "" when empty."""
+    def text(value: object) -> str:
+        return " ".join(str(value or "").split())
+
+    if kind == "button":  # a template's quick-reply button
+        said = text(inner.get("text")) or text(inner.get("payload"))
+        return f'[Pressed the button "{said}"]' if said else ""
+    button, row, flow = (inner.get(k) for k in ("button_reply", "list_reply", "nfm_reply"))
+    if isinstance(button, dict) and (said := text(button.get("title")) or text(button.get("id"))):
+        return f'[Pressed the button "{said}"]'
+    if isinstance(row, dict) and (said := text(row.get("title")) or text(row.get("id"))):
+        detail = text(row.get("description"))
+        return f'[Chose "{said}"{f" ({detail})" if detail else ""} from the list]'
+    if isinstance(flow, dict):
+        said = text(flow.get("body")) or text(flow.get("response_json"))
+        return f"[Filled in a form: {said}]" if said else ""
+    return ""
 
 
 def _context_line(message: WaMessage) -> str:

@@ -158,7 +158,8 @@ def _conversations(args: argparse.Namespace, settings: Settings) -> int:
             print(f"roost: {'no' if not matches else 'more than one'} conversation matches "
                   f"{args.id!r}", file=sys.stderr)
             return 1
-        conversation = matches[0]
+        # The list holds records only; the summary (with its fold count) has its own file.
+        conversation = store.get_conversation(matches[0].id) or matches[0]
         messages = store.messages(conversation.id)
         if args.action == "export":
             doc = {**conversation.to_doc(), "messages": [m.to_doc() for m in messages]}

@@ -14,7 +14,8 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
-* A failed fold leaves the raw history as it was and is tried again after a backoff.
+* A failed fold leaves the raw history as it was and is tried again after a backoff, for as
+  long as its conversation is active; once it is archived, no more.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from daemon.context.fold import (
     trim_notes,
 )
 from daemon.conversations import SummaryState
-from daemon.errors import LLMError, Preempted
+from daemon.errors import LLMError, Preempted, StoreError
 from daemon.llm import ModelClient
 from daemon.logs import fold_log as log
 from daemon.records import Records
@@ -69,6 +70,7 @@ class Folder:
         records: Records,
         clock: Callable[[], float] = time.time,
         on_fold: Callable[[str], None] | None = None,
+        retry_after_failure: float = RETRY_AFTER_FAILURE,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -76,6 +78,7 @@ class Folder:
         self.records = records
         self.clock = clock
         self.on_fold = on_fold  # told which conversation got a new summary (the search index)
+        self.retry_after_failure = retry_after_failure  # the first pause; doubled up to RETRY_MAX
         self._tasks: dict[str, asyncio.Task[FoldOutcome]] = {}
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
@@ -87,6 +90,10 @@ class Folder:
     def busy(self, conversation_id: str) -> bool:
         task = self._tasks.get(conversation_id)
         return task is not None and not task.done()
+
+    def retry_pending(self, conversation_id: str) -> bool:
+        """Whether a failed or preempted fold of the conversation waits to be tried again."""
+        return conversation_id in self._timers
 
     def schedule(self, conversation_id: str, *, urgent: bool = False) -> None:
         """Fold the conversation in the background if it needs it; never waits.
@@ -155,9 +162,10 @@ class Folder:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start(
-        self, conversation_id: str, force: bool, keep_tokens: int | None = None
+        self, conversation_id: str, force: bool, keep_tokens: int | None = None,
+        retry: bool = False,
     ) -> asyncio.Task[FoldOutcome]:
-        task = asyncio.create_task(self._guarded(conversation_id, force, keep_tokens),
+        task = asyncio.create_task(self._guarded(conversation_id, force, keep_tokens, retry),
                                    name=f"roost-fold-{conversation_id}")
         self._tasks[conversation_id] = task
         # A finished fold is forgotten, so months of conversations do not pile up here.
@@ -166,18 +174,23 @@ class Folder:
         return task
 
     async def _guarded(
-        self, conversation_id: str, force: bool, keep_tokens: int | None
+        self, conversation_id: str, force: bool, keep_tokens: int | None, retry: bool = False
     ) -> FoldOutcome:
         """The boundary of a background fold: it may fail, but never takes anything down."""
+        if retry and not await self._retry_wanted(conversation_id):
+            return FoldOutcome(0, None, "the conversation is archived; not retried")
         try:
             outcome = await self._fold(conversation_id, force, keep_tokens)
         except Preempted:
-            self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
+            if await self._retry_wanted(conversation_id):
+                self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
             return FoldOutcome(0, None, "the model was needed for a reply; will fold later")
         except Exception as exc:
+            if not await self._retry_wanted(conversation_id, failed=exc):
+                return FoldOutcome(0, None, f"the fold failed: {exc}; not retried")
             failures = self._failures.get(conversation_id, 0) + 1
             self._failures[conversation_id] = failures
-            delay = min(RETRY_AFTER_FAILURE * 2 ** (failures - 1), RETRY_MAX)
+            delay = min(self.retry_after_failure * 2 ** (failures - 1), RETRY_MAX)
             if isinstance(exc, LLMError):
                 log.warning("fold of %s failed (%s); retry in %.0fs", conversation_id, exc, delay)
             else:
@@ -193,6 +206,25 @@ class Folder:
             asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
         return outcome
 
+    async def _retry_wanted(self, conversation_id: str,
+                            failed: BaseException | None = None) -> bool:
+        """Whether a fold that did not land is worth another try: only while its conversation
+        is active. An archived one gets no more turns, so nothing is owed to it, and retrying
+        a fold that keeps failing would call the model every hour for ever."""
+        try:
+            conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)
+        except StoreError as exc:  # cannot tell: retry as before, the next try looks again
+            log.warning("fold of %s: cannot read its conversation (%s)", conversation_id, exc)
+            return True
+        if conversation is not None and conversation.status == "active":
+            return True
+        self._failures.pop(conversation_id, None)
+        self._owed.discard(conversation_id)
+        why = f" (it failed: {failed})" if failed is not None else ""
+        log.info("fold of %s not retried: the conversation is %s%s", conversation_id,
+                 "archived" if conversation is not None else "gone", why)
+        return False
+
     def _retry_later(self, conversation_id: str, delay: float, *, urgent: bool) -> None:
         self._retry_at[conversation_id] = time.monotonic() + delay
         previous = self._timers.pop(conversation_id, None)
@@ -205,7 +237,11 @@ class Folder:
     def _retry(self, conversation_id: str, urgent: bool) -> None:
         self._timers.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
-        self.schedule(conversation_id, urgent=urgent)
+        if urgent:
+            self._owed.add(conversation_id)
+        if self._stopped or self.busy(conversation_id):
+            return
+        self._start(conversation_id, force=urgent, retry=True)  # checks it is still active
 
     async def _fold(
         self, conversation_id: str, force: bool, keep_tokens: int | None,

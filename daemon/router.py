@@ -39,8 +39,7 @@ class Router:
         """A new conversation, marked when its predecessor went idle. It starts from the
         previous conversation's token ratio: same model, same tokenizer, so the first request
         is estimated as well as the last one was."""
-        previous = self.store.list_conversations(chat_key=chat_key)
-        last = previous[-1] if previous else None
+        last = self.store.newest_conversation(chat_key)
         return self.store.create_conversation(
             chat_key, now,
             after_idle=last is not None and last.archived_reason == "idle",

@@ -35,9 +35,14 @@ async def fake_ollama() -> AsyncIterator[FakeOllama]:
         yield fake
 
 
+# The user of the recorded fixtures (tests/fixtures/telegram), who has started the bot; anyone
+# else a test talks to must start it too (`fake_telegram.start_chat`), as on Telegram.
+FIXTURE_USER = 1111111
+
+
 @pytest.fixture
 async def fake_telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
+    async with FakeTelegram(started=[FIXTURE_USER]) as fake:
         yield fake
 
 

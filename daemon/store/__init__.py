@@ -232,13 +232,22 @@ class Store:
         return self._current(doc) if doc else None
 
     @_locked
+    def newest_conversation(self, chat_key: str) -> Conversation | None:
+        """The chat's most recent conversation, active or archived, found without going
+        through the others (a new conversation starts from its token ratio)."""
+        doc = self.book.newest_of(chat_key)
+        return Conversation.from_doc(doc) if doc else None
+
+    @_locked
     def list_conversations(
         self, chat_key: str | None = None, status: str | None = None
     ) -> list[Conversation]:
-        """Conversations, oldest first, optionally of one chat or one status."""
+        """Conversations, oldest first, optionally of one chat or one status. The active ones
+        come from the active list alone, so listing them costs the active set, not history."""
+        docs = self.book.active_docs() if status == "active" else self.book.all()
         found = [
             Conversation.from_doc(d)
-            for d in self.book.all()
+            for d in docs
             if (chat_key is None or d["chat_key"] == chat_key)
             and (status is None or d["status"] == status)
         ]

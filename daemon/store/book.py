@@ -41,6 +41,7 @@ class ConversationBook:
         self.folder = folder
         self.read_only = read_only
         self.docs: dict[str, dict[str, Any]] = {}
+        self.newest: dict[str, str] = {}  # chat key -> id of its newest conversation
         self._archives: dict[str, TinyDB] = {}
         for path in sorted(folder.glob("archive-*.json")):
             db = self._open(path, "its conversations are rebuilt from their records")
@@ -52,6 +53,8 @@ class ConversationBook:
                                  on_corrupt=self.rebuild)
         for doc in self.active.all():
             self.docs[doc["id"]] = dict(doc)
+        for doc in self.docs.values():
+            self._note_newest(doc)
 
     def _open(self, path: Path, consequence: str, on_corrupt: Any = None) -> TinyDB:
         db = TinyDB(path, storage=AtomicJSONStorage)
@@ -80,6 +83,7 @@ class ConversationBook:
             record["status"] = "archived"
             self._archive_db(record["created"]).insert(record)
             self.docs[record["id"]] = record
+            self._note_newest(record)
             count += 1
         log.warning("rebuilt the conversation list with %d conversations", count)
 
@@ -111,6 +115,16 @@ class ConversationBook:
             if was is not None and was.get("status") == "active":
                 self.active.remove(q)
         self.docs[doc["id"]] = doc
+        self._note_newest(doc)
+
+    def _note_newest(self, doc: Mapping[str, Any]) -> None:
+        known = self.docs.get(self.newest.get(doc["chat_key"], ""))
+        if known is None or doc["created"] >= known["created"]:
+            self.newest[doc["chat_key"]] = doc["id"]
+
+    def newest_of(self, chat_key: str) -> dict[str, Any] | None:
+        """The chat's most recent conversation, active or archived (without scanning)."""
+        return self.docs.get(self.newest.get(chat_key, ""))
 
     def get(self, conversation_id: str) -> dict[str, Any] | None:
         return self.docs.get(conversation_id)
@@ -118,6 +132,11 @@ class ConversationBook:
     def active_of(self, chat_key: str) -> dict[str, Any] | None:
         found = [d for d in self.active.all() if d["chat_key"] == chat_key]
         return max(found, key=lambda d: d["created"]) if found else None
+
+    def active_docs(self) -> list[dict[str, Any]]:
+        """The active records only (active.json): what the idle sweep needs, at the cost of
+        the active set rather than of every conversation ever stored."""
+        return [dict(doc) for doc in self.active.all()]
 
     def all(self) -> list[dict[str, Any]]:
         return list(self.docs.values())

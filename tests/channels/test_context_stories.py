@@ -72,6 +72,7 @@ class Story:
     async def post(self, text: str, user: int = USER) -> None:
         """The user sends `text`: Telegram delivers the update to roost's webhook."""
         update_id, self.next_update = self.next_update, self.next_update + 1
+        self.bot.start_chat(user)  # a user who writes to the bot has started it
         async with self.http.post(self.daemon.url + WEBHOOK_PATH, json=message(
                 update_id, text, user=user), headers={SECRET_HEADER: SECRET}) as reply:
             assert reply.status == 200

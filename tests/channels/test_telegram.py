@@ -393,7 +393,7 @@ def remote_fakes() -> Iterator[tuple[FakeTelegram, FakeOllama]]:
     """The fake Bot API and Ollama on an event loop of their own, answering as remote servers
     do: in step with each other, not with roost's loop."""
     loop = asyncio.new_event_loop()
-    fakes = (FakeTelegram(), FakeOllama())
+    fakes = (FakeTelegram(started=[USER]), FakeOllama())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     for fake in fakes:
@@ -587,6 +587,58 @@ async def test_documents_and_voice_notes_become_attachment_references(
     assert (doc["kind"], doc["name"], doc["line_count"]) == ("document", "notes.txt", 2)
     (note,) = second.attachments
     assert (note["kind"], note["mime"]) == ("voice", "audio/ogg")
+
+
+# Bot API before 4.5 had no file_unique_id; public test data (the Bot API page "Testing your bot
+# with updates") still sends files in that shape: a file_id and its size only.
+OLD_PHOTO = [{"file_id": "old-photo-s", "width": 90, "height": 67, "file_size": 900},
+             {"file_id": "old-photo", "width": 640, "height": 480, "file_size": 30_000}]
+OLD_DOCUMENT = {"file_id": "AwADBAADbXXXXXXXXXXXGBdhD2l6_XX", "file_name": "Testfile.txt",
+                "mime_type": "text/plain", "file_size": 18}
+
+
+async def test_files_without_file_unique_id_go_through_with_their_captions(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    fake_ollama.models[0].capabilities += ("vision",)
+    daemon = await start()
+    fake_telegram.add_file("old-photo", jpeg(), "photos/file_9.jpg")
+    fake_telegram.add_file(OLD_DOCUMENT["file_id"], b"line one\nline two\n", "documents/t.txt")
+    assert await daemon.post(message(1, None, photo=OLD_PHOTO, caption="an old photo")) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    assert await daemon.post(message(2, None, document=OLD_DOCUMENT, caption="an old file")) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    assert texts(fake_telegram) == ["echo: an old photo", "echo: an old file"]
+    photo, document = daemon.user_messages()
+    (image,) = photo.attachments
+    assert image["kind"] == "image" and (image["width"], image["height"]) == (64, 48)
+    (doc,) = document.attachments
+    assert (doc["kind"], doc["name"]) == ("document", "Testfile.txt")
+    assert daemon.store.quarantined() == []
+
+
+async def test_an_edit_whose_sender_says_is_bot_as_a_string_is_answered(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    original = message(9999, "Original text")
+    original["message"]["message_id"] = 1365
+    assert await daemon.post(original) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    edit = fixture("edited_message.json")
+    edit["edited_message"]["from"]["is_bot"] = "False"  # as some clients send it
+    assert await daemon.post(edit) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    assert "edited their earlier message (id 1365)" in daemon.user_messages()[-1].content
+    # "True" as a string is a bot all the same: not answered.
+    bot_edit = fixture("edited_message.json")
+    bot_edit["update_id"] = 10001
+    bot_edit["edited_message"]["from"]["is_bot"] = "True"
+    assert await daemon.post(bot_edit) == 200
+    await daemon.settle()
+    assert len(daemon.user_messages()) == 2
 
 
 # ---- who may talk -------------------------------------------------------------------------------

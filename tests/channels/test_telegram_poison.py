@@ -40,7 +40,8 @@ POISON: dict[str, Any] = {
     "no chat": {"update_id": 51, "message": {"message_id": 1, "date": int(time.time()),
                                              "text": "no chat", "from": PERSON}},
     "string chat id": message(52, "string id", chat={"id": "abc", "type": "private"}),
-    "unparseable photo": message(53, None, photo=[{"file_id": "F", "width": 9, "height": 9}]),
+    # A size without width and height (file_unique_id alone is filled in: Bot API < 4.5).
+    "unparseable photo": message(53, None, photo=[{"file_id": "F", "file_unique_id": "F"}]),
     "callback query": {"update_id": 54, "callback_query": {"id": "7", "from": PERSON,
                                                            "data": "pressed"}},
     "unknown future kind": {"update_id": 55, "hologram": {"id": 1, "from": PERSON}},

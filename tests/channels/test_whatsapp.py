@@ -538,6 +538,25 @@ async def test_unknown_senders_types_and_reactions(
     assert daemon.store.active_conversation("whatsapp:15550001111") is None
 
 
+async def test_button_replies_reach_the_model_as_what_was_chosen_or_the_user_is_told(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    ours = {"from": "15550953877", "id": "wamid.FAKE000001"}  # a message roost sent
+    pressed = {"from": USER, "id": "wamid.b1", "timestamp": "1", "type": "interactive",
+               "context": ours, "interactive": {"type": "button_reply",
+                                                "button_reply": {"id": "snooze-10"}}}
+    empty = {"from": USER, "id": "wamid.b2", "timestamp": "1", "type": "interactive",
+             "context": ours, "interactive": {"type": "button_reply", "button_reply": {}}}
+    assert await daemon.post(webhook(pressed, empty)) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    (request,) = fake_ollama.chat_requests  # the empty one started no turn
+    last_user = [m for m in request["messages"] if m["role"] == "user"][-1]
+    assert '[Pressed the button "snooze-10"]' in last_user["content"]
+    assert sorted(graph.texts(), key=lambda t: t != UNSUPPORTED)[0] == UNSUPPORTED
+    assert len(graph.texts()) == 2  # the notice and the one reply
+
+
 async def test_a_stranger_gets_a_pairing_code_and_is_served_once_approved(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
     daemon = await start()  # access.unknown_senders = "pair" by default

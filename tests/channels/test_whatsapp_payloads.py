@@ -105,3 +105,27 @@ def test_what_the_model_reads_of_each_kind() -> None:
         "document", "plan.pdf", "read")
     unknown = one({**base, "type": "hologram", "hologram": {}})
     assert unknown.unsupported
+
+
+def test_an_interactive_reply_is_never_an_empty_turn() -> None:
+    # A button or list reply always answers one of the bot's messages (`context`), so an empty
+    # title used to reach the model as "[Replying to your earlier message]" and nothing else.
+    base = {"from": "111", "id": "wamid.i", "timestamp": "1",
+            "context": {"from": "15550953877", "id": "wamid.ours"}, "type": "interactive"}
+    button = one({**base, "interactive": {"type": "button_reply",
+                                          "button_reply": {"id": "confirm-yes"}}})
+    assert button.text == '[Replying to your earlier message]\n[Pressed the button "confirm-yes"]'
+    titled = one({**base, "interactive": {"type": "button_reply",
+                                          "button_reply": {"id": "y", "title": "Yes"}}})
+    assert titled.text == '[Replying to your earlier message]\n[Pressed the button "Yes"]'
+    listed = one({**base, "interactive": {"type": "list_reply", "list_reply": {
+        "id": "row-2", "title": "Tuesday", "description": "after 5 pm"}}})
+    assert listed.text == ('[Replying to your earlier message]\n'
+                           '[Chose "Tuesday" (after 5 pm) from the list]')
+    flow = one({**base, "interactive": {"type": "nfm_reply", "nfm_reply": {
+        "name": "flow", "response_json": '{"date": "2026-12-02"}'}}})
+    assert '{"date": "2026-12-02"}' in flow.text and not flow.unsupported
+    empty = one({**base, "interactive": {"type": "button_reply", "button_reply": {}}})
+    assert empty.unsupported and empty.text == ""
+    blank_button = one({**base, "type": "button", "button": {"payload": "", "text": ""}})
+    assert blank_button.unsupported

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.cli import build_parser
+from daemon.conversations import SummaryState
 from daemon.store import Store
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -81,6 +82,25 @@ def test_conversations_list_show_export(tmp_path: Path) -> None:
     assert [m["content"] for m in doc["messages"]] == ["Grüße, ünïcödé ✓", "line one\nline two"]
     missing = run("conversations", "show", "ZZZZ", "--config", str(config))
     assert missing.returncode == 1 and "no conversation matches" in missing.stderr
+
+
+def test_export_carries_the_summary_the_store_holds(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with Store.open(state) as store:
+        conversation = store.create_conversation("telegram:1111111", time.time())
+        store.append_message(conversation.id, "user", "remember the plan", created=time.time())
+        store.save_summary(conversation.id, SummaryState(
+            summary="The user is planning a trip to Lisbon.", user_notes="- vegetarian",
+            through_seq=1, fold_count=8, folded_at=time.time()))
+        store.save_conversation(conversation.archived("idle"))
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    exported = run("conversations", "export", conversation.id, "--config", str(config))
+    assert exported.returncode == 0, exported.stderr
+    summary = json.loads(exported.stdout)["summary"]
+    assert summary["fold_count"] == 8
+    assert summary["summary"] == "The user is planning a trip to Lisbon."
+    assert summary["user_notes"] == "- vegetarian"
 
 
 def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:

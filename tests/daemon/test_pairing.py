@@ -57,6 +57,7 @@ async def daemon(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
     counter = iter(range(1, 10_000))
 
     async def post(user: int, text: str) -> None:
+        fake_telegram.start_chat(user)  # a user who writes to the bot has started it
         async with aiohttp.ClientSession() as http, http.post(
                 url, json=_update(next(counter), user, text),
                 headers={SECRET_HEADER: SECRET}) as reply:

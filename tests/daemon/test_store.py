@@ -21,6 +21,7 @@ import pytest
 
 from daemon.conversations import Message, SummaryState
 from daemon.errors import StoreError
+from daemon.router import Router
 from daemon.store import (
     DEDUPE_KEEP_SECONDS,
     SEGMENT_MAX_BYTES,
@@ -353,6 +354,63 @@ def test_conversations_per_chat_archiving_and_listing(state_dir: Path) -> None:
         archived = store.get_conversation(first.id)
         assert archived is not None and archived.status == "archived"
         assert store.get_conversation("no-such-id") is None
+
+
+class CountingRecords(dict[str, dict[str, Any]]):
+    """The book's records in memory, counting each one handed out."""
+
+    reads = 0
+
+    def values(self) -> Any:
+        self.reads += len(self)
+        return super().values()
+
+    def items(self) -> Any:
+        self.reads += len(self)
+        return super().items()
+
+    def __iter__(self) -> Any:
+        self.reads += len(self)
+        return super().__iter__()
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        self.reads += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+
+def test_the_idle_sweep_reads_the_active_conversations_not_history(state_dir: Path) -> None:
+    """Cost follows the active set: the rotation timer's sweep, every few minutes for a year,
+    must not go through every conversation ever stored."""
+    history = 200
+    with Store.open(state_dir) as store:
+        for n in range(history):
+            old = store.create_conversation(f"telegram:{2000 + n}", T0 + n)
+            store.save_conversation(old.archived("idle"))
+        idle = store.create_conversation(CHAT, T0)
+        fresh = store.create_conversation(OTHER, T0 + 10_000)
+        records = CountingRecords(store.book.docs)
+        store.book.docs = records
+        router = Router(store, idle_rotation=3 * 3600)
+        archived = router.rotate_idle(T0 + 3 * 3600 + 1, busy=set())
+        assert [c.id for c in archived] == [idle.id]
+        assert [c.id for c in store.list_conversations(status="active")] == [fresh.id]
+        assert records.reads <= 4, f"{records.reads} records read for 2 active conversations"
+        # The chat's next message starts a conversation from the one the sweep archived,
+        # found without going through the others either.
+        records.reads = 0
+        store.save_conversation(store.get_conversation(fresh.id).touched(T0 + 3 * 3600))  # type: ignore[union-attr]
+        following = router.conversation_for(CHAT, T0 + 3 * 3600 + 2)
+        assert following.id != idle.id and following.after_idle
+        assert records.reads <= 8, f"{records.reads} records read to start one conversation"
+    with Store.open(state_dir) as store:  # what the sweep did is on disk
+        assert [c.id for c in store.list_conversations(status="active")] == [fresh.id,
+                                                                               following.id]
+        assert store.newest_conversation(CHAT) == following
+        assert len(store.list_conversations(status="archived")) == history + 1
 
 
 def test_an_active_conversation_is_as_recent_as_its_newest_message(state_dir: Path) -> None:

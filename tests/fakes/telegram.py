@@ -17,6 +17,13 @@ parser (tdlib) does: its tags only, balanced, in its wording with UTF-8 byte off
 count the parsed text in code points (4096 for a message, 1024 for a caption); before any
 parsing, a ``text`` over 32,768 bytes as sent is refused (the Bot API server's own cap on the
 raw parameter, which a link-heavy HTML text reaches under 4096 visible characters).
+
+A bot cannot write first: Telegram answers 403 "Forbidden: bot can't initiate conversation with
+a user" for a private chat whose user never started the bot, and 403 "Forbidden: bot was blocked
+by the user" after a block (python-telegram-bot raises ``telegram.error.Forbidden`` for both).
+The fake knows who started it from ``started`` (given at construction or by ``start_chat``, for a
+test that posts updates to roost's webhook itself) and from the sender of every update it
+queues; ``block`` and ``unblock`` stand for the user's buttons. Groups are always open.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import json
 import re
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -107,10 +114,13 @@ class FakeTelegram:
     """The Bot API on 127.0.0.1: records every call, answers like Telegram, scripts faults."""
 
     def __init__(
-        self, token: str = "123456:TEST-TOKEN", bot_username: str = "roost_test_bot"
+        self, token: str = "123456:TEST-TOKEN", bot_username: str = "roost_test_bot",
+        started: Iterable[int] = (),
     ) -> None:
         self.token = token
         self.bot_username = bot_username
+        self.started: set[int] = set(started)  # users who started the bot (private chats open)
+        self.blocked: set[int] = set()  # users who blocked it
         self.host = "127.0.0.1"
         self.port = 0
         self.long_poll_cap = 1.0  # getUpdates waits at most this long, whatever its timeout
@@ -219,6 +229,8 @@ class FakeTelegram:
         for content in update.values():  # the message, edited_message, callback_query...
             if isinstance(content, dict) and isinstance(content.get("from"), dict):
                 content["from"].setdefault("is_bot", False)
+                if type(content["from"].get("id")) is int:  # who writes to a bot started it
+                    self.started.add(content["from"]["id"])
         update.setdefault("update_id", self._next_update_id)
         self._next_update_id = max(self._next_update_id, update["update_id"] + 1)
         self._updates.append(update)
@@ -227,6 +239,17 @@ class FakeTelegram:
     def add_file(self, file_id: str, content: bytes, file_path: str | None = None) -> None:
         """Make a file known to getFile and downloadable at its file_path."""
         self.files[file_id] = _File(file_id, content, file_path or f"documents/{file_id}")
+
+    def start_chat(self, *user_ids: int) -> None:
+        """These users started the bot (pressed Start, or wrote to it): it may write to them."""
+        self.started.update(user_ids)
+
+    def block(self, user_id: int) -> None:
+        """The user blocked the bot: every send to them is refused until `unblock`."""
+        self.blocked.add(user_id)
+
+    def unblock(self, user_id: int) -> None:
+        self.blocked.discard(user_id)
 
     # The contract names a timeout parameter: a test that waits should fail fast by default.
     async def wait_for(
@@ -361,7 +384,7 @@ class FakeTelegram:
         return not kinds <= _OPT_IN_UPDATES
 
     async def _send_message(self, call: Call) -> dict[str, Any]:
-        chat = _chat(call)
+        chat = self._chat(call)
         text = _plain_text(call.params, "text", MESSAGE_LIMIT)
         if not text.strip():
             raise _bad("message text is empty")
@@ -403,13 +426,13 @@ class FakeTelegram:
         return True
 
     def _stored_message(self, call: Call, missing: str) -> dict[str, Any]:
-        key = (_chat(call)["id"], int(call.params.get("message_id") or 0))
+        key = (self._chat(call)["id"], int(call.params.get("message_id") or 0))
         if key not in self.messages:
             raise _bad(missing)
         return self.messages[key]
 
     async def _send_chat_action(self, call: Call) -> bool:
-        _chat(call)
+        self._chat(call)
         if not call.params.get("action"):
             raise _bad("action is empty")
         return True
@@ -437,7 +460,7 @@ class FakeTelegram:
     def _send_media(self, call: Call, **media: Any) -> dict[str, Any]:
         if "caption" in call.params:
             media["caption"] = _plain_text(call.params, "caption", CAPTION_LIMIT)
-        return self._new_message(_chat(call), call.params, **media)
+        return self._new_message(self._chat(call), call.params, **media)
 
     async def _get_file(self, call: Call) -> dict[str, Any]:
         stored = self.files.get(str(call.params.get("file_id") or ""))
@@ -454,6 +477,23 @@ class FakeTelegram:
                 raise _bad("command description must be non-empty")
         self.commands = list(commands)
         return True
+
+    def _chat(self, call: Call) -> dict[str, Any]:
+        """The Chat object Telegram would put in a message to the call's chat_id; 403 for a
+        private chat the bot may not write to."""
+        chat_id = call.params.get("chat_id")
+        if chat_id in (None, ""):
+            raise _bad("chat_id is empty")
+        if not isinstance(chat_id, int):  # @channelusername: roost only talks to numeric ids
+            raise _bad("chat not found")
+        if chat_id > 0:
+            if chat_id in self.blocked:
+                raise ApiError(403, "Forbidden: bot was blocked by the user")
+            if chat_id not in self.started:
+                raise ApiError(403, "Forbidden: bot can't initiate conversation with a user")
+            return {"id": chat_id, "type": "private", "first_name": "Test"}
+        kind = "supergroup" if str(chat_id).startswith("-100") else "group"
+        return {"id": chat_id, "type": kind, "title": "Test group"}
 
     def _new_message(
         self, chat: dict[str, Any], params: dict[str, Any], **fields: Any
@@ -473,19 +513,6 @@ class FakeTelegram:
             message["reply_markup"] = markup
         self.messages[chat["id"], message_id] = message
         return message
-
-
-def _chat(call: Call) -> dict[str, Any]:
-    """The Chat object Telegram would put in a message to the call's chat_id."""
-    chat_id = call.params.get("chat_id")
-    if chat_id in (None, ""):
-        raise _bad("chat_id is empty")
-    if not isinstance(chat_id, int):  # @channelusername: roost only talks to numeric ids
-        raise _bad("chat not found")
-    if chat_id > 0:
-        return {"id": chat_id, "type": "private", "first_name": "Test"}
-    kind = "supergroup" if str(chat_id).startswith("-100") else "group"
-    return {"id": chat_id, "type": kind, "title": "Test group"}
 
 
 def _plain_text(params: dict[str, Any], name: str, limit: int) -> str:

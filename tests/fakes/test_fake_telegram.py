@@ -45,7 +45,7 @@ def ptb_timedelta(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
+    async with FakeTelegram(started=[CHAT]) as fake:
         yield fake
 
 
@@ -66,6 +66,7 @@ async def test_get_me_describes_the_bot(tg: FakeTelegram, bot: Bot) -> None:
 async def test_plain_send_message_is_recorded_and_numbered_per_chat(
     tg: FakeTelegram, bot: Bot
 ) -> None:
+    tg.start_chat(2222222)
     first = await bot.send_message(CHAT, "hello")
     second = await bot.send_message(CHAT, "again")
     other = await bot.send_message(2222222, "elsewhere")
@@ -159,6 +160,27 @@ async def test_403_raises_forbidden(tg: FakeTelegram, bot: Bot) -> None:
     tg.fail_next("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
     with pytest.raises(Forbidden, match="bot was blocked by the user"):
         await bot.send_message(CHAT, "hi")
+
+
+async def test_a_bot_cannot_write_first_or_to_a_user_who_blocked_it(
+        tg: FakeTelegram, bot: Bot) -> None:
+    stranger = 2222222
+    with pytest.raises(Forbidden, match="bot can't initiate conversation with a user"):
+        await bot.send_message(stranger, "hello?")
+    with pytest.raises(Forbidden, match="bot can't initiate conversation with a user"):
+        await bot.send_chat_action(stranger, ChatAction.TYPING)
+    # Once the user writes (an update from them), the chat is open.
+    update = fixture("private_text_start.json")
+    update["message"]["from"]["id"] = update["message"]["chat"]["id"] = stranger
+    tg.queue_update(update)
+    assert (await bot.send_message(stranger, "hello")).chat.id == stranger
+    tg.block(stranger)
+    with pytest.raises(Forbidden, match="bot was blocked by the user"):
+        await bot.send_message(stranger, "still there?")
+    tg.unblock(stranger)
+    assert (await bot.send_message(stranger, "welcome back")).text == "welcome back"
+    assert (await bot.send_message(-1001234567890, "groups are open")).chat.type == "supergroup"
+    assert [m["text"] for m in tg.sent_messages] == ["hello", "welcome back", "groups are open"]
 
 
 async def test_dropped_connection_raises_network_error(tg: FakeTelegram, bot: Bot) -> None:
