@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
@@ -147,7 +147,10 @@ class Automations:
     def _arm(self, doc: dict[str, Any]) -> None:
         if not self.scheduler.running:
             return  # start() arms every pending one
-        due = datetime.fromtimestamp(doc["due"], self.tz)
+        # APScheduler 3.11 times its jobs by the wall clock and takes no clock of ours: put the
+        # timer as far from the wall clock's now as the reminder is from roost's, so a clock
+        # other than the wall's (a test's, a skewed one) does not fire it early or late.
+        due = datetime.now(self.tz) + timedelta(seconds=doc["due"] - self.clock())
         # No misfire limit: a reminder is never dropped; how late it is, fire() decides.
         self.scheduler.add_job(self.reminders.fire, DateTrigger(due, timezone=self.tz),
                                args=[doc["id"]], id=f"reminder:{doc['id']}",

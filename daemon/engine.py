@@ -318,7 +318,10 @@ class Engine:
         docs = await asyncio.to_thread(self.store.inbox_pending, chat_key)
         self._depth[chat_key] = len(docs)
         if not docs or not self._accepting:
-            idle.set()
+            if not wake.is_set():
+                # Idle only when nothing came in since this pass looked: a message queued
+                # during it is not in what it sent, and `wait_idle` must wait for that too.
+                idle.set()
             await self._sleep_or_wake(wake, self.worker_idle_exit)
             return not wake.is_set() and self._accepting and chat_key not in self._parked
         idle.clear()

@@ -123,7 +123,9 @@ async def test_a_reminder_on_time_is_delivered_once_and_one_a_day_late_is_report
 async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
     make_daemon: DaemonFactory, fake_ollama: FakeOllama
 ) -> None:
-    daemon = make_daemon(start=at(2026, 12, 1, 9, 0))
+    # A day long past on the wall clock: "15:30" is in roost's future and the wall clock's past,
+    # so a timer armed by the wall clock would fire it at once, whatever the time of day.
+    daemon = make_daemon(start=at(2020, 6, 1, 9, 0))
     automations = await daemon.start()
     engine = daemon.engine
     assert engine is not None
@@ -139,7 +141,7 @@ async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
     await wait_until(lambda: len(daemon.replies()) >= 1)
     (pending,) = await automations.reminders.pending("console:local")
     assert pending["text"] == "call the plumber"
-    assert pending["due"] == at(2026, 12, 1, 15, 30).timestamp()
+    assert pending["due"] == at(2020, 6, 1, 15, 30).timestamp()
     assert automations.scheduler.get_job(f"reminder:{pending['id']}") is not None
     assert "- reminders: one-shot reminders" in fake_ollama.chat_requests[0]["messages"][0][
         "content"]

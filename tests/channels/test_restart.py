@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
+from daemon.store import Store
 from tests.daemon.test_app import free_port
 from tests.fakes.graph import PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama, Reply, echo_reply
@@ -43,6 +44,23 @@ async def start_daemon(config: Path, env: dict[str, str],
     daemon.kill()
     _, err = await daemon.communicate()
     raise AssertionError(f"roost did not come up: {err.decode()}")
+
+
+def nothing_left(state_dir: Path, channel: str) -> bool:
+    """No update, message or reply is left for the daemon to act on."""
+    with Store.open(state_dir, read_only=True) as store:
+        return (store.updates_pending(channel) == [] and store.inbox_pending() == []
+                and store.outbox_pending() == [])
+
+
+async def wait_for_nothing_left(state_dir: Path, channel: str) -> None:
+    """Until the running daemon has nothing left to send: a duplicate, were there one, would
+    still wait in its intake, inbox or outbox (each is marked done only after the next step
+    holds it), so once all three are empty no more can come."""
+    async with asyncio.timeout(10):
+        # Another process's store: no event to wait on.
+        while not await asyncio.to_thread(nothing_left, state_dir, channel):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
 
 
 async def test_killed_after_the_200_and_restarted_answers_once(
@@ -89,7 +107,7 @@ async def test_killed_after_the_200_and_restarted_answers_once(
     second = await start_daemon(config, env, url)
     try:
         await fake_telegram.wait_for("sendMessage", timeout=10)
-        await asyncio.sleep(0.5)  # room for a duplicate to show up, were there one
+        await wait_for_nothing_left(tmp_path / "state", "telegram")
         second.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(second.communicate(), 15)
         assert second.returncode == 0, err.decode()
@@ -138,7 +156,7 @@ async def test_whatsapp_killed_after_the_200_and_restarted_answers_once(
         second = await start_daemon(config, env, url)
         try:
             await graph.wait_sent(1, timeout=10)
-            await asyncio.sleep(0.5)  # room for a duplicate to show up, were there one
+            await wait_for_nothing_left(tmp_path / "state", "whatsapp")
             second.send_signal(signal.SIGTERM)
             _, err = await asyncio.wait_for(second.communicate(), 15)
             assert second.returncode == 0, err.decode()

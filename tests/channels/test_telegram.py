@@ -358,8 +358,8 @@ async def test_a_blocked_bot_marks_the_chat_and_stops_retrying(
     await fake_telegram.wait_for("sendMessage")
     await daemon.settle()
     assert "undeliverable" in daemon.store.chat_flags(CHAT_KEY)
+    # The worker idle (settle) with the outbox empty: there is nothing left to retry.
     assert daemon.store.outbox_pending() == []
-    await asyncio.sleep(0.3)  # several retry_backoffs: no retry comes
     assert len(fake_telegram.calls_to("sendMessage")) == 1
     assert fake_telegram.sent_messages == []
 
@@ -381,7 +381,8 @@ async def test_typing_is_shown_while_a_turn_runs_and_not_after(
     assert await daemon.post(message(1, "think hard")) == 200
     (reply,) = await fake_telegram.wait_for("sendMessage")
     await daemon.settle()
-    await asyncio.sleep(0.3)  # three typing intervals
+    # The typing task ended with the turn: no typing can come after the reply.
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("roost-typing-")]
     typing = fake_telegram.calls_to("sendChatAction")
     assert len(typing) >= 3
     assert all(c.params == {"chat_id": USER, "action": "typing"} for c in typing)
@@ -773,10 +774,12 @@ async def test_an_update_submitted_just_before_a_crash_is_not_submitted_again(
         store.updates_add("telegram", key, update, first.created)
     again = await start()
     await again.settle()
-    await asyncio.sleep(0.2)  # room for a second reply, were there one
+    # The stored update handled and the chat idle with nothing queued: a second reply, were
+    # there one, would wait in the inbox or the outbox.
+    assert again.store.updates_pending("telegram") == []
+    assert again.store.inbox_pending() == [] and again.store.outbox_pending() == []
     assert texts(fake_telegram) == ["echo: submitted once"]
     assert len(again.user_messages()) == 1
-    assert again.store.updates_pending("telegram") == []
 
 
 # ---- groups, topics and what the model learns of them ------------------------------------------
@@ -920,7 +923,6 @@ async def test_a_disk_that_refuses_the_progress_record_does_not_resend_the_reply
     monkeypatch.setattr(daemon.store, "outbox_update", full_disk)
     assert await daemon.post(message(1, "a long answer please")) == 200
     await fake_telegram.wait_for("sendMessage", 3, timeout=20)
-    await daemon.settle()
-    await asyncio.sleep(0.3)  # room for a resend to show up, were there one
+    await daemon.settle()  # the worker idle with the outbox empty: no resend can come
     assert [t.split(".")[0] for t in texts(fake_telegram)] == ["Part 0", "Part 1", "Part 2"]
     assert refusals == [] and daemon.store.outbox_pending() == []

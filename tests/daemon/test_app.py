@@ -124,15 +124,14 @@ async def test_a_turn_past_the_grace_is_persisted_and_answered_after_restart(
     fake_ollama: FakeOllama, make_settings: SettingsFactory
 ) -> None:
     channel = RecordingChannel("telegram")
-    fake_ollama.script(Reply(content="never delivered", delay=10))
+    # A model that does not answer within the test: the stop ending at all is the turn cut off.
+    fake_ollama.script(Reply(content="never delivered", delay=3600))
     settings = make_settings(model={"host": fake_ollama.url}, daemon={"shutdown_grace": 0.2})
     app = build_app(settings, {"telegram": channel})
     runner, _ = await start(app)
     assert await app[ENGINE].submit(Inbound(chat_key=CHAT, text="slow", received=time.time()))
     await fake_ollama.wait_for_chats(1)
-    started = time.monotonic()
-    await runner.cleanup()
-    assert time.monotonic() - started < 3
+    await asyncio.wait_for(runner.cleanup(), 30)
     assert channel.sent == []
     restarted = build_app(settings, {"telegram": channel})
     runner, _ = await start(restarted)
@@ -188,7 +187,9 @@ async def test_while_draining_healthz_says_stopping_and_new_work_is_refused(
         assert await engine.submit(Inbound(chat_key=CHAT, text="one", received=time.time()))
         await fake_ollama.wait_for_chats(1)
         draining = asyncio.create_task(engine.drain(5.0))
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(5):
+            while engine.accepting:  # noqa: ASYNC110 (a flag, no event to wait on)
+                await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as reply:
             assert reply.status == 503
             assert (await reply.json())["accepting"] is False

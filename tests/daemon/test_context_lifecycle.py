@@ -196,7 +196,9 @@ async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
     rig_for: Callable[..., Any],
 ) -> None:
     rig: Rig = await rig_for(window=4096)
-    rig.fold_delay = 30.0
+    # The fold's model call does not answer within the test: a turn that waited for it would
+    # never be answered (say waits for the worker idle, bounded).
+    rig.fold_delay = 3600.0
     await rig.say("Hello", wait_fold=False)
     for turn in range(12):
         rig.tool_cycle(4_000)
@@ -205,9 +207,7 @@ async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
             break
     assert rig.fold_calls, "no fold was started"
     await rig.fake.wait_for_chats(len(rig.fake.chat_requests))
-    started = asyncio.get_running_loop().time()
     await rig.say("Are you still quick?", wait_fold=False)
-    assert asyncio.get_running_loop().time() - started < 2.0
     assert rig.channel.texts("reply")[-1] == "echo: Are you still quick?"
     conversation = rig.store.get_conversation(rig.conversation_id())
     assert conversation is not None and conversation.summary.fold_count == 0  # preempted

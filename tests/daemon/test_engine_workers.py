@@ -134,3 +134,39 @@ async def test_an_idle_chat_leaves_no_worker_behind_and_is_served_again(
         await engine.stop(grace=0)
         await llm.close()
         store.close()
+
+
+class Gated(RecordingChannel):
+    """Each send waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.sending = asyncio.Event()
+
+    async def send(self, outbound: Outbound) -> None:
+        self.sending.set()
+        await self.gate.wait()
+        await super().send(outbound)
+
+
+async def test_a_chat_is_idle_only_once_a_message_queued_during_a_delivery_is_sent_too(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama) -> None:
+    settings = make_settings(model={"host": fake_ollama.url})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    channel = Gated()
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    await engine.start()
+    try:
+        assert await engine.deliver(Outbound(chat_key=CHAT, text="first", created=1.0))
+        await asyncio.wait_for(channel.sending.wait(), 10)  # the worker is sending it...
+        assert await engine.deliver(Outbound(chat_key=CHAT, text="second", created=2.0))
+        channel.gate.set()  # ...and the second came after that pass read the outbox
+        await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+        assert channel.texts() == ["first", "second"]
+        assert store.outbox_pending(CHAT) == []
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()

@@ -6,7 +6,8 @@ import asyncio
 import gc
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from channels.base import Inbound, Outbound
 from daemon.config import Settings
 from daemon.engine import Engine
 from daemon.errors import DeliveryError, StoreError
-from daemon.llm import ModelClient
+from daemon.llm import ChatResult, ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
@@ -57,6 +58,31 @@ def inbound(text: str) -> Inbound:
 async def say(engine: Engine, text: str) -> None:
     assert await engine.submit(inbound(text))
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+
+
+class TurnCount:
+    """Told by the model client of each turn it finished (answered or not), like the metrics."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
+                   background: bool) -> None:
+        pass
+
+    def turn_done(self, seconds: float) -> None:
+        self.done += 1
+
+
+def count_turns(engine: Engine) -> TurnCount:
+    engine.llm.observer = counter = TurnCount()
+    return counter
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a count, no event to wait on)
+            await asyncio.sleep(0.01)
 
 
 def fast(make_settings: SettingsFactory, fake: FakeOllama, **model: object) -> Settings:
@@ -107,8 +133,10 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     engine = await engine_for(settings)
     await say(engine, "warm up")  # the model info is cached; now take the server away
     await fake_ollama.refuse_connections()
+    turns = count_turns(engine)
     assert await engine.submit(inbound("are you there?"))
-    await asyncio.sleep(0.5)  # every retry fails and the chat is parked
+    # Every retry of the turn fails, the chat is parked, and the parked chat tries once more.
+    await wait_until(lambda: turns.done >= 2)
     [notice] = recording_channel.texts("notice")  # told once
     assert "not answering" in notice and fake_ollama.url in notice and "saved" in notice
     # The message is on disk while the model is away.
@@ -427,8 +455,9 @@ async def test_a_model_that_stops_answering_is_retried_and_answered_once_it_resp
     engine = await engine_for(fast(make_settings, fake_ollama, timeout=0.2, retry_attempts=2))
     await say(engine, "warm up")
     fake_ollama.hang = True
+    turns = count_turns(engine)
     assert await engine.submit(inbound("slow day?"))
-    await asyncio.sleep(0.8)  # both tries time out and the chat is parked
+    await wait_until(lambda: turns.done >= 1)  # both tries time out and the chat is parked
     [notice] = recording_channel.texts("notice")
     assert "not answering" in notice
     fake_ollama.hang = False
