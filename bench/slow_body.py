@@ -261,7 +261,8 @@ async def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="roost-slow-body-") as tmp:
         state = Path(tmp) / "state"
         state.mkdir(mode=0o700)
-        async with FakeOllama() as ollama, FakeTelegram() as telegram, FakeGraph() as graph:
+        async with FakeOllama() as ollama, FakeTelegram(started=[USER]) as telegram, \
+                FakeGraph() as graph:
             config = Path(tmp) / "roost.toml"
             config.write_text(config_text(state, port, ollama, telegram, graph))
             env = {**os.environ, "ROOST_TELEGRAM_TOKEN": telegram.token,
