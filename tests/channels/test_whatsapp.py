@@ -544,10 +544,10 @@ async def test_button_replies_reach_the_model_as_what_was_chosen_or_the_user_is_
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
     daemon = await start()
     ours = {"from": "15550953877", "id": "wamid.FAKE000001"}  # a message roost sent
-    pressed = {"from": USER, "id": "wamid.b1", "timestamp": "1", "type": "interactive",
+    pressed = {"from": USER, "id": "wamid.b1", "timestamp": sent_now(), "type": "interactive",
                "context": ours, "interactive": {"type": "button_reply",
                                                 "button_reply": {"id": "snooze-10"}}}
-    empty = {"from": USER, "id": "wamid.b2", "timestamp": "1", "type": "interactive",
+    empty = {"from": USER, "id": "wamid.b2", "timestamp": sent_now(), "type": "interactive",
              "context": ours, "interactive": {"type": "button_reply", "button_reply": {}}}
     assert await daemon.post(webhook(pressed, empty)) == 200
     await graph.wait_sent(2)
