@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -46,6 +47,7 @@ from daemon.httpguard import (
 )
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
+from daemon.memory_index import MemoryIndex
 from daemon.metrics import START_TIME, Metrics
 from daemon.pairing import PairingBook
 from daemon.records import Records
@@ -66,6 +68,7 @@ class Tuning:
 SETTINGS = web.AppKey("settings", Settings)
 TUNING = web.AppKey("tuning", Tuning)
 STORE = web.AppKey("store", Store)
+INDEX = web.AppKey("index", MemoryIndex)
 LLM = web.AppKey("llm", ModelClient)
 HEALTH = web.AppKey("health", HealthMonitor)
 METRICS = web.AppKey("metrics", Metrics)
@@ -128,18 +131,32 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     state_dir = app[SETTINGS].daemon.state_dir
     if problem := exposure(state_dir):
         log.warning("the state directory %s is %s", state_dir, problem)
-    store = await asyncio.to_thread(Store.open, state_dir)
+    store, index = await asyncio.to_thread(_open_state, state_dir)
     # What the store holds in memory (the conversation list, a year of dedupe keys) lives as
     # long as the process: out of the collector's full passes, which walk every tracked object
     # and stalled acks for tens of milliseconds each on a year of data.
     gc.collect()
     gc.freeze()
     app[STORE] = store
+    app[INDEX] = index
     log.info("state directory %s", store.state_dir)
     yield
+    index.close()  # the engine closed it already, unless it never started
     store.close()
     gc.unfreeze()
     log.info("store closed")
+
+
+def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
+    """The store and its memory index. The index is derived data, but it is written to at
+    once: a disk that cannot take it (full, read-only) stops the start with one line (exit 73),
+    as the store itself does."""
+    store = Store.open(state_dir)
+    try:
+        return store, MemoryIndex.open(state_dir / "memory.sqlite3")
+    except BaseException:
+        store.close()
+        raise
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -161,7 +178,8 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
-    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
+    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels,
+                    index=app[INDEX])
     app[ENGINE] = engine
     engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()

@@ -54,6 +54,7 @@ class Engine:
         llm: ModelClient,
         channels: Mapping[str, Channel],
         clock: Callable[[], float] = time.time,
+        index: MemoryIndex | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -65,8 +66,9 @@ class Engine:
         self.registry = Registry()
         register_builtin(self.registry)
         # Derived from the store and rebuilt from it when lost; filled at start(), closed at
-        # stop() (an engine runs once).
-        self.index = MemoryIndex.open(store.state_dir / "memory.sqlite3")
+        # stop() (an engine runs once). The daemon opens it with the store, so that a disk
+        # that cannot take it stops the start before anything else runs.
+        self.index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         self.prompting = Prompting(settings=settings, store=store, llm=llm,
                                    registry=self.registry, clock=clock)
         self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
