@@ -6,8 +6,8 @@ delivers through them), the engine, the automations' scheduler (after the engine
 on), then the channels' receiving sides (after the engine, which they feed; so they stop first).
 `serve()` binds the port first (a second instance stops before it touches Telegram), starts the
 parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
-SIGTERM or SIGINT it stops taking requests, gives turns in flight `daemon.shutdown_grace`
-seconds, closes the store and returns 0.
+SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
+(the whole stop's budget, see `shutdown_budget`), closes the store and returns 0.
 """
 
 from __future__ import annotations
@@ -184,7 +184,9 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()
     yield
-    await engine.stop(app[SETTINGS].daemon.shutdown_grace)
+    budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
+    # After serve() drained, this drains no more: the grace runs once.
+    await engine.stop(budget.drain, budget.unwind)
     log.info("engine stopped")
 
 
@@ -394,8 +396,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
                   exc.strerror or exc)
         return EX_OSERR
     app = build_app(settings, channels, tuning=tuning)
-    # aiohttp waits this long for open requests; the engine's own grace comes after.
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0,
+    budget = shutdown_budget(daemon.shutdown_grace)
+    # aiohttp waits this long for open requests (webhooks answer in milliseconds), out of the
+    # same budget as the engine's drain.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=budget.http,
                            keepalive_timeout=tuning.http.keepalive_timeout,
                            lingering_time=tuning.http.lingering_time)
     try:
@@ -432,20 +436,43 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
-    log.info("stopping: no new work; turns in flight get %.0fs", daemon.shutdown_grace)
+    log.info("stopping: no new work; turns in flight get %.1fs of the %.1fs shutdown budget",
+             budget.drain, daemon.shutdown_grace)
     sd_notify("STOPPING=1")
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(signum)
     # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
-    await app[ENGINE].drain(daemon.shutdown_grace)
+    await app[ENGINE].drain(budget.drain)
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()
         await asyncio.gather(pinger, return_exceptions=True)
     log.info("stopped")
     return 0
+
+
+@dataclass(frozen=True)
+class ShutdownBudget:
+    """`daemon.shutdown_grace` split into the steps of a stop, so that they add up to it."""
+
+    drain: float  # turns in flight may finish
+    http: float  # aiohttp waits for open requests
+    unwind: float  # each step of cancelling what is left (rotation, workers, folds)
+
+
+SHUTDOWN_RESERVE = 4.0  # seconds at most kept from the drain for the rest of the stop
+UNWIND_STEPS = 3  # the engine's steps that get `unwind` each
+
+
+def shutdown_budget(grace: float) -> ShutdownBudget:
+    """The one shutdown budget: the drain gets all but a reserve (a quarter of the grace, at
+    most SHUTDOWN_RESERVE), shared by aiohttp's wait and the engine's cancelling steps. The
+    store and the channels' clients close in well under a second after that."""
+    reserve = min(SHUTDOWN_RESERVE, grace / 4)
+    share = reserve / (1 + UNWIND_STEPS)
+    return ShutdownBudget(drain=grace - reserve, http=share, unwind=share)
 
 
 def _disk_hint(exc: StoreError) -> str:
