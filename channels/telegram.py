@@ -205,9 +205,11 @@ class TelegramChannel:
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
+            await self.progress.attempt(outbound, index)
             ids += await self._send_part(_Destination(chat_id, topic, reply), parts[index],
                                          outbound.chat_key)
-            await self.progress.record(outbound, index + 1, ids)
+            # First thing after Telegram's answer: a crash before this write sends it again.
+            await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
 
     async def _send_part(self, where: _Destination, part: str, chat_key: str) -> list[str]:
         """One part, HTML first; the message_ids it became. A refusal of the content (not of

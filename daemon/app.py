@@ -27,6 +27,7 @@ from aiohttp import web
 from automations.runner import RUN_STATUSES
 from automations.scheduler import Automations
 from channels.base import Channel, Inbound, Outbound
+from channels.progress import Progress
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp import WhatsApp, WhatsAppTuning
@@ -219,6 +220,7 @@ async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
                         settings.attachments, app[ACCESS])
     await telegram.open()
     app[TELEGRAM] = telegram
+    _count_resent(telegram.channel.progress, app[METRICS], "telegram")
     app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
     yield
     await telegram.close()
@@ -242,6 +244,7 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
                         settings.attachments, app[ACCESS])
     await whatsapp.open()
     app[WHATSAPP] = whatsapp
+    _count_resent(whatsapp.channel.progress, app[METRICS], "whatsapp")
     app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
     yield
     await whatsapp.close()
@@ -275,6 +278,12 @@ async def _stored_or_503(request: web.Request,
     if response.status >= 500:
         health.check_now()
     return response
+
+
+def _count_resent(progress: Progress, metrics: Metrics, channel: str) -> None:
+    """Count the channel's parts sent again after a restart, from 0 (a rise is the news)."""
+    counter = metrics.parts_resent.labels(channel)
+    progress.on_resent = counter.inc
 
 
 class _Counted:

@@ -129,6 +129,8 @@ class FakeTelegram:
         self._last_message_id: defaultdict[int, int] = defaultdict(int)
         self._faults: defaultdict[str, deque[_Fault]] = defaultdict(deque)
         self._call_recorded = asyncio.Condition()
+        self._held: set[str] = set()  # methods whose calls wait for release()
+        self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         # Each method is answered by the handler named after it: getMe -> self._get_me.
         self._methods: dict[str, Callable[[Call], Awaitable[Any]]] = {
@@ -172,6 +174,7 @@ class FakeTelegram:
 
     async def stop(self) -> None:
         """Close the listener and every connection (long polls are cut off)."""
+        self.release()  # a held call would keep its handler, and so this, waiting
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -204,6 +207,17 @@ class FakeTelegram:
     def drop_next(self, method: str, times: int = 1) -> None:
         """Close the connection of the next `times` calls of method without an answer."""
         self._faults[method.lower()].extend([_Fault()] * times)
+
+    def hold(self, method: str) -> None:
+        """Record calls of method but answer none until `release()`: a stalled network, where
+        the client cannot know whether the call did its work (it does, once released)."""
+        self._held.add(method.lower())
+        self._released.clear()
+
+    def release(self) -> None:
+        """Answer the held calls, and the later ones at once."""
+        self._held.clear()
+        self._released.set()
 
     def queue_update(self, update: dict[str, Any]) -> None:
         """Queue an update for getUpdates; one without update_id gets the next one.
@@ -250,6 +264,8 @@ class FakeTelegram:
             self._call_recorded.notify_all()
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
+        if method.lower() in self._held:
+            await self._released.wait()
         if faults := self._faults[method.lower()]:
             fault = faults.popleft()
             if fault.status:
