@@ -8,7 +8,8 @@ part a second time, and again at every retry while the disk stays full.
 Delivery is at least once: neither Telegram nor WhatsApp can tell a repeated send from a new
 one, so a crash after the platform took a part and before its record is on disk sends that
 part again after the restart. The record is therefore the very next thing after the platform's
-answer (no other await before it), which leaves that window at the time one write takes. So
+answer (no other await before it), and skips the folder's fsync (`Store.outbox_update`), which
+leaves that window at the time one file write and its fsync take. So
 that the duplicates can be counted, the part about to go out is written down first
 (`attempting`, in the same write as the previous part's record): a part found in flight that
 way by a later process, and sent again, is reported to `on_resent`.
@@ -55,7 +56,8 @@ class Progress:
         """Write down that part `index` is about to go out (unless already written)."""
         if outbound.id in self._attempting and self._attempting[outbound.id] == index:
             return  # the previous part's record wrote it
-        await asyncio.to_thread(self.store.outbox_update, outbound.id, attempting=index)
+        await asyncio.to_thread(self.store.outbox_update, outbound.id, attempting=index,
+                                durable_rename=False)  # a hint for counting, like the record
         self._remember_attempt(outbound.id, index)
 
     async def record(self, outbound: Outbound, parts_sent: int, ids: list[str],
@@ -74,7 +76,7 @@ class Progress:
                 self.on_resent()
         following = parts_sent if more else None
         await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=parts_sent,
-                                platform_ids=ids, attempting=following)
+                                platform_ids=ids, attempting=following, durable_rename=False)
         self._remember_attempt(outbound.id, following)
 
     def _remember_attempt(self, outbound_id: str, index: int | None) -> None:
