@@ -250,6 +250,7 @@ async def test_the_whole_stop_keeps_within_the_shutdown_budget_and_loses_nothing
             daemon.kill()
             await daemon.wait()
     assert daemon.returncode == 0, err.decode()[-3000:]
+    print(f"stopped in {took:.2f}s with a {budget:.0f}s shutdown budget")
     # Generous for a loaded machine, and still below two drains (what it took before).
     assert took < budget + 1.5, f"stopping took {took:.2f}s with a {budget:.0f}s budget"
     assert fake_telegram.calls_to("sendMessage") == []
