@@ -134,10 +134,10 @@ class Engine:
             self._drain_until = loop.time() + grace
         for wake in self._wake.values():
             wake.set()
-        busy = [self._idle[k].wait() for k in self._in_turn]
         left = self._drain_until - loop.time()
-        if busy and left > 0:
-            log.info("waiting up to %.0fs for %d turns in flight", left, len(busy))
+        if self._in_turn and left > 0:
+            busy = [self._idle[k].wait() for k in self._in_turn]
+            log.info("waiting up to %.1fs for %d turns in flight", left, len(busy))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await asyncio.gather(*busy)
