@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from channels.telegram import SECRET_HEADER as TG_SECRET_HEADER
 from channels.telegram import WEBHOOK_PATH as TG_WEBHOOK_PATH
@@ -249,8 +250,12 @@ def _resent(metrics: str) -> float:
     return float(found.group(1))
 
 
+LONG = "\n\n".join(f"Part {i}. " + "word " * 700 for i in range(3))  # three Telegram parts
+
+
+@pytest.mark.parametrize("in_flight", [0, 1], ids=["first-part", "second-part"])
 async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
-    fake_ollama: FakeOllama, fake_telegram: FakeTelegram, tmp_path: Path
+    fake_ollama: FakeOllama, fake_telegram: FakeTelegram, tmp_path: Path, in_flight: int
 ) -> None:
     # The crash child is roost itself, SIGKILLed while Telegram has its reply and has not
     # answered: whether the chat got it, roost cannot know, so it sends it again (at least
@@ -282,14 +287,15 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
         async with http.get(url + "/metrics") as reply:
             return await reply.text()
 
-    fake_telegram.hold("sendMessage")
+    fake_ollama.script(LONG)
+    fake_telegram.hold("sendMessage", after=in_flight)  # parts before it go through
     daemon = await _roost(config, env)
     try:
         await fake_telegram.wait_for("setWebhook", timeout=30)
         async with aiohttp.ClientSession() as http:
             assert _resent(await metrics(http)) == 0
             await post(http, update(1, "hello"))
-            await fake_telegram.wait_for("sendMessage", timeout=30)
+            await fake_telegram.wait_for("sendMessage", in_flight + 1, timeout=30)
     finally:
         daemon.kill()
         _, err = await daemon.communicate()
@@ -297,7 +303,7 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
     fake_telegram.release()
     daemon = await _roost(config, env)
     try:
-        sent = await fake_telegram.wait_for("sendMessage", 2, timeout=30)
+        sent = await fake_telegram.wait_for("sendMessage", 4, timeout=30)
         async with aiohttp.ClientSession() as http:
             for _ in range(100):  # the counter is bumped just before the record is written
                 if _resent(await metrics(http)) == 1:
@@ -305,11 +311,13 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
                 await asyncio.sleep(0.05)
             assert _resent(await metrics(http)) == 1
             await post(http, update(2, "and again"))  # a reply no crash interrupted
-            sent = await fake_telegram.wait_for("sendMessage", 3, timeout=30)
+            sent = await fake_telegram.wait_for("sendMessage", 5, timeout=30)
             assert _resent(await metrics(http)) == 1
     finally:
         daemon.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(daemon.communicate(), 60)
     assert daemon.returncode == 0, err.decode()[-3000:]
-    # What the user saw: the interrupted reply twice (at least once), the next one once.
-    assert [c.params["text"] for c in sent] == ["echo: hello", "echo: hello", "echo: and again"]
+    # What the user saw: the part in flight twice (at least once), every other part once.
+    seen = [c.params["text"].split(".")[0] for c in sent]
+    parts = ["Part 0", "Part 1", "Part 2"]
+    assert seen == [*parts[:in_flight + 1], *parts[in_flight:], "echo: and again"]

@@ -129,7 +129,8 @@ class FakeTelegram:
         self._last_message_id: defaultdict[int, int] = defaultdict(int)
         self._faults: defaultdict[str, deque[_Fault]] = defaultdict(deque)
         self._call_recorded = asyncio.Condition()
-        self._held: set[str] = set()  # methods whose calls wait for release()
+        # Methods whose calls wait for release(), with how many are still answered first.
+        self._held: dict[str, int] = {}
         self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         # Each method is answered by the handler named after it: getMe -> self._get_me.
@@ -208,10 +209,11 @@ class FakeTelegram:
         """Close the connection of the next `times` calls of method without an answer."""
         self._faults[method.lower()].extend([_Fault()] * times)
 
-    def hold(self, method: str) -> None:
-        """Record calls of method but answer none until `release()`: a stalled network, where
-        the client cannot know whether the call did its work (it does, once released)."""
-        self._held.add(method.lower())
+    def hold(self, method: str, *, after: int = 0) -> None:
+        """Record calls of method but answer none until `release()`, once `after` more have
+        been answered: a stalled network, where the client cannot know whether the call did
+        its work (it does, once released)."""
+        self._held[method.lower()] = after
         self._released.clear()
 
     def release(self) -> None:
@@ -265,7 +267,10 @@ class FakeTelegram:
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
         if method.lower() in self._held:
-            await self._released.wait()
+            if self._held[method.lower()] > 0:
+                self._held[method.lower()] -= 1
+            else:
+                await self._released.wait()
         if faults := self._faults[method.lower()]:
             fault = faults.popleft()
             if fault.status:
