@@ -9,10 +9,10 @@ Delivery is at least once: neither Telegram nor WhatsApp can tell a repeated sen
 one, so a crash after the platform took a part and before its record is on disk sends that
 part again after the restart. The record is therefore the very next thing after the platform's
 answer (no other await before it), and skips the folder's fsync (`Store.outbox_update`), which
-leaves that window at the time one file write and its fsync take. So
-that the duplicates can be counted, the part about to go out is written down first
-(`attempting`, in the same write as the previous part's record): a part found in flight that
-way by a later process, and sent again, is reported to `on_resent`.
+leaves that window at the time one file write and its fsync take. So that the duplicates can
+be counted, the part about to go out is written down first (`attempting`, in the same write as
+the previous part's record): a part found in flight that way by a later process, and sent
+again, is reported to `on_resent`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class Progress:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sent: OrderedDict[str, tuple[int, tuple[str, ...]]] = OrderedDict()
-        # The part of each reply this process has written down as about to go out.
+        # The `attempting` on disk of each reply being sent (refreshed by `start` from the
+        # outbox item, then kept by the writes here), so that no write repeats it.
         self._attempting: OrderedDict[str, int | None] = OrderedDict()
         # Replies an earlier process left with a part in flight: id -> that part's index.
         self._inherited: dict[str, int] = {}
@@ -47,17 +48,18 @@ class Progress:
             # Written down by a process that died before the platform's answer was recorded:
             # that part may have reached the chat already.
             self._inherited[outbound.id] = outbound.attempting
-            self._remember_attempt(outbound.id, outbound.attempting)  # on disk already
+        self._remember_attempt(outbound.id, outbound.attempting)
         if outbound.parts_sent >= parts:
             return outbound.parts_sent, list(outbound.platform_ids)
         return parts, list(ids)
 
     async def attempt(self, outbound: Outbound, index: int) -> None:
-        """Write down that part `index` is about to go out (unless already written)."""
-        if outbound.id in self._attempting and self._attempting[outbound.id] == index:
-            return  # the previous part's record wrote it
+        """Write down that part `index` is about to go out (unless it is already)."""
+        if self._attempting.get(outbound.id) == index:
+            return  # the previous part's record wrote it, or an earlier try
+        # A hint for counting, like the record: a power cut may undo it (see `record`).
         await asyncio.to_thread(self.store.outbox_update, outbound.id, attempting=index,
-                                durable_rename=False)  # a hint for counting, like the record
+                                durable_rename=False)
         self._remember_attempt(outbound.id, index)
 
     async def record(self, outbound: Outbound, parts_sent: int, ids: list[str],

@@ -461,7 +461,9 @@ class Engine:
             log.info("a %s for %s went to %s instead: %s", outbound.kind, outbound.chat_key,
                      exc.fallback, exc)
             return
-        await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc))
+        # The platform answered with a refusal: nothing is in flight any more.
+        await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc),
+                                attempting=None)
         await self._drop_stale_held(outbound.chat_key)
         await asyncio.to_thread(self.records.event, self.clock(), "held", where, str(exc))
         log.info("a %s for %s waits until the user writes again: %s", outbound.kind,
