@@ -89,6 +89,9 @@ class Outbound:
     # The platform's ids of the messages sent so far (Telegram message_ids, WhatsApp wamids),
     # recorded by the channel with `parts_sent`.
     platform_ids: tuple[str, ...] = ()
+    # The part whose send started and whose record is not on disk yet: left by a crash, it
+    # may have reached the chat already (delivery is at least once; see channels.progress).
+    attempting: int | None = None
     origin: str | None = None  # what queued it, when someone asks after it (an automation run)
 
     def __post_init__(self) -> None:

@@ -4,12 +4,22 @@ A reply goes out in parts, and after each part its progress (`parts_sent`, the p
 is written to the outbox. When the disk refuses that write after the platform took the part,
 the engine tries the delivery again later; without the memory here that retry would send the
 part a second time, and again at every retry while the disk stays full.
+
+Delivery is at least once: neither Telegram nor WhatsApp can tell a repeated send from a new
+one, so a crash after the platform took a part and before its record is on disk sends that
+part again after the restart. The record is therefore the very next thing after the platform's
+answer (no other await before it), and skips the folder's fsync (`Store.outbox_update`), which
+leaves that window at the time one file write and its fsync take. So that the duplicates can
+be counted, the part about to go out is written down first (`attempting`, in the same write as
+the previous part's record): a part found in flight that way by a later process, and sent
+again, is reported to `on_resent`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 
 from channels.base import Outbound
 from daemon.store import Store
@@ -21,20 +31,58 @@ class Progress:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._sent: OrderedDict[str, tuple[int, tuple[str, ...]]] = OrderedDict()
+        # The `attempting` on disk of each reply being sent (refreshed by `start` from the
+        # outbox item, then kept by the writes here), so that no write repeats it.
+        self._attempting: OrderedDict[str, int | None] = OrderedDict()
+        # Replies an earlier process left with a part in flight: id -> that part's index.
+        self._inherited: dict[str, int] = {}
+        self.resent = 0  # parts sent again after a restart (see the module docstring)
+        self.on_resent: Callable[[], None] | None = None  # /metrics counts them
 
     def start(self, outbound: Outbound) -> tuple[int, list[str]]:
         """Parts already delivered and their ids: the outbox item's, or what this process
         delivered since, whichever got further."""
         parts, ids = self._sent.get(outbound.id, (0, ()))
+        if (outbound.attempting is not None and outbound.id not in self._attempting
+                and outbound.id not in self._sent):
+            # Written down by a process that died before the platform's answer was recorded:
+            # that part may have reached the chat already.
+            self._inherited[outbound.id] = outbound.attempting
+        self._remember_attempt(outbound.id, outbound.attempting)
         if outbound.parts_sent >= parts:
             return outbound.parts_sent, list(outbound.platform_ids)
         return parts, list(ids)
 
-    async def record(self, outbound: Outbound, parts_sent: int, ids: list[str]) -> None:
-        """Remember, then write (a StoreError from the write still reaches the engine)."""
+    async def attempt(self, outbound: Outbound, index: int) -> None:
+        """Write down that part `index` is about to go out (unless it is already)."""
+        if self._attempting.get(outbound.id) == index:
+            return  # the previous part's record wrote it, or an earlier try
+        # A hint for counting, like the record: a power cut may undo it (see `record`).
+        await asyncio.to_thread(self.store.outbox_update, outbound.id, attempting=index,
+                                durable_rename=False)
+        self._remember_attempt(outbound.id, index)
+
+    async def record(self, outbound: Outbound, parts_sent: int, ids: list[str],
+                     more: bool) -> None:
+        """The platform took part `parts_sent - 1`: remember, then write (a StoreError from
+        the write still reaches the engine). Called first thing after the platform's answer;
+        `more` says another part follows, which this write marks as about to go out."""
         self._sent[outbound.id] = (parts_sent, tuple(ids))
         self._sent.move_to_end(outbound.id)
         while len(self._sent) > REMEMBERED:
             self._sent.popitem(last=False)
+        if self._inherited.get(outbound.id) == parts_sent - 1:
+            del self._inherited[outbound.id]
+            self.resent += 1
+            if self.on_resent is not None:
+                self.on_resent()
+        following = parts_sent if more else None
         await asyncio.to_thread(self.store.outbox_update, outbound.id, parts_sent=parts_sent,
-                                platform_ids=ids)
+                                platform_ids=ids, attempting=following, durable_rename=False)
+        self._remember_attempt(outbound.id, following)
+
+    def _remember_attempt(self, outbound_id: str, index: int | None) -> None:
+        self._attempting[outbound_id] = index
+        self._attempting.move_to_end(outbound_id)
+        while len(self._attempting) > REMEMBERED:
+            self._attempting.popitem(last=False)

@@ -117,7 +117,12 @@ class _FinishingRateLimiter(AIORateLimiter):
     connection of a request cancelled while its response is being closed (encode/httpcore#1093,
     httpcore 1.0.9), and after as many turns as the pool has connections no reply could be sent.
     A call still waiting for its turn in the limiter is cancelled as before: it has no
-    connection yet, and sent late it would show "typing…" after the reply."""
+    connection yet, and sent late it would show "typing…" after the reply.
+
+    sendMessage is not shielded: only a stop cancels it (the pool closes then anyway), and a
+    shield hands its answer over two turns of the event loop later, during which other tasks
+    run before the part is recorded; that would widen the window in which a crash sends the
+    part twice (see channels.progress)."""
 
     async def process_request(
         self, callback: Callable[..., Coroutine[Any, Any, _ApiResult]], args: Any,
@@ -126,8 +131,9 @@ class _FinishingRateLimiter(AIORateLimiter):
         async def finishing(*call_args: Any, **call_kwargs: Any) -> _ApiResult:
             return await asyncio.shield(callback(*call_args, **call_kwargs))
 
-        return await super().process_request(finishing, args, kwargs, endpoint, data,
-                                             rate_limit_args)
+        return await super().process_request(
+            callback if endpoint == "sendMessage" else finishing, args, kwargs, endpoint, data,
+            rate_limit_args)
 
 
 def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> Application[
@@ -205,9 +211,11 @@ class TelegramChannel:
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
+            await self.progress.attempt(outbound, index)
             ids += await self._send_part(_Destination(chat_id, topic, reply), parts[index],
                                          outbound.chat_key)
-            await self.progress.record(outbound, index + 1, ids)
+            # First thing after Telegram's answer: a crash before this write sends it again.
+            await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
 
     async def _send_part(self, where: _Destination, part: str, chat_key: str) -> list[str]:
         """One part, HTML first; the message_ids it became. A refusal of the content (not of

@@ -201,13 +201,16 @@ class WhatsAppChannel:
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
         done, ids = self.progress.start(outbound)
         for index in range(done, len(parts)):
+            await self.progress.attempt(outbound, index)
             try:
                 wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, _Sent(outbound, parts[index]))
             ids += [wamid] if wamid else []
-            await self.progress.record(outbound, index + 1, ids)
+            # First thing after Meta's answer (nothing awaited before it): a crash before this
+            # write sends the part again.
+            await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
 
     async def note_inbound(self, chat_key: str, when: float) -> int:
         """The user wrote: WhatsApp takes free-form replies for the next 24 hours, so the
@@ -498,9 +501,10 @@ class WhatsApp:
         if self.settings.fallback:
             await self.intake.engine.deliver(dataclasses.replace(
                 original, id=again_id, chat_key=self.settings.fallback, parts_sent=0,
-                platform_ids=(), reply_to=None, text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
+                platform_ids=(), attempting=None, reply_to=None,
+                text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
             return
         held = dataclasses.replace(
-            original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(),
+            original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(), attempting=None,
             held="WhatsApp refused it: more than 24 hours since the user last wrote")
         await asyncio.to_thread(self.store.outbox_add, held.to_doc())

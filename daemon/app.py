@@ -6,8 +6,8 @@ delivers through them), the engine, the automations' scheduler (after the engine
 on), then the channels' receiving sides (after the engine, which they feed; so they stop first).
 `serve()` binds the port first (a second instance stops before it touches Telegram), starts the
 parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
-SIGTERM or SIGINT it stops taking requests, gives turns in flight `daemon.shutdown_grace`
-seconds, closes the store and returns 0.
+SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
+(the whole stop's budget, see `shutdown_budget`), closes the store and returns 0.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
 from automations.runner import RUN_STATUSES
 from automations.scheduler import Automations
 from channels.base import Channel, Inbound, Outbound
+from channels.progress import Progress
 from channels.telegram import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp import WhatsApp, WhatsAppTuning
@@ -46,6 +48,7 @@ from daemon.httpguard import (
 )
 from daemon.llm import ModelClient
 from daemon.logs import app_log as log
+from daemon.memory_index import MemoryIndex
 from daemon.metrics import START_TIME, Metrics
 from daemon.pairing import PairingBook
 from daemon.records import Records
@@ -66,6 +69,7 @@ class Tuning:
 SETTINGS = web.AppKey("settings", Settings)
 TUNING = web.AppKey("tuning", Tuning)
 STORE = web.AppKey("store", Store)
+INDEX = web.AppKey("index", MemoryIndex)
 LLM = web.AppKey("llm", ModelClient)
 HEALTH = web.AppKey("health", HealthMonitor)
 METRICS = web.AppKey("metrics", Metrics)
@@ -128,18 +132,32 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     state_dir = app[SETTINGS].daemon.state_dir
     if problem := exposure(state_dir):
         log.warning("the state directory %s is %s", state_dir, problem)
-    store = await asyncio.to_thread(Store.open, state_dir)
+    store, index = await asyncio.to_thread(_open_state, state_dir)
     # What the store holds in memory (the conversation list, a year of dedupe keys) lives as
     # long as the process: out of the collector's full passes, which walk every tracked object
     # and stalled acks for tens of milliseconds each on a year of data.
     gc.collect()
     gc.freeze()
     app[STORE] = store
+    app[INDEX] = index
     log.info("state directory %s", store.state_dir)
     yield
+    index.close()  # the engine closed it already, unless it never started
     store.close()
     gc.unfreeze()
     log.info("store closed")
+
+
+def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
+    """The store and its memory index. The index is derived data, but it is written to at
+    once: a disk that cannot take it (full, read-only) stops the start with one line (exit 73),
+    as the store itself does."""
+    store = Store.open(state_dir)
+    try:
+        return store, MemoryIndex.open(state_dir / "memory.sqlite3")
+    except BaseException:
+        store.close()
+        raise
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -161,12 +179,15 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
-    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels)
+    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels,
+                    index=app[INDEX])
     app[ENGINE] = engine
     engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()
     yield
-    await engine.stop(app[SETTINGS].daemon.shutdown_grace)
+    budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
+    # After serve() drained, this drains no more: the grace runs once.
+    await engine.stop(budget.drain, budget.unwind)
     log.info("engine stopped")
 
 
@@ -199,6 +220,7 @@ async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
                         settings.attachments, app[ACCESS])
     await telegram.open()
     app[TELEGRAM] = telegram
+    _count_resent(telegram.channel.progress, app[METRICS], "telegram")
     app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
     yield
     await telegram.close()
@@ -222,6 +244,7 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
                         settings.attachments, app[ACCESS])
     await whatsapp.open()
     app[WHATSAPP] = whatsapp
+    _count_resent(whatsapp.channel.progress, app[METRICS], "whatsapp")
     app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
     yield
     await whatsapp.close()
@@ -255,6 +278,12 @@ async def _stored_or_503(request: web.Request,
     if response.status >= 500:
         health.check_now()
     return response
+
+
+def _count_resent(progress: Progress, metrics: Metrics, channel: str) -> None:
+    """Count the channel's parts sent again after a restart, from 0 (a rise is the news)."""
+    counter = metrics.parts_resent.labels(channel)
+    progress.on_resent = counter.inc
 
 
 class _Counted:
@@ -376,8 +405,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
                   exc.strerror or exc)
         return EX_OSERR
     app = build_app(settings, channels, tuning=tuning)
-    # aiohttp waits this long for open requests; the engine's own grace comes after.
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0,
+    budget = shutdown_budget(daemon.shutdown_grace)
+    # aiohttp waits this long for open requests (webhooks answer in milliseconds), out of the
+    # same budget as the engine's drain.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=budget.http,
                            keepalive_timeout=tuning.http.keepalive_timeout,
                            lingering_time=tuning.http.lingering_time)
     try:
@@ -414,20 +445,43 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
-    log.info("stopping: no new work; turns in flight get %.0fs", daemon.shutdown_grace)
+    log.info("stopping: no new work; turns in flight get %.1fs of the %.1fs shutdown budget",
+             budget.drain, daemon.shutdown_grace)
     sd_notify("STOPPING=1")
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(signum)
     # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
-    await app[ENGINE].drain(daemon.shutdown_grace)
+    await app[ENGINE].drain(budget.drain)
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()
         await asyncio.gather(pinger, return_exceptions=True)
     log.info("stopped")
     return 0
+
+
+@dataclass(frozen=True)
+class ShutdownBudget:
+    """`daemon.shutdown_grace` split into the steps of a stop, so that they add up to it."""
+
+    drain: float  # turns in flight may finish
+    http: float  # aiohttp waits for open requests
+    unwind: float  # each step of cancelling what is left (rotation, workers, folds)
+
+
+SHUTDOWN_RESERVE = 4.0  # seconds at most kept from the drain for the rest of the stop
+UNWIND_STEPS = 3  # the engine's steps that get `unwind` each
+
+
+def shutdown_budget(grace: float) -> ShutdownBudget:
+    """The one shutdown budget: the drain gets all but a reserve (a quarter of the grace, at
+    most SHUTDOWN_RESERVE), shared by aiohttp's wait and the engine's cancelling steps. The
+    store and the channels' clients close in well under a second after that."""
+    reserve = min(SHUTDOWN_RESERVE, grace / 4)
+    share = reserve / (1 + UNWIND_STEPS)
+    return ShutdownBudget(drain=grace - reserve, http=share, unwind=share)
 
 
 def _disk_hint(exc: StoreError) -> str:

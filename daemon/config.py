@@ -38,7 +38,7 @@ class DaemonSettings:
     listen_port: int = 8780
     timezone: str = "UTC"
     idle_rotation: float = 3 * 3600.0  # seconds idle before a chat starts a new conversation
-    shutdown_grace: float = 20.0  # seconds in-flight turns get on SIGTERM
+    shutdown_grace: float = 20.0  # seconds the whole stop may take on SIGTERM (most for turns)
 
     @property
     def tz(self) -> ZoneInfo:

@@ -39,6 +39,7 @@ from daemon.turn import MAX_BACKOFF, Outcome, TurnRunner
 
 DELIVERY_RETRY_MAX = 300.0
 WORKER_IDLE_EXIT = 600.0
+UNWIND = 2.0  # seconds cancelled tasks get to finish at stop, per step
 HELD_MAX = 20  # replies kept per chat while the platform waits for the user to write
 HELD_MAX_AGE = 7 * 86400.0  # seconds a reply may wait for that
 
@@ -54,6 +55,7 @@ class Engine:
         llm: ModelClient,
         channels: Mapping[str, Channel],
         clock: Callable[[], float] = time.time,
+        index: MemoryIndex | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -65,8 +67,9 @@ class Engine:
         self.registry = Registry()
         register_builtin(self.registry)
         # Derived from the store and rebuilt from it when lost; filled at start(), closed at
-        # stop() (an engine runs once).
-        self.index = MemoryIndex.open(store.state_dir / "memory.sqlite3")
+        # stop() (an engine runs once). The daemon opens it with the store, so that a disk
+        # that cannot take it stops the start before anything else runs.
+        self.index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         self.prompting = Prompting(settings=settings, store=store, llm=llm,
                                    registry=self.registry, clock=clock)
         self.folder = Folder(settings=settings, store=store, llm=llm, records=self.records,
@@ -93,6 +96,7 @@ class Engine:
         # What each chat's worker is doing, to quarantine it if it fails twice.
         self._current: dict[str, tuple[str, list[dict[str, Any]]]] = {}
         self._accepting = False
+        self._drain_until: float | None = None  # the event loop's time the drain ends
         # Told of each outbox item the platform took, while the item (with what the channel
         # recorded on it, e.g. `platform_ids`) is still in the outbox: a crash before it is
         # forgotten tells again. Automations record their runs' message ids this way.
@@ -119,31 +123,41 @@ class Engine:
 
     async def drain(self, grace: float) -> None:
         """Take no new work (submit answers False, /healthz 503) and give turns in flight up
-        to `grace` seconds to finish."""
+        to `grace` seconds to finish.
+
+        The grace runs once: a second call (stop() after the daemon drained) waits only for
+        what is left of the first one's deadline.
+        """
         self._accepting = False
+        loop = asyncio.get_running_loop()
+        if self._drain_until is None:
+            self._drain_until = loop.time() + grace
         for wake in self._wake.values():
             wake.set()
-        busy = [self._idle[k].wait() for k in self._in_turn]
-        if busy:
-            log.info("waiting up to %.0fs for %d turns in flight", grace, len(busy))
+        left = self._drain_until - loop.time()
+        if self._in_turn and left > 0:
+            busy = [self._idle[k].wait() for k in self._in_turn]
+            log.info("waiting up to %.1fs for %d turns in flight", left, len(busy))
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
+                async with asyncio.timeout(left):
                     await asyncio.gather(*busy)
 
-    async def stop(self, grace: float) -> None:
-        """Drain, then cancel what is left and close the index.
+    async def stop(self, grace: float, unwind: float = UNWIND) -> None:
+        """Drain (once: see drain), then cancel what is left and close the index.
 
         A cancelled turn loses nothing: its messages stay in the inbox and are answered after
-        the next start.
+        the next start. Cancelled tasks get `unwind` seconds each step to finish; one that does
+        not is logged and left, so that a stuck task cannot hold the stop past its budget.
         """
         if self._rotation is not None:
             self._rotation.cancel()
+            await _bounded("the rotation sweep", [self._rotation], unwind)
         await self.drain(grace)
         for task in self._workers.values():
             task.cancel()
-        await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        await _bounded("chat workers", list(self._workers.values()), unwind)
         self._workers.clear()
-        await self.folder.stop()
+        await self.folder.stop(unwind)
         # Closing first makes a first full build stop at its next conversation.
         await asyncio.to_thread(self.index.close)
         if self._indexing is not None:
@@ -440,6 +454,7 @@ class Engine:
             rerouted = dataclasses.replace(
                 outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"),
                 chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}", parts_sent=0,
+                attempting=None,
                 # The original's message ids mean nothing in another chat.
                 platform_ids=(), reply_to=None)
             await self.deliver(rerouted)
@@ -449,7 +464,9 @@ class Engine:
             log.info("a %s for %s went to %s instead: %s", outbound.kind, outbound.chat_key,
                      exc.fallback, exc)
             return
-        await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc))
+        # The platform answered with a refusal: nothing is in flight any more.
+        await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc),
+                                attempting=None)
         await self._drop_stale_held(outbound.chat_key)
         await asyncio.to_thread(self.records.event, self.clock(), "held", where, str(exc))
         log.info("a %s for %s waits until the user writes again: %s", outbound.kind,
@@ -513,3 +530,13 @@ class Engine:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await wake.wait()
+
+
+async def _bounded(what: str, tasks: list[asyncio.Task[Any]], seconds: float) -> None:
+    """Wait up to `seconds` for cancelled tasks to finish; log the ones that do not."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=max(seconds, 0.0))
+    if pending:
+        log.warning("%d %s did not stop within %.1fs of being cancelled; leaving them",
+                    len(pending), what, seconds)

@@ -119,8 +119,9 @@ class Folder:
         its request still fits, by leaving messages out."""
         running = self._tasks.get(conversation_id)
         if running is not None and not running.done():
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await running
+            # asyncio.wait, not await: the fold's own end (even cancelled) is not ours, but a
+            # cancellation of this turn (shutdown, /stop) must stop it here, not run a fold.
+            await asyncio.wait([running])
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
         try:
@@ -149,17 +150,22 @@ class Folder:
         """Wait for a fold in flight (for tests and shutdown)."""
         task = self._tasks.get(conversation_id)
         if task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])  # as in land: our own cancellation is not suppressed
 
-    async def stop(self) -> None:
+    async def stop(self, unwind: float = 2.0) -> None:
+        """Cancel the folds in flight (a fold writes nothing until it is complete) and wait up
+        to `unwind` seconds for them to finish."""
         self._stopped = True
         for timer in self._timers.values():
             timer.cancel()
         tasks = [t for t in self._tasks.values() if not t.done()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=unwind)
+            if pending:
+                log.warning("%d folds did not stop within %.1fs of being cancelled",
+                            len(pending), unwind)
 
     def _start(
         self, conversation_id: str, force: bool, keep_tokens: int | None = None,

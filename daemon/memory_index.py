@@ -27,8 +27,11 @@ rebuilt; a file of another schema version is emptied and rebuilt. Nothing here i
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -51,6 +54,9 @@ MAX_TERMS = 12  # bm25 costs more per row with every word (16 words: 2.4 times o
 MAX_WORD_CHARS = 64  # longer runs are hashes or noise, not words anyone asks about
 SNIPPET_TOKENS = 24
 SNIPPET_CHARS = 240
+# Free bytes below which a disk error at open counts as a full disk (the health monitor's
+# threshold; SQLite needs room for its -wal and -shm files).
+FULL_BELOW = 1024 * 1024
 # These tools return text that is already indexed where it was first said; indexing the copies
 # would make every past search answer the same question again.
 ECHO_TOOLS = frozenset({"memory_search", "memory_get", "conversation_read"})
@@ -146,15 +152,25 @@ class MemoryIndex:
 
     @classmethod
     def open(cls, path: Path) -> MemoryIndex:
-        """Open or create the index; a corrupt file is moved aside and a new one started."""
+        """Open or create the index; a corrupt file is moved aside and a new one started.
+
+        A disk that cannot take the index (full, read-only, failing) raises StoreError, as the
+        store itself does: the daemon then stops with one line instead of a traceback.
+        """
         try:
-            db = _connect(path)
-        except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):  # e.g. locked or unwritable: not a reason to discard it
-                raise
-            log.warning("memory index %s is corrupt (%s); rebuilding it", path, exc)
-            _move_aside(path)
-            db = _connect(path)
+            try:
+                db = _connect(path)
+            except sqlite3.DatabaseError as exc:
+                if not _is_corrupt(exc):  # e.g. locked or unwritable: not a reason to discard it
+                    raise
+                log.warning("memory index %s is corrupt (%s); rebuilding it", path, exc)
+                _move_aside(path)
+                db = _connect(path)
+        except sqlite3.OperationalError as exc:
+            error, cause = _disk_error(path, exc)
+            raise error from cause or exc
+        except OSError as exc:  # the directory or the moved-aside files
+            raise StoreError(f"cannot open the memory index {path}: {exc}") from exc
         return cls(path, db)
 
     def close(self) -> None:
@@ -368,6 +384,33 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _disk_error(path: Path, exc: sqlite3.OperationalError) -> tuple[StoreError, OSError | None]:
+    """A StoreError for SQLite's own error code, and the OSError behind it where one is known.
+
+    SQLite hides errno, and a full disk often surfaces as a plain I/O error (writing the -shm
+    or -wal file), so the free space decides whether the disk is full.
+    """
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary code of an extended one
+    number: int | None = None
+    if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _nearly_full(path)):
+        number = errno.ENOSPC
+    elif code == sqlite3.SQLITE_IOERR:
+        number = errno.EIO
+    elif code == sqlite3.SQLITE_READONLY:
+        number = errno.EROFS
+    if number is None:
+        return StoreError(f"cannot open the memory index {path}: {exc}"), None
+    cause = OSError(number, os.strerror(number), str(path))
+    return StoreError(f"cannot open the memory index {path}: {cause}"), cause
+
+
+def _nearly_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.parent).free < FULL_BELOW
+    except OSError:
+        return False
 
 
 def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:

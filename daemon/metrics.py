@@ -50,6 +50,11 @@ class Metrics:
         self.events = Counter("roost_events",
                               "Events of the event log by kind: fold, compaction, rotation, "
                               "overflow-retry, silent-cut, undeliverable", ["kind"], registry=r)
+        self.parts_resent = Counter(
+            "roost_parts_resent",
+            "Reply parts sent again after a restart: in flight when an earlier process died "
+            "(sent, the platform's answer not recorded), so the chat may have them twice",
+            ["channel"], registry=r)
         self.webhook_rejections = Counter("roost_webhook_rejections",
                                           "Webhook calls refused, by cause", ["cause"], registry=r)
         self.automation_runs = Counter(

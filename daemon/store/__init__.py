@@ -372,9 +372,15 @@ class Store:
         return self.outbox.pending("created", chat_key)
 
     @_locked
-    def outbox_update(self, item_id: str, **fields: Any) -> None:
-        """Record delivery progress on an outbox item (e.g. how many parts were sent)."""
-        self.outbox.update(item_id, fields)
+    def outbox_update(self, item_id: str, *, durable_rename: bool = True, **fields: Any) -> None:
+        """Record delivery progress on an outbox item (e.g. how many parts were sent).
+
+        `durable_rename=False` is for the record after each part: it is the window in which a
+        crash sends a part twice, and the folder's fsync was most of it (see `atomic_write`).
+        A power cut that undoes it brings back the item's previous progress: one part is sent
+        again, as after a crash in that window, and nothing is lost.
+        """
+        self.outbox.update(item_id, fields, durable_rename=durable_rename)
 
     @_locked
     def outbox_done(self, item_id: str) -> None:

@@ -27,8 +27,13 @@ class CorruptFile(StoreError):
     """A state file exists but does not hold valid JSON."""
 
 
-def atomic_write(path: Path, payload: bytes) -> None:
-    """Replace `path` with `payload` so that a crash leaves either the old or the new bytes."""
+def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True) -> None:
+    """Replace `path` with `payload` so that a crash leaves either the old or the new bytes.
+
+    `durable_rename=False` skips the folder's fsync (most of the write's time): a killed
+    process loses nothing by it (the rename is in the kernel at once), but a power cut may
+    bring the old bytes back. Only for writes where the old bytes are a safe answer too.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as handle:
@@ -36,8 +41,8 @@ def atomic_write(path: Path, payload: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        # The rename is durable only once the folder entry is on disk.
-        sync_folder(path.parent)
+        if durable_rename:  # the rename is durable only once the folder entry is on disk
+            sync_folder(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -82,14 +82,15 @@ class ItemFolder:
                     raise CorruptFile(str(exc)) from exc
                 move_aside(path, str(exc), "that item is skipped")
 
-    def add(self, item: Mapping[str, Any]) -> None:
+    def add(self, item: Mapping[str, Any], *, durable_rename: bool = True) -> None:
         doc = dict(item)
-        atomic_write(self._path(str(doc["id"])), _wrap(doc))
+        atomic_write(self._path(str(doc["id"])), _wrap(doc), durable_rename=durable_rename)
         self.items[str(doc["id"])] = doc
 
-    def update(self, item_id: str, fields: Mapping[str, Any]) -> None:
+    def update(self, item_id: str, fields: Mapping[str, Any], *,
+               durable_rename: bool = True) -> None:
         if item_id in self.items:
-            self.add({**self.items[item_id], **fields})
+            self.add({**self.items[item_id], **fields}, durable_rename=durable_rename)
 
     def remove(self, item_id: str) -> None:
         # No folder fsync: an unlink a crash undoes brings back an item that its dedupe key

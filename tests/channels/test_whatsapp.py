@@ -28,7 +28,7 @@ from PIL import Image
 from channels.base import Outbound
 from channels.telegram import TelegramTuning
 from channels.whatsapp import UNSUPPORTED, WEBHOOK_PATH, WhatsAppTuning
-from daemon.app import ENGINE, STORE, WHATSAPP, build_app
+from daemon.app import ENGINE, METRICS, STORE, WHATSAPP, build_app
 from daemon.conversations import Message
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
@@ -620,6 +620,24 @@ async def test_a_held_reply_survives_a_restart_and_goes_out_once(
     await second.settle()  # the chat idle with its outbox empty: no duplicate can follow
     assert second.store.outbox_pending() == []
     assert graph.texts() == ["echo: before the restart", "echo: after it"]
+
+
+async def test_a_held_reply_sent_after_a_restart_is_not_counted_as_resent(
+        start: Start, graph: FakeGraph) -> None:
+    # Meta refused it (131047): nothing was in flight, so it is no duplicate when it goes out.
+    first = await start()
+    graph.fail_next("send", 131047)
+    assert await first.post(webhook(text_message("wamid.r1", USER, "before the restart"))) == 200
+    await graph.wait_for("send")
+    await first.settle()
+    assert first.store.outbox_pending(KEY)[0]["held"]
+    await first.runner.cleanup()
+    second = await start()
+    assert await second.post(webhook(text_message("wamid.r2", USER, "after it"))) == 200
+    await graph.wait_sent(2)
+    await second.settle()
+    exposition = second.app[METRICS].exposition().decode()
+    assert 'roost_parts_resent_total{channel="whatsapp"} 0.0' in exposition, exposition
 
 
 async def test_a_report_after_24_hours_is_held_without_calling_meta(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -14,10 +15,15 @@ import aiohttp
 from aiohttp import web
 
 from channels.base import Inbound
+from channels.telegram import SECRET_HEADER as TG_SECRET_HEADER
+from channels.telegram import WEBHOOK_PATH as TG_WEBHOOK_PATH
 from daemon.app import ENGINE, Tuning, build_app
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeOllama, Reply
+from tests.fakes.telegram import FakeTelegram
+
+TG_SECRET = "s3cret_-X"
 
 CHAT = "telegram:1111111"
 
@@ -198,3 +204,63 @@ async def test_while_draining_healthz_says_stopping_and_new_work_is_refused(
         assert channel.texts("reply") == ["the last answer"]
     finally:
         await runner.cleanup()
+
+
+async def _run_roost(config: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+
+
+async def test_the_whole_stop_keeps_within_the_shutdown_budget_and_loses_nothing(
+    fake_ollama: FakeOllama, fake_telegram: FakeTelegram, tmp_path: Path
+) -> None:
+    # A model that never answers holds a turn for the whole drain; everything after it (the
+    # cancel, aiohttp's wait, closing the parts) must come out of the same budget.
+    budget = 3.0
+    port = free_port()
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'shutdown_grace = "{budget:.0f}s"\n'
+        f'[model]\nhost = "{fake_ollama.url}"\n'
+        f'[telegram]\nenabled = true\nwebhook_url = "https://bot.example.org/webhooks/telegram"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f'allow = [1111111]\n')
+    env = {**os.environ, "ROOST_TELEGRAM_TOKEN": fake_telegram.token,
+           "ROOST_TELEGRAM_SECRET": TG_SECRET}
+    update = {"update_id": 1, "message": {
+        "message_id": 1, "date": 1700000000, "text": "are you there",
+        "chat": {"id": 1111111, "type": "private", "first_name": "Test"},
+        "from": {"id": 1111111, "is_bot": False, "first_name": "Test"}}}
+    fake_ollama.hang = True
+    daemon = await _run_roost(config, env)
+    try:
+        await fake_telegram.wait_for("setWebhook", timeout=30)
+        async with aiohttp.ClientSession() as http, http.post(
+                f"http://127.0.0.1:{port}{TG_WEBHOOK_PATH}", json=update,
+                headers={TG_SECRET_HEADER: TG_SECRET}) as reply:
+            assert reply.status == 200
+        await fake_ollama.wait_for_chats(1, timeout=30)
+        started = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(daemon.communicate(), 60)
+        took = time.monotonic() - started
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+    assert daemon.returncode == 0, err.decode()[-3000:]
+    print(f"stopped in {took:.2f}s with a {budget:.0f}s shutdown budget")
+    # Generous for a loaded machine, and still below two drains (what it took before).
+    assert took < budget + 1.5, f"stopping took {took:.2f}s with a {budget:.0f}s budget"
+    assert fake_telegram.calls_to("sendMessage") == []
+    fake_ollama.hang = False  # the next start answers what the stop interrupted
+    daemon = await _run_roost(config, env)
+    try:
+        sent = await fake_telegram.wait_for("sendMessage", timeout=30)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(daemon.communicate(), 60)
+    assert daemon.returncode == 0, err.decode()[-3000:]
+    assert [c.params["text"] for c in sent] == ["echo: are you there"]

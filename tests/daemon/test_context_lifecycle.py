@@ -441,3 +441,27 @@ async def test_debug_keeps_the_last_50_requests_with_their_parts(
     assert last["parts"]["tools"] > 0
     assert last["messages"][-1]["content"].startswith("Turn 52")
 
+
+async def test_a_turn_cancelled_while_it_waits_for_an_owed_fold_stops_there(
+    rig_for: Callable[..., Any],
+) -> None:
+    # Shutdown cancels a chat's worker; one waiting for an owed fold must not go on into a
+    # fold of its own (a model call nobody waits for, holding the stop).
+    rig: Rig = await rig_for(window=4096)
+    rig.fold_delay = 30.0
+    await rig.say("Hello", wait_fold=False)
+    for turn in range(2):  # something to fold, short of a fold of its own
+        rig.tool_cycle(1_000)
+        await rig.say(f"Filling turn {turn}", wait_fold=False)
+    cid = rig.conversation_id()
+    assert rig.fold_calls == 0
+    rig.engine.folder.schedule(cid, urgent=True)  # owed, and its background try hangs
+    await rig.fake.wait_for_chats(len(rig.fake.chat_requests) + 1, timeout=10)
+    assert rig.fold_calls == 1
+    landing = asyncio.create_task(rig.engine.folder.land(cid))
+    for _ in range(3):  # let it reach its wait for the fold in flight
+        await asyncio.sleep(0)
+    landing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(landing, 10)
+    assert rig.fold_calls == 1  # no foreground fold was started

@@ -11,9 +11,11 @@ Replay a failure with the seed it prints: `ROOST_CRASH_SEED=<seed> pytest ...`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
+import re
 import select
 import signal
 import subprocess
@@ -21,8 +23,16 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+import pytest
+
+from channels.telegram import SECRET_HEADER as TG_SECRET_HEADER
+from channels.telegram import WEBHOOK_PATH as TG_WEBHOOK_PATH
 from daemon.store import Store
 from tests.daemon.crash_child import content_for
+from tests.daemon.test_app import TG_SECRET, free_port
+from tests.fakes.ollama import FakeOllama
+from tests.fakes.telegram import FakeTelegram
 
 CHILD = Path(__file__).with_name("crash_child.py")
 CHAT = "telegram:1111111"
@@ -225,3 +235,89 @@ def _done(key: str) -> bool:
     """Whether the child marked `key` done and forgotten (then a redelivery counts as new)."""
     index = int(key.rsplit("-", 1)[1])
     return index % 4 == 2  # keys[::2] with i odd: index 2, 6, 10, ...
+
+
+async def _roost(config: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+
+
+def _resent(metrics: str) -> float:
+    found = re.search(r'^roost_parts_resent_total\{channel="telegram"\} (\S+)$', metrics,
+                      re.MULTILINE)
+    assert found, metrics
+    return float(found.group(1))
+
+
+LONG = "\n\n".join(f"Part {i}. " + "word " * 700 for i in range(3))  # three Telegram parts
+
+
+@pytest.mark.parametrize("in_flight", [0, 1], ids=["first-part", "second-part"])
+async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
+    fake_ollama: FakeOllama, fake_telegram: FakeTelegram, tmp_path: Path, in_flight: int
+) -> None:
+    # The crash child is roost itself, SIGKILLed while Telegram has its reply and has not
+    # answered: whether the chat got it, roost cannot know, so it sends it again (at least
+    # once) and counts the part as resent.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'[model]\nhost = "{fake_ollama.url}"\n'
+        f'[telegram]\nenabled = true\nwebhook_url = "https://bot.example.org/webhooks/telegram"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f'allow = [1111111]\n')
+    env = {**os.environ, "ROOST_TELEGRAM_TOKEN": fake_telegram.token,
+           "ROOST_TELEGRAM_SECRET": TG_SECRET}
+
+    def update(update_id: int, text: str) -> dict[str, object]:
+        return {"update_id": update_id, "message": {
+            "message_id": update_id, "date": 1700000000, "text": text,
+            "chat": {"id": 1111111, "type": "private", "first_name": "Test"},
+            "from": {"id": 1111111, "is_bot": False, "first_name": "Test"}}}
+
+    async def post(http: aiohttp.ClientSession, body: dict[str, object]) -> None:
+        async with http.post(url + TG_WEBHOOK_PATH, json=body,
+                             headers={TG_SECRET_HEADER: TG_SECRET}) as reply:
+            assert reply.status == 200
+
+    async def metrics(http: aiohttp.ClientSession) -> str:
+        async with http.get(url + "/metrics") as reply:
+            return await reply.text()
+
+    fake_ollama.script(LONG)
+    fake_telegram.hold("sendMessage", after=in_flight)  # parts before it go through
+    daemon = await _roost(config, env)
+    try:
+        await fake_telegram.wait_for("setWebhook", timeout=30)
+        async with aiohttp.ClientSession() as http:
+            assert _resent(await metrics(http)) == 0
+            await post(http, update(1, "hello"))
+            await fake_telegram.wait_for("sendMessage", in_flight + 1, timeout=30)
+    finally:
+        daemon.kill()
+        _, err = await daemon.communicate()
+    assert daemon.returncode == -signal.SIGKILL, err.decode()[-3000:]
+    fake_telegram.release()
+    daemon = await _roost(config, env)
+    try:
+        sent = await fake_telegram.wait_for("sendMessage", 4, timeout=30)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the counter is bumped just before the record is written
+                if _resent(await metrics(http)) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert _resent(await metrics(http)) == 1
+            await post(http, update(2, "and again"))  # a reply no crash interrupted
+            sent = await fake_telegram.wait_for("sendMessage", 5, timeout=30)
+            assert _resent(await metrics(http)) == 1
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(daemon.communicate(), 60)
+    assert daemon.returncode == 0, err.decode()[-3000:]
+    # What the user saw: the part in flight twice (at least once), every other part once.
+    seen = [c.params["text"].split(".")[0] for c in sent]
+    parts = ["Part 0", "Part 1", "Part 2"]
+    assert seen == [*parts[:in_flight + 1], *parts[in_flight:], "echo: and again"]

@@ -21,6 +21,8 @@ import aiohttp
 import pytest
 
 from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
+from daemon.memory_index import MemoryIndex
+from daemon.store import Store
 from tests.daemon.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
@@ -50,8 +52,11 @@ def tiny_disk(tmp_path: Path) -> Path:
     return state
 
 
-def _in_namespace(state: Path, size: str, fill: bool, command: list[str]) -> list[str]:
+def _in_namespace(state: Path, size: str, fill: bool, command: list[str],
+                  seed: Path | None = None) -> list[str]:
     script = f"mount -t tmpfs -o size={size},mode=0700 tmpfs {state} || exit 99\n"
+    if seed is not None:  # the state of an earlier run, copied onto the tiny disk
+        script += f"cp -a {seed}/. {state}/ || exit 98\n"
     if fill:
         script += f"cat /dev/zero > {state}/filler 2>/dev/null\n"
     script += 'exec "$@"\n'
@@ -151,3 +156,32 @@ async def test_a_disk_filling_up_while_running_gets_503_and_degraded_and_no_half
         _, err = await asyncio.wait_for(daemon.communicate(), 30)
     assert daemon.returncode == 0, err.decode()[-3000:]
     assert b"Traceback" not in err, err.decode()[-3000:]
+
+
+@pytest.mark.parametrize("with_index", [True, False], ids=["index-kept", "index-deleted"])
+async def test_a_full_disk_at_start_with_existing_state_exits_73_with_one_clear_line(
+    tiny_disk: Path, tmp_path: Path, fake_ollama: FakeOllama, with_index: bool
+) -> None:
+    # State from an earlier run (the store and its memory index), then the disk fills up while
+    # roost is down: the memory index, derived data, must not turn that into a traceback.
+    seed = tmp_path / "seed"
+    seed.mkdir(mode=0o700)
+    Store.open(seed).close()
+    index = MemoryIndex.open(seed / "memory.sqlite3")
+    index.close()
+    if not with_index:
+        for leftover in seed.glob("memory.sqlite3*"):
+            leftover.unlink()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tiny_disk}"\nlisten = "127.0.0.1:{free_port()}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n')
+    daemon = await asyncio.create_subprocess_exec(
+        *_in_namespace(tiny_disk, "2m", True,
+                       [sys.executable, "-m", "daemon", "run", "--config", str(config)],
+                       seed=seed),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(daemon.communicate(), 60)
+    assert daemon.returncode == 73, err.decode()
+    lines = err.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert "the disk is full" in lines[0] and "No space left on device" in lines[0]

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from daemon.config import DaemonSettings
 from tests.daemon.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 
@@ -232,3 +233,12 @@ async def test_start_up_warns_when_the_state_directory_is_readable_by_others(
     finally:
         daemon.send_signal(signal.SIGTERM)
         await asyncio.wait_for(daemon.communicate(), 30)
+
+
+def test_the_default_shutdown_budget_fits_the_units_stop_timeout() -> None:
+    # shutdown_grace bounds roost's whole stop; systemd kills what overruns TimeoutStopSec.
+    grace = DaemonSettings.shutdown_grace
+    for unit in ("roost.service", "roost-user.service"):
+        found = re.search(r"^TimeoutStopSec=(\d+)$", (UNITS / unit).read_text(), re.MULTILINE)
+        assert found, f"{unit} sets no TimeoutStopSec"
+        assert grace + 5 <= int(found.group(1)), unit

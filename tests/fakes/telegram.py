@@ -139,6 +139,9 @@ class FakeTelegram:
         self._last_message_id: defaultdict[int, int] = defaultdict(int)
         self._faults: defaultdict[str, deque[_Fault]] = defaultdict(deque)
         self._call_recorded = asyncio.Condition()
+        # Methods whose calls wait for release(), with how many are still answered first.
+        self._held: dict[str, int] = {}
+        self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         # Each method is answered by the handler named after it: getMe -> self._get_me.
         self._methods: dict[str, Callable[[Call], Awaitable[Any]]] = {
@@ -182,6 +185,7 @@ class FakeTelegram:
 
     async def stop(self) -> None:
         """Close the listener and every connection (long polls are cut off)."""
+        self.release()  # a held call would keep its handler, and so this, waiting
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -214,6 +218,18 @@ class FakeTelegram:
     def drop_next(self, method: str, times: int = 1) -> None:
         """Close the connection of the next `times` calls of method without an answer."""
         self._faults[method.lower()].extend([_Fault()] * times)
+
+    def hold(self, method: str, *, after: int = 0) -> None:
+        """Record calls of method but answer none until `release()`, once `after` more have
+        been answered: a stalled network, where the client cannot know whether the call did
+        its work (it does, once released)."""
+        self._held[method.lower()] = after
+        self._released.clear()
+
+    def release(self) -> None:
+        """Answer the held calls, and the later ones at once."""
+        self._held.clear()
+        self._released.set()
 
     def queue_update(self, update: dict[str, Any]) -> None:
         """Queue an update for getUpdates; one without update_id gets the next one.
@@ -273,6 +289,11 @@ class FakeTelegram:
             self._call_recorded.notify_all()
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
+        if method.lower() in self._held:
+            if self._held[method.lower()] > 0:
+                self._held[method.lower()] -= 1
+            else:
+                await self._released.wait()
         if faults := self._faults[method.lower()]:
             fault = faults.popleft()
             if fault.status:
