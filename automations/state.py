@@ -2,7 +2,8 @@
 
 Layout, in the state directory (apart from the store's files, which stay the store's own)::
 
-    automations.json          TinyDB (atomic writes): runs, reminders done, alerts
+    automations.json          TinyDB (atomic writes): runs, reminders done, alerts, when the
+                              daemon last noted that it ran
     reminders/<id>.json       one file per pending reminder, written atomically
     run-requests/<id>.json    `roost automations run NAME` asking the running daemon
 
@@ -106,6 +107,16 @@ class AutomationState:
                 break
             count += 1
         return count
+
+    def alive(self) -> float | None:
+        """When the daemon last noted that it ran (see `Automations.scan`), if ever."""
+        with self._lock:
+            doc = self._db.table("daemon").get(Query().key == "alive")
+        return float(doc["at"]) if isinstance(doc, Mapping) else None
+
+    def set_alive(self, at: float) -> None:
+        with self._lock:
+            self._db.table("daemon").upsert({"key": "alive", "at": at}, Query().key == "alive")
 
     def last_alert(self, name: str) -> float | None:
         with self._lock:
