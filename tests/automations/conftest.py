@@ -27,6 +27,7 @@ from automations.scheduler import Automations
 from daemon.config import AutomationSettings, Settings
 from daemon.engine import Engine
 from daemon.llm import ModelClient
+from daemon.metrics import Metrics
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeOllama
@@ -95,6 +96,8 @@ class Daemon:
     automations: Automations | None = None
     monkeypatch: pytest.MonkeyPatch | None = None  # set: APScheduler runs on `clock` too
     jobs: Jobs = dataclasses.field(default_factory=Jobs)
+    # Runs counted as /metrics counts them, from before the start (as daemon/app.py does).
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
 
     async def start(self) -> Automations:
         if self.monkeypatch is not None:
@@ -111,6 +114,7 @@ class Daemon:
         self.automations.scheduler.add_listener(
             self.jobs, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
             | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        self.automations.runner.on_run = self.metrics.automation_run
         await self.engine.start()
         await self.automations.start()
         return self.automations
@@ -121,6 +125,12 @@ class Daemon:
         await self.engine.stop(1.0)
         await self.llm.close()
         self.store.close()
+
+    def counted(self, name: str, outcome: str) -> float:
+        """`roost_automation_runs_total` of one automation and outcome."""
+        value = self.metrics.registry.get_sample_value(
+            "roost_automation_runs_total", {"automation": name, "outcome": outcome})
+        return value or 0.0
 
     def replies(self) -> list[str]:
         return self.channel.texts("reply")
