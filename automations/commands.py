@@ -21,6 +21,7 @@ from daemon.conversations import new_id
 from daemon.engine import Engine
 from daemon.errors import StoreError
 from daemon.llm import ModelClient
+from daemon.pairing import PairingBook
 from daemon.store import Store
 
 EX_USAGE = 2
@@ -138,6 +139,31 @@ async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) ->
         state.close()
 
 
+def unserved(settings: Settings, target: str) -> str | None:
+    """Why roost would not deliver to `target` (None: it would): its channel is off, or the
+    chat is a person on neither the allow list nor the approved pairings. A Telegram group
+    (a negative chat id) has no list of its own: roost answers there to allowed senders."""
+    kind, _, rest = target.partition(":")
+    chat = rest.partition(":")[0]
+    book = PairingBook(settings.daemon.state_dir)
+    if kind == "telegram":
+        if not settings.telegram.enabled:
+            return "Telegram is not enabled (telegram.enabled)"
+        if chat.startswith("-") or int(chat) in settings.telegram.allow \
+                or book.is_approved("telegram", chat):
+            return None
+        return ("not a chat roost serves: add the user to telegram.allow or approve them "
+                "with `roost pairing approve`")
+    if kind == "whatsapp":
+        if not settings.whatsapp.enabled:
+            return "WhatsApp is not enabled (whatsapp.enabled)"
+        if chat in settings.whatsapp.allow or book.is_approved("whatsapp", chat):
+            return None
+        return ("not a chat roost serves: add the number to whatsapp.allow or approve it "
+                "with `roost pairing approve`")
+    return None
+
+
 def remind(settings: Settings, when: str, text: str, target: str) -> int:
     """Add a reminder; the daemon arms it within SCAN_EVERY seconds if it runs, else at its
     start."""
@@ -146,6 +172,9 @@ def remind(settings: Settings, when: str, text: str, target: str) -> int:
         print(f"roost: --to {target!r}: expected telegram:<chat id>, "
               "telegram:<chat id>:<topic id>, whatsapp:<wa_id> or console:local",
               file=sys.stderr)
+        return EX_USAGE
+    if (refused := unserved(settings, target)) is not None:
+        print(f"roost: --to {target}: {refused}", file=sys.stderr)
         return EX_USAGE
     now = datetime.now(tz)
     try:
