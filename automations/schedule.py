@@ -161,7 +161,11 @@ def every_occurrence(schedule: str) -> bool:
     whose minute or hour field is a wildcard, and `every` intervals. A fixed wall time runs
     once. (Vixie cron draws the same line.)"""
     if schedule.startswith("every "):
-        return True
+        seconds = parse_duration(schedule.removeprefix("every ").strip(), "schedule")
+        as_cron = _every_as_crontab(int(seconds) // 60)
+        if as_cron is None:
+            return True  # elapsed time: each occurrence is a new one
+        schedule = as_cron  # `every 1d` is a fixed time, 00:00
     minute, hour = schedule.split()[:2]
     return minute.startswith("*") or hour.startswith("*")
 

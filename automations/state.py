@@ -2,8 +2,8 @@
 
 Layout, in the state directory (apart from the store's files, which stay the store's own)::
 
-    automations.json          TinyDB (atomic writes): runs, reminders done, alerts, when the
-                              daemon last noted that it ran
+    automations.json          TinyDB (atomic writes): runs, reminders done, alerts
+    automations-alive         when the daemon last noted that it ran (the start of an outage)
     reminders/<id>.json       one file per pending reminder, written atomically
     run-requests/<id>.json    `roost automations run NAME` asking the running daemon
 
@@ -36,6 +36,7 @@ DONE_KEPT = 500
 FILE = "automations.json"
 REMINDERS = "reminders"
 REQUESTS = "run-requests"
+ALIVE = "automations-alive"
 
 
 class AutomationState:
@@ -110,13 +111,14 @@ class AutomationState:
 
     def alive(self) -> float | None:
         """When the daemon last noted that it ran (see `Automations.scan`), if ever."""
-        with self._lock:
-            doc = self._db.table("daemon").get(Query().key == "alive")
-        return float(doc["at"]) if isinstance(doc, Mapping) else None
+        try:
+            return float((self.state_dir / ALIVE).read_text("ascii"))
+        except (OSError, ValueError):  # never noted, or half a note: no outage known
+            return None
 
     def set_alive(self, at: float) -> None:
-        with self._lock:
-            self._db.table("daemon").upsert({"key": "alive", "at": at}, Query().key == "alive")
+        # A file of its own: a note a minute would otherwise rewrite all of automations.json.
+        atomic_write(self.state_dir / ALIVE, repr(at).encode("ascii"))
 
     def last_alert(self, name: str) -> float | None:
         with self._lock:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from automations.schedule import every_occurrence, slot_key
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
 
 FORMS = {"hourly": "0 * * * *", "every-1h": "every 1h", "every-15m": "every 15m",
@@ -81,3 +82,14 @@ async def test_a_repeated_hour_keeps_two_records_apart_for_hourly_and_one_for_a_
     assert [r["id"] for r in automations.state.runs("hourly")] == [
         "hourly@2027-10-31T02:00", "hourly@2027-10-31T02:00+01:00"]
     assert [r["id"] for r in automations.state.runs("at-2-30")] == ["at-2-30@2027-10-31T02:30"]
+
+
+@pytest.mark.parametrize(("schedule", "twice"), [
+    ("0 * * * *", True), ("every 1h", True), ("every 15m", True), ("*/10 * * * *", True),
+    ("every 90m", True), ("30 2 * * *", False), ("every 1d", False), ("0 1-5 * * *", False)])
+def test_which_schedules_run_twice_through_the_repeated_hour(schedule: str, twice: bool) -> None:
+    first = datetime(2027, 10, 31, 2, 30, tzinfo=TZ)
+    second = datetime(2027, 10, 31, 2, 30, fold=1, tzinfo=TZ)
+    keys = {slot_key(first, every_occurrence(schedule)), slot_key(second,
+                                                                  every_occurrence(schedule))}
+    assert len(keys) == (2 if twice else 1)
