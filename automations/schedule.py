@@ -140,7 +140,9 @@ def fires_between(trigger: BaseTrigger, start: datetime, end: datetime, tz: tzin
     """The trigger's fire times from `start` to `end` (both included, compared in UTC), each
     in `tz`, oldest first; at most `limit` (the first ones)."""
     low, high = start.astimezone(UTC), end.astimezone(UTC)
-    cursor = (low - LOOKBACK).astimezone(tz)
+    cursor = low.astimezone(tz)
+    if (low - LOOKBACK).astimezone(tz).utcoffset() != cursor.utcoffset():
+        cursor = (low - LOOKBACK).astimezone(tz)  # only across a change of offset
     found: list[datetime] = []
     previous: datetime | None = None
     while limit is None or len(found) < limit:
