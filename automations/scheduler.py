@@ -195,8 +195,7 @@ class Automations:
 
     async def _recover(self) -> None:
         alive = await asyncio.to_thread(self.state.alive)  # when roost last ran, if ever
-        await asyncio.to_thread(self.state.set_alive, self.clock())
-        self._alive_noted = self.clock()
+        self._alive_noted = self.clock()  # noted below, once the outage is on record
         # Replies a crash left in an automation chat's outbox go to their targets now, for the
         # run that was going (its record then lists what they were delivered as).
         running = {r["name"]: r["id"] for r in await asyncio.to_thread(self.state.runs)
@@ -235,9 +234,11 @@ class Automations:
             self.runner.on_run(run["name"], "failed")
         await self.scan()
         for automation in self.settings.automations:
-            slot = due.get(automation.name)
             if alive is not None and automation.enabled:
                 await self._record_outage(automation, alive)
+        await asyncio.to_thread(self.state.set_alive, self._alive_noted)
+        for automation in self.settings.automations:
+            slot = due.get(automation.name)
             if slot is not None:
                 # Its slot is less than the grace ago: run it now, in the background (a job
                 # with no trigger runs at once), for that slot.
