@@ -7,8 +7,10 @@ import re
 import sys
 import time
 from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
 
-from automations.reminders import new_reminder, when_text
+from automations.reminders import new_reminder
 from automations.runner import RunResult, manual_run_id
 from automations.schedule import build_trigger, next_fire
 from automations.scheduler import SCAN_EVERY, Automations
@@ -19,6 +21,7 @@ from daemon.conversations import new_id
 from daemon.engine import Engine
 from daemon.errors import StoreError
 from daemon.llm import ModelClient
+from daemon.pairing import PairingBook
 from daemon.store import Store
 
 EX_USAGE = 2
@@ -26,36 +29,57 @@ TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:l
 
 
 def list_automations(settings: Settings) -> int:
-    """Each automation with its next run and its last result, then the pending reminders."""
+    """Each automation with its next run, the last scheduled run's result, the slots not run
+    (missed, skipped) among the records kept, and the last manual run; then the reminders."""
     tz = settings.daemon.tz
     now = datetime.now(tz)
     state = AutomationState(settings.daemon.state_dir, read_only=True)
     try:
         for automation in settings.automations:
             upcoming = next_fire(build_trigger(automation.schedule, tz), now)
-            nxt = (upcoming.strftime("%a %Y-%m-%d %H:%M") if upcoming and automation.enabled
+            nxt = (stamp(upcoming.timestamp(), tz) if upcoming and automation.enabled
                    else "disabled" if not automation.enabled else "never")
             runs = [r for r in state.runs(automation.name) if r["status"] != "running"]
-            last = "never run"
-            if runs:
-                run = runs[-1]
-                last = f"{run['status']} {when_text(run['scheduled'], tz)}"
-                if run.get("prompt_tokens"):
-                    last += f" ({run['prompt_tokens']:,} prompt tokens)"
-                if run.get("error"):
-                    last += f": {run['error']}"
-            print(f"{automation.name}  [{automation.schedule}]  next: {nxt}  last: {last}  "
-                  f"-> {', '.join(automation.deliver)}")
+            scheduled = [r for r in runs if not r.get("manual")]
+            manual = [r for r in runs if r.get("manual")]
+            line = (f"{automation.name}  [{automation.schedule}]  next: {nxt}  "
+                    f"last: {outcome(scheduled[-1], tz) if scheduled else 'never run'}")
+            not_run = [r for r in scheduled if r["status"] in ("missed", "skipped")]
+            if not_run:
+                counts = {status: sum(r.get("slots") or 1 for r in not_run
+                                      if r["status"] == status)
+                          for status in ("missed", "skipped")}
+                line += "  not run: " + ", ".join(
+                    f"{count:,} {status}" for status, count in counts.items() if count)
+                line += f" (latest: {outcome(not_run[-1], tz)})"
+            if manual:
+                line += f"  manual: {outcome(manual[-1], tz)}"
+            print(f"{line}  -> {', '.join(automation.deliver)}")
         for doc in state.pending_reminders() if state.reminder_dir.exists() else []:
-            print(f"reminder {doc['id']}  {when_text(doc['due'], tz)}  -> {doc['chat_key']}: "
+            print(f"reminder {doc['id']}  {stamp(doc['due'], tz)}  -> {doc['chat_key']}: "
                   f"{doc['text']}")
         for doc in state.finished_reminders():
             if doc["status"] == "missed":
-                print(f"reminder {doc['id']}  MISSED (due {when_text(doc['due'], tz)}, roost "
+                print(f"reminder {doc['id']}  MISSED (due {stamp(doc['due'], tz)}, roost "
                       f"was not running) -> {doc['chat_key']}: {doc['text']}")
     finally:
         state.close()
     return 0
+
+
+def stamp(moment: float, tz: ZoneInfo) -> str:
+    """A time as `list` shows it: with the zone's abbreviation (CET or CEST, say)."""
+    return datetime.fromtimestamp(moment, tz).strftime("%a %Y-%m-%d %H:%M %Z")
+
+
+def outcome(run: dict[str, Any], tz: ZoneInfo) -> str:
+    """A run record in a few words: status, scheduled time, prompt tokens, error."""
+    text = f"{run['status']} {stamp(run['scheduled'], tz)}"
+    if run.get("prompt_tokens"):
+        text += f" ({run['prompt_tokens']:,} prompt tokens)"
+    if run.get("error"):
+        text += f": {run['error']}"
+    return text
 
 
 async def run_automation(settings: Settings, name: str) -> int:
@@ -115,6 +139,31 @@ async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) ->
         state.close()
 
 
+def unserved(settings: Settings, target: str) -> str | None:
+    """Why roost would not deliver to `target` (None: it would): its channel is off, or the
+    chat is a person on neither the allow list nor the approved pairings. A Telegram group
+    (a negative chat id) has no list of its own: roost answers there to allowed senders."""
+    kind, _, rest = target.partition(":")
+    chat = rest.partition(":")[0]
+    book = PairingBook(settings.daemon.state_dir)
+    if kind == "telegram":
+        if not settings.telegram.enabled:
+            return "Telegram is not enabled (telegram.enabled)"
+        if chat.startswith("-") or int(chat) in settings.telegram.allow \
+                or book.is_approved("telegram", chat):
+            return None
+        return ("not a chat roost serves: add the user to telegram.allow or approve them "
+                "with `roost pairing approve`")
+    if kind == "whatsapp":
+        if not settings.whatsapp.enabled:
+            return "WhatsApp is not enabled (whatsapp.enabled)"
+        if chat in settings.whatsapp.allow or book.is_approved("whatsapp", chat):
+            return None
+        return ("not a chat roost serves: add the number to whatsapp.allow or approve it "
+                "with `roost pairing approve`")
+    return None
+
+
 def remind(settings: Settings, when: str, text: str, target: str) -> int:
     """Add a reminder; the daemon arms it within SCAN_EVERY seconds if it runs, else at its
     start."""
@@ -123,6 +172,9 @@ def remind(settings: Settings, when: str, text: str, target: str) -> int:
         print(f"roost: --to {target!r}: expected telegram:<chat id>, "
               "telegram:<chat id>:<topic id>, whatsapp:<wa_id> or console:local",
               file=sys.stderr)
+        return EX_USAGE
+    if (refused := unserved(settings, target)) is not None:
+        print(f"roost: --to {target}: {refused}", file=sys.stderr)
         return EX_USAGE
     now = datetime.now(tz)
     try:
@@ -141,5 +193,5 @@ def remind(settings: Settings, when: str, text: str, target: str) -> int:
         state.add_reminder(doc)
     finally:
         state.close()
-    print(f"reminder {doc['id']} for {when_text(doc['due'], tz)} to {target}")
+    print(f"reminder {doc['id']} for {stamp(doc['due'], tz)} to {target}")
     return 0

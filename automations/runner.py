@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from automations.schedule import slot_key
+from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
 from channels.base import Inbound, Outbound
 from daemon.config import AutomationSettings
@@ -46,7 +46,9 @@ CHAT_PREFIX = "automation:"
 
 
 # How a run ends up recorded (`status` of its record; "running" meanwhile). A run stopped by its
-# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time.
+# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time
+# or that came while roost was not running (one record for an outage, with its count in
+# `slots`); "skipped" a slot that came while the previous run was still going.
 RUN_STATUSES = ("ok", "quiet", "failed", "skipped", "missed")
 
 
@@ -83,13 +85,15 @@ class AutomationRunner:
         return name in self._running
 
     async def run(self, automation: AutomationSettings, slot: datetime | None, *,
-                  deliver: bool = True, request: str | None = None) -> RunResult:
+                  deliver: bool = True, request: str | None = None,
+                  rerun: bool = False) -> RunResult:
         """Run `automation` for `slot` (None: now, by hand; `request` names the run then). A
-        slot already run, or a run of the same automation still going, is not run again."""
+        slot already run, or a run of the same automation still going, is not run again, except
+        with `rerun`: the slot's run was cut off by a stop of roost, and runs once more."""
         name = automation.name
         now = self.clock()
         scheduled = slot.timestamp() if slot is not None else now
-        run_id = (f"{name}@{slot_key(slot)}" if slot is not None
+        run_id = (slot_id(automation, slot) if slot is not None
                   else manual_run_id(name, request or new_id(now)))
         doc = {"id": run_id, "name": name, "scheduled": scheduled, "started": now,
                "ended": None, "status": "running", "manual": slot is None,
@@ -104,7 +108,10 @@ class AutomationRunner:
             await asyncio.to_thread(self.state.start_run, skipped)
             self.on_run(name, "skipped")
             return RunResult(run_id, "skipped", error=reason)
-        if not await asyncio.to_thread(self.state.start_run, doc):
+        if rerun:
+            # Marked, so that a second stop during this run does not start a third.
+            await asyncio.to_thread(self.state.update_run, run_id, **doc, rerun=True)
+        elif not await asyncio.to_thread(self.state.start_run, doc):
             log.info("automation %s: %s has run already; not again", name, run_id)
             return RunResult(run_id, "skipped", error="this slot has run already")
         self._running.add(name)
@@ -117,16 +124,31 @@ class AutomationRunner:
             await self._maybe_alert(automation, result.error)
         return result
 
-    async def record_missed(self, automation: AutomationSettings, slot: datetime) -> None:
-        """A slot the scheduler could not start in time: recorded, not run."""
+    async def record_missed(self, automation: AutomationSettings, slot: datetime,
+                            reason: str, *, slots: int = 1,
+                            last: datetime | None = None) -> None:
+        """Slots that were not run (`slots` of them, from `slot` to `last`): one record, and
+        `slots` in the count of missed runs."""
+        await self._record_not_run(automation, slot, "missed", reason,
+                                   slots=slots, last=last)
+
+    async def record_skipped(self, automation: AutomationSettings, slot: datetime,
+                             reason: str) -> None:
+        """A slot not run because the previous run was still going."""
+        await self._record_not_run(automation, slot, "skipped", reason)
+
+    async def _record_not_run(self, automation: AutomationSettings, slot: datetime,
+                              status: str, reason: str, *, slots: int = 1,
+                              last: datetime | None = None) -> None:
         now = self.clock()
-        await asyncio.to_thread(self.state.start_run, {
-            "id": f"{automation.name}@{slot_key(slot)}", "name": automation.name,
-            "scheduled": slot.timestamp(), "started": now, "ended": now, "status": "missed",
-            "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
-            "message_ids": {},
-            "error": f"could not start within the grace ({automation.grace:g}s)"})
-        self.on_run(automation.name, "missed")
+        doc = {"id": slot_id(automation, slot), "name": automation.name,
+               "scheduled": slot.timestamp(), "started": now, "ended": now, "status": status,
+               "manual": False, "prompt_tokens": None, "eval_tokens": None, "delivered": [],
+               "message_ids": {}, "error": reason, "slots": slots,
+               "last_scheduled": (last or slot).timestamp()}
+        if await asyncio.to_thread(self.state.start_run, doc):
+            for _ in range(slots):
+                self.on_run(automation.name, status)
 
     async def _run(self, automation: AutomationSettings, run_id: str, scheduled: float,
                    deliver: bool) -> RunResult:
@@ -195,7 +217,10 @@ class AutomationRunner:
             answers = [m for m in self.engine.store.messages(conversation.id)
                        if m.role == "assistant"]
             if answers:
-                prompt = [m.meta.get("prompt_eval_count") for m in answers]
+                # A turn's reply carries the sum over its model calls (`prompt_tokens`);
+                # older records only the first call's count.
+                prompt = [m.meta.get("prompt_tokens") or m.meta.get("prompt_eval_count")
+                          for m in answers]
                 tokens = {"prompt_tokens": sum(p or 0 for p in prompt),
                           "eval_tokens": answers[-1].meta.get("eval_count"),
                           "conversation_id": conversation.id}
@@ -294,6 +319,11 @@ def prompt_text(automation: AutomationSettings) -> str:
 def is_quiet(automation: AutomationSettings, text: str) -> bool:
     """Whether a reply is the automation's quiet token: nothing to deliver."""
     return automation.quiet is not None and text.strip() == automation.quiet
+
+
+def slot_id(automation: AutomationSettings, slot: datetime) -> str:
+    """The record id of a scheduled run: the automation and its slot (see `slot_key`)."""
+    return f"{automation.name}@{slot_key(slot, every_occurrence(automation.schedule))}"
 
 
 def manual_run_id(name: str, request: str) -> str:

@@ -4,11 +4,18 @@
 * Job ids are stable: `automation:<name>` and `reminder:<id>`, so a job is replaced, never
   added twice.
 * `coalesce=True`: runs that piled up (the loop was blocked, the machine slept) run once.
-  `max_instances=1`: a run still going when the next is due is not doubled (the runner also
-  records that slot as skipped). `misfire_grace_time` is the automation's `grace` (5 minutes by
-  default): a run APScheduler could not start within that of its time is dropped by APScheduler.
+  `max_instances=1`: a run still going when the next is due is not doubled; that slot is
+  recorded as skipped (APScheduler only logs it: `_skipped` listens). `misfire_grace_time` is
+  the automation's `grace` (5 minutes by default): a run APScheduler could not start within
+  that of its time is dropped by APScheduler and recorded as missed (`_missed`).
 * Runs missed while roost was down are not made up, except one whose slot is less than `grace`
-  ago at start: it runs then. Each slot runs at most once (`AutomationState.start_run`).
+  ago at start: it runs then. The others are recorded as missed, one record per outage with the
+  number of slots: the daemon notes that it is alive every `ALIVE_EVERY` seconds (and at stop),
+  and the slots between that note and the start, minus those on record, are the missed ones.
+  Each slot runs at most once (`AutomationState.start_run`).
+* A run cut off by a stop or crash of roost runs again once at the next start when its slot is
+  still less than `grace` ago (and is the automation's current slot); a rerun cut off again,
+  or an older slot, is recorded as failed.
 * Reminders live in the state directory and are armed at start (late ones handled at once, see
   `automations/reminders.py`); a scan every `SCAN_EVERY` seconds arms those that
   `roost automations remind` added meanwhile, and starts the runs `roost automations run`
@@ -23,20 +30,27 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.events import (
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from automations.reminders import Reminders, register_reminder_tools
-from automations.runner import CHAT_PREFIX, AutomationRunner
-from automations.schedule import build_trigger, due_slot
+from automations.runner import CHAT_PREFIX, AutomationRunner, slot_id
+from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import AutomationState
 from daemon.config import AutomationSettings
 from daemon.engine import Engine
 from daemon.logs import automation_log as log
 
 SCAN_EVERY = 10.0
+ALIVE_EVERY = 60.0  # how often the daemon notes that it runs (the start of an outage)
+MISSED_COUNTED = 10_000  # slots of one outage counted at most (an `every 1m` down for a week)
 
 
 class Automations:
@@ -56,7 +70,9 @@ class Automations:
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._alive_noted: float | None = None
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
+        self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
         # Registered before the engine takes work: every turn's prefix lists the capability.
         register_reminder_tools(engine.registry, self.reminders)
 
@@ -87,9 +103,12 @@ class Automations:
                  len(await self.reminders.pending()))
 
     async def stop(self) -> None:
-        """Stop the scheduler and the runs in flight (a run cut off is recorded as failed)."""
+        """Stop the scheduler and the runs in flight (a run cut off is run again or recorded
+        as failed at the next start)."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+            # Only a daemon that scheduled notes it: a command's run says nothing about outages.
+            await asyncio.to_thread(self.state.set_alive, self.clock())
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -112,7 +131,11 @@ class Automations:
 
     async def scan(self) -> None:
         """Arm the reminders added meanwhile (by the command line); fire the overdue ones;
-        start the runs `roost automations run` asked for."""
+        start the runs `roost automations run` asked for; note that the daemon runs."""
+        now = self.clock()
+        if self._alive_noted is None or now - self._alive_noted >= ALIVE_EVERY:
+            self._alive_noted = now
+            await asyncio.to_thread(self.state.set_alive, now)
         for request in await asyncio.to_thread(self.state.take_run_requests):
             automation = self.by_name.get(str(request.get("name")))
             if automation is not None:
@@ -139,8 +162,25 @@ class Automations:
             return
         slot = event.scheduled_run_time.astimezone(self.tz)
         log.warning("automation %s: the run due %s could not start within %.0fs; missed",
-                    name, slot.strftime("%Y-%m-%d %H:%M"), automation.grace)
-        task = asyncio.ensure_future(self.runner.record_missed(automation, slot))
+                    name, slot.strftime("%Y-%m-%d %H:%M %Z"), automation.grace)
+        self._background(self.runner.record_missed(
+            automation, slot, f"could not start within the grace ({automation.grace:g}s)"))
+
+    def _skipped(self, event: JobSubmissionEvent) -> None:
+        """APScheduler did not start a run because the previous one was still going
+        (`max_instances`): record the slot as skipped, so `list` and /metrics show it."""
+        name = str(event.job_id).removeprefix("automation:")
+        automation = self.by_name.get(name)
+        if automation is None or not str(event.job_id).startswith("automation:"):
+            return
+        slot = event.scheduled_run_times[-1].astimezone(self.tz)
+        log.warning("automation %s: the run due %s is skipped: the previous run is still "
+                    "going", name, slot.strftime("%Y-%m-%d %H:%M %Z"))
+        self._background(self.runner.record_skipped(
+            automation, slot, "the previous run was still going"))
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -157,6 +197,8 @@ class Automations:
                                misfire_grace_time=None, replace_existing=True)
 
     async def _recover(self) -> None:
+        alive = await asyncio.to_thread(self.state.alive)  # when roost last ran, if ever
+        self._alive_noted = self.clock()  # noted below, once the outage is on record
         # Replies a crash left in an automation chat's outbox go to their targets now, for the
         # run that was going (its record then lists what they were delivered as).
         running = {r["name"]: r["id"] for r in await asyncio.to_thread(self.state.runs)
@@ -173,26 +215,71 @@ class Automations:
                  and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]
         for doc in stale:  # an automation since removed from the config
             await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+        due = {a.name: due_slot(build_trigger(a.schedule, self.tz), self.now(), a.grace)
+               for a in self.settings.automations if a.enabled}
+        reruns: set[str] = set()
         for run in await asyncio.to_thread(self.state.runs):
-            if run["status"] == "running":
-                await asyncio.to_thread(self.state.update_run, run["id"], status="failed",
-                                        error="roost stopped during the run")
-                self.runner.on_run(run["name"], "failed")
+            if run["status"] != "running":
+                continue
+            cut = self.by_name.get(run["name"])
+            slot = due.get(run["name"])
+            if (cut is not None and slot is not None and not run.get("manual")
+                    and not run.get("rerun") and run["id"] == slot_id(cut, slot)):
+                # Cut off by a stop or crash, its slot still within the grace: once more.
+                log.warning("automation %s: roost stopped during run %s; it runs again",
+                            run["name"], run["id"])
+                reruns.add(run["name"])
+                continue
+            error = ("roost stopped during the run, again after running it a second time; "
+                     "not run again" if run.get("rerun") else "roost stopped during the run")
+            await asyncio.to_thread(self.state.update_run, run["id"], status="failed",
+                                    error=error)
+            self.runner.on_run(run["name"], "failed")
         await self.scan()
         for automation in self.settings.automations:
-            slot = due_slot(build_trigger(automation.schedule, self.tz), self.now(),
-                            automation.grace)
-            if automation.enabled and slot is not None:
+            if alive is not None and automation.enabled:
+                await self._record_outage(automation, alive)
+        await asyncio.to_thread(self.state.set_alive, self._alive_noted)
+        for automation in self.settings.automations:
+            slot = due.get(automation.name)
+            if slot is not None:
                 # Its slot is less than the grace ago: run it now, in the background (a job
                 # with no trigger runs at once), for that slot.
-                self.scheduler.add_job(self._track_run, args=[automation, slot],
+                self.scheduler.add_job(self._track_run,
+                                       args=[automation, slot, automation.name in reruns],
                                        id=f"automation:{automation.name}:start")
+
+    async def _record_outage(self, automation: AutomationSettings, alive: float) -> None:
+        """Record the slots that came while roost was not running (after `alive`, when it
+        last noted that it ran, and more than the grace ago) and have no record."""
+        now = self.now()
+        since = datetime.fromtimestamp(alive, self.tz)
+        until = datetime.fromtimestamp(now.timestamp() - automation.grace, self.tz)
+        if until <= since:
+            return
+        fires = await asyncio.to_thread(
+            fires_between, build_trigger(automation.schedule, self.tz), since, until, self.tz,
+            MISSED_COUNTED + 100)
+        known = {r["id"] for r in await asyncio.to_thread(self.state.runs, automation.name)}
+        missed = [f for f in fires if since.timestamp() < f.timestamp() < until.timestamp()
+                  and slot_id(automation, f) not in known][:MISSED_COUNTED]
+        if not missed:
+            return
+        first, last = missed[0], missed[-1]
+        count = f"{len(missed):,}" + (" or more" if len(missed) == MISSED_COUNTED else "")
+        span = (first.strftime("%Y-%m-%d %H:%M %Z") if first is last else
+                f"{first.strftime('%Y-%m-%d %H:%M %Z')} to {last.strftime('%Y-%m-%d %H:%M %Z')}")
+        reason = f"roost was not running: {count} slot{'s' * (len(missed) > 1)} not run ({span})"
+        log.warning("automation %s: %s", automation.name, reason)
+        await self.runner.record_missed(automation, first, reason, slots=len(missed),
+                                        last=last)
 
     async def _track_request(self, automation: AutomationSettings, request: str) -> None:
         await self._track(self.runner.run(automation, None, deliver=False, request=request))
 
-    async def _track_run(self, automation: AutomationSettings, slot: datetime) -> None:
-        await self._track(self.runner.run(automation, slot))
+    async def _track_run(self, automation: AutomationSettings, slot: datetime,
+                         rerun: bool = False) -> None:
+        await self._track(self.runner.run(automation, slot, rerun=rerun))
 
     async def _track(self, work: Any) -> None:
         """Run `work` as a task that `stop()` can cancel. The boundary of a scheduled job:

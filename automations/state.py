@@ -3,6 +3,7 @@
 Layout, in the state directory (apart from the store's files, which stay the store's own)::
 
     automations.json          TinyDB (atomic writes): runs, reminders done, alerts
+    automations-alive         when the daemon last noted that it ran (the start of an outage)
     reminders/<id>.json       one file per pending reminder, written atomically
     run-requests/<id>.json    `roost automations run NAME` asking the running daemon
 
@@ -35,6 +36,7 @@ DONE_KEPT = 500
 FILE = "automations.json"
 REMINDERS = "reminders"
 REQUESTS = "run-requests"
+ALIVE = "automations-alive"
 
 
 class AutomationState:
@@ -106,6 +108,17 @@ class AutomationState:
                 break
             count += 1
         return count
+
+    def alive(self) -> float | None:
+        """When the daemon last noted that it ran (see `Automations.scan`), if ever."""
+        try:
+            return float((self.state_dir / ALIVE).read_text("ascii"))
+        except (OSError, ValueError):  # never noted, or half a note: no outage known
+            return None
+
+    def set_alive(self, at: float) -> None:
+        # A file of its own: a note a minute would otherwise rewrite all of automations.json.
+        atomic_write(self.state_dir / ALIVE, repr(at).encode("ascii"))
 
     def last_alert(self, name: str) -> float | None:
         with self._lock:

@@ -27,11 +27,15 @@ def parse_when(text: str, now: datetime) -> datetime:
     if not words:
         raise ValueError(f"no time given; use {FORMS}")
     duration = words.removeprefix("in ").strip()
+    if re.fullmatch(r"-\s*([0-9.]+(ms|s|m|h|d))+", duration):
+        raise ValueError(f"{text!r} is in the past; a reminder needs a time after now")
     if re.fullmatch(r"([0-9.]+(ms|s|m|h|d))+", duration):
         try:
             return now + timedelta(seconds=parse_duration(duration))
         except ConfigError:
             pass
+        except OverflowError:  # past the year 9999, where datetime ends
+            raise ValueError(f"{text!r} is too far in the future") from None
     day_words, _, clock = words.rpartition(" ")
     if re.fullmatch(r"[0-9]{1,2}:[0-9]{2}", clock) and day_words in ("", "today", "tomorrow"):
         hour, minute = (int(x) for x in clock.split(":"))
@@ -45,7 +49,10 @@ def parse_when(text: str, now: datetime) -> datetime:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"cannot read {text!r} as a time; use {FORMS}") from None
-    return moment.astimezone(tz) if moment.tzinfo else moment.replace(tzinfo=tz)
+    try:
+        return moment.astimezone(tz) if moment.tzinfo else moment.replace(tzinfo=tz)
+    except OverflowError:  # an offset that pushes it past the year 9999
+        raise ValueError(f"{text!r} is too far in the future") from None
 
 
 def _local(day: date, at: time, tz: tzinfo) -> datetime:

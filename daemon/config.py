@@ -236,7 +236,38 @@ def _crontab(text: str) -> str:
                       if token]
             if bounds != sorted(bounds):
                 raise _Bad(f"{name} field {field_text!r}: the range runs backwards")
+    _check_runs(fields)
     return text
+
+
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # 29 February: leap years
+
+
+def _check_runs(fields: list[str]) -> None:
+    """A day of month that no month of the schedule has (`0 0 30 2 *`) never runs: an error
+    rather than an automation that silently never fires. With a weekday as well, crontab runs
+    on either, so such a line still runs on that weekday."""
+    day, month, weekday = fields[2], fields[3], fields[4]
+    if day == "*" or weekday != "*":
+        return
+    days = _expand(day, *_CRON_FIELDS[2][1:])
+    months = _expand(month, *_CRON_FIELDS[3][1:])
+    if not any(d <= _MONTH_DAYS[m - 1] for d in days for m in months):
+        raise _Bad(f"the schedule {' '.join(fields)!r} never runs: no month of it has day "
+                   f"{day}")
+
+
+def _expand(field_text: str, low: int, high: int, names: tuple[str, ...]) -> set[int]:
+    """The values a (validated) crontab field matches."""
+    values: set[int] = set()
+    for item in field_text.split(","):
+        match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([1-9][0-9]*))?", item)
+        assert match is not None  # checked by _crontab
+        first = low if match[1] == "*" else _cron_value(match[2], "", low, high, names)
+        last = (high if match[1] == "*" or (match[4] and not match[3]) else
+                _cron_value(match[3] or match[2], "", low, high, names))
+        values.update(range(first, last + 1, int(match[4] or 1)))
+    return values
 
 
 def _schedule(text: str) -> str:

@@ -123,12 +123,14 @@ class ToolLoop:
         self.num_ctx = num_ctx
         self.ratio = ratio
         self.clock = clock
+        self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
 
     def tool_names(self) -> list[str]:
         return [t.name for c in self.registry.capabilities.values() for t in c.tools]
 
     async def run(self, messages: list[ChatMessage], first: ChatResult) -> LoopResult:
         result, calls, tools_run = first, 1, 0
+        self.prompt_tokens = first.prompt_eval_count or 0
         if first.prompt_eval_count:
             self._learn(first, messages, self._schemas())
         pieces: list[str] = []
@@ -179,6 +181,7 @@ class ToolLoop:
         """One model call; Ollama's count of the prompt keeps the turn's ratio honest (only
         ever raised here: the turn's own calibration happens once it is saved)."""
         result = await self.call(messages, tools)
+        self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
         return result

@@ -268,7 +268,8 @@ class TurnRunner:
         ratio = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         await asyncio.to_thread(
-            self._save_reply, conversation, after, items, first, done.text, intro)
+            self._save_reply, conversation, after, items, first, done.text, intro,
+            loop.prompt_tokens)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
@@ -536,13 +537,15 @@ class TurnRunner:
         result: ChatResult,
         text: str,
         intro: str,
+        prompt_tokens: int,
     ) -> None:
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],
             "reply_to": items[-1].platform_id,  # where a group reply is threaded
-            "prompt_eval_count": result.prompt_eval_count,
+            "prompt_eval_count": result.prompt_eval_count,  # the first call's
             "prompt_eval_cached_count": result.prompt_eval_cached_count,
+            "prompt_tokens": prompt_tokens,  # all the turn's calls (tool calls, continuations)
             "eval_count": result.eval_count,
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,

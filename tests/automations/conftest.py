@@ -9,12 +9,25 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import apscheduler.executors.base
+import apscheduler.schedulers.base
+import apscheduler.triggers.date
+import apscheduler.triggers.interval
 import pytest
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobEvent,
+)
 
 from automations.scheduler import Automations
 from daemon.config import AutomationSettings, Settings
 from daemon.engine import Engine
 from daemon.llm import ModelClient
+from daemon.metrics import Metrics
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeOllama
@@ -33,6 +46,31 @@ class Clock:
 
     def set(self, when: datetime) -> None:
         self.now = when.timestamp()
+
+
+def clocked_datetime(clock: Callable[[], float]) -> type[datetime]:
+    """`datetime` whose `now()` reads `clock`: what APScheduler's scheduler and executor see,
+    so that the real scheduler decides on the test's clock which jobs are due (and late)."""
+
+    class ClockedDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return datetime.fromtimestamp(clock(), tz)
+
+    return ClockedDatetime
+
+
+class Jobs:
+    """Counts the scheduler's job events, to wait until what it started has ended."""
+
+    def __init__(self) -> None:
+        self.submitted = self.ended = 0
+
+    def __call__(self, event: JobEvent) -> None:
+        if event.code == EVENT_JOB_SUBMITTED:
+            self.submitted += 1
+        elif event.code in (EVENT_JOB_EXECUTED, EVENT_JOB_ERROR, EVENT_JOB_MISSED):
+            self.ended += 1
 
 
 def at(*fields: int) -> datetime:
@@ -56,13 +94,27 @@ class Daemon:
     llm: ModelClient | None = None
     engine: Engine | None = None
     automations: Automations | None = None
+    monkeypatch: pytest.MonkeyPatch | None = None  # set: APScheduler runs on `clock` too
+    jobs: Jobs = dataclasses.field(default_factory=Jobs)
+    # Runs counted as /metrics counts them, from before the start (as daemon/app.py does).
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
 
     async def start(self) -> Automations:
+        if self.monkeypatch is not None:
+            clocked = clocked_datetime(self.clock)
+            self.monkeypatch.setattr(apscheduler.schedulers.base, "datetime", clocked)
+            for module in (apscheduler.executors.base, apscheduler.triggers.date,
+                           apscheduler.triggers.interval):
+                self.monkeypatch.setattr(module, "datetime", clocked)
         self.store = Store.open(self.settings.daemon.state_dir)
         self.llm = ModelClient(self.settings.model)
         self.engine = Engine(settings=self.settings, store=self.store, llm=self.llm,
                              channels={"console": self.channel}, clock=self.clock)
         self.automations = Automations(self.engine, clock=self.clock)
+        self.automations.scheduler.add_listener(
+            self.jobs, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
+            | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        self.automations.runner.on_run = self.metrics.automation_run
         await self.engine.start()
         await self.automations.start()
         return self.automations
@@ -74,8 +126,48 @@ class Daemon:
         await self.llm.close()
         self.store.close()
 
+    def counted(self, name: str, outcome: str) -> float:
+        """`roost_automation_runs_total` of one automation and outcome."""
+        value = self.metrics.registry.get_sample_value(
+            "roost_automation_runs_total", {"automation": name, "outcome": outcome})
+        return value or 0.0
+
     def replies(self) -> list[str]:
         return self.channel.texts("reply")
+
+    async def settle(self) -> None:
+        """Wait until the scheduler has looked at the clock and what it started has ended."""
+        automations = self.automations
+        assert automations is not None
+
+        def settled() -> bool:
+            jobs = automations.scheduler.get_jobs()
+            return (all(j.next_run_time is None or j.next_run_time.timestamp() > self.clock()
+                        for j in jobs)
+                    and self.jobs.ended == self.jobs.submitted and not automations._tasks
+                    and not automations.runner._running)
+
+        await wait_until(settled, timeout=30)
+
+    async def advance(self, to: datetime) -> None:
+        """Move the clock to `to` and let the real scheduler fire what is due (APScheduler
+        must be on the clock: `make_daemon(..., on_clock=True)`)."""
+        assert self.automations is not None and self.monkeypatch is not None
+        self.clock.set(to)
+        self.automations.scheduler.wakeup()
+        await self.settle()
+
+    async def run_until(self, end: datetime) -> None:
+        """Step the clock from one fire time to the next, as the scheduler names them, each
+        time 0.4 s after it (runs start a little after their time), until `end`."""
+        assert self.automations is not None
+        while True:
+            # Timestamps: aware datetimes in one zone compare by the wall clock.
+            times = [j.next_run_time.timestamp() for j in self.automations.scheduler.get_jobs()
+                     if j.id.startswith("automation:") and j.next_run_time is not None]
+            if not times or min(times) > end.timestamp():
+                return
+            await self.advance(datetime.fromtimestamp(min(times) + 0.4, TZ))
 
 
 def automation(name: str = "brief", schedule: str = "0 * * * *", **fields: Any
@@ -89,18 +181,19 @@ DaemonFactory = Callable[..., Daemon]
 
 
 @pytest.fixture
-async def make_daemon(make_settings: Callable[..., Settings], fake_ollama: FakeOllama
-                      ) -> AsyncIterator[DaemonFactory]:
+async def make_daemon(make_settings: Callable[..., Settings], fake_ollama: FakeOllama,
+                      monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[DaemonFactory]:
     made: list[Daemon] = []
 
     def make(*automations: AutomationSettings, start: datetime | None = None,
-             **model: Any) -> Daemon:
+             on_clock: bool = False, **model: Any) -> Daemon:
         settings = make_settings(
             daemon={"timezone": "Europe/Berlin"},
             model={"host": fake_ollama.url, "retry_attempts": 1, "retry_backoff": 0.01,
                    **model})
         settings = dataclasses.replace(settings, automations=tuple(automations))
-        daemon = Daemon(settings, Clock(start or at(2026, 12, 1, 9, 59)), RecordingChannel())
+        daemon = Daemon(settings, Clock(start or at(2026, 12, 1, 9, 59)), RecordingChannel(),
+                        monkeypatch=monkeypatch if on_clock else None)
         made.append(daemon)
         return daemon
 

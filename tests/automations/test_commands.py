@@ -19,7 +19,9 @@ def roost(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_list_shows_next_run_and_remind_adds_a_pending_reminder(tmp_path: Path) -> None:
     config = tmp_path / "roost.toml"
+    # Reminders go only to chats roost serves (issue 18): Telegram on, user 1 allowed.
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\ntimezone = "UTC"\n'
+                      '[telegram]\nenabled = true\nmode = "polling"\nallow = [1]\n'
                       '[[automations]]\nname = "weekly"\nschedule = "0 9 * * 0"\n'
                       'prompt = "Hi"\ndeliver = ["telegram:1"]\n')
     listed = roost("automations", "list", "--config", str(config))
