@@ -27,7 +27,7 @@ from tinydb import Query, TinyDB
 
 from daemon.logs import automation_log as log
 from daemon.store import AtomicJSONStorage, atomic_write
-from daemon.store.files import move_aside
+from daemon.store.files import FollowingJSONStorage, move_aside
 
 REMINDER_FIELDS = frozenset({"id", "chat_key", "due", "text"})  # what delivering one needs
 RUNS_KEPT = 100
@@ -47,7 +47,10 @@ class AutomationState:
         if not read_only:
             self.reminder_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = TinyDB(state_dir / FILE, storage=AtomicJSONStorage)
+        # Read-only is a command beside the running daemon, which writes the file meanwhile:
+        # its copy must follow the file (the daemon's own copy is the file, it is the writer).
+        storage = FollowingJSONStorage if read_only else AtomicJSONStorage
+        self._db = TinyDB(state_dir / FILE, storage=storage)
 
     def close(self) -> None:
         with self._lock:
