@@ -10,7 +10,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, time
 from typing import Any
 
 from daemon.config import Settings
@@ -80,10 +80,13 @@ class Prompting:
         return datetime.fromtimestamp(self.clock(), self.settings.daemon.tz)
 
     async def memory_map(self, day: date) -> MemoryMap:
-        """The memory map of `day`, computed once that day (so the prefix stays byte-stable)."""
+        """The memory map of `day`: what was stored before the day began, counted once that
+        day. Counting what is stored now would give each process its own map (a restart, a
+        command-line run) and the prompt cache would miss from the map on."""
         if self._memory is None or self._memory.day != day:
-            stats = await asyncio.to_thread(self.store.stats)
             tz = self.settings.daemon.tz
+            began = datetime.combine(day, time.min, tzinfo=tz).timestamp()
+            stats = await asyncio.to_thread(self.store.stats, began)
             self._memory = MemoryMap(
                 day=day,
                 conversations=stats.conversations,

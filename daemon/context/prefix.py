@@ -66,7 +66,8 @@ class Capability:
 
 @dataclass(frozen=True)
 class MemoryMap:
-    """What the store holds, counted once per calendar day (see `bucket`)."""
+    """What the store held when `day` began (see `bucket`): every process on that day (the
+    daemon after a restart, `roost automations run`) counts the same, so builds the same bytes."""
 
     day: date
     conversations: int = 0
@@ -107,11 +108,16 @@ def memory_map_text(memory: MemoryMap) -> str:
     span = ""
     if memory.first_day and memory.last_day:
         span = f" from {memory.first_day.isoformat()} to {memory.last_day.isoformat()}"
-    return (
-        f"Stored{span}: {bucket(memory.conversations)} conversations, "
-        f"{bucket(memory.messages)} messages, {bucket(memory.summaries)} summaries, "
-        f"{bucket(memory.automations)} automations."
-    )
+    counts = ", ".join(_counted(n, one, many) for n, one, many in (
+        (memory.conversations, "conversation", "conversations"),
+        (memory.messages, "message", "messages"),
+        (memory.summaries, "summary", "summaries"),
+        (memory.automations, "automation", "automations")))
+    return f"Stored{span}: {counts}."
+
+
+def _counted(count: int, one: str, many: str) -> str:
+    return f"{bucket(count)} {one if count == 1 else many}"
 
 
 def system_prefix(

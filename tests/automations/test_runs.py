@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
 from channels.base import Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
+from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
 
 
@@ -209,3 +214,44 @@ async def test_a_report_a_crash_left_behind_goes_out_at_start_for_its_run(
     (brief,) = automations.state.runs("brief")
     assert brief["status"] == "ok" and len(brief["delivered"]) == 1
     assert daemon.replies() == ["The report."]  # the quiet token was not delivered
+
+
+def system_messages(fake: FakeOllama) -> list[str]:
+    return [str(body["messages"][0]["content"]) for body in fake.chat_requests]
+
+
+async def test_a_restart_keeps_the_days_prefix_and_the_map_counts_what_was_there_at_midnight(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """The memory map is the day's: a restart (a new process) builds the same system message
+    as the run before it on that day, so Ollama's prompt cache still matches it."""
+    brief = automation("brief", "0 * * * *")
+    daemon = make_daemon(brief, start=at(2026, 11, 30, 19, 59))
+    automations = await daemon.start()
+    for when in (at(2026, 11, 30, 20, 0, 2), at(2026, 12, 1, 10, 0, 2)):
+        daemon.clock.set(when)
+        await automations.fire("brief")
+    await daemon.stop()
+    again = make_daemon(brief, start=at(2026, 12, 1, 10, 59))
+    automations = await again.start()
+    again.clock.set(at(2026, 12, 1, 11, 0, 2))
+    await automations.fire("brief")
+    yesterday, before, after = system_messages(fake_ollama)
+    assert after == before
+    # The map of Dec 1 counts the one conversation stored before it began (Nov 30's run).
+    assert "Stored from 2026-11-30 to 2026-11-30: 1 conversation, 2 messages" in after
+    assert "No earlier conversations" in yesterday
+
+
+async def test_two_command_line_runs_send_the_same_system_message(
+    make_settings: SettingsFactory, fake_ollama: FakeOllama, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`roost automations run` without the daemon is a new process each time: its map is the
+    day's, not what the previous call just stored."""
+    settings = make_settings(model={"host": fake_ollama.url})
+    settings = dataclasses.replace(settings, automations=(automation("brief"),))
+    assert await run_automation(settings, "brief") == 0
+    assert await run_automation(settings, "brief") == 0
+    first, second = system_messages(fake_ollama)
+    assert first == second
+    assert capsys.readouterr().out.count("echo: Anything new") == 2

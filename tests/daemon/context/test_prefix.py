@@ -253,3 +253,9 @@ def test_first_request_of_a_fresh_conversation_is_lean(kind: str) -> None:
     tokens = (2 * MESSAGE_OVERHEAD_TOKENS + estimate_tokens(prefix)
               + estimate_tokens(first_user + stamp))
     assert tokens < 1500
+
+
+def test_a_count_of_one_is_singular() -> None:
+    body = section(prefix_for(memory_map=memory(conversations=1, messages=1, summaries=1,
+                                                automations=1)), "memory_map")
+    assert "1 conversation, 1 message, 1 summary, 1 automation." in body
