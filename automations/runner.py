@@ -5,10 +5,11 @@ rules, tools, `model.max_calls`, calibration and overflow handling:
 
 * The chat key is `automation:<name>`; each run starts a fresh conversation there (the previous
   one is archived and stays searchable).
-* The request is the automation prefix (the core prompt with the automation overlay, the
-  capability index and the day's memory map: the same bytes all day) + the automation's prompt +
-  the run's scheduled date and time, which the replay stamps at the very end of that message.
-  Two runs on one day therefore send identical bytes up to that stamp.
+* The request is the system message every conversation shares (the core prompt, the
+  capability index and the day's memory map: the same bytes all day, for chats too) + the
+  automation's prompt with the automation's channel note + the run's scheduled date and time,
+  which the replay stamps at the very end of that message. Two runs on one day therefore send
+  identical bytes up to that stamp.
 * Its model calls run inside `ModelClient.scheduled`: they queue behind interactive turns.
 * The reply lands in the automation chat's outbox (crash-safe, as for any turn) and is moved
   from there to each target's outbox, with ids derived from the reply's, so doing it again after

@@ -15,7 +15,7 @@ from typing import Any
 
 from daemon.config import Settings
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
-from daemon.context.prefix import Capability, MemoryMap, system_prefix
+from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.conversations import Conversation, Message
 from daemon.llm import ModelClient
@@ -98,10 +98,12 @@ class Prompting:
             )
         return self._memory
 
-    async def prefix(self, conversation: Conversation,
-                     capabilities: Sequence[Capability] = (), *, tools: bool = True) -> str:
+    async def prefix(self, capabilities: Sequence[Capability] = (), *,
+                     tools: bool = True) -> str:
+        """The system message: the same for every conversation (the channel's note goes in
+        the first user message, see `daemon.context.prefix`)."""
         memory = await self.memory_map(self.today().date())
-        return system_prefix(conversation.kind, capabilities=capabilities, memory=memory,
+        return system_prefix(capabilities=capabilities, memory=memory,
                              variables=self.settings.variables, tools=tools)
 
     async def prepare(
@@ -128,7 +130,8 @@ class Prompting:
         budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
         request = build_request(
             conversation_id=conversation.id,
-            prefix=await self.prefix(conversation, capabilities, tools=with_tools),
+            prefix=await self.prefix(capabilities, tools=with_tools),
+            opening=channel_note(conversation.kind),
             history=history,
             budget=budget,
             ratio=ratio,

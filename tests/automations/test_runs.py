@@ -13,7 +13,7 @@ import pytest
 from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
-from channels.base import Outbound
+from channels.base import Inbound, Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
 from tests.conftest import SettingsFactory
@@ -69,7 +69,8 @@ async def test_two_runs_on_one_day_send_identical_bytes_up_to_the_volatile_tail(
     shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert len(a) - shared <= len('09:00]"}]') and shared / len(a) > 0.95
     assert first["messages"][0]["role"] == "system"
-    assert "scheduled automation" in first["messages"][0]["content"]
+    # The automation's note follows its prompt, after the system message every chat shares.
+    assert "scheduled automation" in first["messages"][1]["content"]
 
 
 async def test_crontab_sunday_fires_on_sunday_and_not_on_monday(
@@ -255,3 +256,33 @@ async def test_two_command_line_runs_send_the_same_system_message(
     first, second = system_messages(fake_ollama)
     assert first == second
     assert capsys.readouterr().out.count("echo: Anything new") == 2
+
+
+async def test_chats_on_every_channel_and_a_run_share_the_system_message_and_tools(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """One prefix for everyone: with one model slot, a chat between two runs must not evict
+    the runs' cached prefix (nor a run the chat's). What differs heads the first user turn."""
+    daemon = make_daemon(automation("brief", "0 * * * *"))
+    automations = await daemon.start()
+    assert daemon.engine is not None
+    chats = ("telegram:1111111", "whatsapp:972544401243", "console:local")
+    for count, chat_key in enumerate(chats, 1):
+        daemon.clock.now += 1
+        await daemon.engine.submit(Inbound(chat_key=chat_key, text="What is new?",
+                                           received=daemon.clock.now))
+        await wait_until(lambda n=count: len(fake_ollama.chat_requests) == n)
+    daemon.clock.set(at(2026, 12, 1, 10, 0, 2))
+    await automations.fire("brief")
+    bodies = fake_ollama.chat_requests
+    assert len(bodies) == 4
+    assert len({json.dumps(b["messages"][0]) for b in bodies}) == 1
+    assert len({json.dumps(b.get("tools"), sort_keys=True) for b in bodies}) == 1
+    assert bodies[0].get("tools")
+    firsts = [str(b["messages"][1]["content"]) for b in bodies]
+    notes = [f.split("<channel>\n", 1)[1].split("\n</channel>", 1)[0] for f in firsts]
+    assert "Telegram" in notes[0] and "WhatsApp" in notes[1]
+    assert "terminal" in notes[2] and "scheduled automation" in notes[3]
+    assert firsts[0].startswith("What is new?\n\n<channel>")
+    assert firsts[3].startswith("Anything new on the things I follow?\n\n<channel>")
+    assert all(f.endswith("]") for f in firsts)  # the sent stamp stays last
