@@ -248,6 +248,47 @@ class AutomationRunner:
 
         await asyncio.to_thread(record)
 
+    async def refused(self, outbound: Outbound, reason: str) -> None:
+        """The engine's `on_refused`: a target gave up a run's report (the user blocked the
+        bot, the platform refused it, it was held too long). On the run's record; the second
+        such run in a row is alerted."""
+        run_id = outbound.origin
+        if run_id is None:
+            return  # not a run's report
+        name = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
+                                       reason)
+        if name is None:
+            return
+        log.warning("automation %s: run %s was not delivered to %s: %s", name, run_id,
+                    outbound.chat_key, reason)
+        automation = next((a for a in self.settings.automations if a.name == name), None)
+        if automation is not None:
+            await self._maybe_alert_refused(automation, run_id)
+
+    async def _maybe_alert_refused(self, automation: AutomationSettings, run_id: str) -> None:
+        """After two runs in a row refused, say so in the journal (an error) and through the
+        targets that still take reports, at most once an hour: telling the target that
+        refuses would be refused too."""
+        name = automation.name
+        refusals = await asyncio.to_thread(self.state.consecutive_refusals, name)
+        key = f"refused:{name}"
+        last = await asyncio.to_thread(self.state.last_alert, key)
+        now = self.clock()
+        if refusals < 2 or (last is not None and now - last < ALERT_EVERY):
+            return
+        await asyncio.to_thread(self.state.set_alert, key, now)
+        run = await asyncio.to_thread(self.state.run, run_id) or {}
+        refused: dict[str, str] = run.get("refused") or {}
+        which = "; ".join(f"{target} ({why})" for target, why in sorted(refused.items()))
+        others = [t for t in automation.deliver if t != "log" and t not in refused]
+        log.error("automation %s: its reports were refused %d runs in a row by %s; alerting %s",
+                  name, refusals, which, ", ".join(others) or "nobody else (no other target)")
+        text = (f"The automation {name!r} could not deliver its last {refusals} reports to "
+                f"{which}. roost keeps running it; fix that target (or unblock the bot) to get "
+                "them there again.")
+        for target in others:
+            await self.engine.notify(target, text)
+
     async def _drop_outbox(self, name: str) -> None:
         chat_key = CHAT_PREFIX + name
         for doc in await asyncio.to_thread(self.engine.store.outbox_pending, chat_key):
