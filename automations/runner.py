@@ -311,11 +311,17 @@ class AutomationRunner:
         await asyncio.to_thread(self.state.set_alert, name, now)
         text = (f"The automation {name!r} failed {failures} times in a row. The last error: "
                 f"{reason}. roost tries again at its next scheduled time.")
-        log.warning("automation %s: alerting its targets after %d failures", name, failures)
-        for target in automation.deliver:
-            if target != "log":
-                with contextlib.suppress(Exception):
-                    await self.engine.notify(target, text)
+        # A chat that refuses roost (the user blocked the bot) would drop the alert unseen.
+        targets = [t for t in automation.deliver if t != "log"]
+        refusing = [t for t in targets if "undeliverable" in await asyncio.to_thread(
+            self.engine.store.chat_flags, t)]
+        others = [t for t in targets if t not in refusing]
+        log.error("automation %s failed %d times in a row (%s); alerting %s%s", name, failures,
+                  reason, ", ".join(others) or "nobody else (no target takes messages)",
+                  f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
+        for target in others:
+            with contextlib.suppress(Exception):
+                await self.engine.notify(target, text)
 
     async def _notice(self, chat_key: str, text: str) -> None:
         """What the turn path would tell a user (an outage, an error) becomes the run's error

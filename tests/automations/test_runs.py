@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -286,3 +287,25 @@ async def test_chats_on_every_channel_and_a_run_share_the_system_message_and_too
     assert firsts[0].startswith("What is new?\n\n<channel>")
     assert firsts[3].startswith("Anything new on the things I follow?\n\n<channel>")
     assert all(f.endswith("]") for f in firsts)  # the sent stamp stays last
+
+
+async def test_a_failure_alert_skips_a_target_that_refuses_roost_and_reaches_the_journal(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)  # caplog listens at root
+    blocked = "telegram:1111111"
+    daemon = make_daemon(automation("often", "every 15m", grace=0.3,
+                                    deliver=(blocked, "console:local")))
+    automations = await daemon.start()
+    assert daemon.store is not None and daemon.engine is not None
+    daemon.store.set_chat_flag(blocked, "undeliverable", daemon.clock())  # a 403 earlier
+    await fake_ollama.refuse_connections()
+    for minute in (0, 15):
+        daemon.clock.set(at(2026, 12, 1, 10, minute, 0))
+        await automations.fire("often")
+    await wait_until(lambda: len(daemon.channel.texts("notice")) >= 1)
+    assert "'often' failed 2 times in a row" in daemon.channel.texts("notice")[0]
+    assert daemon.store.outbox_pending(blocked) == []  # not queued where it would be dropped
+    (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "often" in error.getMessage() and blocked in error.getMessage()
