@@ -270,7 +270,7 @@ class AutomationRunner:
         targets that still take reports, at most once an hour: telling the target that
         refuses would be refused too."""
         name = automation.name
-        refusals = await asyncio.to_thread(self.state.consecutive_refusals, name)
+        refusals = await asyncio.to_thread(self.state.consecutive_refusals, name, run_id)
         key = f"refused:{name}"
         last = await asyncio.to_thread(self.state.last_alert, key)
         now = self.clock()

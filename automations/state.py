@@ -104,11 +104,15 @@ class AutomationState:
             runs.update(fields, Query().id == run_id)
             return str(doc["name"])
 
-    def consecutive_refusals(self, name: str) -> int:
-        """Scheduled runs in a row, newest first, whose report a target refused (runs that
-        delivered nothing by design, a failure, a skip, a quiet reply, do not break the row)."""
+    def consecutive_refusals(self, name: str, through: str) -> int:
+        """Scheduled runs in a row up to the run `through`, newest first, whose report a target
+        refused (runs that delivered nothing by design, a failure, a skip, a quiet reply, do not
+        break the row). Counted from that run, not the newest: a refusal may come in after the
+        next run started."""
+        runs = self.runs(name)
+        ids = [r["id"] for r in runs]
         count = 0
-        for run in reversed(self.runs(name)):
+        for run in reversed(runs[: ids.index(through) + 1] if through in ids else runs):
             if run.get("manual") or run.get("status") in ("skipped", "missed", "quiet", "failed"):
                 continue
             if not run.get("refused"):
