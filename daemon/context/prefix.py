@@ -10,7 +10,7 @@ One prefix for everyone: nothing here depends on the channel or on the conversat
 Telegram chat, a WhatsApp chat, the console and an automation run share the whole system
 message (and, with the same capabilities loaded, the tools), and one model slot serves them all
 from its cache. What differs (the channel's note, "this is a scheduled report") is
-`channel_note`, which heads the conversation's first user message instead (`replay`).
+`channel_note`, which goes in the conversation's first user message instead (`replay`).
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def _counted(count: int, one: str, many: str) -> str:
 
 
 def channel_note(channel_kind: str) -> str:
-    """What a conversation on `channel_kind` is told about where its replies go; it heads the
-    conversation's first user message (see the module docstring)."""
+    """What a conversation on `channel_kind` is told about where its replies go; it goes in
+    the conversation's first user message (see the module docstring)."""
     note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
     return f"<channel>\n{note}\n</channel>"
 
