@@ -5,10 +5,11 @@ rules, tools, `model.max_calls`, calibration and overflow handling:
 
 * The chat key is `automation:<name>`; each run starts a fresh conversation there (the previous
   one is archived and stays searchable).
-* The request is the automation prefix (the core prompt with the automation overlay, the
-  capability index and the day's memory map: the same bytes all day) + the automation's prompt +
-  the run's scheduled date and time, which the replay stamps at the very end of that message.
-  Two runs on one day therefore send identical bytes up to that stamp.
+* The request is the system message every conversation shares (the core prompt, the
+  capability index and the day's memory map: the same bytes all day, for chats too) + the
+  automation's prompt with the automation's channel note + the run's scheduled date and time,
+  which the replay stamps at the very end of that message. Two runs on one day therefore send
+  identical bytes up to that stamp.
 * Its model calls run inside `ModelClient.scheduled`: they queue behind interactive turns.
 * The reply lands in the automation chat's outbox (crash-safe, as for any turn) and is moved
   from there to each target's outbox, with ids derived from the reply's, so doing it again after
@@ -273,6 +274,47 @@ class AutomationRunner:
 
         await asyncio.to_thread(record)
 
+    async def refused(self, outbound: Outbound, reason: str) -> None:
+        """The engine's `on_refused`: a target gave up a run's report (the user blocked the
+        bot, the platform refused it, it was held too long). On the run's record; the second
+        such run in a row is alerted."""
+        run_id = outbound.origin
+        if run_id is None:
+            return  # not a run's report
+        name = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
+                                       reason)
+        if name is None:
+            return
+        log.warning("automation %s: run %s was not delivered to %s: %s", name, run_id,
+                    outbound.chat_key, reason)
+        automation = next((a for a in self.settings.automations if a.name == name), None)
+        if automation is not None:
+            await self._maybe_alert_refused(automation, run_id)
+
+    async def _maybe_alert_refused(self, automation: AutomationSettings, run_id: str) -> None:
+        """After two runs in a row refused, say so in the journal (an error) and through the
+        targets that still take reports, at most once an hour: telling the target that
+        refuses would be refused too."""
+        name = automation.name
+        refusals = await asyncio.to_thread(self.state.consecutive_refusals, name, run_id)
+        key = f"refused:{name}"
+        last = await asyncio.to_thread(self.state.last_alert, key)
+        now = self.clock()
+        if refusals < 2 or (last is not None and now - last < ALERT_EVERY):
+            return
+        await asyncio.to_thread(self.state.set_alert, key, now)
+        run = await asyncio.to_thread(self.state.run, run_id) or {}
+        refused: dict[str, str] = run.get("refused") or {}
+        which = "; ".join(f"{target} ({why})" for target, why in sorted(refused.items()))
+        others = [t for t in automation.deliver if t != "log" and t not in refused]
+        log.error("automation %s: its reports were refused %d runs in a row by %s; alerting %s",
+                  name, refusals, which, ", ".join(others) or "nobody else (no other target)")
+        text = (f"The automation {name!r} could not deliver its last {refusals} reports to "
+                f"{which}. roost keeps running it; fix that target (or unblock the bot) to get "
+                "them there again.")
+        for target in others:
+            await self.engine.notify(target, text)
+
     async def _drop_outbox(self, name: str) -> None:
         chat_key = CHAT_PREFIX + name
         for doc in await asyncio.to_thread(self.engine.store.outbox_pending, chat_key):
@@ -295,11 +337,17 @@ class AutomationRunner:
         await asyncio.to_thread(self.state.set_alert, name, now)
         text = (f"The automation {name!r} failed {failures} times in a row. The last error: "
                 f"{reason}. roost tries again at its next scheduled time.")
-        log.warning("automation %s: alerting its targets after %d failures", name, failures)
-        for target in automation.deliver:
-            if target != "log":
-                with contextlib.suppress(Exception):
-                    await self.engine.notify(target, text)
+        # A chat that refuses roost (the user blocked the bot) would drop the alert unseen.
+        targets = [t for t in automation.deliver if t != "log"]
+        refusing = [t for t in targets if "undeliverable" in await asyncio.to_thread(
+            self.engine.store.chat_flags, t)]
+        others = [t for t in targets if t not in refusing]
+        log.error("automation %s failed %d times in a row (%s); alerting %s%s", name, failures,
+                  reason, ", ".join(others) or "nobody else (no target takes messages)",
+                  f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
+        for target in others:
+            with contextlib.suppress(Exception):
+                await self.engine.notify(target, text)
 
     async def _notice(self, chat_key: str, text: str) -> None:
         """What the turn path would tell a user (an outage, an error) becomes the run's error

@@ -66,6 +66,7 @@ class Automations:
         self.reminders = Reminders(engine, self.state, clock=clock)
         self.reminders.arm = self._arm
         engine.on_sent = self.runner.sent
+        engine.on_refused = self.runner.refused
         self.by_name = {a.name: a for a in self.settings.automations}
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})

@@ -28,7 +28,7 @@ from tinydb import Query, TinyDB
 
 from daemon.logs import automation_log as log
 from daemon.store import AtomicJSONStorage, atomic_write
-from daemon.store.files import move_aside
+from daemon.store.files import FollowingJSONStorage, move_aside
 
 REMINDER_FIELDS = frozenset({"id", "chat_key", "due", "text"})  # what delivering one needs
 RUNS_KEPT = 100
@@ -49,7 +49,10 @@ class AutomationState:
         if not read_only:
             self.reminder_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = TinyDB(state_dir / FILE, storage=AtomicJSONStorage)
+        # Read-only is a command beside the running daemon, which writes the file meanwhile:
+        # its copy must follow the file (the daemon's own copy is the file, it is the writer).
+        storage = FollowingJSONStorage if read_only else AtomicJSONStorage
+        self._db = TinyDB(state_dir / FILE, storage=storage)
 
     def close(self) -> None:
         with self._lock:
@@ -77,8 +80,47 @@ class AutomationState:
             return True
 
     def update_run(self, run_id: str, **fields: Any) -> None:
+        """Set fields of a run's record; "ok" stays "undelivered" when a target has refused
+        the report already (its chat worker may be quicker than the run's last write)."""
         with self._lock:
-            self._db.table("runs").update(fields, Query().id == run_id)
+            runs = self._db.table("runs")
+            if fields.get("status") == "ok":
+                doc = runs.get(Query().id == run_id)
+                if isinstance(doc, Mapping) and doc.get("refused"):
+                    fields = {**fields, "status": "undelivered"}
+            runs.update(fields, Query().id == run_id)
+
+    def record_refused(self, run_id: str, target: str, reason: str) -> str | None:
+        """A target refused the run's report: on the record (`refused`, per target), and an
+        "ok" run becomes "undelivered". The automation's name; None when the run is not known."""
+        with self._lock:
+            runs = self._db.table("runs")
+            doc = runs.get(Query().id == run_id)
+            if not isinstance(doc, Mapping):
+                return None
+            refused = {**doc.get("refused", {}), target: reason}
+            fields: dict[str, Any] = {"refused": refused, "error": "not delivered to " + "; ".join(
+                f"{where} ({why})" for where, why in sorted(refused.items()))}
+            if doc.get("status") == "ok":
+                fields["status"] = "undelivered"
+            runs.update(fields, Query().id == run_id)
+            return str(doc["name"])
+
+    def consecutive_refusals(self, name: str, through: str) -> int:
+        """Scheduled runs in a row up to the run `through`, newest first, whose report a target
+        refused (runs that delivered nothing by design, a failure, a skip, a quiet reply, do not
+        break the row). Counted from that run, not the newest: a refusal may come in after the
+        next run started."""
+        runs = self.runs(name)
+        ids = [r["id"] for r in runs]
+        count = 0
+        for run in reversed(runs[: ids.index(through) + 1] if through in ids else runs):
+            if run.get("manual") or run.get("status") in ("skipped", "missed", "quiet", "failed"):
+                continue
+            if not run.get("refused"):
+                break
+            count += 1
+        return count
 
     def record_sent(self, run_id: str, target: str, message_ids: list[str]) -> bool:
         """The platform's ids of what a run delivered to `target` (set again, not appended, so

@@ -118,6 +118,7 @@ class SummaryState:
     through_id: str | None = None
     fold_count: int = 0
     folded_at: float | None = None
+    first_folded_at: float | None = None  # when it was first made (the day's memory map)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

@@ -42,6 +42,8 @@ WORKER_IDLE_EXIT = 600.0
 UNWIND = 2.0  # seconds cancelled tasks get to finish at stop, per step
 HELD_MAX = 20  # replies kept per chat while the platform waits for the user to write
 HELD_MAX_AGE = 7 * 86400.0  # seconds a reply may wait for that
+UNDELIVERABLE = ("the platform refused this chat earlier (the user blocked the bot or removed "
+                 "it); nothing is sent to it until the user writes again")
 
 
 class Engine:
@@ -101,6 +103,10 @@ class Engine:
         # recorded on it, e.g. `platform_ids`) is still in the outbox: a crash before it is
         # forgotten tells again. Automations record their runs' message ids this way.
         self.on_sent: Callable[[Outbound], Awaitable[None]] | None = None
+        # Told of each outbox item given up without being delivered (the platform refused it
+        # or its chat, or it was held too long), with the reason: a run's report refused is
+        # on its record, not a success.
+        self.on_refused: Callable[[Outbound, str], Awaitable[None]] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -407,6 +413,7 @@ class Engine:
                      len(docs), chat_key)
             for doc in docs:
                 await asyncio.to_thread(self.store.outbox_done, doc["id"])
+                await self._tell_refused(Outbound.from_doc(doc), UNDELIVERABLE)
             return True
         for doc in docs:
             if doc.get("held"):
@@ -442,6 +449,15 @@ class Engine:
             await self.on_sent(outbound)
         except Exception:  # a listener's bookkeeping: never a reason to send a message again
             log.exception("recording the delivery of %s to %s failed", outbound.id,
+                          outbound.chat_key)
+
+    async def _tell_refused(self, outbound: Outbound, reason: str) -> None:
+        if self.on_refused is None:
+            return
+        try:
+            await self.on_refused(outbound, reason)
+        except Exception:  # a listener's bookkeeping: never a reason to stop this chat's sends
+            log.exception("recording the refusal of %s by %s failed", outbound.id,
                           outbound.chat_key)
 
     async def _hold(self, outbound: Outbound, exc: DeliveryError) -> None:
@@ -486,6 +502,7 @@ class Engine:
             await asyncio.to_thread(self.records.event, now, "undelivered",
                                     doc.get("conversation_id") or chat_key,
                                     f"held too long: {doc['held']}")
+            await self._tell_refused(Outbound.from_doc(doc), f"held too long: {doc['held']}")
         if stale:
             log.info("gave up %d held replies for %s (held too long)", len(stale), chat_key)
 
@@ -500,9 +517,11 @@ class Engine:
                                     self.clock())
             await asyncio.to_thread(self.records.event, self.clock(), "undeliverable", where,
                                     str(exc))
+            await self._tell_refused(outbound, str(exc))
             return
         log.warning("a %s for %s could not be delivered: %s", outbound.kind, chat_key, exc)
         await asyncio.to_thread(self.records.event, self.clock(), "undelivered", where, str(exc))
+        await self._tell_refused(outbound, str(exc))
         if outbound.kind == "reply":  # a notice that fails is not announced by another
             notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice",
                               text=f"A reply could not be delivered ({exc}). Ask again if "

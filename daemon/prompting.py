@@ -10,12 +10,12 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, time
 from typing import Any
 
 from daemon.config import Settings
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
-from daemon.context.prefix import Capability, MemoryMap, system_prefix
+from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.conversations import Conversation, Message
 from daemon.llm import ModelClient
@@ -80,10 +80,13 @@ class Prompting:
         return datetime.fromtimestamp(self.clock(), self.settings.daemon.tz)
 
     async def memory_map(self, day: date) -> MemoryMap:
-        """The memory map of `day`, computed once that day (so the prefix stays byte-stable)."""
+        """The memory map of `day`: what was stored before the day began, counted once that
+        day. Counting what is stored now would give each process its own map (a restart, a
+        command-line run) and the prompt cache would miss from the map on."""
         if self._memory is None or self._memory.day != day:
-            stats = await asyncio.to_thread(self.store.stats)
             tz = self.settings.daemon.tz
+            began = datetime.combine(day, time.min, tzinfo=tz).timestamp()
+            stats = await asyncio.to_thread(self.store.stats, began)
             self._memory = MemoryMap(
                 day=day,
                 conversations=stats.conversations,
@@ -95,10 +98,12 @@ class Prompting:
             )
         return self._memory
 
-    async def prefix(self, conversation: Conversation,
-                     capabilities: Sequence[Capability] = (), *, tools: bool = True) -> str:
+    async def prefix(self, capabilities: Sequence[Capability] = (), *,
+                     tools: bool = True) -> str:
+        """The system message: the same for every conversation (the channel's note goes in
+        the first user message, see `daemon.context.prefix`)."""
         memory = await self.memory_map(self.today().date())
-        return system_prefix(conversation.kind, capabilities=capabilities, memory=memory,
+        return system_prefix(capabilities=capabilities, memory=memory,
                              variables=self.settings.variables, tools=tools)
 
     async def prepare(
@@ -126,7 +131,8 @@ class Prompting:
         budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
         request = build_request(
             conversation_id=conversation.id,
-            prefix=await self.prefix(conversation, capabilities, tools=with_tools),
+            prefix=await self.prefix(capabilities, tools=with_tools),
+            opening=channel_note(conversation.kind),
             history=history,
             budget=budget,
             ratio=ratio,

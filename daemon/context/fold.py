@@ -234,13 +234,17 @@ def parse_fold_reply(
 def folded_state(
     previous: SummaryState, plan: FoldPlan, summary: str, notes: str, now: float | None = None,
 ) -> SummaryState:
+    at = time.time() if now is None else now
+    # A summary from before `first_folded_at` existed is as old as its last fold, at least.
+    first = (previous.first_folded_at or previous.folded_at) if previous.fold_count else None
     return SummaryState(
         summary=summary,
         user_notes=notes,
         through_seq=plan.through_seq,
         through_id=plan.through_id,
         fold_count=previous.fold_count + 1,
-        folded_at=time.time() if now is None else now,
+        folded_at=at,
+        first_folded_at=first if first is not None else at,
     )
 
 

@@ -1,10 +1,16 @@
-"""The system prefix: the same bytes on every turn of a conversation within a calendar day.
+"""The system prefix: the same bytes on every turn of every conversation within a calendar day.
 
 Ollama's prompt cache reuses a prompt only up to the first byte that differs, so everything here
-is a pure function of inputs that change at most once a day: the channel, the capability index,
-the day's memory map (counts bucketed) and the configured variables. The clock rides at the end of
-the messages instead: each user message carries the time it was sent (see `replay.sent_stamp`),
-so the last one says what time it is now and no earlier byte ever changes.
+is a pure function of inputs that change at most once a day: the capability index, the day's
+memory map (counts bucketed) and the configured variables. The clock rides at the end of the
+messages instead: each user message carries the time it was sent (see `replay.sent_stamp`), so
+the last one says what time it is now and no earlier byte ever changes.
+
+One prefix for everyone: nothing here depends on the channel or on the conversation, so a
+Telegram chat, a WhatsApp chat, the console and an automation run share the whole system
+message (and, with the same capabilities loaded, the tools), and one model slot serves them all
+from its cache. What differs (the channel's note, "this is a scheduled report") is
+`channel_note`, which goes in the conversation's first user message instead (`replay`).
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ class Capability:
 
 @dataclass(frozen=True)
 class MemoryMap:
-    """What the store holds, counted once per calendar day (see `bucket`)."""
+    """What the store held when `day` began (see `bucket`): every process on that day (the
+    daemon after a restart, `roost automations run`) counts the same, so builds the same bytes."""
 
     day: date
     conversations: int = 0
@@ -107,25 +114,35 @@ def memory_map_text(memory: MemoryMap) -> str:
     span = ""
     if memory.first_day and memory.last_day:
         span = f" from {memory.first_day.isoformat()} to {memory.last_day.isoformat()}"
-    return (
-        f"Stored{span}: {bucket(memory.conversations)} conversations, "
-        f"{bucket(memory.messages)} messages, {bucket(memory.summaries)} summaries, "
-        f"{bucket(memory.automations)} automations."
-    )
+    counts = ", ".join(_counted(n, one, many) for n, one, many in (
+        (memory.conversations, "conversation", "conversations"),
+        (memory.messages, "message", "messages"),
+        (memory.summaries, "summary", "summaries"),
+        (memory.automations, "automation", "automations")))
+    return f"Stored{span}: {counts}."
+
+
+def _counted(count: int, one: str, many: str) -> str:
+    return f"{bucket(count)} {one if count == 1 else many}"
+
+
+def channel_note(channel_kind: str) -> str:
+    """What a conversation on `channel_kind` is told about where its replies go; it goes in
+    the conversation's first user message (see the module docstring)."""
+    note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
+    return f"<channel>\n{note}\n</channel>"
 
 
 def system_prefix(
-    channel_kind: str,
     *,
     capabilities: Sequence[Capability] = (),
     memory: MemoryMap | None = None,
     variables: Mapping[str, str] | None = None,
     tools: bool = True,
 ) -> str:
-    """The system message for a conversation on `channel_kind`; `tools` False (a model without
+    """The system message, the same for every conversation; `tools` False (a model without
     the tools capability) leaves out the capability index and every mention of tools."""
-    note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
-    parts = [CORE_PROMPT if tools else CORE_PROMPT_NO_TOOLS, f"<channel>\n{note}\n</channel>"]
+    parts = [CORE_PROMPT if tools else CORE_PROMPT_NO_TOOLS]
     if capabilities and tools:
         parts.append(f"<capabilities>\n{capability_index(capabilities)}\n</capabilities>")
     if memory is not None:

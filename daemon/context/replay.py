@@ -182,6 +182,7 @@ def build_request(
     ratio: float = 1.0,
     summary: SummaryState | None = None,
     tail_note: str = "",
+    opening: str = "",
     tz: tzinfo | None = None,
     estimate: Estimator = estimate_tokens,
     tools: bool = True,
@@ -189,7 +190,10 @@ def build_request(
     """The request for the next model call; see the module docstring for the rules.
 
     `tz` stamps each user message with the time it was sent; `tail_note` is appended to the
-    last message (counters and nudges that hold for this request only). `estimate` is the
+    last message (counters and nudges that hold for this request only). `opening` is what
+    this conversation has and others do not (the channel's note): it goes in the first user
+    message after the system message, which is replayed unchanged turn after turn, so the
+    system message stays the same bytes for every conversation. `estimate` is the
     token estimator (a parameter so that a test can count how often a build estimates).
     Without `tools` (a model that cannot call them) the summary and excerpts name no
     `conversation_read` call.
@@ -200,7 +204,14 @@ def build_request(
     preamble = summary_preamble(reader, summary) if summary.through_seq else []
     tail = [m for m in history if m.seq > summary.through_seq]
     first_user = next((m.seq for m in history if m.role == "user"), None)
-    entries, stubbed = _entries(conversation_id, tail, first_user, tz)
+    # The opening rides on the first user message of the request, the same on every turn
+    # until the next fold: the summary preamble, else the conversation's first user message
+    # (protected from dropping; before its sent stamp, which stays the last thing in it).
+    opening = f"\n\n{opening}" if opening else ""
+    if opening and preamble:
+        preamble[0] = {**preamble[0], "content": f"{preamble[0]['content']}{opening}"}
+    entries, stubbed = _entries(conversation_id, tail, first_user, tz,
+                                "" if preamble else opening)
     shortened = _excerpt_old(entries, reader, budget // OLD_MESSAGE_SHARE, ratio,
                              estimate)
 
@@ -308,7 +319,8 @@ def _groups(entries: Sequence[_Entry]) -> dict[int, list[_Entry]]:
 
 
 def _entries(
-    conversation_id: str, tail: Sequence[Message], first_user: int | None, tz: tzinfo | None
+    conversation_id: str, tail: Sequence[Message], first_user: int | None, tz: tzinfo | None,
+    opening: str = "",
 ) -> tuple[list[_Entry], int]:
     users = [i for i, m in enumerate(tail) if m.role == "user"]
     recent_start = users[-STUB_AFTER_EXCHANGES] if len(users) >= STUB_AFTER_EXCHANGES else 0
@@ -337,6 +349,8 @@ def _entries(
             images = ()
         text = content.strip()
         content = _with_attachment_notes(content, message)
+        if message.seq == first_user:
+            content += opening
         if tz is not None and message.role == "user":
             content += sent_stamp(message.created, tz)
         suffix = content[len(text):] if text and content.startswith(text) else ""

@@ -311,24 +311,41 @@ class Store:
         return len(self.log.messages(conversation_id))
 
     @_locked
-    def stats(self) -> StoreStats:
+    def stats(self, before: float | None = None) -> StoreStats:
         """Counts for the memory map: conversations, messages, summaries, and the date span.
-        Archived conversations carry their counts; only active ones are looked at."""
-        docs = self.book.all()
+        Archived conversations carry their counts; only active ones are looked at.
+
+        With `before`, only what was stored before that time counts (a summary counts from
+        its first fold), so every process on a day counts the same however much is written
+        that day: the memory map is the day's, not the process's."""
+        cutoff = float("inf") if before is None else before
+        docs = [d for d in self.book.all() if d["created"] < cutoff]
         messages = summaries = 0
+        last: float | None = None
         for doc in docs:
-            if "messages" in doc:
+            if "messages" in doc and doc["last_active"] < cutoff:  # archived before the cutoff
                 messages += doc["messages"]
                 summaries += bool(doc.get("summarised"))
-            else:
+                ended = doc["last_active"]
+            elif before is None:
                 messages += self.log.count(doc["id"])
                 summaries += self._summary_path(doc["id"]).exists()
+                ended = doc["last_active"]
+            else:
+                stored = [m.created for m in self.log.messages(doc["id"]) if m.created < cutoff]
+                messages += len(stored)
+                summary = self._with_summary(doc).summary
+                first_fold = summary.first_folded_at or summary.folded_at
+                summaries += bool(summary.through_seq and first_fold is not None
+                                  and first_fold < cutoff)
+                ended = max(stored, default=doc["created"])
+            last = ended if last is None else max(last, ended)
         return StoreStats(
             conversations=len(docs),
             messages=messages,
             summaries=summaries,
             first=min((d["created"] for d in docs), default=None),
-            last=max((d["last_active"] for d in docs), default=None),
+            last=last,
         )
 
     # ---- inbox, outbox, quarantine ---------------------------------------------------------

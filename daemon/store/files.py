@@ -108,6 +108,28 @@ class AtomicJSONStorage(Storage):
         self._data = None
 
 
+class FollowingJSONStorage(AtomicJSONStorage):
+    """TinyDB storage for a reader in another process than the file's writer (a command while
+    the daemon runs): the copy is kept only while the file on disk is the one it was read from.
+    Every write replaces the file (a rename), so a new inode, size or mtime means new data."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._seen: tuple[int, int, int] | None = None
+
+    def read(self) -> dict[str, dict[str, Any]] | None:
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            seen = None
+        else:
+            seen = (info.st_ino, info.st_size, info.st_mtime_ns)
+        if seen != self._seen:
+            self._data = None
+            self._seen = seen
+        return super().read()
+
+
 def file_name(item_id: str) -> str:
     """A file name for an item id: the id itself when it is tame, else a digest of it."""
     if _SAFE_NAME.fullmatch(item_id) and not item_id.startswith("."):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.automations.conftest import DaemonFactory, automation
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Reply
 
 
 def roost(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,6 +71,41 @@ async def test_run_while_the_daemon_runs_is_run_by_the_daemon_and_printed(
     assert daemon.replies() == []  # printed, not delivered
     (run,) = automations.state.runs("brief")
     assert run["manual"] and run["status"] == "ok"
+
+
+async def test_run_while_the_daemon_runs_after_earlier_runs_is_printed_once_it_is_done(
+    tmp_path: Path, make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """Once automations.json exists, the command's first look at it must not be its last: the
+    daemon's run (here a model that takes seconds) is recorded while the command waits."""
+    daemon = make_daemon(automation("brief", "0 7 * * *"))
+    automations = await daemon.start()
+    await automations.runner.run(daemon.settings.automations[0], None, deliver=False)
+    assert (daemon.settings.daemon.state_dir / "automations.json").exists()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{daemon.settings.daemon.state_dir}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "brief"\nschedule = "0 7 * * *"\n'
+                      'prompt = "Anything new on the things I follow?"\n'
+                      'deliver = ["console:local"]\ntimeout = "1m"\n')
+    fake_ollama.script(Reply(content="Two new things.", delay=2.0))
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "automations", "run", "brief", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:  # well under the command's own deadline (1 min + the scan interval + 30 s)
+        async with asyncio.timeout(45):
+            while command.returncode is None:
+                await automations.scan()  # what the daemon's scan job does every few seconds
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.2):
+                        await command.wait()
+    finally:
+        if command.returncode is None:
+            command.kill()
+    out, err = await command.communicate()
+    assert command.returncode == 0, err
+    assert out.decode().strip() == "Two new things."
+    assert [r["status"] for r in automations.state.runs("brief")] == ["ok", "ok"]
 
 
 async def test_doctor_warns_about_an_automation_on_a_second_model(

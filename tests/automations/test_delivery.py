@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Any
 
+import pytest
 from aiohttp import web
+from telegram import Bot
 
+from automations.commands import list_automations
+from automations.scheduler import Automations
+from channels.telegram import TelegramChannel
 from daemon.app import AUTOMATIONS, build_app
-from tests.automations.conftest import automation, wait_until
-from tests.conftest import SettingsFactory
+from daemon.config import Settings
+from daemon.engine import Engine
+from daemon.llm import ModelClient
+from daemon.store import Store
+from tests.automations.conftest import Clock, at, automation, wait_until
+from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
@@ -83,3 +94,87 @@ async def test_a_run_records_the_message_ids_telegram_and_whatsapp_answered(
     assert run["message_ids"] == {f"telegram:{USER}": telegram_ids,
                                   f"whatsapp:{WA_USER}": wamids}
     assert run["delivered"][-1] == "log"  # the log target has no message ids
+
+
+BLOCKED = "Forbidden: bot was blocked by the user"
+
+
+async def runs_to_a_blocked_bot(settings: Settings, fake_telegram: FakeTelegram,
+                                console: RecordingChannel) -> list[dict[str, Any]]:
+    """Three runs of `brief` (every 15 minutes) through the real Telegram channel, whose first
+    send meets the 403 of a user who blocked the bot; the run records once each refusal is in."""
+    clock = Clock(at(2026, 12, 1, 9, 59))
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    async with Bot(fake_telegram.token, base_url=fake_telegram.api_base,
+                   base_file_url=fake_telegram.file_base) as bot:
+        engine = Engine(settings=settings, store=store, llm=llm, clock=clock, channels={
+            "telegram": TelegramChannel(bot, store), "console": console})
+        automations = Automations(engine, clock=clock)
+        await engine.start()
+        await automations.start()
+        try:
+            fake_telegram.fail_next("sendMessage", status=403, description=BLOCKED)
+            for minute in (0, 15, 30):
+                clock.set(at(2026, 12, 1, 10, minute, 2))
+                await automations.fire("brief")
+                await wait_until(lambda m=minute: (automations.state.runs("brief")[-1]["id"]
+                                                   == f"brief@2026-12-01T10:{m:02d}") and bool(
+                    automations.state.runs("brief")[-1].get("refused")))
+                await engine.wait_idle("console:local")
+                await engine.wait_idle(f"telegram:{USER}")
+            return automations.state.runs("brief")
+        finally:
+            await automations.stop()
+            await engine.stop(1.0)
+            await llm.close()
+            store.close()
+
+
+def with_brief(settings: Settings, *deliver: str) -> Settings:
+    return dataclasses.replace(settings, automations=(automation(
+        "brief", "every 15m", deliver=deliver),))
+
+
+async def test_a_refused_report_is_on_the_record_in_list_and_alerted_elsewhere_when_repeated(
+    fake_telegram: FakeTelegram, fake_ollama: FakeOllama, make_settings: SettingsFactory,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The user blocked the bot: its 403 and the reports dropped after it (the chat is then
+    marked undeliverable) are refusals, not successes; the second in a row is alerted through
+    the target that still takes reports, and in the journal."""
+    monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)  # caplog listens at root
+    settings = with_brief(make_settings(daemon={"timezone": "Europe/Berlin"},
+                                        model={"host": fake_ollama.url}),
+                          f"telegram:{USER}", "console:local")
+    console = RecordingChannel()
+    runs = await runs_to_a_blocked_bot(settings, fake_telegram, console)
+    assert fake_telegram.sent_messages == []  # the 403; nothing tried after it
+    assert [r["status"] for r in runs] == ["undelivered"] * 3
+    assert all("blocked" in r["refused"][f"telegram:{USER}"] for r in runs)
+    assert console.texts("reply") == ["echo: Anything new on the things I follow?"] * 3
+    # One alert, after the second refusal in a row, through the target that took the reports.
+    (alert,) = console.texts("notice")
+    assert f"telegram:{USER}" in alert and "blocked" in alert
+    assert any(r.levelno >= logging.ERROR and "refused" in r.getMessage()
+               for r in caplog.records)
+    assert list_automations(settings) == 0
+    listed = capsys.readouterr().out
+    assert "last: undelivered" in listed and f"telegram:{USER}" in listed
+
+
+async def test_refusals_by_the_only_target_are_alerted_in_the_journal_once_an_hour(
+    fake_telegram: FakeTelegram, fake_ollama: FakeOllama, make_settings: SettingsFactory,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)  # caplog listens at root
+    settings = with_brief(make_settings(daemon={"timezone": "Europe/Berlin"},
+                                        model={"host": fake_ollama.url}), f"telegram:{USER}")
+    console = RecordingChannel()
+    runs = await runs_to_a_blocked_bot(settings, fake_telegram, console)
+    assert [r["status"] for r in runs] == ["undelivered"] * 3
+    assert fake_telegram.sent_messages == [] and console.sent == []
+    (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]  # 10:15, not 10:30
+    assert "brief" in error.getMessage() and "2 runs in a row" in error.getMessage()
+    assert "nobody else" in error.getMessage()

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
-from channels.base import Outbound
+from channels.base import Inbound, Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
+from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama
 
 
@@ -64,7 +70,8 @@ async def test_two_runs_on_one_day_send_identical_bytes_up_to_the_volatile_tail(
     shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert len(a) - shared <= len('09:00]"}]') and shared / len(a) > 0.95
     assert first["messages"][0]["role"] == "system"
-    assert "scheduled automation" in first["messages"][0]["content"]
+    # The automation's note follows its prompt, after the system message every chat shares.
+    assert "scheduled automation" in first["messages"][1]["content"]
 
 
 async def test_crontab_sunday_fires_on_sunday_and_not_on_monday(
@@ -232,3 +239,96 @@ async def test_a_report_a_crash_left_behind_goes_out_at_start_for_its_run(
     (brief,) = automations.state.runs("brief")
     assert brief["status"] == "ok" and len(brief["delivered"]) == 1
     assert daemon.replies() == ["The report."]  # the quiet token was not delivered
+
+
+def system_messages(fake: FakeOllama) -> list[str]:
+    return [str(body["messages"][0]["content"]) for body in fake.chat_requests]
+
+
+async def test_a_restart_keeps_the_days_prefix_and_the_map_counts_what_was_there_at_midnight(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """The memory map is the day's: a restart (a new process) builds the same system message
+    as the run before it on that day, so Ollama's prompt cache still matches it."""
+    brief = automation("brief", "0 * * * *")
+    daemon = make_daemon(brief, start=at(2026, 11, 30, 19, 59))
+    automations = await daemon.start()
+    for when in (at(2026, 11, 30, 20, 0, 2), at(2026, 12, 1, 10, 0, 2)):
+        daemon.clock.set(when)
+        await automations.fire("brief")
+    await daemon.stop()
+    again = make_daemon(brief, start=at(2026, 12, 1, 10, 59))
+    automations = await again.start()
+    again.clock.set(at(2026, 12, 1, 11, 0, 2))
+    await automations.fire("brief")
+    yesterday, before, after = system_messages(fake_ollama)
+    assert after == before
+    # The map of Dec 1 counts the one conversation stored before it began (Nov 30's run).
+    assert "Stored from 2026-11-30 to 2026-11-30: 1 conversation, 2 messages" in after
+    assert "No earlier conversations" in yesterday
+
+
+async def test_two_command_line_runs_send_the_same_system_message(
+    make_settings: SettingsFactory, fake_ollama: FakeOllama, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`roost automations run` without the daemon is a new process each time: its map is the
+    day's, not what the previous call just stored."""
+    settings = make_settings(model={"host": fake_ollama.url})
+    settings = dataclasses.replace(settings, automations=(automation("brief"),))
+    assert await run_automation(settings, "brief") == 0
+    assert await run_automation(settings, "brief") == 0
+    first, second = system_messages(fake_ollama)
+    assert first == second
+    assert capsys.readouterr().out.count("echo: Anything new") == 2
+
+
+async def test_chats_on_every_channel_and_a_run_share_the_system_message_and_tools(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """One prefix for everyone: with one model slot, a chat between two runs must not evict
+    the runs' cached prefix (nor a run the chat's). What differs heads the first user turn."""
+    daemon = make_daemon(automation("brief", "0 * * * *"))
+    automations = await daemon.start()
+    assert daemon.engine is not None
+    chats = ("telegram:1111111", "whatsapp:972544401243", "console:local")
+    for count, chat_key in enumerate(chats, 1):
+        daemon.clock.now += 1
+        await daemon.engine.submit(Inbound(chat_key=chat_key, text="What is new?",
+                                           received=daemon.clock.now))
+        await wait_until(lambda n=count: len(fake_ollama.chat_requests) == n)
+    daemon.clock.set(at(2026, 12, 1, 10, 0, 2))
+    await automations.fire("brief")
+    bodies = fake_ollama.chat_requests
+    assert len(bodies) == 4
+    assert len({json.dumps(b["messages"][0]) for b in bodies}) == 1
+    assert len({json.dumps(b.get("tools"), sort_keys=True) for b in bodies}) == 1
+    assert bodies[0].get("tools")
+    firsts = [str(b["messages"][1]["content"]) for b in bodies]
+    notes = [f.split("<channel>\n", 1)[1].split("\n</channel>", 1)[0] for f in firsts]
+    assert "Telegram" in notes[0] and "WhatsApp" in notes[1]
+    assert "terminal" in notes[2] and "scheduled automation" in notes[3]
+    assert firsts[0].startswith("What is new?\n\n<channel>")
+    assert firsts[3].startswith("Anything new on the things I follow?\n\n<channel>")
+    assert all(f.endswith("]") for f in firsts)  # the sent stamp stays last
+
+
+async def test_a_failure_alert_skips_a_target_that_refuses_roost_and_reaches_the_journal(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)  # caplog listens at root
+    blocked = "telegram:1111111"
+    daemon = make_daemon(automation("often", "every 15m", grace=0.3,
+                                    deliver=(blocked, "console:local")))
+    automations = await daemon.start()
+    assert daemon.store is not None and daemon.engine is not None
+    daemon.store.set_chat_flag(blocked, "undeliverable", daemon.clock())  # a 403 earlier
+    await fake_ollama.refuse_connections()
+    for minute in (0, 15):
+        daemon.clock.set(at(2026, 12, 1, 10, minute, 0))
+        await automations.fire("often")
+    await wait_until(lambda: len(daemon.channel.texts("notice")) >= 1)
+    assert "'often' failed 2 times in a row" in daemon.channel.texts("notice")[0]
+    assert daemon.store.outbox_pending(blocked) == []  # not queued where it would be dropped
+    (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "often" in error.getMessage() and blocked in error.getMessage()

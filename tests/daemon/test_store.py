@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -810,3 +811,26 @@ def test_what_a_message_writes_does_not_grow_with_history(
     assert history > 200 * 1024
     assert max(a_year_later.values()) < 24 * 1024, a_year_later
     assert len(a_year_later) <= len(first_day) + 1, (first_day, a_year_later)
+
+
+def test_stats_before_a_time_count_only_what_was_stored_by_then(state_dir: Path) -> None:
+    """The day's memory map: what is written after the cutoff (today) changes nothing."""
+    cutoff = T0 + 100
+    with Store.open(state_dir) as store:
+        old = store.create_conversation("telegram:1", T0)
+        append_many(store, old.id, 3)
+        store.save_conversation(replace(old, status="archived", last_active=T0 + 2))
+        open_ = store.create_conversation("telegram:2", T0 + 10)
+        store.append_message(open_.id, "user", "before midnight", created=T0 + 20)
+        store.save_summary(open_.id, SummaryState(summary="s", through_seq=1, fold_count=1,
+                                                  folded_at=T0 + 30, first_folded_at=T0 + 30))
+        counted = store.stats(cutoff)
+        # After the cutoff: more messages, a refold, a new conversation.
+        store.append_message(open_.id, "user", "after midnight", created=cutoff + 5)
+        store.save_summary(open_.id, SummaryState(summary="t", through_seq=2, fold_count=2,
+                                                  folded_at=cutoff + 6, first_folded_at=T0 + 30))
+        store.create_conversation("telegram:3", cutoff + 7)
+        assert store.stats(cutoff) == counted
+        assert store.stats() != counted
+    assert (counted.conversations, counted.messages, counted.summaries) == (2, 4, 1)
+    assert counted.first == T0 and counted.last == T0 + 20

@@ -47,8 +47,9 @@ async def engine_for(
 
 
 def typed(content: str) -> str:
-    """A sent user message without the time stamp roost appends to it."""
-    return content.split("\n\n[sent ", 1)[0]
+    """A sent user message without what roost appends to it: the time stamp, and on the
+    conversation's first, the channel's note."""
+    return content.split("\n\n[sent ", 1)[0].split("\n\n<channel>\n", 1)[0]
 
 
 def inbound(text: str) -> Inbound:

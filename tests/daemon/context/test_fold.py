@@ -345,4 +345,5 @@ def test_folded_state_pins_the_boundary_and_counts() -> None:
     plan = plan_of(conversation("uaua", start=5))
     state = folded_state(previous, plan, "new", "- a\n- b", now=99.0)
     assert state == SummaryState(summary="new", user_notes="- a\n- b", through_seq=8,
-                                 through_id="ID00008", fold_count=3, folded_at=99.0)
+                                 through_id="ID00008", fold_count=3, folded_at=99.0,
+                                 first_folded_at=5.0)  # a legacy summary: its last fold

@@ -15,6 +15,7 @@ from daemon.context.prefix import (
     MemoryMap,
     bucket,
     capability_index,
+    channel_note,
     system_prefix,
 )
 from daemon.context.replay import sent_stamp
@@ -40,13 +41,12 @@ def memory(day: date = DAY, **counts: int) -> MemoryMap:
 
 
 def prefix_for(
-    channel: str = "telegram",
     *,
     capabilities: tuple[Capability, ...] = CORE_CAPABILITIES,
     memory_map: MemoryMap | None = None,
     variables: dict[str, str] | None = None,
 ) -> str:
-    return system_prefix(channel, capabilities=capabilities,
+    return system_prefix(capabilities=capabilities,
                          memory=memory_map if memory_map is not None else memory(),
                          variables=variables)
 
@@ -139,22 +139,21 @@ def test_memory_map_shows_bucketed_counts_and_the_stored_span() -> None:
 # --- sections -------------------------------------------------------------------------------
 
 
-def test_channel_overlays_differ_per_channel() -> None:
-    overlays = {kind: section(prefix_for(kind), "channel")
+def test_channel_overlays_differ_per_channel_and_stay_out_of_the_system_message() -> None:
+    overlays = {kind: section(channel_note(kind), "channel")
                 for kind in ("telegram", "whatsapp", "console", "automation")}
     assert len(set(overlays.values())) == 4
     assert "Markdown is fine" in overlays["telegram"]
     assert "plain text" in overlays["console"]
     assert "automation" in overlays["automation"]
-    # Everything but the overlay is shared between channels.
-    tg, wa = prefix_for("telegram"), prefix_for("whatsapp")
-    assert tg.replace(overlays["telegram"], "") == wa.replace(overlays["whatsapp"], "")
+    # The system message is one for every channel: no overlay in it.
+    assert "<channel>" not in prefix_for()
 
 
 def test_whatsapp_overlay_asks_for_the_markdown_roost_converts() -> None:
     # roost renders the model's Markdown into WhatsApp's syntax; a model writing WhatsApp's
     # *bold* itself would come out in italics, so the overlay asks for Markdown.
-    overlay = section(prefix_for("whatsapp"), "channel")
+    overlay = section(channel_note("whatsapp"), "channel")
     assert "WhatsApp" in overlay and "Write Markdown as usual" in overlay
     for missing in ("headings", "tables", "link labels"):
         assert missing in overlay
@@ -226,14 +225,13 @@ def test_variables_only_when_defined_and_in_a_stable_order() -> None:
 def test_local_model_note_is_always_there(
     variables: dict[str, str] | None, capabilities: tuple[Capability, ...]
 ) -> None:
-    for kind in ("telegram", "whatsapp", "console", "automation"):
-        prefix = system_prefix(kind, capabilities=capabilities, variables=variables)
-        assert section(prefix, "local_model").strip()
+    prefix = system_prefix(capabilities=capabilities, variables=variables)
+    assert section(prefix, "local_model").strip()
 
 
 def test_core_prompt_states_the_operating_contract() -> None:
     prefix = prefix_for()
-    core = prefix[: prefix.index("<channel>")]
+    core = prefix[: prefix.index("<capabilities>")]
     assert "lean working set" in core
     assert "search first" in core
     assert re.search(r"two differently[- ]worded searches", core)
@@ -246,10 +244,17 @@ def test_core_prompt_states_the_operating_contract() -> None:
 
 @pytest.mark.parametrize("kind", ["telegram", "whatsapp", "console", "automation"])
 def test_first_request_of_a_fresh_conversation_is_lean(kind: str) -> None:
-    prefix = system_prefix(kind, capabilities=CORE_CAPABILITIES, memory=memory(),
+    prefix = system_prefix(capabilities=CORE_CAPABILITIES, memory=memory(),
                            variables={"home": "Berlin", "name": "Dana"})
-    first_user = "Hi! Can you remind me tomorrow at 9 to call the dentist about my crown?"
+    first_user = (f"{channel_note(kind)}\n\n"
+                  "Hi! Can you remind me tomorrow at 9 to call the dentist about my crown?")
     stamp = sent_stamp(datetime(2026, 3, 4, 9, 15, tzinfo=BERLIN).timestamp(), BERLIN)
     tokens = (2 * MESSAGE_OVERHEAD_TOKENS + estimate_tokens(prefix)
               + estimate_tokens(first_user + stamp))
     assert tokens < 1500
+
+
+def test_a_count_of_one_is_singular() -> None:
+    body = section(prefix_for(memory_map=memory(conversations=1, messages=1, summaries=1,
+                                                automations=1)), "memory_map")
+    assert "1 conversation, 1 message, 1 summary, 1 automation." in body

@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -777,3 +778,51 @@ def test_a_build_estimates_each_message_a_bounded_number_of_times() -> None:
         assert request.messages == build(script.messages, 2_500).messages
         # About 7 per message here; rescanning at each step made it 180 at 20 rounds, 580 at 100.
         assert calls <= 10 * len(script.messages), (rounds, calls)
+
+
+# --- the opening (the channel's note) ---------------------------------------------------------
+
+BERLIN = ZoneInfo("Europe/Berlin")
+NOTE = "<channel>\nThe user reads you in Telegram.\n</channel>"
+
+
+def build_opened(history: Sequence[Message], budget: int = 100_000,
+                 summary: SummaryState | None = None) -> Request:
+    return build_request(conversation_id=CID, prefix=PREFIX, history=history, budget=budget,
+                         summary=summary, opening=NOTE, tz=BERLIN, tail_note=TAIL_NOTE)
+
+
+def test_the_opening_rides_on_the_first_user_message_the_same_on_every_turn() -> None:
+    script = Script()
+    script.exchange("hi")
+    first = build_opened(script.messages[:1]).messages
+    for _ in range(4):
+        script.exchange()
+    later = build_opened(script.messages).messages
+    assert first[0] == later[0] == {"role": "system", "content": PREFIX}
+    # The previous turn's last message carried the tail note; without it, the bytes repeat.
+    assert str(first[1]["content"]).removesuffix(TAIL_NOTE) == later[1]["content"]
+    assert NOTE in str(later[1]["content"])
+    assert str(later[1]["content"]).startswith("<1> hi\n\n" + NOTE + "\n\n[sent ")
+    assert sum(NOTE in str(m["content"]) for m in later) == 1
+
+
+def test_after_a_fold_the_opening_rides_on_the_summary() -> None:
+    script = Script()
+    for _ in range(6):
+        script.exchange()
+    summary = SummaryState(summary="what happened", through_seq=6, through_id="MSG000006")
+    messages = build_opened(script.messages, summary=summary).messages
+    assert str(messages[1]["content"]).endswith(NOTE)
+    assert sum(NOTE in str(m["content"]) for m in messages) == 1
+
+
+def test_the_opening_is_kept_whole_and_counted_when_the_first_message_is_excerpted() -> None:
+    script = Script()
+    script.user(filler(40_000))
+    script.assistant()
+    for _ in range(4):
+        script.exchange()
+    request = build_opened(script.messages, budget=4_000)
+    assert request.shortened and NOTE in str(request.messages[1]["content"])
+    assert request.estimate <= 4_000
