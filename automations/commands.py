@@ -16,12 +16,12 @@ from automations.schedule import build_trigger, next_fire
 from automations.scheduler import SCAN_EVERY, Automations
 from automations.state import AutomationState
 from automations.when import parse_when
-from daemon.config import AutomationSettings, Settings
-from daemon.conversations import new_id
-from daemon.engine import Engine
-from daemon.errors import StoreError
-from daemon.llm import ModelClient
-from daemon.pairing import PairingBook
+from daemon.core.config import AutomationSettings, Settings
+from daemon.core.conversations import new_id
+from daemon.core.errors import StoreError
+from daemon.engine.workers import Engine
+from daemon.intake.pairing import PairingBook
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 
 EX_USAGE = 2

@@ -21,10 +21,10 @@ from zoneinfo import ZoneInfo
 
 from automations.state import AutomationState
 from automations.when import FORMS, parse_when
-from channels.base import Outbound
-from daemon.conversations import kind_of, new_id
-from daemon.engine import Engine
-from daemon.logs import automation_log as log
+from daemon.core.conversations import kind_of, new_id
+from daemon.core.logs import automation_log as log
+from daemon.core.messages import Outbound
+from daemon.engine.workers import Engine
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Capability, Registry, Tool
 

@@ -34,12 +34,12 @@ from typing import Any
 
 from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
-from channels.base import Inbound, Outbound
-from daemon.config import AutomationSettings
-from daemon.conversations import new_id
-from daemon.engine import Engine
-from daemon.logs import automation_log as log
-from daemon.turn import Outcome, TurnRunner
+from daemon.core.config import AutomationSettings
+from daemon.core.conversations import new_id
+from daemon.core.logs import automation_log as log
+from daemon.core.messages import Inbound, Outbound
+from daemon.engine.workers import Engine
+from daemon.turn.runner import Outcome, TurnRunner
 
 ALERT_EVERY = 3600.0
 RETRY_PAUSE = 30.0

@@ -34,7 +34,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from daemon.config import parse_duration
+from daemon.core.config import parse_duration
 
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")

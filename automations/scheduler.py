@@ -44,9 +44,9 @@ from automations.reminders import Reminders, register_reminder_tools
 from automations.runner import CHAT_PREFIX, AutomationRunner, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import AutomationState
-from daemon.config import AutomationSettings
-from daemon.engine import Engine
-from daemon.logs import automation_log as log
+from daemon.core.config import AutomationSettings
+from daemon.core.logs import automation_log as log
+from daemon.engine.workers import Engine
 
 SCAN_EVERY = 10.0
 ALIVE_EVERY = 60.0  # how often the daemon notes that it runs (the start of an outage)

@@ -26,7 +26,7 @@ from typing import Any
 
 from tinydb import Query, TinyDB
 
-from daemon.logs import automation_log as log
+from daemon.core.logs import automation_log as log
 from daemon.store import AtomicJSONStorage, atomic_write
 from daemon.store.files import FollowingJSONStorage, move_aside
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from datetime import date, datetime, time, timedelta, tzinfo
 
-from daemon.config import parse_duration
-from daemon.errors import ConfigError
+from daemon.core.config import parse_duration
+from daemon.core.errors import ConfigError
 
 FORMS = ("'in 20m', '2h', '15:30', 'tomorrow 09:00' or '2026-12-24 18:00'")
 

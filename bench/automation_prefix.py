@@ -34,9 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from channels.base import Inbound
-from daemon.config import Settings
 from daemon.context.prefix import CORE_PROMPT, MemoryMap, channel_note, memory_map_text
+from daemon.core.config import Settings
+from daemon.core.messages import Inbound
 from daemon.store import StoreStats
 from tests.automations.conftest import TZ, Clock, Daemon, at, automation
 from tests.conftest import RecordingChannel

@@ -74,13 +74,13 @@ from PIL import Image, ImageDraw, ImageFont
 
 from bench import long_messages
 from bench.scenario import ScriptedModel, Turn, is_fold, is_state_request, script, web_capability
-from channels.base import Inbound
-from daemon.config import Settings
 from daemon.context.compact import STATE_REQUEST
-from daemon.conversations import Message
-from daemon.engine import Engine
-from daemon.llm import ModelClient
-from daemon.metrics import common_prefix
+from daemon.core.config import Settings
+from daemon.core.conversations import Message
+from daemon.core.messages import Inbound
+from daemon.core.metrics import common_prefix
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply

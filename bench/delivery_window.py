@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from channels.base import Outbound
+from daemon.core.messages import Outbound
 from daemon.store import Store
 
 REPLY = "A reply part of ordinary length. " * 100  # about 3,300 characters, like a long answer

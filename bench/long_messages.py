@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.scenario import WORDS, is_fold
-from channels.base import Inbound
-from daemon.config import Settings
-from daemon.engine import Engine
-from daemon.llm import ModelClient
+from daemon.core.config import Settings
+from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply

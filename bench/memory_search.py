@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import daemon.store
-from daemon import memory_index
-from daemon.conversations import Role, SummaryState
-from daemon.memory_index import MemoryIndex
-from daemon.store import Store
+from daemon.core.conversations import Role, SummaryState
+from daemon.store import Store, memory_index
+from daemon.store.memory_index import MemoryIndex
 
 TARGET_MS = 50.0
 ROLES: tuple[Role, ...] = ("user", "assistant", "user", "assistant", "assistant", "tool")

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is not installed
 
-from channels.base import Inbound
-from daemon.config import Settings
-from daemon.engine import Engine
-from daemon.llm import ModelClient
+from daemon.core.config import Settings
+from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeModel, FakeOllama

@@ -44,8 +44,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
-from channels.whatsapp import WEBHOOK_PATH as WA_WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from channels.whatsapp.channel import WEBHOOK_PATH as WA_WEBHOOK_PATH
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram

@@ -49,14 +49,14 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
-from channels.whatsapp import WEBHOOK_PATH as WA_WEBHOOK_PATH
-from daemon.app import STORE, build_app
-from daemon.config import Settings
-from daemon.conversations import Role
-from daemon.filemodes import make_private
-from daemon.memory_index import MemoryIndex
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
+from channels.whatsapp.channel import WEBHOOK_PATH as WA_WEBHOOK_PATH
+from daemon.app.serve import STORE, build_app
+from daemon.core.config import Settings
+from daemon.core.conversations import Role
+from daemon.core.filemodes import make_private
 from daemon.store import Store
+from daemon.store.memory_index import MemoryIndex
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram

@@ -12,12 +12,12 @@ import sys
 import threading
 from typing import TextIO
 
-from channels.base import Inbound, Outbound
-from daemon.config import Settings
-from daemon.engine import Engine
-from daemon.errors import LLMError, LLMUnavailable, StoreError
-from daemon.llm import ModelClient
-from daemon.redact import redact_url
+from daemon.core.config import Settings
+from daemon.core.errors import LLMError, LLMUnavailable, StoreError
+from daemon.core.messages import Inbound, Outbound
+from daemon.core.redact import redact_url
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 
 CHAT_KEY = "console:local"

@@ -21,7 +21,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 
-from channels.base import Outbound
+from daemon.core.messages import Outbound
 from daemon.store import Store
 
 REMEMBERED = 1000  # replies in flight at once are far fewer; older ones are on disk anyway

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from channels.base import Outbound
-from daemon.config import Settings
+from daemon.core.config import Settings
+from daemon.core.messages import Outbound
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 

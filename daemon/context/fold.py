@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from daemon.context.budget import estimate_tokens
-from daemon.conversations import Message, SummaryState
+from daemon.core.conversations import Message, SummaryState
 
 LOW_WATER_SHARE = 12  # a fold keeps window/12 tokens of the newest messages verbatim
 HIGH_WATER_EIGHTHS = 5  # and runs once the unsummarized history passes 5/8 of the window

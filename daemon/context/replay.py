@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
-from daemon.conversations import Message, SummaryState
+from daemon.core.conversations import Message, SummaryState
 
 STUB_MIN_CHARS = 2000
 STUB_AFTER_EXCHANGES = 2

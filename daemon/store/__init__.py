@@ -52,8 +52,8 @@ from typing import Any, ParamSpec, TypeVar
 from tinydb import TinyDB
 from tinydb.table import Document
 
-from daemon.conversations import Conversation, Message, Role, SummaryState, is_id, new_id
-from daemon.errors import StoreError
+from daemon.core.conversations import Conversation, Message, Role, SummaryState, is_id, new_id
+from daemon.core.errors import StoreError
 from daemon.store.book import ConversationBook, index_doc
 from daemon.store.files import (
     AtomicJSONStorage,

@@ -20,8 +20,8 @@ from typing import Any
 
 from tinydb import Query, TinyDB
 
-from daemon.conversations import Conversation
-from daemon.logs import store_log as log
+from daemon.core.conversations import Conversation
+from daemon.core.logs import store_log as log
 from daemon.store.files import AtomicJSONStorage, CorruptFile, atomic_write, dumps, move_aside
 
 ACTIVE = "active.json"

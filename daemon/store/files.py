@@ -17,8 +17,8 @@ from typing import Any
 
 from tinydb.storages import Storage
 
-from daemon.errors import StoreError
-from daemon.logs import store_log as log
+from daemon.core.errors import StoreError
+from daemon.core.logs import store_log as log
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 

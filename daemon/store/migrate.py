@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from daemon.logs import store_log as log
+from daemon.core.logs import store_log as log
 from daemon.store.book import ConversationBook
 from daemon.store.files import CorruptFile, move_aside, read_json
 from daemon.store.queues import ChatFlags, Dedupe, ItemFolder, UpdateBatches

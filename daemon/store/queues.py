@@ -24,7 +24,7 @@ from typing import Any
 
 from tinydb import Query, TinyDB
 
-from daemon.errors import StoreError
+from daemon.core.errors import StoreError
 from daemon.store.files import (
     AtomicJSONStorage,
     CorruptFile,

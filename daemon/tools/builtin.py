@@ -18,11 +18,11 @@ from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from daemon.attachments import AttachmentError, is_ref, ref_time, stored_path
-from daemon.config import Settings
-from daemon.conversations import ID_PATTERN, Conversation, Message, is_id
-from daemon.memory_index import MemoryIndex
+from daemon.core.config import Settings
+from daemon.core.conversations import ID_PATTERN, Conversation, Message, is_id
 from daemon.store import Store
+from daemon.store.attachments import AttachmentError, is_ref, ref_time, stored_path
+from daemon.store.memory_index import MemoryIndex
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.scope import RecallScope, recall_scope
 

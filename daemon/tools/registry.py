@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.context.prefix import Capability as CapabilityLine
-from daemon.logs import turn_log as log
+from daemon.core.logs import turn_log as log
 
 ERROR_PREFIX = "ERROR: "
 DEFAULT_TIMEOUT = 30.0

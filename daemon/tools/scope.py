@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.config import AutomationSettings
-from daemon.conversations import Conversation
+from daemon.core.config import AutomationSettings
+from daemon.core.conversations import Conversation
 
 AUTOMATION_PREFIX = "automation:"
 

@@ -24,10 +24,10 @@ from apscheduler.events import (
 )
 
 from automations.scheduler import Automations
-from daemon.config import AutomationSettings, Settings
-from daemon.engine import Engine
-from daemon.llm import ModelClient
-from daemon.metrics import Metrics
+from daemon.core.config import AutomationSettings, Settings
+from daemon.core.metrics import Metrics
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
 from tests.fakes.ollama import FakeOllama

@@ -12,11 +12,11 @@ from telegram import Bot
 
 from automations.commands import list_automations
 from automations.scheduler import Automations
-from channels.telegram import TelegramChannel
-from daemon.app import AUTOMATIONS, build_app
-from daemon.config import Settings
-from daemon.engine import Engine
-from daemon.llm import ModelClient
+from channels.telegram.channel import TelegramChannel
+from daemon.app.serve import AUTOMATIONS, build_app
+from daemon.core.config import Settings
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.automations.conftest import Clock, at, automation, wait_until
 from tests.conftest import RecordingChannel, SettingsFactory

@@ -6,9 +6,9 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from channels.base import Inbound
-from daemon.config import ModelSettings
-from daemon.llm import ChatResult, ModelClient
+from daemon.core.config import ModelSettings
+from daemon.core.messages import Inbound
+from daemon.llm.client import ChatResult, ModelClient
 from tests.automations.conftest import DaemonFactory, at, automation, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 

@@ -14,7 +14,7 @@ import pytest
 from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
-from channels.base import Inbound, Outbound
+from daemon.core.messages import Inbound, Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
 from tests.conftest import SettingsFactory

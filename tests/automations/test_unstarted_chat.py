@@ -9,7 +9,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from daemon.app import AUTOMATIONS, STORE, build_app
+from daemon.app.serve import AUTOMATIONS, STORE, build_app
 from tests.automations.conftest import automation, wait_until
 from tests.conftest import FIXTURE_USER, SettingsFactory
 from tests.fakes.ollama import FakeOllama

@@ -20,12 +20,12 @@ import pytest
 from aiohttp import web
 
 from bench.scenario import WORDS
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
-from daemon.app import build_app
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH, TelegramTuning
+from daemon.app.serve import build_app
 from daemon.context.budget import estimate_tokens
 from daemon.context.fold import FOLD_SYSTEM
 from daemon.store import Store
-from tests.channels.test_telegram import HOOK_URL, SECRET, USER, Daemon, message
+from tests.channels.telegram.test_telegram import HOOK_URL, SECRET, USER, Daemon, message
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram, parse_html

@@ -14,9 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from daemon.store import Store
-from tests.daemon.test_app import free_port
+from tests.daemon.app.test_app import free_port
 from tests.fakes.graph import PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram

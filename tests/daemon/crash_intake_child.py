@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.intake import GroupCommit
+from daemon.intake.durable import GroupCommit
 from daemon.store import Store
 
 

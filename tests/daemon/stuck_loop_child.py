@@ -16,8 +16,8 @@ import sys
 import time
 from types import FrameType
 
-from daemon.cli import main
-from daemon.sdnotify import sd_notify
+from daemon.app.sdnotify import sd_notify
+from daemon.cli.main import main
 
 
 def _block_loop(signum: int, frame: FrameType | None) -> None:

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from channels.base import Inbound
-from daemon.config import Settings
 from daemon.context.budget import RATIO_MAX
 from daemon.context.fold import FOLD_SYSTEM
-from daemon.conversations import SummaryState
-from daemon.engine import Engine
-from daemon.llm import ModelClient
+from daemon.core.config import Settings
+from daemon.core.conversations import SummaryState
+from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.turn import NEW_CONVERSATION_LINE
+from daemon.turn.runner import NEW_CONVERSATION_LINE
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
 

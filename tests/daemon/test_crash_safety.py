@@ -26,11 +26,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from channels.telegram import SECRET_HEADER as TG_SECRET_HEADER
-from channels.telegram import WEBHOOK_PATH as TG_WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER as TG_SECRET_HEADER
+from channels.telegram.channel import WEBHOOK_PATH as TG_WEBHOOK_PATH
 from daemon.store import Store
+from tests.daemon.app.test_app import TG_SECRET, free_port
 from tests.daemon.crash_child import content_for
-from tests.daemon.test_app import TG_SECRET, free_port
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH
-from daemon.memory_index import MemoryIndex
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from daemon.store import Store
-from tests.daemon.test_app import free_port
+from daemon.store.memory_index import MemoryIndex
+from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from channels.base import Inbound
-from daemon.engine import Engine
-from daemon.llm import ModelClient
+from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from daemon.config import DaemonSettings
-from tests.daemon.test_app import free_port
+from daemon.core.config import DaemonSettings
+from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 
 ROOT = Path(__file__).resolve().parents[2]

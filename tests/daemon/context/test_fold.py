@@ -25,7 +25,7 @@ from daemon.context.fold import (
     summary_cap_chars,
     trim_notes,
 )
-from daemon.conversations import Message, Role, SummaryState
+from daemon.core.conversations import Message, Role, SummaryState
 
 FACT = "My daughter Ilse is allergic to peanuts and her school is St. Georg, room 14."
 

@@ -15,7 +15,7 @@ import pytest
 
 from daemon.context.budget import estimate_tokens
 from daemon.context.replay import DoesNotFit, Request, build_request, image_tokens
-from daemon.conversations import Message, Role, SummaryState
+from daemon.core.conversations import Message, Role, SummaryState
 
 CID = "01JCONVERSATION0000000000A"
 PREFIX = "You are roost. <channel>\nplain text\n</channel>\n\n<local_model>\nsmall\n</local_model>"

@@ -1,0 +1,1 @@
+"""Telegram: verify, parse, admit, translate, send."""

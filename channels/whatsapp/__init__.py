@@ -1,0 +1,1 @@
+"""WhatsApp (Cloud API): verify, parse, admit, translate, send."""

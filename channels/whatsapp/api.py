@@ -1,0 +1,167 @@
+"""The WhatsApp Business Cloud API (Graph API) as roost uses it: plain aiohttp calls.
+
+`POST /{version}/{phone_number_id}/messages` sends a text, or marks a received message read with
+the typing indicator; `GET /{version}/{media_id}` gives a media file's short-lived URL, which is
+downloaded with the same bearer token. Graph errors come back as
+`{"error": {"message", "type", "code", "error_subcode", "error_data": {"details"}}}`; they are
+raised as `GraphError` with the code, and `kind_of` says what roost does about each.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import aiohttp
+
+from daemon.core.config import WhatsAppSettings
+
+# Error codes (developers.facebook.com/docs/whatsapp/cloud-api/support/error-codes).
+REENGAGEMENT = 131047  # more than 24 hours since the user last wrote: only templates allowed
+PAIR_RATE_LIMIT = 131056  # too many messages to one user in a short time
+THROUGHPUT_LIMIT = 130429  # the number's messages-per-second limit
+RATE_LIMITS = frozenset({PAIR_RATE_LIMIT, THROUGHPUT_LIMIT, 4, 80007})
+TOKEN_PROBLEMS = frozenset({190})  # expired or invalid token: fixable, so never give up
+TEXT_LIMIT = 4096  # characters of a text message body
+
+
+class Failure(enum.Enum):
+    RETRY = "retry"  # rate limits, 5xx, network: the same call later succeeds
+    REENGAGE = "reengage"  # the 24-hour window is closed: only the user can reopen it
+    REFUSED = "refused"  # this message can never be sent as it is
+
+
+class GraphError(Exception):
+    """A Graph API call that failed; `code` is Meta's error code (0 when there was none)."""
+
+    def __init__(self, status: int, code: int, title: str) -> None:
+        self.status = status
+        self.code = code
+        self.title = title
+        super().__init__(f"HTTP {status}, code {code}: {title}")
+
+    @property
+    def kind(self) -> Failure:
+        if self.code == REENGAGEMENT:
+            return Failure.REENGAGE
+        if self.status in (401, 429) or self.status >= 500 or self.code in RATE_LIMITS:
+            return Failure.RETRY
+        if self.code in TOKEN_PROBLEMS:  # a token can be fixed: wait for the owner to do it
+            return Failure.RETRY
+        return Failure.REFUSED  # any other 4xx, also one without Meta's error body
+
+
+class GraphClient:
+    """One aiohttp session for every Graph call; `start()` before use, `close()` after."""
+
+    def __init__(self, settings: WhatsAppSettings, *, timeout: float = 30.0) -> None:
+        self.settings = settings
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def base(self) -> str:
+        return f"{self.settings.api_base}/{self.settings.api_version}"
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        self._session = aiohttp.ClientSession(
+            headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send_text(self, to: str, body: str, *, reply_to: str | None = None) -> str:
+        """Send a text message; returns the wamid Meta gave it."""
+        payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
+                                   "to": to, "type": "text",
+                                   "text": {"preview_url": False, "body": body}}
+        if reply_to:
+            payload["context"] = {"message_id": reply_to}
+        answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
+        messages = answer.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            return str(messages[0].get("id") or "")
+        return ""
+
+    async def mark_read(self, message_id: str, *, typing: bool) -> None:
+        """Blue ticks for the message (and those before it); with `typing`, the indicator that
+        lasts until roost answers or 25 seconds pass."""
+        payload: dict[str, Any] = {"messaging_product": "whatsapp", "status": "read",
+                                   "message_id": message_id}
+        if typing:
+            payload["typing_indicator"] = {"type": "text"}
+        await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
+
+    async def media_url(self, media_id: str) -> tuple[str, str | None, int | None]:
+        """The download URL (valid for minutes), MIME type and size of an inbound media file."""
+        answer = await self._call("GET", f"/{media_id}", None)
+        url = answer.get("url")
+        if not isinstance(url, str) or not url:
+            raise GraphError(200, 0, "the media answer has no url")
+        size = answer.get("file_size")
+        return url, answer.get("mime_type"), int(size) if isinstance(size, int | str) else None
+
+    async def download(self, url: str, limit: int) -> bytes:
+        """The file behind a media URL (bearer token required), at most `limit` bytes."""
+        session = self._require()
+        # A large video takes longer than an API call: only a stalled read times out.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
+                                        sock_read=self.timeout)
+        try:
+            async with session.get(url, timeout=timeout) as response:
+                if response.status != 200:
+                    raise GraphError(response.status, 0, "media download failed")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        raise GraphError(413, 0, f"the file is larger than {limit} bytes")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except aiohttp.ClientError as exc:  # refused, reset, cut off: worth a retry
+            raise GraphError(503, 0, f"the download was cut off: {exc}") from exc
+        except TimeoutError as exc:
+            raise GraphError(504, 0, "the download stalled") from exc
+
+    async def phone_number(self) -> dict[str, Any]:
+        """`GET /{phone_number_id}`: proves the token is valid for this number (doctor)."""
+        return await self._call("GET", f"/{self.settings.phone_number_id}", None)
+
+    async def _call(self, method: str, path: str,
+                    payload: dict[str, Any] | None) -> dict[str, Any]:
+        session = self._require()
+        try:
+            async with session.request(method, self.base + path, json=payload) as response:
+                try:
+                    answer = await response.json(content_type=None)
+                except ValueError:
+                    answer = None
+                if response.status == 200 and isinstance(answer, dict):
+                    return answer
+                raise _error(response.status, answer)
+        except aiohttp.ClientError as exc:  # refused, reset, cut off: all worth a retry
+            raise GraphError(503, 0, f"cannot reach the Graph API: {exc}") from exc
+        except TimeoutError as exc:
+            raise GraphError(504, 0, "the Graph API did not answer in time") from exc
+
+    def _require(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("GraphClient.start() first")
+        return self._session
+
+
+def _error(status: int, answer: object) -> GraphError:
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return GraphError(status, 0, f"unexpected answer ({status})")
+    code = error.get("code")
+    data = error.get("error_data")
+    details = data.get("details") if isinstance(data, dict) else None
+    title = str(error.get("message") or error.get("title") or "")
+    if details:
+        title = f"{title} ({details})"
+    return GraphError(status, code if isinstance(code, int) else 0, title)

@@ -1,0 +1,1 @@
+"""`roost run`: the aiohttp app, HTTP guard, /healthz, /metrics, sd_notify."""

@@ -1,0 +1,491 @@
+"""The daemon process: one aiohttp application that owns every long-lived part.
+
+Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
+Ollama client, the health monitor, pairing and pacing, the channels (before the engine, which
+delivers through them), the engine, the automations' scheduler (after the engine it runs turns
+on), then the channels' receiving sides (after the engine, which they feed; so they stop first).
+`serve()` binds the port first (a second instance stops before it touches Telegram), starts the
+parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
+SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
+(the whole stop's budget, see `shutdown_budget`), closes the store and returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from automations.runner import RUN_STATUSES
+from automations.scheduler import Automations
+from channels.progress import Progress
+from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning
+from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
+from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
+from daemon import __version__
+from daemon.app.health import HealthMonitor
+from daemon.app.httpguard import (
+    GuardedSite,
+    HttpLimits,
+    RejectionLog,
+    bind,
+    guard_middleware,
+    install_malformed_filter,
+)
+from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
+from daemon.core.config import Settings
+from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
+from daemon.core.filemodes import exposure
+from daemon.core.logs import app_log as log
+from daemon.core.messages import Channel, Inbound, Outbound
+from daemon.core.metrics import START_TIME, Metrics
+from daemon.engine.workers import Engine
+from daemon.intake.gate import Access
+from daemon.intake.pairing import PairingBook
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.store.event_log import Records
+from daemon.store.memory_index import MemoryIndex
+
+EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Timings and limits of the process that are not user settings; tests make them short."""
+
+    http: HttpLimits = field(default_factory=HttpLimits)
+    health_interval: float = 30.0  # seconds between background probes of Ollama and the disk
+
+
+SETTINGS = web.AppKey("settings", Settings)
+TUNING = web.AppKey("tuning", Tuning)
+STORE = web.AppKey("store", Store)
+INDEX = web.AppKey("index", MemoryIndex)
+LLM = web.AppKey("llm", ModelClient)
+HEALTH = web.AppKey("health", HealthMonitor)
+METRICS = web.AppKey("metrics", Metrics)
+ENGINE = web.AppKey("engine", Engine)
+CHANNELS = web.AppKey("channels", dict[str, Channel])
+TELEGRAM = web.AppKey("telegram", Telegram)
+TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
+WHATSAPP = web.AppKey("whatsapp", WhatsApp)
+WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
+ACCESS = web.AppKey("access", Access)
+AUTOMATIONS = web.AppKey("automations", Automations)
+Context = Callable[[web.Application], AsyncIterator[None]]
+
+
+def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
+              telegram_tuning: TelegramTuning | None = None,
+              whatsapp_tuning: WhatsAppTuning | None = None,
+              tuning: Tuning | None = None) -> web.Application:
+    """The application with its parts registered; nothing runs until it is started."""
+    tuning = tuning or Tuning()
+    metrics = Metrics()
+    rejections = RejectionLog()
+    install_malformed_filter(RejectionLog())
+    whatsapp_tuning = whatsapp_tuning or WhatsAppTuning()
+    # The HTTP guard reads each body within this size; a channel then applies its own limit.
+    max_body = max(telegram_tuning.max_body if telegram_tuning else TelegramTuning.max_body,
+                   whatsapp_tuning.max_body if settings.whatsapp.enabled else 0)
+    app = web.Application(client_max_size=max_body, middlewares=[guard_middleware(
+        tuning.http, rejections, lambda cause: metrics.webhook_rejections.labels(cause).inc())])
+    app[SETTINGS] = settings
+    app[TUNING] = tuning
+    app[METRICS] = metrics
+    counted: dict[str, Channel] = {name: _Counted(channel, metrics)
+                                   for name, channel in (channels or {}).items()}
+    app[CHANNELS] = counted
+    # Channels open before the engine (it delivers through them) and start receiving after it
+    # (they feed it), so they stop receiving first.
+    opening: list[Context] = []
+    starting: list[Context] = []
+    if settings.telegram.enabled:
+        app[TELEGRAM_TUNING] = telegram_tuning or TelegramTuning()
+        opening.append(telegram_ctx)
+        starting.append(telegram_start_ctx)
+        if settings.telegram.mode == "webhook":  # polling mode has no route: never both
+            app.router.add_post(WEBHOOK_PATH, telegram_webhook)
+    if settings.whatsapp.enabled:
+        app[WHATSAPP_TUNING] = whatsapp_tuning
+        opening.append(whatsapp_ctx)
+        starting.append(whatsapp_start_ctx)
+        app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
+        app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
+    app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, *opening, engine_ctx,
+                            automations_ctx, *starting])
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_route)
+    return app
+
+
+async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+    state_dir = app[SETTINGS].daemon.state_dir
+    if problem := exposure(state_dir):
+        log.warning("the state directory %s is %s", state_dir, problem)
+    store, index = await asyncio.to_thread(_open_state, state_dir)
+    # What the store holds in memory (the conversation list, a year of dedupe keys) lives as
+    # long as the process: out of the collector's full passes, which walk every tracked object
+    # and stalled acks for tens of milliseconds each on a year of data.
+    gc.collect()
+    gc.freeze()
+    app[STORE] = store
+    app[INDEX] = index
+    log.info("state directory %s", store.state_dir)
+    yield
+    index.close()  # the engine closed it already, unless it never started
+    store.close()
+    gc.unfreeze()
+    log.info("store closed")
+
+
+def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
+    """The store and its memory index. The index is derived data, but it is written to at
+    once: a disk that cannot take it (full, read-only) stops the start with one line (exit 73),
+    as the store itself does."""
+    store = Store.open(state_dir)
+    try:
+        return store, MemoryIndex.open(state_dir / "memory.sqlite3")
+    except BaseException:
+        store.close()
+        raise
+
+
+async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[LLM] = ModelClient(app[SETTINGS].model)
+    app[LLM].observer = app[METRICS]
+    yield
+    await app[LLM].close()
+
+
+async def health_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    monitor = HealthMonitor(app[LLM], settings.model.name, settings.daemon.state_dir,
+                            app[TUNING].health_interval)
+    app[HEALTH] = monitor
+    await monitor.start()
+    yield
+    await monitor.stop()
+
+
+async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    channels: dict[str, Channel] = app[CHANNELS]
+    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels,
+                    index=app[INDEX])
+    app[ENGINE] = engine
+    engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
+    await engine.start()
+    yield
+    budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
+    # After serve() drained, this drains no more: the grace runs once.
+    await engine.stop(budget.drain, budget.unwind)
+    log.info("engine stopped")
+
+
+async def access_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Pairing and pacing, shared by the channels (one rate limit per sender)."""
+    settings = app[SETTINGS]
+    inbound = app[METRICS].inbound
+    app[ACCESS] = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time,
+                         lambda channel, outcome: inbound.labels(channel, outcome).inc())
+    yield
+
+
+async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Right after the engine: the reminder tools are registered (in Automations()) before any
+    # turn runs, and the scheduler stops before the engine it delivers through.
+    automations = Automations(app[ENGINE])
+    app[AUTOMATIONS] = automations
+    metrics = app[METRICS]
+    metrics.automations_known((a.name for a in app[SETTINGS].automations), RUN_STATUSES)
+    automations.runner.on_run = metrics.automation_run
+    await automations.start()
+    yield
+    await automations.stop()
+    log.info("scheduler stopped")
+
+
+async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
+                        settings.attachments, app[ACCESS])
+    await telegram.open()
+    app[TELEGRAM] = telegram
+    _count_resent(telegram.channel.progress, app[METRICS], "telegram")
+    app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
+    yield
+    await telegram.close()
+
+
+async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
+    await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"))
+    yield
+    await app[TELEGRAM].stop()
+    log.info("telegram stopped")
+
+
+async def telegram_webhook(request: web.Request) -> web.Response:
+    return await _stored_or_503(request, request.app[TELEGRAM].webhook)
+
+
+async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    records = Records(app[STORE].state_dir, settings.daemon.tz)
+    whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
+                        settings.attachments, app[ACCESS])
+    await whatsapp.open()
+    app[WHATSAPP] = whatsapp
+    _count_resent(whatsapp.channel.progress, app[METRICS], "whatsapp")
+    app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
+    yield
+    await whatsapp.close()
+
+
+async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
+    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"))
+    yield
+    await app[WHATSAPP].stop()
+    log.info("whatsapp stopped")
+
+
+async def whatsapp_verify(request: web.Request) -> web.Response:
+    return await request.app[WHATSAPP].verify(request)
+
+
+async def whatsapp_webhook(request: web.Request) -> web.Response:
+    return await _stored_or_503(request, request.app[WHATSAPP].webhook)
+
+
+async def _stored_or_503(request: web.Request,
+                         webhook: Callable[[web.Request], Awaitable[web.Response]]
+                         ) -> web.Response:
+    """A webhook call while the disk is full gets 503 before anything is written, so the
+    platform sends it again; a call that could not be stored makes the disk be looked at."""
+    health = request.app[HEALTH]
+    if health.health.disk_full:
+        health.check_now()  # and see whether space was freed meanwhile
+        return web.Response(status=503, text="disk full\n")
+    response = await webhook(request)
+    if response.status >= 500:
+        health.check_now()
+    return response
+
+
+def _count_resent(progress: Progress, metrics: Metrics, channel: str) -> None:
+    """Count the channel's parts sent again after a restart, from 0 (a rise is the news)."""
+    counter = metrics.parts_resent.labels(channel)
+    progress.on_resent = counter.inc
+
+
+class _Counted:
+    """A channel that counts what it delivers (for /metrics); otherwise the channel itself."""
+
+    def __init__(self, channel: Channel, metrics: Metrics) -> None:
+        self.channel = channel
+        self.name = channel.name
+        self.metrics = metrics
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        self.channel.stream_delta(chat_key, delta)
+
+    def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.channel.working(chat_key)
+
+    async def send(self, outbound: Outbound) -> None:
+        try:
+            await self.channel.send(outbound)
+        except DeliveryError as exc:
+            outcome = "undeliverable" if exc.permanent else "failed"
+            self.metrics.outbound.labels(self.name, outcome).inc()
+            raise
+        self.metrics.outbound.labels(self.name, "sent").inc()
+
+
+class _CountedIntake:
+    """The engine as a channel's intake sees it, counting what comes in (for /metrics)."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, channel: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.channel = channel
+
+    async def submit(self, inbound: Inbound) -> bool:
+        taken = await self.engine.submit(inbound)
+        self.metrics.inbound.labels(self.channel, "accepted" if taken else "refused").inc()
+        return taken
+
+    async def notify(self, chat_key: str, text: str) -> None:
+        await self.engine.notify(chat_key, text)
+
+    async def deliver(self, outbound: Outbound) -> bool:
+        return await self.engine.deliver(outbound)
+
+    def wake(self, chat_key: str) -> None:
+        self.engine.wake(chat_key)
+
+
+def channel_names(app: web.Application) -> list[str]:
+    channels: dict[str, Channel] = app[CHANNELS]
+    return list(channels)
+
+
+def _status(app: web.Application) -> tuple[str, list[str]]:
+    if not app[ENGINE].accepting:
+        return "stopping", ["shutting down"]
+    reasons = app[HEALTH].health.reasons()
+    return ("degraded" if reasons else "ok"), reasons
+
+
+async def _gauges(app: web.Application) -> dict[str, float]:
+    engine, llm = app[ENGINE], app[LLM]
+    depths = engine.queue_depths()
+    store = app[STORE]
+
+    def read() -> tuple[int, int]:
+        return len(store.outbox_pending()), store.chats_flagged("undeliverable")
+
+    outbox, undeliverable = await asyncio.to_thread(read)
+    return {"roost_queued_messages": sum(depths.values()), "roost_busy_chats": len(depths),
+            "roost_outbox_pending": outbox, "roost_undeliverable_chats": undeliverable,
+            "roost_model_requests_in_flight": llm.in_flight,
+            "roost_healthy": 1.0 if _status(app)[0] == "ok" else 0.0,
+            "roost_start_time_seconds": START_TIME}
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Health at a glance, from cached state (no Ollama call per hit); no chat ids, no hosts."""
+    app = request.app
+    status, reasons = _status(app)
+    health = app[HEALTH].health
+    depths = app[ENGINE].queue_depths()
+    body = {
+        "status": status,
+        "reasons": reasons,
+        "version": __version__,
+        "model": {"name": app[SETTINGS].model.name, "reachable": health.ollama_reachable,
+                  "pulled": health.model_pulled},
+        "channels": sorted(channel_names(app)),
+        "queued": sum(depths.values()),
+        "busy_chats": len(depths),
+        "in_flight": app[LLM].in_flight,
+        "accepting": app[ENGINE].accepting,
+        "time": time.time(),
+    }
+    return web.json_response(body, status=503 if status == "stopping" else 200)
+
+
+async def metrics_route(request: web.Request) -> web.Response:
+    """Prometheus' text format (prometheus-client's own exposition)."""
+    # The gauges are read here, on the event loop that changes them; the collector gets a copy.
+    metrics = request.app[METRICS]
+    metrics.gauges = await _gauges(request.app)
+    body = metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; "
+                                                            "charset=utf-8"})
+
+
+async def serve(settings: Settings, channels: Mapping[str, Channel] | None = None,
+                tuning: Tuning | None = None) -> int:
+    """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
+    tuning = tuning or Tuning()
+    daemon = settings.daemon
+    try:
+        sock = bind(daemon.listen_host, daemon.listen_port, tuning.http.backlog)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
+                  exc.strerror or exc)
+        return EX_OSERR
+    app = build_app(settings, channels, tuning=tuning)
+    budget = shutdown_budget(daemon.shutdown_grace)
+    # aiohttp waits this long for open requests (webhooks answer in milliseconds), out of the
+    # same budget as the engine's drain.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=budget.http,
+                           keepalive_timeout=tuning.http.keepalive_timeout,
+                           lingering_time=tuning.http.lingering_time)
+    try:
+        await runner.setup()
+    except StoreError as exc:
+        await runner.cleanup()
+        sock.close()
+        log.error("%s", _disk_hint(exc))
+        return EX_CANTCREAT
+    except ConfigError as exc:  # found at start, e.g. webhook mode without a secret
+        await runner.cleanup()
+        sock.close()
+        log.error("config error: %s", exc)
+        return ConfigError.exit_status
+    except ChannelError as exc:  # e.g. the Bot API unreachable: systemd restarts us
+        await runner.cleanup()
+        sock.close()
+        log.error("%s", exc)
+        return EX_UNAVAILABLE
+    site = GuardedSite(runner, sock, tuning.http)
+    await site.start()
+    for name, enabled in (("telegram", settings.telegram.enabled),
+                          ("whatsapp", settings.whatsapp.enabled)):
+        if enabled and name not in app[CHANNELS]:
+            log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
+                        "its messages are not served", name, name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
+             daemon.listen_port)
+    sd_notify("READY=1")
+    interval = watchdog_interval()
+    pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
+    await stop.wait()
+    log.info("stopping: no new work; turns in flight get %.1fs of the %.1fs shutdown budget",
+             budget.drain, daemon.shutdown_grace)
+    sd_notify("STOPPING=1")
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(signum)
+    # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
+    # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
+    # The watchdog keeps pinging meanwhile: a long drain is not a hang.
+    await app[ENGINE].drain(budget.drain)
+    await runner.cleanup()
+    if pinger is not None:
+        pinger.cancel()
+        await asyncio.gather(pinger, return_exceptions=True)
+    log.info("stopped")
+    return 0
+
+
+@dataclass(frozen=True)
+class ShutdownBudget:
+    """`daemon.shutdown_grace` split into the steps of a stop, so that they add up to it."""
+
+    drain: float  # turns in flight may finish
+    http: float  # aiohttp waits for open requests
+    unwind: float  # each step of cancelling what is left (rotation, workers, folds)
+
+
+SHUTDOWN_RESERVE = 4.0  # seconds at most kept from the drain for the rest of the stop
+UNWIND_STEPS = 3  # the engine's steps that get `unwind` each
+
+
+def shutdown_budget(grace: float) -> ShutdownBudget:
+    """The one shutdown budget: the drain gets all but a reserve (a quarter of the grace, at
+    most SHUTDOWN_RESERVE), shared by aiohttp's wait and the engine's cancelling steps. The
+    store and the channels' clients close in well under a second after that."""
+    reserve = min(SHUTDOWN_RESERVE, grace / 4)
+    share = reserve / (1 + UNWIND_STEPS)
+    return ShutdownBudget(drain=grace - reserve, http=share, unwind=share)
+
+
+def _disk_hint(exc: StoreError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full: {exc}; free some space and start roost again"
+    return str(exc)

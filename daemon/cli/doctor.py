@@ -1,0 +1,330 @@
+"""`roost doctor`: one line per check, each failure with how to fix it; exit 1 on any failure.
+
+Checks what `roost run` would refuse (config, secrets), the state directory (writable, private,
+not full, its files readable), Ollama (reachable, the model pulled, its context length and
+capabilities and what roost does about each, the loaded runner's num_ctx), the quarantine,
+Telegram (getMe, and getWebhookInfo against `telegram.webhook_url`) and WhatsApp (the token is
+valid for the phone number id). Nothing here prints a secret or a URL's
+credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TextIO
+
+import httpx
+import ollama
+from telegram import Bot
+from telegram.error import InvalidToken, TelegramError
+
+from automations.schedule import build_trigger, next_fire
+from channels.telegram.channel import check_settings
+from channels.whatsapp.api import GraphClient, GraphError
+from daemon.app.health import MIN_FREE_BYTES, disk_state
+from daemon.core.config import Settings, missing_secrets
+from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
+from daemon.core.filemodes import exposure
+from daemon.core.redact import redact_url
+from daemon.llm.client import ModelClient
+from daemon.store import NoState, Store, quarantined_items
+
+PENDING_PILE_UP = 100  # updates waiting at Telegram: roost has not been taking them for a while
+
+# What roost does with or without each capability /api/show reports, and whether lacking it is
+# a problem. roost adapts to each (a model without tools gets none), so none is.
+CAPABILITIES = {
+    "tools": ("roost offers the model its tools (memory_search, conversation_read, ...)",
+              "roost sends this model no tools: it answers from the conversation alone, "
+              "without searching its memory", False),
+    "vision": ("images sent to roost are shown to the model",
+               "images are not shown to the model; the sender is told so", False),
+    "thinking": ("the model may think when model.think = true; roost keeps its thinking out "
+                 "of the reply, and never lets a background call think",
+                 "the model does not think", False),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+async def run_doctor(settings: Settings, *, as_json: bool = False,
+                     out: TextIO | None = None) -> int:
+    """Run every check, print them (to stdout unless `out`), return 0 when all pass and 1
+    otherwise."""
+    out = out or sys.stdout  # looked up now: stdout may have been redirected since import
+    checks: list[Check] = []
+    say: Callable[[Check], None] = checks.append if as_json else _printer(out, checks)
+    for check in _config_checks(settings):
+        say(check)
+    for check in await asyncio.to_thread(_state_checks, settings):
+        say(check)
+    for check in await _ollama_checks(settings):
+        say(check)
+    if settings.telegram.enabled:
+        for check in await _telegram_checks(settings):
+            say(check)
+    if settings.whatsapp.enabled and not missing_secrets(settings):
+        say(await _whatsapp_check(settings))
+    for check in _automation_checks(settings):
+        say(check)
+    if as_json:
+        json.dump({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]},
+                  out, indent=2)
+        out.write("\n")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def _printer(out: TextIO, checks: list[Check]) -> Callable[[Check], None]:
+    def say(check: Check) -> None:
+        checks.append(check)
+        fix = f" -> fix: {check.fix}" if check.fix else ""
+        out.write(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}{fix}\n")
+        out.flush()
+
+    return say
+
+
+def _config_checks(settings: Settings) -> list[Check]:
+    checks = [Check("config", True, str(settings.source or "none found; using defaults"))]
+    refused: list[ConfigError] = list(missing_secrets(settings))
+    if settings.telegram.enabled and settings.telegram.token:
+        try:
+            check_settings(settings.telegram)
+        except ConfigError as error:
+            refused.append(error)
+    for refusal in refused:
+        checks.append(Check(f"config {refusal.key}", False, refusal.problem,
+                            "`roost run` refuses to start until this is fixed"))
+    channels = [name for name, on in (("telegram", settings.telegram.enabled),
+                                      ("whatsapp", settings.whatsapp.enabled)) if on]
+    checks.append(Check("channels", True, ", ".join(channels) or "none (terminal chat only)"))
+    return checks
+
+
+def _state_checks(settings: Settings) -> list[Check]:
+    state_dir = settings.daemon.state_dir
+    name = "state directory"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        return [Check(name, False, f"{state_dir} cannot be created: {exc.strerror or exc}",
+                      "create it, owned by the user roost runs as, or set daemon.state_dir")]
+    full, broken = disk_state(state_dir)
+    checks = []
+    if broken:
+        checks.append(Check(name, False, f"{state_dir} is not writable",
+                            f"chown it to the user roost runs as: chown -R $USER {state_dir}"))
+    elif full:
+        checks.append(Check(name, False, f"the disk holding {state_dir} is full (under "
+                            f"{MIN_FREE_BYTES // 2**20} MiB free)", "free some space on it"))
+    else:
+        free = shutil.disk_usage(state_dir).free / 2**30
+        checks.append(Check(name, True, f"{state_dir} (writable), {free:.1f} GiB free"))
+    problem = exposure(state_dir)
+    checks.append(Check("state directory privacy", problem is None,
+                        f"{state_dir} is private" if problem is None
+                        else f"{state_dir} is {problem.split('; fix with: ')[0]}",
+                        f"chmod 700 {state_dir}" if problem else ""))
+    checks.append(_store_check(settings))
+    checks.append(_quarantine_check(settings))
+    return checks
+
+
+def _quarantine_check(settings: Settings) -> Check:
+    """Items that failed twice and were set aside so their chat could carry on."""
+    folder = settings.daemon.state_dir / "quarantine"
+    try:
+        items = quarantined_items(settings.daemon.state_dir)
+    except StoreError as exc:
+        return Check("quarantine", False, f"cannot be read: {exc}", f"look at {folder}")
+    if not items:
+        return Check("quarantine", True, "empty")
+    listed = "; ".join(
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(item['quarantined']))} "
+        f"{item['kind']} {item['key']} ({item['chat_key'] or 'no chat'}): {item['error']}"
+        for item in items)
+    return Check("quarantine", False, f"{len(items)} items set aside after failing twice: "
+                 f"{listed}", f"read them in {folder}; delete each file once dealt with")
+
+
+def _store_check(settings: Settings) -> Check:
+    try:
+        store = Store.open(settings.daemon.state_dir, read_only=True)
+    except NoState:
+        return Check("store files", True, "none yet (a fresh install)")
+    except StoreError as exc:
+        return Check("store files", False, str(exc), "see `Where roost keeps things` in README")
+    try:
+        conversations = store.list_conversations()
+        messages = sum(len(store.messages(c.id)) for c in conversations)
+    except StoreError as exc:
+        return Check("store files", False, str(exc),
+                     "stop roost and start it again: it moves an unreadable file aside")
+    finally:
+        store.close()
+    return Check("store files", True, f"{len(conversations)} conversations, {messages} messages "
+                 "readable")
+
+
+async def _ollama_checks(settings: Settings) -> list[Check]:
+    model = settings.model
+    host = redact_url(model.host)
+    llm = ModelClient(model)
+    try:
+        try:
+            await llm.pulled_models()
+        except LLMError as exc:
+            return [Check("ollama", False, f"not reachable at {host}: {redact_url(str(exc))}",
+                          "start it with `ollama serve`, or set [model] host in the config")]
+        checks = [Check("ollama", True, f"reachable at {host}")]
+        try:
+            info = await llm.model_info()
+            num_ctx = await llm.num_ctx()
+        except ModelNotFound:
+            checks.append(Check("model", False, f"{model.name} is not pulled on {host}",
+                                f"ollama pull {model.name}"))
+            return checks
+        except LLMError as exc:
+            checks.append(Check("model", False, redact_url(str(exc)), "check `ollama list`"))
+            return checks
+        length = info.context_length
+        capped = f", capped from model.window {model.window}" if num_ctx < model.window else ""
+        checks.append(Check("model", True, f"{model.name}: context length {length or 'unknown'}, "
+                            f"roost asks for num_ctx {num_ctx}{capped}"))
+        for capability, (have, lack, needed) in CAPABILITIES.items():
+            present = capability in info.capabilities
+            checks.append(Check(f"model {capability}", present or not needed,
+                                f"{'yes' if present else 'no'}: {have if present else lack}",
+                                "" if present or not needed else
+                                "pick a model with tool support (`ollama show MODEL` lists "
+                                "its capabilities), e.g. qwen3"))
+        checks.append(await _runner_check(model.host, model.name, num_ctx))
+        return checks
+    finally:
+        await llm.close()
+
+
+async def _runner_check(host: str, name: str, num_ctx: int) -> Check:
+    client = ollama.AsyncClient(host=host, timeout=httpx.Timeout(10.0))
+    try:
+        running = await client.ps()
+    except Exception as exc:  # the boundary of one check: any failure is a line, not a crash
+        return Check("loaded runner", False, f"/api/ps failed: {redact_url(str(exc))}",
+                     "check the Ollama server's log")
+    finally:
+        await client.close()
+    for entry in running.models:
+        if entry.model in (name, f"{name}:latest") or entry.name in (name, f"{name}:latest"):
+            loaded = entry.context_length
+            if loaded is None or loaded == num_ctx:
+                return Check("loaded runner", True, f"{name} is loaded with num_ctx {loaded}")
+            return Check("loaded runner", False,
+                         f"{name} is loaded with num_ctx {loaded}, roost asks for {num_ctx}: "
+                         "every turn would reload it",
+                         "another client (or OLLAMA_CONTEXT_LENGTH) loads it with another "
+                         "num_ctx; set model.window to match, or stop that client")
+    return Check("loaded runner", True, f"{name} is not loaded now (Ollama loads it on the "
+                 "first message)")
+
+
+def _automation_checks(settings: Settings) -> list[Check]:
+    """Each automation's next run; a second model means a reload on a one-GPU box."""
+    checks = []
+    now = datetime.now(settings.daemon.tz)
+    for automation in settings.automations:
+        name = f"automation {automation.name}"
+        if not automation.enabled:
+            checks.append(Check(name, True, "disabled"))
+            continue
+        following = next_fire(build_trigger(automation.schedule, settings.daemon.tz), now)
+        when = following.strftime("%Y-%m-%d %H:%M %Z") if following else "never"
+        checks.append(Check(name, True, f"next run {when}"))
+        if automation.model and automation.model != settings.model.name:
+            checks.append(Check(f"{name} model", True, (
+                f"uses {automation.model}, not {settings.model.name}: on one GPU each run "
+                "unloads the chat model and loads that one (slow, and the chat's cache is lost)")))
+    return checks
+
+
+async def _whatsapp_check(settings: Settings) -> Check:
+    """The token is valid for the phone number id: `GET /{phone_number_id}`."""
+    client = GraphClient(settings.whatsapp, timeout=10)
+    await client.start()
+    try:
+        number = await client.phone_number()
+    except GraphError as exc:
+        return Check("whatsapp", False, f"the Graph API refused: {exc}",
+                     "check ROOST_WHATSAPP_TOKEN (a permanent system-user token with "
+                     "whatsapp_business_messaging) and whatsapp.phone_number_id")
+    finally:
+        await client.close()
+    return Check("whatsapp", True, f"number {number.get('display_phone_number', '?')} "
+                 f"({number.get('verified_name', 'no verified name')})")
+
+
+async def _telegram_checks(settings: Settings) -> list[Check]:
+    tg = settings.telegram
+    if not tg.token:
+        return []  # reported with the config checks
+    bot = Bot(tg.token, base_url=tg.api_base, base_file_url=tg.file_base)
+    try:
+        try:
+            me = await bot.get_me()
+        except InvalidToken:
+            return [Check("telegram getMe", False, "Telegram refused the bot token",
+                          "check ROOST_TELEGRAM_TOKEN with @BotFather")]
+        except TelegramError as exc:
+            return [Check("telegram getMe", False, f"cannot reach the Bot API: {exc}",
+                          "check the network, or telegram.api_base")]
+        checks = [Check("telegram getMe", True, f"bot @{me.username}")]
+        try:
+            info = await bot.get_webhook_info()
+        except TelegramError as exc:
+            checks.append(Check("telegram webhook", False, f"getWebhookInfo failed: {exc}",
+                                "check the network, or telegram.api_base"))
+            return checks
+        checks.extend(_webhook_checks(settings, info.url, info.last_error_message,
+                                      info.pending_update_count))
+        return checks
+    finally:
+        await bot.shutdown()
+
+
+def _webhook_checks(settings: Settings, url: str, last_error: str | None,
+                    pending: int) -> list[Check]:
+    tg = settings.telegram
+    checks = []
+    if tg.mode == "webhook":
+        if url == tg.webhook_url:
+            checks.append(Check("telegram webhook", True, f"registered at {url}"))
+        else:
+            shown = url or "no webhook"
+            checks.append(Check("telegram webhook", False,
+                                f"Telegram has {shown}, the config says {tg.webhook_url}",
+                                "start `roost run`, which registers telegram.webhook_url; "
+                                "if another program uses this bot, give roost its own bot"))
+    elif url:
+        checks.append(Check("telegram webhook", False, f"a webhook is set ({url}) in polling "
+                            "mode", "start `roost run`, which removes it before polling"))
+    if last_error:
+        checks.append(Check("telegram last error", False, last_error,
+                            "make telegram.webhook_url reach roost's /webhooks/telegram "
+                            "over HTTPS (see the Telegram section of the README)"))
+    checks.append(Check("telegram pending updates", pending < PENDING_PILE_UP,
+                        f"{pending} waiting at Telegram",
+                        "" if pending < PENDING_PILE_UP else
+                        "roost has not been taking updates: is it running and reachable?"))
+    return checks

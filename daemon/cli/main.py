@@ -1,0 +1,177 @@
+"""The `roost` command (also `python -m daemon`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from automations import commands as automation_commands
+from channels.console import chat
+from daemon import __version__
+from daemon.app.serve import serve
+from daemon.cli.doctor import run_doctor
+from daemon.cli.pairing import pairing_command
+from daemon.core.config import Settings, load_settings
+from daemon.core.errors import ConfigError, StoreError
+from daemon.core.filemodes import make_private
+from daemon.core.logs import configure as configure_logging
+from daemon.intake.pairing import PairingBook
+from daemon.store import NoState, Store
+
+EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
+EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
+
+# Commands that only look at state or talk to the model: a missing channel secret must not stop
+# them (doctor reports it as a failed check instead).
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="roost",
+        description="Talk to the LLM on your own GPU box from your phone or terminal.",
+    )
+    parser.add_argument("--version", action="version", version=f"roost {__version__}")
+    _add_common(parser, suppress=False)
+    # --config and -v are accepted before or after any subcommand. A subparser's own copy
+    # defaults to SUPPRESS, so an option given earlier is not overwritten by its default.
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, suppress=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("run", parents=[common], help="run the daemon (HTTP server, channels)")
+    commands.add_parser("chat", parents=[common], help="chat with the model in this terminal")
+    doctor = commands.add_parser(
+        "doctor", parents=[common],
+        help="check the config, the state directory, Ollama and Telegram; exit 1 on a problem")
+    doctor.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
+    conversations = commands.add_parser("conversations", parents=[common],
+                                        help="list, show or export stored conversations")
+    actions = conversations.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", parents=[common], help="one line per conversation")
+    show = actions.add_parser("show", parents=[common], help="print a conversation")
+    show.add_argument("id", help="conversation id (a unique prefix is enough)")
+    export = actions.add_parser("export", parents=[common],
+                                help="a conversation as JSON, every message byte for byte")
+    export.add_argument("id", help="conversation id (a unique prefix is enough)")
+    pairing = commands.add_parser("pairing", parents=[common],
+                                  help="list, approve or deny senders waiting with a code")
+    steps = pairing.add_subparsers(dest="action", metavar="ACTION", required=True)
+    steps.add_parser("list", parents=[common], help="codes waiting, then approved senders")
+    approve = steps.add_parser("approve", parents=[common], help="let the code's sender in")
+    approve.add_argument("code", help="the 8-character code the sender was given")
+    deny = steps.add_parser("deny", parents=[common], help="drop the code")
+    deny.add_argument("code", help="the 8-character code the sender was given")
+    automations = commands.add_parser("automations", parents=[common],
+                                      help="list or run automations, add a reminder")
+    jobs = automations.add_subparsers(dest="action", metavar="ACTION", required=True)
+    jobs.add_parser("list", parents=[common], help="each automation, its next run, last result")
+    run = jobs.add_parser("run", parents=[common], help="run one now and print the reply")
+    run.add_argument("name", help="the automation's name")
+    remind = jobs.add_parser("remind", parents=[common], help="send a reminder at a time")
+    remind.add_argument("when", help="'in 20m', '15:30', 'tomorrow 09:00', '2026-12-24 18:00'")
+    remind.add_argument("text", help="what to remind of")
+    remind.add_argument("--to", required=True, metavar="TARGET",
+                        help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    parser.add_argument("--config", type=Path, metavar="PATH",
+                        default=argparse.SUPPRESS if suppress else None,
+                        help="config file (default: $ROOST_CONFIG, ./roost.toml, "
+                             "~/.config/roost/roost.toml, /etc/roost/roost.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        default=argparse.SUPPRESS if suppress else False, help="debug logging")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EX_USAGE
+    make_private()  # before anything is written: files 0600, folders 0700, whatever the umask
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
+    except ConfigError as exc:
+        print(f"roost: config error: {exc}", file=sys.stderr)
+        return ConfigError.exit_status
+    try:
+        return _dispatch(args, settings)
+    except StoreError as exc:
+        print(f"roost: {exc}", file=sys.stderr)
+        return EX_CANTCREAT
+    except KeyboardInterrupt:
+        return 0
+
+
+def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    if args.command == "run":
+        return asyncio.run(serve(settings))
+    if args.command == "chat":
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        return asyncio.run(chat(settings))
+    if args.command == "doctor":  # its report is the output; log lines only with -v
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        return asyncio.run(run_doctor(settings, as_json=args.json))
+    if args.command == "pairing":
+        return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
+                               getattr(args, "code", None))
+    if args.command == "automations":
+        return _automations(args, settings)
+    return _conversations(args, settings)
+
+
+def _automations(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "list":
+        return automation_commands.list_automations(settings)
+    if args.action == "run":
+        return asyncio.run(automation_commands.run_automation(settings, args.name))
+    return automation_commands.remind(settings, args.when, args.text, args.to)
+
+
+def _conversations(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        store = Store.open(settings.daemon.state_dir, read_only=True)
+    except NoState:  # a fresh install: nothing stored yet
+        if args.action == "list":
+            return 0
+        print(f"roost: no conversation matches {args.id!r}", file=sys.stderr)
+        return 1
+    try:
+        found = store.list_conversations()
+        if args.action == "list":
+            for c in found:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.last_active))
+                count = store.message_count(c.id)
+                print(f"{c.id}  {c.chat_key:<24} {c.status:<8} {count:>6} messages  {when}")
+            return 0
+        matches = [c for c in found if c.id.startswith(args.id.upper())]
+        if len(matches) != 1:
+            print(f"roost: {'no' if not matches else 'more than one'} conversation matches "
+                  f"{args.id!r}", file=sys.stderr)
+            return 1
+        # The list holds records only; the summary (with its fold count) has its own file.
+        conversation = store.get_conversation(matches[0].id) or matches[0]
+        messages = store.messages(conversation.id)
+        if args.action == "export":
+            doc = {**conversation.to_doc(), "messages": [m.to_doc() for m in messages]}
+            json.dump(doc, sys.stdout, ensure_ascii=False, indent=2)
+            print()
+            return 0
+        held = {doc.get("message_id"): doc["held"]
+                for doc in store.outbox_pending(conversation.chat_key) if doc.get("held")}
+        for m in messages:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
+            mark = f" (not delivered yet: {held[m.id]})" if m.id in held else ""
+            print(f"--- #{m.seq} {m.role} {when}{mark}\n{m.content}")
+        return 0
+    finally:
+        store.close()

@@ -1,0 +1,35 @@
+"""`roost pairing list | approve CODE | deny CODE`: safe while the daemon runs (see pairing)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from daemon.intake.pairing import CODE_TTL, PairingBook
+
+
+def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
+    """Run one pairing action; 1 when the code is not waiting (unknown, used or expired)."""
+    now = time.time()
+    if action == "list":
+        pending = book.pending(now)
+        for p in pending:
+            left = max(0, int((p.created + CODE_TTL - now) // 60))
+            print(f"{p.code}  {p.channel}:{p.sender:<16} {p.name or '-':<24} "
+                  f"expires in {left} min")
+        for a in book.approved():
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.approved))
+            print(f"approved  {a.channel}:{a.sender:<16} {a.name or '-':<24} since {when}")
+        return 0
+    assert code is not None
+    found = book.approve(code, now) if action == "approve" else book.deny(code, now)
+    if found is None:
+        print(f"roost: no pairing code {code.upper()!r} is waiting (unknown, used or expired; "
+              "see `roost pairing list`)", file=sys.stderr)
+        return 1
+    if action == "approve":
+        print(f"approved {found.channel} user {found.sender} ({found.name or 'no name'}); "
+              "their next message is answered")
+    else:
+        print(f"denied {found.channel} user {found.sender}; their code no longer works")
+    return 0

@@ -1,0 +1,1 @@
+"""Shared by every layer: settings, the error tree, logs, ids, messages, conversations."""

@@ -1,0 +1,531 @@
+"""TOML file + environment secrets -> typed, validated, frozen settings.
+
+The file is read once, here; every other module gets a `Settings` passed down. Each table is
+checked against a small spec (key -> converter), so an unknown key, a wrong type or a bad value
+becomes a `ConfigError` that names the dotted key and the file. Secrets never come from the file:
+they are read from the environment or from systemd credentials (`$CREDENTIALS_DIRECTORY/<NAME>`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from daemon.core.errors import ConfigError
+
+DEFAULT_HOST = "http://127.0.0.1:11434"
+SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
+
+# Environment variable (and credential file) name of each secret, per table.
+SECRETS: Mapping[str, Mapping[str, str]] = {
+    "telegram": {"token": "ROOST_TELEGRAM_TOKEN", "secret": "ROOST_TELEGRAM_SECRET"},
+    "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
+                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"}}
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    state_dir: Path  # TinyDB files, attachments, corpus/, debug/
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8780
+    timezone: str = "UTC"
+    idle_rotation: float = 3 * 3600.0  # seconds idle before a chat starts a new conversation
+    shutdown_grace: float = 20.0  # seconds the whole stop may take on SIGTERM (most for turns)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    host: str = DEFAULT_HOST
+    name: str = "qwen3:4b"
+    window: int = 8192  # num_ctx, before capping at the model's context_length
+    response_reserve: int = 1024
+    keep_alive: str = "30m"  # passed to Ollama unchanged
+    concurrency: int = 1
+    timeout: float = 300.0  # seconds of silence before a request counts as timed out
+    retry_attempts: int = 5  # tries while Ollama is unreachable, then the turn is parked
+    retry_backoff: float = 2.0  # seconds before the first retry, doubled each time
+    max_calls: int = 8  # model calls one turn may make (tool rounds, continuations)
+    think: bool = False  # let a thinking model think on chat turns (never on background calls)
+
+
+@dataclass(frozen=True)
+class TelegramSettings:
+    enabled: bool = False
+    mode: str = "webhook"  # or "polling"
+    webhook_url: str | None = None
+    api_base: str = "https://api.telegram.org/bot"
+    file_base: str = "https://api.telegram.org/file/bot"
+    allow: tuple[int, ...] = ()  # user ids
+    token: str | None = field(default=None, repr=False)
+    secret: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class WhatsAppSettings:
+    enabled: bool = False
+    phone_number_id: str | None = None
+    api_base: str = "https://graph.facebook.com"
+    api_version: str = "v23.0"
+    allow: tuple[str, ...] = ()  # wa_ids, digits only
+    fallback: str | None = None  # a chat key for replies WhatsApp refuses after 24 hours
+    token: str | None = field(default=None, repr=False)
+    app_secret: str | None = field(default=None, repr=False)
+    verify_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    unknown_senders: str = "pair"  # or "ignore"
+    rate_limit: int = 20  # messages a minute per sender; more wait and are answered later
+
+
+@dataclass(frozen=True)
+class AttachmentSettings:
+    image_max_side: int = 1024  # pixels of the longer side after downscaling
+    image_max_mb: int = 20  # an image larger than this is refused with a clear message
+    file_max_mb: int = 50  # likewise for documents, voice notes and other files
+
+
+@dataclass(frozen=True)
+class AutomationSettings:
+    name: str
+    schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
+    prompt: str
+    deliver: tuple[str, ...]  # "telegram:<chat id>", "whatsapp:<wa_id>", "console:local", "log"
+    model: str | None = None  # None: the chat model (another one means a reload on one GPU)
+    enabled: bool = True
+    quiet: str | None = None  # a reply that is exactly this token is not delivered
+    grace: float = 300.0  # APScheduler's misfire_grace_time; also how long a run retries
+    timeout: float = 600.0  # a run still going after this long is stopped and recorded
+
+
+@dataclass(frozen=True)
+class Settings:
+    daemon: DaemonSettings
+    model: ModelSettings
+    telegram: TelegramSettings
+    whatsapp: WhatsAppSettings
+    access: AccessSettings
+    attachments: AttachmentSettings
+    automations: tuple[AutomationSettings, ...]
+    variables: Mapping[str, str]
+    source: Path | None  # the file loaded, or None for defaults
+
+    @classmethod
+    def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings used when there is no config file: console only, local Ollama."""
+        return _build({}, None, os.environ if env is None else env)
+
+
+# --- converters: each takes a TOML value and returns the setting, or raises _Bad ---------------
+
+
+class _Bad(ValueError):
+    """A value is wrong; `where` is appended to the key (e.g. "[2]" for an array item)."""
+
+    def __init__(self, problem: str, where: str = "") -> None:
+        super().__init__(problem)
+        self.where = where
+
+
+Convert = Callable[[Any], Any]
+_Spec = Mapping[str, Convert]
+_TOML_TYPES = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+               dict: "table"}  # anything else tomllib returns is a date or time
+
+
+def _value(kind: type, what: str, ok: Callable[[Any], object] | None = None, rule: str = "",
+           then: Convert | None = None) -> Convert:
+    """A converter: check the TOML type, then `ok(value)` (else "rule, got value"), then `then`."""
+
+    def convert(value: Any) -> Any:
+        if type(value) is not kind:  # not isinstance(): a TOML boolean must not pass as an integer
+            raise _Bad(f"expected {what}, got {_TOML_TYPES.get(type(value), 'date/time')}")
+        if ok is not None and not ok(value):
+            raise _Bad(f"{rule}, got {value!r}")
+        return value if then is None else then(value)
+
+    return convert
+
+
+def _array(item: Convert) -> Convert:
+    def convert(value: Any) -> tuple[Any, ...]:
+        out = []
+        for i, element in enumerate(_value(list, "an array")(value)):
+            try:
+                out.append(item(element))
+            except _Bad as bad:
+                raise _Bad(str(bad), f"[{i}]") from None
+        return tuple(out)
+
+    return convert
+
+
+def _at_least(low: int) -> Convert:
+    return _value(int, "an integer", lambda v: v >= low, f"must be at least {low}")
+
+
+def _one_of(*options: str) -> Convert:
+    return _value(str, "a string", options.__contains__, f"must be one of {' or '.join(options)}")
+
+
+def _like(pattern: str, rule: str) -> Convert:
+    return _value(str, "a string", re.compile(pattern).fullmatch, f"must be {rule}")
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_PART = re.compile("([0-9]+(?:[.][0-9]+)?)(ms|s|m|h|d)")
+
+
+def _seconds(text: str) -> float:
+    if not re.fullmatch(f"(?:{_PART.pattern})+", text):
+        raise _Bad(f"expected a duration like '90s', '30m', '3h', '1d' or '1h30m', got {text!r}")
+    return sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(text))
+
+
+def _is_url(text: str) -> bool:
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _valid_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
+def _listen(text: str) -> tuple[str, int]:
+    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:([0-9]+)|([^:\[\]\s]+):([0-9]+)", text)
+    if not match or int(match[2] or match[4]) > 65535:
+        raise _Bad(f"expected 'host:port' or '[ipv6]:port', got {text!r}")
+    return match[1] or match[3], int(match[2] or match[4])
+
+
+# (field, lowest, highest, names); 0 and 7 are both Sunday, as in crontab(5).
+_CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
+    ("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
+    ("month", 1, 12, tuple("jan feb mar apr may jun jul aug sep oct nov dec".split())),
+    ("day of week", 0, 7, tuple("sun mon tue wed thu fri sat".split())))
+
+
+def _crontab(text: str) -> str:
+    fields = text.split()
+    if len(fields) != 5:
+        raise _Bad(f"expected 5 crontab fields (minute hour day month weekday), got {text!r}")
+    for field_text, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
+        for item in field_text.split(","):
+            # Only what crontab(5) and APScheduler both read: *, a, a-b, */n, a-b/n, and lists.
+            match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([1-9][0-9]*))?", item)
+            if not match or (match[4] and not (match[1] == "*" or match[3])):
+                raise _Bad(f"{name} field {field_text!r} is not valid crontab syntax")
+            bounds = [_cron_value(token, name, low, high, names) for token in match.group(2, 3)
+                      if token]
+            if bounds != sorted(bounds):
+                raise _Bad(f"{name} field {field_text!r}: the range runs backwards")
+    _check_runs(fields)
+    return text
+
+
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # 29 February: leap years
+
+
+def _check_runs(fields: list[str]) -> None:
+    """A day of month that no month of the schedule has (`0 0 30 2 *`) never runs: an error
+    rather than an automation that silently never fires. With a weekday as well, crontab runs
+    on either, so such a line still runs on that weekday."""
+    day, month, weekday = fields[2], fields[3], fields[4]
+    if day == "*" or weekday != "*":
+        return
+    days = _expand(day, *_CRON_FIELDS[2][1:])
+    months = _expand(month, *_CRON_FIELDS[3][1:])
+    if not any(d <= _MONTH_DAYS[m - 1] for d in days for m in months):
+        raise _Bad(f"the schedule {' '.join(fields)!r} never runs: no month of it has day "
+                   f"{day}")
+
+
+def _expand(field_text: str, low: int, high: int, names: tuple[str, ...]) -> set[int]:
+    """The values a (validated) crontab field matches."""
+    values: set[int] = set()
+    for item in field_text.split(","):
+        match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([1-9][0-9]*))?", item)
+        assert match is not None  # checked by _crontab
+        first = low if match[1] == "*" else _cron_value(match[2], "", low, high, names)
+        last = (high if match[1] == "*" or (match[4] and not match[3]) else
+                _cron_value(match[3] or match[2], "", low, high, names))
+        values.update(range(first, last + 1, int(match[4] or 1)))
+    return values
+
+
+def _schedule(text: str) -> str:
+    if text.startswith("every "):
+        every = text.removeprefix("every ").strip()
+        if _seconds(every) < 60 or _seconds(every) % 60:
+            raise _Bad(f"'every' takes whole minutes, at least '1m', got {every!r}")
+        return text
+    return _crontab(text)
+
+
+def _cron_value(token: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
+    if token.lower() in names:
+        return names.index(token.lower()) + low
+    if not re.fullmatch("[0-9]+", token) or not low <= int(token) <= high:
+        raise _Bad(f"{name} field: {token!r} is not a number in {low}-{high}")
+    return int(token)
+
+
+def _ollama_duration(text: str) -> bool:
+    # Passed to Ollama as is, which parses it with Go's time.ParseDuration: no days there.
+    return text in ("-1", "0") or ("d" not in text and _seconds(text) >= 0)
+
+
+_TEXT = _value(str, "a string")
+_STRING = _value(str, "a string", str.strip, "must not be empty")
+_BOOL = _value(bool, "a boolean (true or false)")
+_URL = _value(str, "a URL string", _is_url, "must be an http:// or https:// URL")
+_BASE_URL = _value(str, "a URL string", _is_url, "must be an http:// or https:// URL",
+                   lambda v: v.rstrip("/"))  # a bare host: paths are joined onto it
+_DURATION = _value(str, "a duration string such as '20s'", then=_seconds)
+_PERIOD = _value(str, "a duration string such as '3h'", lambda v: _seconds(v) > 0,
+                 "must be longer than zero", _seconds)
+_DIGITS = _like("[0-9]+", "digits only (no '+' or spaces)")
+
+# What each table may hold; [[automations]] and [variables] are read separately.
+_SPECS: Mapping[str, _Spec] = {
+    "daemon": {
+        "state_dir": _STRING, "listen": _value(str, "a string 'host:port'", then=_listen),
+        "timezone": _value(str, "an IANA time zone name", _valid_zone,
+                           "must be an IANA time zone name such as 'Europe/Berlin'"),
+        "idle_rotation": _PERIOD, "shutdown_grace": _DURATION},
+    "model": {
+        "host": _BASE_URL, "name": _STRING, "window": _at_least(512),
+        "response_reserve": _at_least(1), "concurrency": _at_least(1),
+        "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
+                             "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
+        "timeout": _PERIOD, "retry_attempts": _at_least(1), "retry_backoff": _DURATION,
+        "max_calls": _at_least(1), "think": _BOOL},
+    "telegram": {
+        "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
+        "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id"))},
+    "whatsapp": {
+        "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
+        "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
+        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'")},
+    "access": {"unknown_senders": _one_of("pair", "ignore"), "rate_limit": _at_least(1)},
+    "attachments": {
+        "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
+        "file_max_mb": _at_least(1)},
+}
+_AUTOMATION: _Spec = {
+    "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
+    "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
+                       then=_schedule),
+    "prompt": _STRING,
+    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram_updates.py
+    # keys it (topic ids start at 1; the General topic has none).
+    "deliver": _array(_like("telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local|log",
+                            "a known target ('telegram:<chat id>', 'telegram:<chat id>:<topic>', "
+                            "'whatsapp:<wa_id>', 'console:local' or 'log')")),
+    "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
+    "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
+                    "must be at least 1s", _seconds),
+    "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
+                      "must be at least 1s", _seconds)}
+_AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def parse_duration(text: str, key: str = "duration", source: str | None = None) -> float:
+    """'90s', '30m', '3h', '1d', '1h30m', '500ms' -> seconds; bad text is a ConfigError on key."""
+    try:
+        return _seconds(text)
+    except _Bad as bad:
+        raise ConfigError(key, str(bad), source) from None
+
+
+def find_config_path(explicit: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The config file to use: --config, $ROOST_CONFIG, ./roost.toml, the user's, the system's."""
+    if named := explicit or env.get("ROOST_CONFIG"):
+        if not Path(named).exists():
+            raise ConfigError("config", "file not found", str(named))
+        return Path(named)
+    config_home = Path(env.get("XDG_CONFIG_HOME") or _home(env) / ".config")
+    for candidate in (Path.cwd() / "roost.toml", config_home / "roost/roost.toml", SYSTEM_CONFIG):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None, *,
+                  require_secrets: bool = True) -> Settings:
+    """Read and validate the config file (found by `find_config_path` when path is None).
+
+    Commands that only read state pass `require_secrets=False`: a missing channel secret then
+    does not stop them (`missing_secrets` tells what `roost run` would refuse)."""
+    env = os.environ if env is None else env
+    path = find_config_path(None, env) if path is None else Path(path)
+    settings = _build(_read_document(path), path, env)
+    if require_secrets and (missing := missing_secrets(settings)):
+        raise missing[0]
+    return settings
+
+
+def missing_secrets(settings: Settings) -> list[ConfigError]:
+    """The secrets the enabled channels need and do not have, as the errors `roost run` gives."""
+    source = str(settings.source) if settings.source else None
+    telegram, whatsapp = settings.telegram, settings.whatsapp
+    unset = [var for key, var in SECRETS["whatsapp"].items() if not getattr(whatsapp, key)]
+    return [ConfigError(key, problem, source) for key, broken, problem in (
+        ("telegram.enabled", telegram.enabled and not telegram.token, "needs the bot token: set "
+         "ROOST_TELEGRAM_TOKEN or $CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN"),
+        ("whatsapp.enabled", whatsapp.enabled and unset,
+         f"needs {', '.join(unset)} in the environment or in $CREDENTIALS_DIRECTORY"),
+    ) if broken]
+
+
+def _read_document(path: Path | None) -> Mapping[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with path.open("rb") as file:
+            document = tomllib.load(file)
+    except OSError as error:
+        problem = f"cannot read the file: {error.strerror or error}"
+        raise ConfigError("config", problem, str(path)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError("config", f"not valid TOML: {error}", str(path)) from None
+    return document
+
+
+def read_secret(name: str, env: Mapping[str, str]) -> str | None:
+    """A secret from the environment, else from systemd's $CREDENTIALS_DIRECTORY/<name>."""
+    if value := env.get(name, "").strip():
+        return value
+    if not env.get("CREDENTIALS_DIRECTORY"):
+        return None
+    path = Path(env["CREDENTIALS_DIRECTORY"], name)
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(name, f"cannot read the credential: {error}", str(path)) from None
+
+
+def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str]) -> Settings:
+    def fail(key: str, problem: str) -> ConfigError:
+        return ConfigError(key, problem, str(path) if path else None)
+
+    def read(table: Any, prefix: str, spec: _Spec) -> dict[str, Any]:
+        if not isinstance(table, dict):
+            raise fail(prefix, f"expected a table, got {_TOML_TYPES.get(type(table), 'date/time')}")
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            if secret := SECRETS.get(prefix, {}).get(key):
+                raise fail(f"{prefix}.{key}", f"secrets do not belong in the config file; set "
+                           f"{secret} in the environment or $CREDENTIALS_DIRECTORY/{secret}")
+            if key not in spec:
+                raise fail(f"{prefix}.{key}", "unknown key")
+            try:
+                values[key] = spec[key](value)
+            except _Bad as bad:
+                raise fail(f"{prefix}.{key}{bad.where}", str(bad)) from None
+        return values
+
+    for name, value in document.items():
+        if name not in (*_SPECS, "automations", "variables"):
+            raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
+    tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
+    secrets: dict[str, dict[str, Any]] = {
+        name: {key: read_secret(var, env) for key, var in names.items()}
+        for name, names in SECRETS.items()}
+    daemon = tables["daemon"]
+    listen_host, listen_port = daemon.pop("listen", ("127.0.0.1", 8780))
+    state_dir = _state_dir(daemon.pop("state_dir", None), path, env)
+    daemon["timezone"] = daemon.get("timezone") or _system_timezone(env)
+    model = ModelSettings(**tables["model"])
+    telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
+    whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
+    for key, broken, problem in (
+        ("model.response_reserve", model.response_reserve >= model.window,
+         f"must be less than model.window ({model.window})"),
+        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
+         and not telegram.webhook_url, "is required when telegram.mode is 'webhook'"),
+        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
+         "is required when WhatsApp is enabled"),
+    ):
+        if broken:
+            raise fail(key, problem)
+
+    raw_jobs = document.get("automations", [])
+    if not isinstance(raw_jobs, list):
+        raise fail("automations", "expected an array of tables ([[automations]])")
+    jobs: list[AutomationSettings] = []
+    for i, table in enumerate(raw_jobs):
+        # Every error about an automation names it, so the user knows which table to fix.
+        label = table.get("name") if isinstance(table, dict) else None
+        try:
+            job = read(table, f"automations[{i}]", _AUTOMATION)
+            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
+                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
+            if job["name"] in {other.name for other in jobs}:
+                raise fail(f"automations[{i}].name", "is used by another automation")
+        except ConfigError as error:
+            if not isinstance(label, str):
+                raise
+            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
+                              error.source) from None
+        jobs.append(AutomationSettings(**job))
+    # [variables] takes any key; read() still checks that it is a table of strings.
+    raw = document.get("variables", {})
+    variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))
+    return Settings(
+        daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
+        telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
+        attachments=AttachmentSettings(**tables["attachments"]),
+        automations=tuple(jobs), variables=MappingProxyType(variables), source=path)
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _state_dir(configured: str | None, path: Path | None, env: Mapping[str, str]) -> Path:
+    if configured is None:
+        # systemd's StateDirectory= may list several, colon-separated; ours is the first.
+        if env.get("STATE_DIRECTORY"):
+            return Path(env["STATE_DIRECTORY"].split(":")[0])
+        return Path(env.get("XDG_STATE_HOME") or _home(env) / ".local/state") / "roost"
+    state_dir = Path(configured)
+    if state_dir.parts[:1] == ("~",):
+        state_dir = _home(env).joinpath(*state_dir.parts[1:])
+    # A relative path is taken from the config file's directory, not from wherever we started.
+    return state_dir if state_dir.is_absolute() or path is None else path.parent / state_dir
+
+
+def _system_timezone(env: Mapping[str, str]) -> str:
+    """$TZ (libc reads it first too), else the zone /etc/localtime links to, else UTC."""
+    try:
+        link = os.readlink("/etc/localtime")
+    except OSError:
+        link = ""
+    _, found, zone = link.rpartition("zoneinfo/")
+    for name in (env.get("TZ", "").lstrip(":"), zone.removeprefix("posix/") if found else ""):
+        if name and _valid_zone(name):
+            return name
+    return "UTC"

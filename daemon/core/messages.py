@@ -1,0 +1,130 @@
+"""What every channel shares: the Inbound and Outbound records and the Channel protocol.
+
+A channel only translates: a platform payload becomes an `Inbound`, an `Outbound` becomes
+platform calls. Deciding whether to handle a message, and handling it, happen in `daemon/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+from daemon.core.conversations import new_id
+
+OutboundKind = Literal["reply", "notice"]
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # the alphabet of daemon.conversations.new_id
+
+
+def inbound_id(received: float, platform_key: str) -> str:
+    """A ULID-shaped id fixed by the platform payload: processing the same stored payload again
+    after a crash makes the same inbox id, so roost can tell it was already submitted."""
+    millis = int(received * 1000)
+    entropy = int.from_bytes(hashlib.sha256(platform_key.encode()).digest()[:10], "big")
+    value = (millis << 80) | entropy
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message from a user, as persisted in the inbox before the platform gets its 200."""
+
+    chat_key: str
+    text: str
+    received: float
+    id: str = ""
+    platform_id: str | None = None
+    sender: str | None = None
+    attachments: tuple[Mapping[str, Any], ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", new_id(self.received))
+
+    @property
+    def command(self) -> str | None:
+        """`new` for `/new` (also `/new@botname`), None when the text is not a command."""
+        if not self.text.startswith("/"):
+            return None
+        word = self.text[1:].split(maxsplit=1)[0] if len(self.text) > 1 else ""
+        return word.split("@", 1)[0].lower() or None
+
+    def to_doc(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["attachments"] = [dict(a) for a in self.attachments]
+        doc["meta"] = dict(self.meta)
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Inbound:
+        return cls(
+            chat_key=doc["chat_key"],
+            text=doc["text"],
+            received=doc["received"],
+            id=doc["id"],
+            platform_id=doc.get("platform_id"),
+            sender=doc.get("sender"),
+            attachments=tuple(doc.get("attachments", ())),
+            meta=doc.get("meta", {}),
+        )
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One reply or notice for a chat, persisted in the outbox before it is sent."""
+
+    chat_key: str
+    text: str
+    created: float
+    kind: OutboundKind = "reply"
+    id: str = ""
+    conversation_id: str | None = None
+    message_id: str | None = None
+    reply_to: str | None = None  # the platform's id of the message this answers
+    parts_sent: int = 0  # delivery progress: a restart resumes after the last part sent
+    held: str | None = None  # why it waits for the user to write again (WhatsApp's 24 hours)
+    # The platform's ids of the messages sent so far (Telegram message_ids, WhatsApp wamids),
+    # recorded by the channel with `parts_sent`.
+    platform_ids: tuple[str, ...] = ()
+    # The part whose send started and whose record is not on disk yet: left by a crash, it
+    # may have reached the chat already (delivery is at least once; see channels.progress).
+    attempting: int | None = None
+    origin: str | None = None  # what queued it, when someone asks after it (an automation run)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", new_id(self.created))
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Outbound:
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        known["platform_ids"] = tuple(known.get("platform_ids", ()))  # a list in JSON
+        return cls(**known)
+
+
+class Channel(Protocol):
+    """A messaging platform as the engine sees it."""
+
+    name: str
+
+    async def send(self, outbound: Outbound) -> None:
+        """Deliver one outbox item; raise `DeliveryError` when it cannot be delivered
+        (with `permanent=True` when retrying cannot help, e.g. the user blocked the bot).
+        A platform channel records its progress on the item as it goes (`parts_sent`, and
+        `platform_ids`: the platform's ids of what it sent)."""
+        ...
+
+    def stream_delta(self, chat_key: str, delta: str) -> None:
+        """Show a piece of a reply as it is generated; channels that cannot stream ignore it."""
+        ...
+
+    def working(self, chat_key: str) -> AbstractAsyncContextManager[None]:
+        """Held while a turn for the chat runs: a channel may show "typing…" meanwhile.
+        Leaving it (turn done, failed or cancelled) must stop whatever it started."""
+        ...

@@ -1,0 +1,1 @@
+"""Per-chat workers, delivery, the router and chat commands."""

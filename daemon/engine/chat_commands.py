@@ -1,0 +1,117 @@
+"""Chat commands every channel understands: /new, /compact, /status, /help (and /start)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from daemon.context.replay import DoesNotFit
+from daemon.core.config import Settings
+from daemon.core.errors import LLMError
+from daemon.core.redact import redact_url
+from daemon.engine.router import Router
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.turn.folder import Folder
+from daemon.turn.prompting import Prompting
+
+HELP = (
+    "Talk to me in plain words. Commands:\n"
+    "/new - start a fresh conversation (the old one is kept and searchable)\n"
+    "/compact - fold the older part of this conversation into its summary now\n"
+    "/status - model, window and the size of this conversation\n"
+    "/help - this list"
+)
+GREETING = (
+    "Hello! I am roost, an assistant running on your own computer with a local model. "
+    "Send me a message to start. /help lists the commands."
+)
+
+
+class Commands:
+    """Runs a command for a chat and returns the text to send back."""
+
+    names = frozenset({"new", "compact", "status", "help", "start"})
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        router: Router,
+        llm: ModelClient,
+        prompting: Prompting,
+        folder: Folder,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.router = router
+        self.llm = llm
+        self.prompting = prompting
+        self.folder = folder
+        self.clock = clock
+
+    async def run(self, name: str, chat_key: str) -> str:
+        if name == "new":
+            await asyncio.to_thread(self.router.rotate, chat_key, self.clock())
+            return "Started a new conversation. The previous one is kept and searchable."
+        if name == "compact":
+            return await self.compact(chat_key)
+        if name == "status":
+            return await self.status(chat_key)
+        if name == "start":
+            return GREETING
+        return HELP
+
+    async def compact(self, chat_key: str) -> str:
+        conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
+        if conversation is None:
+            return "Nothing to compact: this chat has no conversation yet."
+        outcome = await self.folder.fold_now(conversation.id)
+        if outcome.folded:
+            return (f"Folded {outcome.folded} messages into the summary; the last few stay "
+                    "word for word.")
+        return f"Nothing folded: {outcome.reason}."
+
+    async def status(self, chat_key: str) -> str:
+        model = self.settings.model
+        lines = [f"Model: {model.name} at {redact_url(model.host)}"]
+        conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
+        try:
+            num_ctx = await self.llm.num_ctx()
+        except LLMError as exc:
+            lines.append(f"Window: unknown ({exc})")
+            return "\n".join(lines)
+        lines.append(f"Window: {num_ctx:,} tokens")
+        info = await self.llm.model_info()
+        if not info.tools:
+            lines.append(f"Tools: none ({model.name} has no tools capability, so no searches "
+                         "or files)")
+        if info.thinks:
+            lines.append("Thinking: " + ("on for replies (model.think)" if model.think
+                                         else "off (model.think = false)"))
+        if conversation is None:
+            lines.append("Conversation: none yet; your next message starts one.")
+            return "\n".join(lines)
+        history = await asyncio.to_thread(self.store.messages, conversation.id)
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(conversation.created))
+        lines.append(f"Conversation: {conversation.id}, {len(history)} messages, since {started}")
+        try:
+            prepared = await self.prompting.prepare(conversation, history)
+            lines.append(f"Next request: about {prepared.request.estimate:,} of "
+                         f"{prepared.budget:,} tokens (calibration ratio "
+                         f"{conversation.token_ratio:.2f})")
+        except DoesNotFit as exc:
+            lines.append(f"Next request: about {exc.needed:,} tokens, over the budget of "
+                         f"{exc.budget:,}")
+        summary = conversation.summary
+        if summary.through_seq:
+            folded_at = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.folded_at or 0))
+            lines.append(f"Summary: {len(summary.summary):,} characters covering messages "
+                         f"1-{summary.through_seq}; {len(summary.user_notes):,} characters of "
+                         f"your own words; {summary.fold_count} folds, last {folded_at}")
+        else:
+            lines.append("Summary: none yet (everything is still word for word)")
+        return "\n".join(lines)

@@ -1,0 +1,554 @@
+"""The Ollama client as roost uses it: one num_ctx per model, a gate, streaming, clear errors.
+
+`num_ctx` is the configured window capped at the model's `context_length` from `/api/show`,
+looked up once per model and then sent on every request: a different value makes Ollama reload
+the model, which costs seconds and throws away its prompt cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import ollama
+
+from daemon.core.config import ModelSettings
+from daemon.core.errors import (
+    ContextOverflow,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelCrashed,
+    ModelNotFound,
+    Preempted,
+)
+from daemon.core.logs import llm_log as log
+from daemon.core.redact import redact_url
+
+# Set by the engine around a turn: entered while a call of that turn holds the model, so a
+# channel shows "typing…" for the chat being answered and not for chats waiting their turn.
+holding_model: contextvars.ContextVar[
+    Callable[[], contextlib.AbstractAsyncContextManager[None]] | None
+] = contextvars.ContextVar("roost_holding_model", default=None)
+
+# Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
+# A context variable, so the turn path it shares with chats needs no priority argument. The
+# model is not carried here: the turn passes it down explicitly, so that the budget, num_ctx
+# and capabilities are all looked up for the model the request goes to.
+_scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_scheduled",
+                                                                default=False)
+
+SYSTEM_FIRST_TEXT = "System message must be at the beginning"
+_OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
+# A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
+# not the request wrong, so it is handled like a refused connection.
+_OUTAGE_STATUSES = (502, 503, 504)
+
+Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
+
+
+@dataclass
+class _FinalCounts:
+    """Counters of a streamed chat's final object that the ollama client drops."""
+
+    cached: int | None = None
+
+
+# Set around one streamed call (`_stream`): the transport fills it from the raw final object.
+_final_counts: contextvars.ContextVar[_FinalCounts | None] = contextvars.ContextVar(
+    "roost_final_counts", default=None)
+
+
+class _CountsStream(httpx.AsyncByteStream):
+    """A chat's NDJSON body passed through unchanged, with `prompt_eval_cached_count` read
+    from its final line on the way."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, counts: _FinalCounts) -> None:
+        self._inner = inner
+        self._counts = counts
+        self._pending = b""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._pending += chunk
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                self._read(line)
+            yield chunk
+        self._read(self._pending)
+
+    def _read(self, line: bytes) -> None:
+        if b'"prompt_eval_cached_count"' not in line:
+            return
+        try:
+            final = json.loads(line)
+        except ValueError:
+            return  # the ollama client reports a broken line itself
+        value = final.get("prompt_eval_cached_count") if isinstance(final, dict) else None
+        if isinstance(value, int):
+            self._counts.cached = value
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CountsTransport(httpx.AsyncBaseTransport):
+    """httpx's own transport, keeping what the ollama client's response models drop: they ignore
+    fields they do not declare, and Ollama newer than ollama/ollama#17943 reports how many of
+    `prompt_eval_count` came from its cache in `prompt_eval_cached_count`."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        counts = _final_counts.get()
+        if counts is not None and isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _CountsStream(response.stream, counts)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `/api/show` says about a model that matters to roost."""
+
+    name: str
+    context_length: int | None
+    capabilities: tuple[str, ...] = ()
+
+    @property
+    def tools(self) -> bool:
+        """Whether the model takes tools; Ollama answers 400 to tools sent to one that does not."""
+        return "tools" in self.capabilities
+
+    @property
+    def thinks(self) -> bool:
+        """Whether `think` means anything to the model (Ollama thinks by default if it can)."""
+        return "thinking" in self.capabilities
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One finished model call: the whole streamed reply and Ollama's counters."""
+
+    content: str
+    thinking: str = ""
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    prompt_eval_count: int | None = None
+    # Of prompt_eval_count, the tokens Ollama took from its cache; None when the server does
+    # not say (before ollama/ollama#17943), and then the count may be the uncached part only.
+    prompt_eval_cached_count: int | None = None
+    eval_count: int | None = None
+    done_reason: str | None = None
+    num_ctx: int = 0
+
+
+class ModelObserver(Protocol):
+    """Told about each finished model call and turn (daemon.metrics counts them)."""
+
+    def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
+                   background: bool) -> None: ...
+
+    def turn_done(self, seconds: float) -> None: ...
+
+
+class ModelClient:
+    """Wraps `ollama.AsyncClient`; owns the model gate (`model.concurrency` calls at once)."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self.host = redact_url(settings.host)  # for messages: never the URL's credentials
+        self.observer: ModelObserver | None = None
+        self._client = ollama.AsyncClient(
+            host=settings.host,
+            # Read timeout is the silence allowed between streamed pieces, not the whole reply.
+            timeout=httpx.Timeout(settings.timeout, connect=10.0),
+            transport=_CountsTransport(),
+        )
+        self._gate = asyncio.Semaphore(settings.concurrency)
+        self._info: dict[str, ModelInfo] = {}
+        self._background: set[asyncio.Task[ChatResult]] = set()
+        self._system_only_first: set[str] = set()
+        self._full_counts: bool | None = None
+        self.in_flight = 0
+        self.waiting = 0
+        self.turns_active = 0
+        self.scheduled_waiting = 0
+        self._changed = asyncio.Event()  # replaced (after being set) whenever the gate may free
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def pulled_models(self) -> list[str]:
+        """Names of the models on the server (`/api/tags`); raises LLMUnavailable when down."""
+        try:
+            listed = await self._client.list()
+        except Exception as exc:
+            raise _translate(exc, self.settings.name) from exc
+        return [m.model for m in listed.models if m.model]
+
+    async def model_info(self, model: str | None = None) -> ModelInfo:
+        """`/api/show` for the model, cached for the life of the process."""
+        name = model or self.settings.name
+        cached = self._info.get(name)
+        if cached is not None:
+            return cached
+        try:
+            shown = await self._client.show(name)
+        except Exception as exc:
+            raise _translate(exc, name) from exc
+        info = ModelInfo(
+            name=name,
+            context_length=_context_length(shown.modelinfo or {}),
+            capabilities=tuple(shown.capabilities or ()),
+        )
+        self._info[name] = info
+        log.info("model %s: context_length %s, capabilities %s",
+                 name, info.context_length, ",".join(info.capabilities) or "-")
+        return info
+
+    async def counts_whole_prompt(self) -> bool:
+        """Whether the server's `prompt_eval_count` counts the whole prompt, cached tokens
+        included. Ollama 0.30.x counted only what it evaluated anew (ollama/ollama#16414, fixed
+        by #16428), so there a count far below the prompt's size is the cache at work, not a
+        cut. Asked once (`/api/version`); an unknown answer counts as the whole prompt, as every
+        other release does."""
+        if self._full_counts is None:
+            try:
+                async with httpx.AsyncClient(base_url=self.settings.host, timeout=10.0) as http:
+                    response = await http.get("/api/version")
+                    response.raise_for_status()
+                    version = str(response.json().get("version", ""))
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.info("Ollama's version is unknown (%s); taking its counts as whole", exc)
+                return True
+            self._full_counts = not version.startswith("0.30.")
+            if not self._full_counts:
+                log.info("Ollama %s counts only uncached prompt tokens; its low counts are not "
+                         "taken for cuts", version)
+        return self._full_counts
+
+    async def num_ctx(self, model: str | None = None) -> int:
+        """The window sent as `options.num_ctx`: configured window capped at context_length."""
+        info = await self.model_info(model)
+        window = self.settings.window
+        return min(window, info.context_length) if info.context_length else window
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        on_delta: Callable[[str], None] | None = None,
+        num_predict: int | None = None,
+        background: bool = False,
+        think: bool | None = None,
+    ) -> ChatResult:
+        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
+
+        roost decides thinking: a background call never thinks, a turn thinks only with
+        `model.think` (its tokens count against `num_predict`). `think` is always stated to a
+        thinking model, since Ollama thinks when it is unset. Tools go only to a model whose
+        capabilities list them. `think` False keeps a foreground call from thinking too.
+
+        A `background` call (the fold) yields to turns: it waits while a turn waits, and a turn
+        that finds the gate held by a background call cancels that call, which then raises
+        `Preempted` and can be tried again later. So a slow fold never delays a reply.
+        """
+        name = model or self.settings.name
+        num_ctx = await self.num_ctx(name)
+        info = await self.model_info(name)
+        options: dict[str, Any] = {"num_ctx": num_ctx}
+        if num_predict is not None:
+            options["num_predict"] = num_predict
+        if info.thinks:
+            think = bool(self.settings.think and not background and think is not False)
+        else:
+            think = None
+        if not info.tools:
+            tools = None
+        # Made only once the call may go: a coroutine made earlier and cancelled while it
+        # queued would never be awaited.
+        call = functools.partial(self._observed, name, num_ctx, options, messages, tools,
+                                 on_delta, background, think)
+        if background:
+            return await self._background_call(call)
+        if _scheduled.get():
+            return await self._scheduled_call(call)
+        self.waiting += 1
+        try:
+            if self._gate.locked():
+                for task in list(self._background):
+                    task.cancel()
+            await self._gate.acquire()
+        finally:
+            self.waiting -= 1
+            self._poke()
+        self.in_flight += 1
+        hold = holding_model.get()
+        try:
+            async with hold() if hold is not None else contextlib.nullcontext():
+                return await call()
+        finally:
+            self.in_flight -= 1
+            self._gate.release()
+            self._poke()
+
+    @contextlib.contextmanager
+    def scheduled(self) -> Iterator[None]:
+        """Calls made inside (an automation's run, on the turn path) queue
+        behind interactive turns: each waits until no turn waits for or holds the model, and
+        then holds one request slot for its one call, so a user's message waits behind at most
+        that one call. Unlike a fold's call it is never cancelled: a run's work is not thrown
+        away."""
+        token = _scheduled.set(True)
+        try:
+            yield
+        finally:
+            _scheduled.reset(token)
+
+    def _poke(self) -> None:
+        """Wake the scheduled calls waiting for room; each looks again."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _scheduled_call(self, call: Call) -> ChatResult:
+        self.scheduled_waiting += 1
+        try:
+            while self._no_room_for_background() or self._gate.locked():
+                await self._changed.wait()
+            # Free and nobody interactive waiting: acquire() returns without suspending, so
+            # no turn can arrive in between.
+            await self._gate.acquire()
+        finally:
+            self.scheduled_waiting -= 1
+        self.in_flight += 1
+        try:
+            return await call()
+        finally:
+            self.in_flight -= 1
+            self._gate.release()
+            self._poke()
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Held for a whole turn: between its model calls (while tools run) no background call
+        may slip into the turn's request slot and evict its prompt from Ollama's cache; one
+        running there is stopped.
+
+        An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
+        here nor stops anything; its calls queue instead."""
+        if _scheduled.get():
+            yield
+            return
+        self.turns_active += 1
+        if self._no_room_for_background():
+            for task in list(self._background):
+                task.cancel()
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.turns_active -= 1
+            self._poke()
+            if self.observer is not None:
+                self.observer.turn_done(time.monotonic() - started)
+
+    async def _observed(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+        background: bool,
+        think: bool | None,
+    ) -> ChatResult:
+        """The call, told to the observer (daemon.metrics) once it finished."""
+        result = await self._stream_adapting(name, num_ctx, options, messages, tools, on_delta,
+                                             think)
+        if self.observer is not None:
+            self.observer.model_call(messages, result, background)
+        return result
+
+    def _no_room_for_background(self) -> bool:
+        """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""
+        return bool(self.waiting) or self.turns_active >= self.settings.concurrency
+
+    async def _background_call(self, call: Call) -> ChatResult:
+        if self._no_room_for_background():
+            raise Preempted("turns are using the model")
+        await self._gate.acquire()
+        if self._no_room_for_background():  # a turn arrived while we queued: it goes first
+            self._gate.release()
+            raise Preempted("a turn needs the model")
+        inner = asyncio.create_task(call())
+        self._background.add(inner)
+        self.in_flight += 1
+        try:
+            return await inner
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if inner.cancelled() and current is not None and not current.cancelling():
+                raise Preempted("a turn needs the model") from None
+            raise
+        finally:
+            self.in_flight -= 1
+            self._background.discard(inner)
+            self._gate.release()
+            self._poke()
+
+    async def _stream_adapting(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+        think: bool | None,
+    ) -> ChatResult:
+        """Some chat templates accept a system message only at the start: resend with later
+        ones as user messages, and keep doing that for the model until restart."""
+        if name in self._system_only_first:
+            messages = _late_system_as_user(messages)
+        try:
+            return await self._stream(name, num_ctx, options, messages, tools, on_delta, think)
+        except LLMError as exc:
+            if SYSTEM_FIRST_TEXT not in str(exc) or name in self._system_only_first:
+                raise
+            log.info("model %s wants its system message first only; adapting", name)
+            self._system_only_first.add(name)
+            return await self._stream(name, num_ctx, options, _late_system_as_user(messages),
+                                      tools, on_delta, think)
+
+    async def _stream(
+        self,
+        name: str,
+        num_ctx: int,
+        options: Mapping[str, Any],
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        on_delta: Callable[[str], None] | None,
+        think: bool | None,
+    ) -> ChatResult:
+        content: list[str] = []
+        thinking: list[str] = []
+        tool_calls: list[Mapping[str, Any]] = []
+        final: Any = None
+        counts = _FinalCounts()
+        token = _final_counts.set(counts)
+        try:
+            stream = await self._client.chat(
+                model=name,
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                stream=True,
+                think=think,
+                options=dict(options),
+                keep_alive=_keep_alive(self.settings.keep_alive),
+            )
+            async for part in stream:
+                piece = part.message.content or ""
+                if piece:
+                    content.append(piece)
+                    if on_delta is not None:
+                        on_delta(piece)
+                if part.message.thinking:
+                    thinking.append(part.message.thinking)
+                for call in part.message.tool_calls or ():
+                    tool_calls.append(call.model_dump(exclude_none=True))
+                if part.done:
+                    final = part
+        except Exception as exc:
+            raise _translate(exc, name) from exc
+        finally:
+            _final_counts.reset(token)
+        return ChatResult(
+            content="".join(content),
+            thinking="".join(thinking),
+            tool_calls=tuple(tool_calls),
+            prompt_eval_count=getattr(final, "prompt_eval_count", None),
+            prompt_eval_cached_count=counts.cached if final is not None else None,
+            eval_count=getattr(final, "eval_count", None),
+            done_reason=getattr(final, "done_reason", None),
+            num_ctx=num_ctx,
+        )
+
+
+def _late_system_as_user(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [
+        {**m, "role": "user"} if i > 0 and m.get("role") == "system" else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _keep_alive(value: str) -> str | int:
+    """Ollama parses keep_alive strings as Go durations; "-1" and "0" must go as numbers."""
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _context_length(model_info: Mapping[str, Any]) -> int | None:
+    """`<architecture>.context_length` from /api/show's model_info."""
+    arch = model_info.get("general.architecture")
+    value = model_info.get(f"{arch}.context_length") if arch else None
+    if value is None:
+        value = next((v for k, v in model_info.items() if k.endswith(".context_length")), None)
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _translate(exc: BaseException, model: str) -> LLMError:
+    """Map what httpx and the ollama client raise onto roost's LLMError family."""
+    if isinstance(exc, LLMError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException):
+        return LLMTimeout(f"Ollama stopped answering: {type(exc).__name__}")
+    if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.RemoteProtocolError
+                  | httpx.ReadError | httpx.WriteError):
+        return LLMUnavailable(f"cannot reach Ollama: {exc}")
+    if isinstance(exc, ollama.ResponseError):
+        text = str(exc.error)
+        if exc.status_code == 404 and "not found" in text:
+            return ModelNotFound(model)
+        if exc.status_code in _OUTAGE_STATUSES:
+            return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
+        if exc.status_code == 500:
+            return ModelCrashed(f"Ollama answered 500: {text}")
+        if exc.status_code == -1:
+            # The ollama client's mark for an {"error": ...} line inside a 200 stream: the runner
+            # failed after the answer had begun. Like a 500, worth one more try.
+            return ModelCrashed(f"Ollama stopped in the middle of the answer: {text}")
+        if any(marker in text for marker in _OVERFLOW_TEXTS):
+            prompt_tokens, context_size = _overflow_numbers(text)
+            return ContextOverflow(text, prompt_tokens, context_size)
+        return LLMError(f"Ollama answered {exc.status_code}: {text}")
+    return LLMError(f"unexpected error talking to Ollama: {exc!r}")
+
+
+def _overflow_numbers(text: str) -> tuple[int | None, int | None]:
+    """n_prompt_tokens and n_ctx from Ollama's nested overflow body, or from its message."""
+    try:
+        nested = json.loads(text)
+        inner = nested.get("error", nested) if isinstance(nested, dict) else {}
+        if isinstance(inner, dict) and "n_prompt_tokens" in inner:
+            return int(inner["n_prompt_tokens"]), int(inner.get("n_ctx", 0)) or None
+    except (ValueError, TypeError):
+        pass
+    match = re.search(r"request \((\d+) tokens\) exceeds the available context size \((\d+)", text)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    return None, None

@@ -1,0 +1,1 @@
+"""One turn: prompting, the tool loop, the background folder."""

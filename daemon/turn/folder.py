@@ -1,0 +1,322 @@
+"""The background fold: after a turn is saved, fold old history into the rolling summary.
+
+Rules (the pure decisions are in `daemon/context/fold.py`):
+
+* One fold in flight per conversation; `schedule()` after a turn never waits for it.
+* A fold that can wait never delays a turn: its model call is a background call, which waits
+  while a turn waits and is cancelled (`Preempted`) when a turn needs the model.
+* A fold that cannot wait always lands: once a conversation's request reached its budget
+  (`schedule(urgent=True)`), the fold is owed, and unless a background try lands it first, the
+  chat's next turn runs it (`land()`) under its own model hold before building its request. So
+  under any load, a busy chat folds as part of its own work instead of starving.
+* Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
+* It uses the chat's model and num_ctx, so Ollama never reloads the model for it.
+* It re-reads the conversation before writing: if another fold won meanwhile, or the message the
+  plan pinned is gone, it writes nothing. Turns append to message segments and never write the
+  summary file, so a turn that landed meanwhile is never clobbered.
+* A failed fold leaves the raw history as it was and is tried again after a backoff, for as
+  long as its conversation is active; once it is archived, no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from daemon.context.fold import (
+    fold_messages,
+    folded_state,
+    merge_user_notes,
+    notes_cap_tokens,
+    notes_need_condensing,
+    parse_fold_reply,
+    plan_fold,
+    summary_cap_tokens,
+    trim_notes,
+)
+from daemon.core.config import Settings
+from daemon.core.conversations import SummaryState
+from daemon.core.errors import LLMError, Preempted, StoreError
+from daemon.core.logs import fold_log as log
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.store.event_log import Records
+
+FOLD_PROMPT_SHARE = 4
+RETRY_AFTER_PREEMPTION = 5.0
+RETRY_AFTER_FAILURE = 60.0
+RETRY_MAX = 3600.0
+
+
+@dataclass(frozen=True)
+class FoldOutcome:
+    folded: int  # messages folded by this call (0: nothing to fold or nothing written)
+    state: SummaryState | None
+    reason: str = ""
+
+
+class Folder:
+    """Runs folds in the background; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        llm: ModelClient,
+        records: Records,
+        clock: Callable[[], float] = time.time,
+        on_fold: Callable[[str], None] | None = None,
+        retry_after_failure: float = RETRY_AFTER_FAILURE,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.records = records
+        self.clock = clock
+        self.on_fold = on_fold  # told which conversation got a new summary (the search index)
+        self.retry_after_failure = retry_after_failure  # the first pause; doubled up to RETRY_MAX
+        self._tasks: dict[str, asyncio.Task[FoldOutcome]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._owed: set[str] = set()  # conversations whose next turn must fold first
+        self._stopped = False
+        self.calls = 0  # model calls spent on folds (for /status and the benchmark)
+
+    def busy(self, conversation_id: str) -> bool:
+        task = self._tasks.get(conversation_id)
+        return task is not None and not task.done()
+
+    def retry_pending(self, conversation_id: str) -> bool:
+        """Whether a failed or preempted fold of the conversation waits to be tried again."""
+        return conversation_id in self._timers
+
+    def schedule(self, conversation_id: str, *, urgent: bool = False) -> None:
+        """Fold the conversation in the background if it needs it; never waits.
+
+        `urgent` (the last request reached its budget, or nearly) folds down to the low-water
+        mark without waiting for the high-water mark, and makes the fold owed: if no background
+        try lands it, the chat's next turn does (`land`).
+        """
+        if urgent:
+            self._owed.add(conversation_id)
+        if self._stopped or self.busy(conversation_id):
+            return
+        if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
+            return
+        self._start(conversation_id, force=urgent)
+
+    def owes(self, conversation_id: str) -> bool:
+        return conversation_id in self._owed
+
+    async def land(self, conversation_id: str) -> FoldOutcome:
+        """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
+        model hold, so the call is not preempted). A failure is logged and the turn goes on:
+        its request still fits, by leaving messages out."""
+        running = self._tasks.get(conversation_id)
+        if running is not None and not running.done():
+            # asyncio.wait, not await: the fold's own end (even cancelled) is not ours, but a
+            # cancellation of this turn (shutdown, /stop) must stop it here, not run a fold.
+            await asyncio.wait([running])
+        if conversation_id not in self._owed:
+            return FoldOutcome(0, None, "a background fold landed it")
+        try:
+            outcome = await self._fold(conversation_id, force=True, keep_tokens=None,
+                                       foreground=True)
+        except LLMError as exc:
+            log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
+            return FoldOutcome(0, None, f"the fold failed: {exc}")
+        self._owed.discard(conversation_id)
+        # A background try that was preempted would otherwise fold again, needlessly.
+        timer = self._timers.pop(conversation_id, None)
+        if timer is not None:
+            timer.cancel()
+        self._retry_at.pop(conversation_id, None)
+        return outcome
+
+    async def fold_now(self, conversation_id: str) -> FoldOutcome:
+        """Fold everything but the newest exchange now (`/compact`), waiting for it."""
+        running = self._tasks.get(conversation_id)
+        if running is not None and not running.done():
+            with contextlib.suppress(Exception):
+                await running
+        return await self._start(conversation_id, force=True, keep_tokens=0)
+
+    async def wait(self, conversation_id: str) -> None:
+        """Wait for a fold in flight (for tests and shutdown)."""
+        task = self._tasks.get(conversation_id)
+        if task is not None:
+            await asyncio.wait([task])  # as in land: our own cancellation is not suppressed
+
+    async def stop(self, unwind: float = 2.0) -> None:
+        """Cancel the folds in flight (a fold writes nothing until it is complete) and wait up
+        to `unwind` seconds for them to finish."""
+        self._stopped = True
+        for timer in self._timers.values():
+            timer.cancel()
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=unwind)
+            if pending:
+                log.warning("%d folds did not stop within %.1fs of being cancelled",
+                            len(pending), unwind)
+
+    def _start(
+        self, conversation_id: str, force: bool, keep_tokens: int | None = None,
+        retry: bool = False,
+    ) -> asyncio.Task[FoldOutcome]:
+        task = asyncio.create_task(self._guarded(conversation_id, force, keep_tokens, retry),
+                                   name=f"roost-fold-{conversation_id}")
+        self._tasks[conversation_id] = task
+        # A finished fold is forgotten, so months of conversations do not pile up here.
+        task.add_done_callback(lambda done: self._tasks.get(conversation_id) is done
+                               and self._tasks.pop(conversation_id))
+        return task
+
+    async def _guarded(
+        self, conversation_id: str, force: bool, keep_tokens: int | None, retry: bool = False
+    ) -> FoldOutcome:
+        """The boundary of a background fold: it may fail, but never takes anything down."""
+        if retry and not await self._retry_wanted(conversation_id):
+            return FoldOutcome(0, None, "the conversation is archived; not retried")
+        try:
+            outcome = await self._fold(conversation_id, force, keep_tokens)
+        except Preempted:
+            if await self._retry_wanted(conversation_id):
+                self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
+            return FoldOutcome(0, None, "the model was needed for a reply; will fold later")
+        except Exception as exc:
+            if not await self._retry_wanted(conversation_id, failed=exc):
+                return FoldOutcome(0, None, f"the fold failed: {exc}; not retried")
+            failures = self._failures.get(conversation_id, 0) + 1
+            self._failures[conversation_id] = failures
+            delay = min(self.retry_after_failure * 2 ** (failures - 1), RETRY_MAX)
+            if isinstance(exc, LLMError):
+                log.warning("fold of %s failed (%s); retry in %.0fs", conversation_id, exc, delay)
+            else:
+                log.exception("fold of %s failed; retry in %.0fs", conversation_id, delay)
+            self._retry_later(conversation_id, delay, urgent=force)
+            return FoldOutcome(0, None, f"the fold failed: {exc}")
+        self._failures.pop(conversation_id, None)
+        self._retry_at.pop(conversation_id, None)
+        if force:
+            self._owed.discard(conversation_id)
+        if outcome.folded and not force:
+            # A backlog is folded a batch at a time: look again once this task is done.
+            asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
+        return outcome
+
+    async def _retry_wanted(self, conversation_id: str,
+                            failed: BaseException | None = None) -> bool:
+        """Whether a fold that did not land is worth another try: only while its conversation
+        is active. An archived one gets no more turns, so nothing is owed to it, and retrying
+        a fold that keeps failing would call the model every hour for ever."""
+        try:
+            conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)
+        except StoreError as exc:  # cannot tell: retry as before, the next try looks again
+            log.warning("fold of %s: cannot read its conversation (%s)", conversation_id, exc)
+            return True
+        if conversation is not None and conversation.status == "active":
+            return True
+        self._failures.pop(conversation_id, None)
+        self._owed.discard(conversation_id)
+        why = f" (it failed: {failed})" if failed is not None else ""
+        log.info("fold of %s not retried: the conversation is %s%s", conversation_id,
+                 "archived" if conversation is not None else "gone", why)
+        return False
+
+    def _retry_later(self, conversation_id: str, delay: float, *, urgent: bool) -> None:
+        self._retry_at[conversation_id] = time.monotonic() + delay
+        previous = self._timers.pop(conversation_id, None)
+        if previous is not None:
+            previous.cancel()
+        loop = asyncio.get_running_loop()
+        self._timers[conversation_id] = loop.call_later(delay, self._retry, conversation_id,
+                                                        urgent)
+
+    def _retry(self, conversation_id: str, urgent: bool) -> None:
+        self._timers.pop(conversation_id, None)
+        self._retry_at.pop(conversation_id, None)
+        if urgent:
+            self._owed.add(conversation_id)
+        if self._stopped or self.busy(conversation_id):
+            return
+        self._start(conversation_id, force=urgent, retry=True)  # checks it is still active
+
+    async def _fold(
+        self, conversation_id: str, force: bool, keep_tokens: int | None,
+        foreground: bool = False,
+    ) -> FoldOutcome:
+        conversation = await asyncio.to_thread(self.store.get_conversation, conversation_id)
+        if conversation is None:
+            return FoldOutcome(0, None, "no such conversation")
+        history = await asyncio.to_thread(self.store.messages, conversation_id)
+        num_ctx = await self.llm.num_ctx()
+        ratio = conversation.token_ratio
+        plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force,
+                         keep_tokens=keep_tokens)
+        if plan is None:
+            return FoldOutcome(0, conversation.summary, "nothing to fold yet")
+        notes = merge_user_notes(conversation.summary.user_notes, plan.messages)
+        condense = notes_need_condensing(notes, num_ctx, ratio)
+        # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
+        answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense
+                                                        else 0) + 64)
+        # The prompt is held to a quarter of the window: a fold evaluates all of it uncached,
+        # so its size is most of what a fold costs. Excerpts carry the gist, the store the rest.
+        messages = fold_messages(
+            conversation.summary, plan, notes=notes, condense_notes=condense, window=num_ctx,
+            prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
+        )
+        started = time.monotonic()
+        self.calls += 1
+        result = await self.llm.chat(messages, num_predict=answer_tokens,
+                                     background=not foreground, think=False)
+        summary, condensed = parse_fold_reply(result.content, num_ctx, condense, ratio)
+        if not summary:
+            # Also what a model that spent num_predict on thinking returns: never saved.
+            raise LLMError(f"the model returned an empty summary ({result.done_reason})")
+        kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
+        if trimmed:
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "notes-trimmed", conversation_id,
+                f"{trimmed} oldest user notes left the prompt (cap {notes_cap_tokens(num_ctx)} "
+                "tokens; the model did not condense them); the messages stay in the store")
+        state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
+        written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
+                                          conversation.summary, plan.through_seq,
+                                          plan.through_id, state)
+        if not written:
+            return FoldOutcome(0, None, "the conversation changed under the fold")
+        if self.on_fold is not None:
+            self.on_fold(conversation_id)
+        elapsed = time.monotonic() - started
+        detail = (f"folded {len(plan.messages)} messages through #{plan.through_seq} "
+                  f"into {len(summary):,} characters of summary (fold {state.fold_count}, "
+                  f"{len(state.user_notes):,} characters of user notes"
+                  f"{', condensed' if condensed else ''}, {elapsed:.1f}s)")
+        await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
+        log.info("conversation %s: %s", conversation_id, detail)
+        return FoldOutcome(len(plan.messages), state)
+
+    def _write_if_unchanged(
+        self, conversation_id: str, before: SummaryState, through_seq: int, through_id: str,
+        state: SummaryState,
+    ) -> bool:
+        current = self.store.get_conversation(conversation_id)
+        if current is None or current.summary != before:
+            log.info("fold of %s dropped: another fold finished first", conversation_id)
+            return False
+        pinned = self.store.messages(conversation_id, through_seq, through_seq)
+        if not pinned or pinned[0].id != through_id:
+            log.warning("fold of %s dropped: message #%d is not the one it pinned",
+                        conversation_id, through_seq)
+            return False
+        self.store.save_summary(conversation_id, state)
+        return True

@@ -1,0 +1,144 @@
+"""Assembles the request of a turn from the pure context functions and the day's inputs.
+
+The I/O-bound inputs are gathered here (the model's num_ctx, the memory map once per calendar day,
+the clock in the configured timezone) and handed to `daemon/context/`, which decides the bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from typing import Any
+
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
+from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
+from daemon.context.replay import Request, build_request, chat_tokens
+from daemon.core.config import Settings
+from daemon.core.conversations import Conversation, Message
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.tools.registry import Registry
+
+BUDGET_MARGIN_SHARE = 50  # 2% of the budget
+BUDGET_MARGIN_MIN = 16
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to send, with the numbers it was fitted against."""
+
+    request: Request
+    budget: int
+    num_ctx: int
+    ratio: float
+    tool_tokens: int
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+    def raw_estimate(self) -> int:
+        """The request's estimate at ratio 1, what calibration divides Ollama's count by."""
+        tools = (estimate_tokens(json.dumps(list(self.tools), separators=(",", ":")), 1.0)
+                 if self.tools else 0)
+        return sum(chat_tokens(m, 1.0) for m in self.request.messages) + tools
+
+    def overhead(self) -> int:
+        """The per-message template tokens in the estimate, which the ratio does not scale."""
+        return MESSAGE_OVERHEAD_TOKENS * len(self.request.messages)
+
+    def accounting(self) -> dict[str, Any]:
+        """Token counts per part against the budget, for the debug snapshots."""
+        return {
+            "num_ctx": self.num_ctx,
+            "budget": self.budget,
+            "ratio": round(self.ratio, 4),
+            "estimate": self.request.estimate,
+            "parts": {**self.request.parts, "tools": self.tool_tokens},
+            "fit": {"stubbed": self.request.stubbed, "decayed": self.request.decayed,
+                    "condensed": self.request.condensed, "omitted": self.request.omitted,
+                    "cut": self.request.cut},
+            "messages": self.request.messages,
+        }
+
+
+class Prompting:
+    """Builds requests; caches the memory map for the calendar day it was made on."""
+
+    def __init__(
+        self, *, settings: Settings, store: Store, llm: ModelClient, registry: Registry,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.registry = registry
+        self.clock = clock
+        self._memory: MemoryMap | None = None
+
+    def today(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), self.settings.daemon.tz)
+
+    async def memory_map(self, day: date) -> MemoryMap:
+        """The memory map of `day`: what was stored before the day began, counted once that
+        day. Counting what is stored now would give each process its own map (a restart, a
+        command-line run) and the prompt cache would miss from the map on."""
+        if self._memory is None or self._memory.day != day:
+            tz = self.settings.daemon.tz
+            began = datetime.combine(day, time.min, tzinfo=tz).timestamp()
+            stats = await asyncio.to_thread(self.store.stats, began)
+            self._memory = MemoryMap(
+                day=day,
+                conversations=stats.conversations,
+                messages=stats.messages,
+                summaries=stats.summaries,
+                automations=len(self.settings.automations),
+                first_day=datetime.fromtimestamp(stats.first, tz).date() if stats.first else None,
+                last_day=datetime.fromtimestamp(stats.last, tz).date() if stats.last else None,
+            )
+        return self._memory
+
+    async def prefix(self, capabilities: Sequence[Capability] = (), *,
+                     tools: bool = True) -> str:
+        """The system message: the same for every conversation (the channel's note goes in
+        the first user message, see `daemon.context.prefix`)."""
+        memory = await self.memory_map(self.today().date())
+        return system_prefix(capabilities=capabilities, memory=memory,
+                             variables=self.settings.variables, tools=tools)
+
+    async def prepare(
+        self, conversation: Conversation, history: Sequence[Message], *,
+        ratio: float | None = None, model: str | None = None,
+    ) -> Prepared:
+        """The request for the conversation's next model call, fitted to the budget of `model`
+        (default `model.name`: the one the request goes to), with the tools of its loaded
+        capabilities.
+
+        Raises `DoesNotFit` when the protected messages alone are larger than the budget.
+        """
+        ratio = conversation.token_ratio if ratio is None else ratio
+        # A model without the tools capability gets no tools and no word of them (Ollama
+        # would answer 400 to the tools, and the model would promise searches it cannot do).
+        with_tools = (await self.llm.model_info(model)).tools
+        tools = self.registry.schemas(conversation.active_tools) if with_tools else []
+        capabilities = self.registry.index(conversation.active_tools) if with_tools else []
+        num_ctx = await self.llm.num_ctx(model)
+        tool_tokens = (estimate_tokens(json.dumps(list(tools), separators=(",", ":")), ratio)
+                       if tools else 0)
+        budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens
+        # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
+        # off still inside the window Ollama would otherwise cut silently.
+        budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
+        request = build_request(
+            conversation_id=conversation.id,
+            prefix=await self.prefix(capabilities, tools=with_tools),
+            opening=channel_note(conversation.kind),
+            history=history,
+            budget=budget,
+            ratio=ratio,
+            summary=conversation.summary,
+            tz=self.settings.daemon.tz,
+            tools=with_tools,
+        )
+        return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
+                        tool_tokens=tool_tokens, tools=tuple(tools))

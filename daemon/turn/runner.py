@@ -1,0 +1,574 @@
+"""One turn: the chat's pending messages in, one reply out.
+
+The turn is a thin coordinator over the store, the pure context functions and the model client:
+
+1. route the chat to its active conversation and append the pending user messages, each marked
+   with its inbox id, so they are on disk before the model is called (and appended only once,
+   however often the turn is retried);
+2. if the last request reached its budget and no background fold landed since, fold first, as
+   the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
+   preamble + tail, fitted to the budget);
+3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable
+   (a refused connection, or a 502/503/504), once more after a 500; an overflow rejection
+   (before anything streamed) recalibrates, refits and retries once;
+4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
+5. save the reply, put it in the outbox and only then clear the inbox items.
+
+A crash between any two steps is finished on the next start: inbox items stay pending until a
+reply that names them is saved, and a saved reply whose outbox item is missing is queued again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from daemon.context.budget import (
+    RATIO_MAX,
+    RATIO_MIN,
+    calibrated_ratio,
+    estimate_tokens,
+    recalibrate,
+    request_budget,
+)
+from daemon.context.replay import ChatMessage, DoesNotFit
+from daemon.core.config import Settings
+from daemon.core.conversations import Conversation, Message, Role
+from daemon.core.errors import (
+    ContextOverflow,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelCrashed,
+    ModelNotFound,
+)
+from daemon.core.logs import turn_log as log
+from daemon.core.messages import Inbound, Outbound
+from daemon.engine.router import Router
+from daemon.llm.client import ChatResult, ModelClient
+from daemon.store import Store
+from daemon.store.attachments import AttachmentError, read_image_base64, store_file
+from daemon.store.event_log import Records
+from daemon.store.memory_index import MemoryIndex
+from daemon.tools.builtin import ToolContext
+from daemon.tools.registry import Registry
+from daemon.tools.scope import recall_scope
+from daemon.turn.folder import Folder
+from daemon.turn.prompting import Prepared, Prompting
+from daemon.turn.tool_loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
+
+MAX_BACKOFF = 60.0
+RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
+FILES_CAPABILITY = "files"
+EMPTY_REPLY = "(The model returned an empty reply.)"
+NEW_CONVERSATION_LINE = (
+    "(New conversation: the last one was idle, so it is archived; it stays searchable.)"
+)
+# The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
+# is built once more at this one rather than refused: the ratio may be what is wrong.
+RATIO_START = 1.0
+# A request this full of its budget will have to leave messages out next turn: fold now instead,
+# so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
+CROWDED_SHARE = 0.9
+
+
+class Outcome(enum.Enum):
+    ANSWERED = "answered"  # a reply is in the outbox
+    FAILED = "failed"  # the user got a notice; the messages stay in the conversation
+    PARKED = "parked"  # the model server is down; the messages wait in the inbox
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    outcome: Outcome
+    conversation_id: str | None = None
+    # The request had to leave messages out, or nearly: fold now rather than at the threshold.
+    crowded: bool = False
+
+
+Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
+StreamDelta = Callable[[str, str], None]  # (chat_key, delta)
+
+
+class _Stream:
+    """Reply pieces on their way to the channel: the intro line goes first, once, and a reply
+    that may be a tool call written as text is held back until it is clearly not one."""
+
+    def __init__(self, emit: StreamDelta, chat_key: str, intro: str) -> None:
+        self.emit = emit
+        self.chat_key = chat_key
+        self.intro = intro
+        self.held: list[str] = []
+        self.passing = False
+
+    def _show(self, text: str) -> None:
+        if self.intro:
+            self.emit(self.chat_key, self.intro)
+            self.intro = ""
+        self.emit(self.chat_key, text)
+
+    def begin(self) -> None:
+        self.held, self.passing = [], False
+
+    def delta(self, piece: str) -> None:
+        if self.passing:
+            self._show(piece)
+            return
+        self.held.append(piece)
+        text = "".join(self.held)
+        if not could_become_text_tool_call(text):
+            self.passing = True
+            self._show(text)
+
+    def end(self, result: ChatResult, tool_names: list[str]) -> None:
+        held = "".join(self.held)
+        if not self.passing and held.strip() and not result.tool_calls \
+                and not looks_like_text_tool_call(held, tool_names):
+            self._show(held)
+
+
+class _Outage:
+    """The outage notice of one turn, said at most once: by whichever call first finds the
+    model server unreachable, the model lookup before the request is built (the first thing
+    to fail after a start with Ollama down) or a model call."""
+
+    def __init__(self, notify: Notify, chat_key: str, host: str, announce: bool) -> None:
+        self.notify = notify
+        self.chat_key = chat_key
+        self.host = host
+        self.pending = announce
+
+    async def tell(self) -> None:
+        if self.pending:
+            self.pending = False
+            await self.notify(self.chat_key, (
+                f"The model server at {self.host} is not answering. Your message is saved; "
+                "I will keep trying and answer when it is back."))
+
+
+class TurnRunner:
+    """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        llm: ModelClient,
+        router: Router,
+        prompting: Prompting,
+        registry: Registry,
+        index: MemoryIndex | None,
+        records: Records,
+        notify: Notify,
+        stream: StreamDelta,
+        clock: Callable[[], float],
+        folder: Folder | None = None,
+    ) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.store = store
+        self.llm = llm
+        self.router = router
+        self.prompting = prompting
+        self.registry = registry
+        self.index = index
+        self.records = records
+        self.notify = notify
+        self.stream = stream
+        self.clock = clock
+
+    async def run(
+        self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True,
+        model: str | None = None,
+    ) -> TurnResult:
+        """Answer `items` (the chat's pending messages): one model call, or a few with tools.
+
+        `model` (an automation's own) is the model every call of the turn goes to, and the one
+        whose window and capabilities the request is fitted to; by default `model.name`."""
+        async with self.llm.turn():
+            outage = _Outage(self.notify, chat_key, self.llm.host, announce_outage)
+            return await self._run(chat_key, items, outage, model or self.settings.model.name)
+
+    async def _run(
+        self, chat_key: str, items: Sequence[Inbound], outage: _Outage, model: str
+    ) -> TurnResult:
+        conversation, items = await asyncio.to_thread(
+            self._record_user_messages, chat_key, items
+        )
+        if not items:  # every one was answered before a crash; the replies are queued again
+            return TurnResult(Outcome.ANSWERED, conversation.id)
+        recorded = conversation  # touched, not yet saved: see _record_user_messages
+        if self.folder is not None and self.folder.owes(conversation.id):
+            # The last request reached its budget and no background fold landed since: fold
+            # now, as this chat's own work, so this request does not drop messages again.
+            await self.folder.land(conversation.id)
+            conversation = await asyncio.to_thread(self._reread, conversation)
+        history = await asyncio.to_thread(self.store.messages, conversation.id)
+        intro = ""
+        if conversation.after_idle and not any(m.role == "assistant" for m in history):
+            intro = NEW_CONVERSATION_LINE + "\n\n"
+        stream = _Stream(self.stream, chat_key, intro)
+        answering = {i.id for i in items}
+        # The newest photo stays in every later request (as pixels, or as a note for a model
+        # that cannot see): the user hears that it cannot be seen once, on the turn it came.
+        new_images = any(a.get("kind") == "image" for m in history
+                         if m.role == "user" and m.meta.get("inbox_id") in answering
+                         for a in m.attachments)
+        if FILES_CAPABILITY not in conversation.active_tools and any(
+                a.get("kind") != "image" for m in history
+                if m.role == "user" and m.meta.get("inbox_id") in answering
+                for a in m.attachments):
+            # The user sent a file (or a message so long it was kept as one): the model will
+            # want file_read, so load it now rather than
+            # spending two model calls on tool_activate.
+            conversation = replace(conversation,
+                                   active_tools=(*conversation.active_tools, FILES_CAPABILITY))
+        context = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
+                              conversation_id=conversation.id, clock=self.clock,
+                              index=self.index, active=list(conversation.active_tools),
+                              scope=recall_scope(conversation, self.settings.automations))
+        try:
+            prepared = await self._prepare(chat_key, conversation, history, model, outage)
+            first, prepared, messages = await self._answer(
+                chat_key, conversation, history, prepared, stream, outage, model,
+                new_images)
+            loop = ToolLoop(
+                registry=self.registry, context=context, records=self.records,
+                call=lambda messages, tools: self._call_model(
+                    chat_key, messages, tools, stream, outage, model),
+                save=lambda role, content, **fields: self._save_step(
+                    conversation.id, role, content, **fields),
+                max_calls=self.settings.model.max_calls, budget=prepared.budget,
+                num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+            )
+            done = await loop.run(messages, first)
+        except DoesNotFit as exc:
+            # Messages are excerpted to fit, so only the fixed part can be too large: a window
+            # too small for the setup, not a message too long.
+            return await self._fail(recorded, items, (
+                f"The model's context window is too small for this conversation's setup (about "
+                f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
+                "saved; raise model.window or lower model.response_reserve."))
+        except ModelNotFound as exc:
+            return await self._fail(recorded, items, (
+                f"The model {exc.model!r} is not available on the Ollama server at "
+                f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
+        except (LLMUnavailable, LLMTimeout):
+            await asyncio.to_thread(self.store.save_conversation, recorded)
+            return TurnResult(Outcome.PARKED, conversation.id)
+        except LLMError as exc:
+            log.warning("turn for %s failed: %s", conversation.id, exc)
+            return await self._fail(recorded, items, (
+                f"The model server answered with an error: {exc}. Your message is saved; "
+                "send another message to try again."))
+        ratio = await self._calibrate(conversation, prepared, first)
+        after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
+        await asyncio.to_thread(
+            self._save_reply, conversation, after, items, first, done.text, intro,
+            loop.prompt_tokens)
+        if self.index is not None:
+            self.index.mark_dirty(conversation.id)
+        await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
+            **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            "prompt_eval_cached_count": first.prompt_eval_cached_count,
+            "model_calls": done.calls, "tool_calls": done.tool_calls,
+        })
+        log.info("turn for %s answered (%s prompt tokens, estimate %d of %d, %d model calls)",
+                 conversation.id, first.prompt_eval_count, prepared.request.estimate,
+                 prepared.budget, done.calls)
+        crowded = (prepared.request.omitted > 0
+                   or prepared.request.estimate > CROWDED_SHARE * prepared.budget)
+        return TurnResult(Outcome.ANSWERED, conversation.id, crowded=crowded)
+
+    async def _answer(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, stream: _Stream, outage: _Outage, model: str,
+        new_images: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection."""
+        try:
+            messages = await self._messages(chat_key, prepared, model, notify=new_images)
+            result = await self._call_model(chat_key, messages,
+                                            [dict(t) for t in prepared.tools] or None,
+                                            stream, outage, model)
+            return result, prepared, messages
+        except ContextOverflow as exc:
+            # Ollama refused before streaming anything: learn the real size, refit, try once more.
+            measured = exc.prompt_tokens
+            ratio = (calibrated_ratio(measured, prepared.raw_estimate(), prepared.overhead())
+                     * 1.05 if measured else prepared.ratio * 1.5)
+            ratio = min(max(ratio, prepared.ratio * 1.05, RATIO_MIN), RATIO_MAX)
+            await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
+                                    conversation.id,
+                                    f"Ollama refused {measured} tokens (estimated "
+                                    f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}, refitted and retried once")
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
+            messages = [dict(m) for m in refit.request.messages]
+            if refit.request.images:  # already attached or noted on the first try
+                messages = await self._messages(chat_key, refit, model, notify=False)
+            result = await self._call_model(chat_key, messages,
+                                            [dict(t) for t in refit.tools] or None,
+                                            stream, outage, model)
+            return result, refit, messages
+
+    async def _call_model(
+        self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+        stream: _Stream, outage: _Outage, name: str,
+    ) -> ChatResult:
+        """Call the model, retrying with backoff while it is unreachable (a refused connection,
+        or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
+        crashed on this request) is tried once more, then reported."""
+        model = self.settings.model
+        crashed = False
+        for attempt in range(model.retry_attempts):
+            stream.begin()
+            try:
+                result = await self.llm.chat(messages, model=name, tools=tools,
+                                             on_delta=stream.delta)
+            except ModelCrashed as exc:
+                if crashed:
+                    raise
+                crashed = True
+                log.warning("Ollama failed on a request for %s (%s); trying once more",
+                            chat_key, exc)
+                await asyncio.sleep(model.retry_backoff)
+                continue
+            except (LLMUnavailable, LLMTimeout) as exc:
+                await self._unreachable(attempt, exc, outage)
+                continue
+            stream.end(result, [t["function"]["name"] for t in tools or ()])
+            return result
+        raise AssertionError("retry_attempts is at least 1")
+
+    async def _prepare(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,
+        outage: _Outage,
+    ) -> Prepared:
+        """The first request of the turn, retried like a model call while Ollama is
+        unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
+        for attempt in range(self.settings.model.retry_attempts):
+            try:
+                try:
+                    return await self.prompting.prepare(conversation, history, model=model)
+                except DoesNotFit as exc:
+                    return await self._refit_lower(conversation, history, model, exc)
+            except (LLMUnavailable, LLMTimeout) as exc:
+                await self._unreachable(attempt, exc, outage)
+        raise AssertionError("retry_attempts is at least 1")
+
+    async def _refit_lower(
+        self, conversation: Conversation, history: Sequence[Message], model: str,
+        exc: DoesNotFit,
+    ) -> Prepared:
+        """Only the prefix and summary were left, and they did not fit at the conversation's
+        ratio: an overestimate must not lock the conversation. Build the request at the ratio
+        where that part fits (it scales with the ratio), else at the starting one; Ollama's
+        count of what is sent calibrates the ratio again. Raises `DoesNotFit` when even the
+        starting ratio leaves no room: then the window is too small."""
+        ratio = conversation.token_ratio
+        fitting = max(ratio * exc.budget / exc.needed * 0.95, RATIO_MIN)
+        tries = [r for r in (fitting, RATIO_START) if r < ratio]
+        if not tries:
+            raise exc
+        for lower in sorted(set(tries), reverse=True):
+            try:
+                prepared = await self.prompting.prepare(conversation, history, model=model,
+                                                        ratio=lower)
+            except DoesNotFit as again:
+                exc = again
+                continue
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "ratio-reset", conversation.id,
+                f"the fixed part needed {exc.needed} of {exc.budget} tokens at ratio "
+                f"{ratio:.2f}; built again at {lower:.2f}")
+            log.warning("conversation %s: request did not fit at ratio %.2f; built at %.2f",
+                        conversation.id, ratio, lower)
+            return prepared
+        raise exc
+
+    async def _unreachable(self, attempt: int, exc: LLMError, outage: _Outage) -> None:
+        """After a failed try: log, tell the user (once a turn), re-raise after the last try,
+        else wait the backoff."""
+        model = self.settings.model
+        log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
+                    self.llm.host, attempt + 1, model.retry_attempts, exc)
+        await outage.tell()
+        if attempt + 1 == model.retry_attempts:
+            raise exc
+        await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+
+    async def _messages(
+        self, chat_key: str, prepared: Prepared, model: str, *, notify: bool = True
+    ) -> list[ChatMessage]:
+        """The request's messages with the newest image's pixels, if the model can see them."""
+        messages = [dict(m) for m in prepared.request.messages]
+        if not prepared.request.images:
+            return messages
+        info = await self.llm.model_info(model)
+        attachments = self.store.state_dir / "attachments"
+        for index, images in prepared.request.images.items():
+            if "vision" in info.capabilities:
+                try:
+                    messages[index]["images"] = [  # type: ignore[assignment]
+                        await asyncio.to_thread(read_image_base64, dict(i), attachments)
+                        for i in images]
+                    continue
+                except AttachmentError as exc:
+                    log.warning("image of %s unreadable: %s", chat_key, exc)
+            messages[index] = {**messages[index], "content": (
+                f"{messages[index].get('content') or ''}\n[an image was sent; this model cannot "
+                "see images, so it is not shown]").lstrip()}
+            if notify:
+                await self.notify(chat_key, (
+                    f"The model {info.name} cannot see images, so I only know that you sent "
+                    "one. Describe it in words, or use a vision model."))
+        return messages
+
+    async def _save_step(self, conversation_id: str, role: Role, content: str,
+                         **fields: Any) -> int:
+        """A tool call or tool result of this turn, saved as it happens; returns its seq."""
+        message = await asyncio.to_thread(self.store.append_message, conversation_id, role,
+                                          content, created=self.clock(), **fields)
+        return message.seq
+
+    async def _calibrate(
+        self, conversation: Conversation, prepared: Prepared, result: ChatResult
+    ) -> float:
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), recording a
+        silent cut. Whether the count includes the cached part is asked of the server only when
+        the reading would lower the ratio or mark a cut."""
+        count = result.prompt_eval_count
+        raw = prepared.raw_estimate()
+        if not count or prepared.request.images or raw <= 0:
+            return prepared.ratio
+        estimate = prepared.request.estimate + prepared.tool_tokens
+        whole = (result.prompt_eval_cached_count is not None
+                 or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
+                 or await self.llm.counts_whole_prompt())
+        ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
+                                 overhead=prepared.overhead(), estimate=estimate,
+                                 num_ctx=prepared.num_ctx, whole=whole)
+        if cut:
+            await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
+                                    conversation.id,
+                                    f"Ollama evaluated {count} tokens of about {estimate} sent "
+                                    f"(num_ctx {prepared.num_ctx}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}")
+            log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
+                        conversation.id, count, estimate)
+        return ratio
+
+    async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
+                    text: str) -> TurnResult:
+        await self.notify(conversation.chat_key, text)
+        await asyncio.to_thread(self.store.save_conversation, conversation)
+        await asyncio.to_thread(self.store.inbox_done, [i.id for i in items])
+        return TurnResult(Outcome.FAILED)
+
+    # Synchronous steps, run in a worker thread ---------------------------------------------
+
+    def _reread(self, conversation: Conversation) -> Conversation:
+        """The conversation with the summary a fold just wrote."""
+        return self.store.get_conversation(conversation.id) or conversation
+
+    def _record_user_messages(
+        self, chat_key: str, items: Sequence[Inbound]
+    ) -> tuple[Conversation, list[Inbound]]:
+        """Append the items not yet in the conversation; return the ones still to answer.
+
+        After a crash some items may already have a saved reply: that reply is queued again
+        (unless it was delivered) instead of asking the model twice.
+        """
+        now = self.clock()
+        conversation = self.router.conversation_for(chat_key, now)
+        recent = self.store.messages(conversation.id)[-(len(items) + RESUME_LOOKBACK):]
+        present = {m.meta.get("inbox_id") for m in recent if m.role == "user"}
+        wanted = {i.id for i in items}
+        answered: set[str] = set()
+        for message in recent:
+            replied = wanted & set(message.meta.get("inbox_ids", ()))
+            if message.role == "assistant" and replied:
+                self._requeue(conversation, message)
+                answered |= replied
+        if answered:
+            self.store.inbox_done(sorted(answered))
+        items = [i for i in items if i.id not in answered]
+        for item in items:
+            if item.id in present:
+                continue
+            meta = {**item.meta, "inbox_id": item.id,
+                    **({"platform_id": item.platform_id} if item.platform_id else {})}
+            self.store.append_message(
+                conversation.id, "user", item.text, created=item.received,
+                channel_message_ids=(item.platform_id,) if item.platform_id else (),
+                attachments=(*item.attachments, *self._as_file(item.text, conversation)),
+                meta=meta,
+            )
+        if items:
+            # Touched here, saved once per turn: with the reply (`_save_reply`), or when the
+            # turn ends without one (`_fail`, parked). Until then the appended messages are
+            # the activity on disk, and `Store.active_conversation` counts them, so a crash
+            # in between rotates no sooner than if this had been saved.
+            conversation = conversation.touched(now)
+        return conversation, list(items)
+
+    def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:
+        """A message too large for the whole window is also stored as a text file, so that the
+        model, which gets its start and end, can read the rest with file_read. The message
+        itself is kept whole in the conversation as always."""
+        model = self.settings.model
+        if estimate_tokens(text, conversation.token_ratio) <= request_budget(
+                model.window, model.response_reserve):
+            return ()
+        stored = store_file(text.encode("utf-8"), self.store.state_dir / "attachments",
+                            name="message.txt", mime="text/plain")
+        return (stored.to_doc(),)
+
+    def _save_reply(
+        self,
+        before: Conversation,
+        after: Conversation,
+        items: Sequence[Inbound],
+        result: ChatResult,
+        text: str,
+        intro: str,
+        prompt_tokens: int,
+    ) -> None:
+        now = self.clock()
+        meta = {
+            "inbox_ids": [i.id for i in items],
+            "reply_to": items[-1].platform_id,  # where a group reply is threaded
+            "prompt_eval_count": result.prompt_eval_count,  # the first call's
+            "prompt_eval_cached_count": result.prompt_eval_cached_count,
+            "prompt_tokens": prompt_tokens,  # all the turn's calls (tool calls, continuations)
+            "eval_count": result.eval_count,
+            "done_reason": result.done_reason,
+            "num_ctx": result.num_ctx,
+        }
+        message = self.store.append_message(before.id, "assistant", text.strip() or EMPTY_REPLY,
+                                            created=now, meta=meta)
+        self.store.outbox_add(self._outbound_for(after, message, intro).to_doc())
+        self.store.inbox_done([i.id for i in items])
+        # Only the index record: a fold meanwhile wrote the summary to its own file.
+        self.store.save_conversation(after.touched(now))
+
+    def _requeue(self, conversation: Conversation, message: Message) -> None:
+        outbound = self._outbound_for(conversation, message, "")
+        queued = any(o["id"] == outbound.id for o in self.store.outbox_pending())
+        if not queued and not self.store.was_sent(outbound.id):
+            self.store.outbox_add(outbound.to_doc())
+
+    def _outbound_for(self, conversation: Conversation, message: Message, intro: str) -> Outbound:
+        # The outbox id is the message id, so a reply is queued at most once. The intro line is
+        # for the user only; the stored message is the model's words.
+        return Outbound(
+            chat_key=conversation.chat_key, text=intro + message.content,
+            created=message.created, kind="reply", id=message.id,
+            conversation_id=conversation.id, message_id=message.id,
+            reply_to=message.meta.get("reply_to"),
+        )

@@ -1,0 +1,258 @@
+"""The model calls of one turn after the first: tools, continuations, the in-turn safety net.
+
+* Tool calls (Ollama's native tools API) run through the registry; each call and its result are
+  saved as messages. At most `model.max_calls` model calls per turn; the last one is asked to
+  answer without tools.
+* A tool call written as plain text is never executed and never shown: the model is nudged once
+  (at the end of the last message, not in a system message of its own), then the user gets a
+  plain apology instead of raw JSON.
+* An answer cut off with `done_reason: "length"` is continued, a bounded number of times, unless
+  the window is already full to within 512 tokens: then the turn ends with what it has and says so.
+* Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
+  in-memory messages and have the model write down the state of the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
+from daemon.context.compact import (
+    continue_from,
+    request_tokens,
+    should_compact,
+    shrink,
+    state_messages,
+)
+from daemon.context.replay import ChatMessage, shown_result
+from daemon.llm.client import ChatResult
+from daemon.store.event_log import Records
+from daemon.tools.builtin import ToolContext
+from daemon.tools.registry import Registry, ToolCall
+
+MAX_CONTINUATIONS = 3
+TOOL_RESULT_SHARE = 6  # one tool result may take a sixth of the budget in memory
+CONTEXT_FULL_MARGIN = 512
+TEXT_CALL_NUDGE = (
+    "\n\n[Note: to use a tool, call it through the tool-calling interface; never write the call "
+    "as JSON in your reply. If you need no tool, answer in plain words.]"
+)
+LAST_CALL_NUDGE = "\n\n[Note: this is your last step. Answer the user now with what you have.]"
+NO_STATE = "(No state was written. Work out what is left from the messages above.)"
+CONTINUE = "Continue exactly where your last message stopped. Do not repeat anything."
+TEXT_CALL_APOLOGY = ("I tried to use one of my tools but did not manage to. Could you ask again, "
+                     "perhaps in other words?")
+CONTEXT_FULL_NOTE = ("\n\n[The answer stops here: this conversation fills the model's context "
+                     "window. Send /compact or /new and ask for the rest.]")
+CUT_OFF_NOTE = "\n\n[The answer was cut off; ask me to go on.]"
+
+Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
+Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    text: str
+    calls: int
+    tool_calls: int
+
+
+_PSEUDO_CALL_MARKERS = ("<tool_call>", "<|tool_call|>", "[TOOL_CALLS]", "<function=")
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
+
+
+def looks_like_text_tool_call(text: str, tool_names: Sequence[str]) -> bool:
+    """True when a reply is a tool call written out as text rather than a structured call."""
+    stripped = text.strip()
+    if any(marker in stripped for marker in _PSEUDO_CALL_MARKERS):
+        return True
+    body = _FENCE.sub("", stripped)
+    if not body.startswith(("{", "[")):
+        return False
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    items = parsed if isinstance(parsed, list) else [parsed]
+    for item in items:
+        if not isinstance(item, dict):
+            return False
+        function = item.get("function")
+        name = function.get("name") if isinstance(function, dict) else item.get("name")
+        if name in tool_names or ("arguments" in item or "parameters" in item):
+            return True
+    return False
+
+
+def could_become_text_tool_call(text: str) -> bool:
+    """While streaming: hold the text back, it may still turn out to be a written tool call."""
+    stripped = text.lstrip()
+    return not stripped or stripped.startswith(("{", "[", "```", "<tool", "<|tool", "<function"))
+
+
+class ToolLoop:
+    """Runs the rest of a turn after its first model call; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        context: ToolContext,
+        records: Records,
+        call: Call,
+        save: Save,
+        max_calls: int,
+        budget: int,
+        num_ctx: int,
+        ratio: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.registry = registry
+        self.context = context
+        self.records = records
+        self.call = call
+        self.save = save
+        self.max_calls = max_calls
+        self.budget = budget
+        self.num_ctx = num_ctx
+        self.ratio = ratio
+        self.clock = clock
+        self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
+
+    def tool_names(self) -> list[str]:
+        return [t.name for c in self.registry.capabilities.values() for t in c.tools]
+
+    async def run(self, messages: list[ChatMessage], first: ChatResult) -> LoopResult:
+        result, calls, tools_run = first, 1, 0
+        self.prompt_tokens = first.prompt_eval_count or 0
+        if first.prompt_eval_count:
+            self._learn(first, messages, self._schemas())
+        pieces: list[str] = []
+        nudged = False
+        continuations = 0
+        while True:
+            if result.tool_calls and calls < self.max_calls:
+                tools_run += await self._run_tools(messages, result)
+                if calls + 2 <= self.max_calls:  # room for the state call and one more
+                    messages, compacted = await self._maybe_compact(messages, result)
+                    calls += compacted
+                last = calls + 1 >= self.max_calls
+                if last:
+                    messages = _with_note(messages, LAST_CALL_NUDGE)
+                result = await self._call(messages, None if last else self._schemas())
+                calls += 1
+                continue
+            text = result.content
+            if result.tool_calls or looks_like_text_tool_call(text, self.tool_names()):
+                if nudged or calls >= self.max_calls:
+                    return LoopResult("".join(pieces) or TEXT_CALL_APOLOGY, calls, tools_run)
+                nudged = True
+                messages = _with_note(messages, TEXT_CALL_NUDGE)
+                result = await self._call(messages, self._schemas())
+                calls += 1
+                continue
+            pieces.append(text)
+            if result.done_reason != "length":
+                return LoopResult("".join(pieces), calls, tools_run)
+            used = (result.prompt_eval_count or 0) + (result.eval_count or 0)
+            if used >= self.num_ctx - CONTEXT_FULL_MARGIN:
+                await self._record("context-full", f"answer stopped at {used} of {self.num_ctx} "
+                             "tokens; ended the turn instead of continuing")
+                return LoopResult("".join(pieces) + CONTEXT_FULL_NOTE, calls, tools_run)
+            if continuations >= MAX_CONTINUATIONS or calls >= self.max_calls:
+                return LoopResult("".join(pieces) + CUT_OFF_NOTE, calls, tools_run)
+            continuations += 1
+            await self._record("continuation", f"answer cut off at {result.eval_count} tokens; "
+                         f"asked to continue ({continuations} of {MAX_CONTINUATIONS})")
+            messages = [*messages, {"role": "assistant", "content": text},
+                        {"role": "user", "content": CONTINUE}]
+            result = await self._call(messages, self._schemas())
+            calls += 1
+
+    async def _call(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None
+    ) -> ChatResult:
+        """One model call; Ollama's count of the prompt keeps the turn's ratio honest (only
+        ever raised here: the turn's own calibration happens once it is saved)."""
+        result = await self.call(messages, tools)
+        self.prompt_tokens += result.prompt_eval_count or 0
+        if result.prompt_eval_count:
+            self._learn(result, messages, tools)
+        return result
+
+    def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
+               tools: list[dict[str, Any]] | None) -> None:
+        """Raise the turn's ratio to what Ollama counted for this request (tools included)."""
+        assert result.prompt_eval_count
+        raw = request_tokens(messages, 1.0) + (
+            estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
+        measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
+        self.ratio = max(self.ratio, measured)
+
+    def _schemas(self) -> list[dict[str, Any]]:
+        return self.registry.schemas(self.context.active)
+
+    async def _run_tools(self, messages: list[ChatMessage], result: ChatResult) -> int:
+        calls = [dict(c) for c in result.tool_calls]
+        await self.save("assistant", result.content, tool_calls=tuple(calls))
+        messages.append({"role": "assistant", "content": result.content,
+                         "tool_calls": calls})  # type: ignore[dict-item]
+        for raw in calls:
+            call = ToolCall.from_ollama(raw)
+            outcome = await self.registry.run(call, self.context, self.context.active)
+            # The model sees at most a sixth of the budget of one result, so the three newest
+            # (which compaction never cuts) fit in half of it. The store keeps all of it, and
+            # remembers the cap so that replay shows the same bytes on later turns.
+            cap = int(self.budget / TOOL_RESULT_SHARE * 4 / self.ratio)
+            shown = len(outcome.content) > cap
+            meta = {**({"error": True} if outcome.error else {}),
+                    **({"shown_chars": cap} if shown else {})}
+            seq = await self.save("tool", outcome.content, tool_name=call.name, meta=meta)
+            content = (shown_result(self.context.conversation_id, seq, outcome.content, cap)
+                       if shown else outcome.content)
+            messages.append({"role": "tool", "content": content, "tool_name": call.name})
+        return len(calls)
+
+    async def _maybe_compact(
+        self, messages: list[ChatMessage], last: ChatResult
+    ) -> tuple[list[ChatMessage], int]:
+        """The messages, shrunk and carrying a written state when they grew too large, and how
+        many model calls that took."""
+        estimate = request_tokens(messages, self.ratio)
+        if not should_compact(estimate, last.prompt_eval_count, self.budget):
+            return messages, 0
+        started = time.monotonic()
+        shrunk = shrink(messages, self.ratio, self.budget)
+        # The same tool schemas as every other call of the turn: changing them would make
+        # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
+        state = await self._call(state_messages(shrunk.messages), self._schemas())
+        written = state.content.strip() or NO_STATE
+        compacted = continue_from(shrunk.messages, written)
+        await self._record("compaction", (
+            f"{shrunk.targets} targets cut, {shrunk.images_dropped} images dropped; "
+            f"{shrunk.tokens_before} -> {request_tokens(compacted, self.ratio)} estimated "
+            f"tokens (budget {self.budget}); state written in "
+            f"{time.monotonic() - started:.1f}s"))
+        return compacted, 1
+
+    async def _record(self, kind: str, detail: str) -> None:
+        await asyncio.to_thread(self.records.event, self.clock(), kind,
+                                self.context.conversation_id, detail)
+
+
+def _overhead(messages: Sequence[ChatMessage]) -> int:
+    return MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def _with_note(messages: Sequence[ChatMessage], note: str) -> list[ChatMessage]:
+    """Nudges ride at the end of the last message, where small models heed them."""
+    out = [dict(m) for m in messages]
+    last: Mapping[str, Any] = out[-1]
+    out[-1] = {**last, "content": f"{last.get('content') or ''}{note}"}
+    return out

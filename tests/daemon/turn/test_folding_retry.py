@@ -1,0 +1,82 @@
+"""A fold that keeps failing: retried with a growing pause while its conversation is active,
+and no more once it is archived (no hourly model call for a conversation nobody writes to)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.store.event_log import Records
+from daemon.turn.folder import Folder
+from tests.conftest import SettingsFactory
+from tests.fakes.ollama import FakeModel, FakeOllama, Reply
+
+CHAT = "telegram:1111111"
+T0 = 1_796_112_000.0
+
+
+async def until(condition: Any, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    """Wait for a condition, bounded; fail with a TimeoutError otherwise."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (plain state and the fake's record: no event)
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def failing_folds(make_settings: SettingsFactory) -> AsyncIterator[tuple[Folder, Store,
+                                                                              FakeOllama]]:
+    fake = FakeOllama(models=[FakeModel(context_length=32768)])
+    await fake.start()
+    # An empty summary is never saved: the fold fails the same way every time.
+    fake.default_reply = lambda body: Reply(content="")
+    settings = make_settings(model={"host": fake.url, "window": 4096, "retry_backoff": 0.01,
+                                    "retry_attempts": 1}, daemon={"timezone": "UTC"})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    folder = Folder(settings=settings, store=store, llm=llm,
+                    records=Records(store.state_dir, settings.daemon.tz),
+                    clock=lambda: T0, retry_after_failure=0.05)
+    try:
+        yield folder, store, fake
+    finally:
+        await folder.stop()
+        await llm.close()
+        store.close()
+        await fake.stop()
+
+
+async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
+    failing_folds: tuple[Folder, Store, FakeOllama], caplog: pytest.LogCaptureFixture,
+) -> None:
+    folder, store, fake = failing_folds
+    conversation = store.create_conversation(CHAT, T0)
+    for n in range(30):
+        store.append_message(conversation.id, "user" if n % 2 == 0 else "assistant",
+                             f"Message {n}: " + "words about the garden " * 20, created=T0 + n)
+    folder.schedule(conversation.id, urgent=True)
+    # While the conversation is active, the fold is tried again.
+    await until(lambda: len(fake.chat_requests) >= 2)
+    store.save_conversation(conversation.archived("idle"))
+    caplog.set_level(logging.INFO, logger="roost")
+    # Nothing left that could call the model again: no fold running, none waiting to retry.
+    await until(lambda: not folder.busy(conversation.id)
+                and not folder.retry_pending(conversation.id))
+    tried = len(fake.chat_requests)
+    await folder.wait(conversation.id)
+    assert len(fake.chat_requests) == tried
+    assert any("not retried" in r.getMessage() and conversation.id in r.getMessage()
+               for r in caplog.records)
+    # A conversation still active keeps its retries.
+    other = store.create_conversation("telegram:2222222", T0)
+    for n in range(30):
+        store.append_message(other.id, "user" if n % 2 == 0 else "assistant",
+                             f"Message {n}: " + "words about the garden " * 20, created=T0 + n)
+    folder.schedule(other.id, urgent=True)
+    await until(lambda: len(fake.chat_requests) >= tried + 2)
+    assert folder.busy(other.id) or folder.retry_pending(other.id)
