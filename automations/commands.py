@@ -17,8 +17,8 @@ from automations.scheduler import SCAN_EVERY, Automations
 from automations.state import AutomationState
 from automations.when import parse_when
 from daemon.core.config import AutomationSettings, Settings
-from daemon.core.conversations import new_id
 from daemon.core.errors import StoreError
+from daemon.core.ids import new_id
 from daemon.engine.workers import Engine
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient

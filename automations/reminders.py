@@ -21,7 +21,8 @@ from zoneinfo import ZoneInfo
 
 from automations.state import AutomationState
 from automations.when import FORMS, parse_when
-from daemon.core.conversations import kind_of, new_id
+from daemon.core.conversations import kind_of
+from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Outbound
 from daemon.engine.workers import Engine

@@ -35,7 +35,7 @@ from typing import Any
 from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
-from daemon.core.conversations import new_id
+from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Inbound, Outbound
 from daemon.engine.workers import Engine

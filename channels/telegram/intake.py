@@ -45,8 +45,9 @@ from channels.telegram.updates import (
     too_deep,
     with_context,
 )
+from daemon.core.ids import inbound_id
 from daemon.core.logs import telegram_log as log
-from daemon.core.messages import Inbound, inbound_id
+from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store

@@ -53,8 +53,9 @@ from channels.whatsapp.payloads import (
 )
 from daemon.core.config import AttachmentSettings, WhatsAppSettings
 from daemon.core.errors import DeliveryError, StoreError
+from daemon.core.ids import inbound_id
 from daemon.core.logs import whatsapp_log as log
-from daemon.core.messages import Inbound, Outbound, inbound_id
+from daemon.core.messages import Inbound, Outbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store

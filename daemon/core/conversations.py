@@ -1,64 +1,20 @@
-"""Conversation and message records, and the router from a chat key to its active conversation.
+"""Conversation and message records.
 
 Records are plain frozen dataclasses with `to_doc()` / `from_doc()` so the store can keep them as
-JSON. The router decides which conversation a chat's next message belongs to: the chat's active
-one, or a fresh one when the chat has none or it has been idle longer than `idle_rotation`.
+JSON. Which conversation a chat's next message belongs to is the router's (daemon/engine/router.py).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from daemon.core.ids import new_id
+
 Role = Literal["system", "user", "assistant", "tool"]
 Kind = Literal["telegram", "whatsapp", "console", "automation"]
 Status = Literal["active", "archived"]
-
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-# What `new_id` makes: 26 characters of Crockford base32, the first at most 7 (128 bits).
-ID_PATTERN = "[0-7][0-9A-HJKMNP-TV-Z]{25}"
-_ID = re.compile(ID_PATTERN)
-
-
-_last_id = [0, 0]  # (millis, random) of the last id made here, for monotonic ids
-_id_lock = threading.Lock()
-
-
-def new_id(now: float | None = None) -> str:
-    """A ULID: 48 bits of milliseconds then 80 random bits, 26 characters of Crockford base32.
-
-    Sortable by creation time and unique without coordination, so ids can be made in any process.
-    Within one millisecond the random part counts up (monotonic ULID), so ids made in a burst
-    still sort in the order they were made.
-    """
-    millis = int((time.time() if now is None else now) * 1000)
-    with _id_lock:
-        if millis <= _last_id[0]:
-            millis, entropy = _last_id[0], _last_id[1] + 1
-        else:
-            entropy = int.from_bytes(os.urandom(10), "big") >> 1  # room to count up
-        _last_id[:] = [millis, entropy]
-    value = (millis << 80) | entropy
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
-
-
-def is_id(text: str) -> bool:
-    """Whether `text` has the form of an id `new_id` makes. Ids from outside (a tool's
-    arguments) are checked with this before they reach the store, so none can name a path."""
-    return _ID.fullmatch(text) is not None
-
-
-def id_time(text: str) -> float:
-    """When an id was made (its first 48 bits are milliseconds); `text` must pass `is_id`."""
-    millis = 0
-    for char in text[:10]:
-        millis = millis * 32 + _CROCKFORD.index(char)
-    return millis / 1000  # the first 10 characters are bits 80-129 of the id: the milliseconds
 
 
 def kind_of(chat_key: str) -> Kind:

@@ -6,25 +6,14 @@ platform calls. Deciding whether to handle a message, and handling it, happen in
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-from daemon.core.conversations import new_id
+from daemon.core.ids import new_id
 
 OutboundKind = Literal["reply", "notice"]
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # the alphabet of daemon.conversations.new_id
-
-
-def inbound_id(received: float, platform_key: str) -> str:
-    """A ULID-shaped id fixed by the platform payload: processing the same stored payload again
-    after a crash makes the same inbox id, so roost can tell it was already submitted."""
-    millis = int(received * 1000)
-    entropy = int.from_bytes(hashlib.sha256(platform_key.encode()).digest()[:10], "big")
-    value = (millis << 80) | entropy
-    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
 
 
 @dataclass(frozen=True)

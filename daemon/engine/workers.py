@@ -22,8 +22,9 @@ from typing import Any
 from daemon.core.config import Settings
 from daemon.core.conversations import kind_of
 from daemon.core.errors import DeliveryError, StoreError
+from daemon.core.ids import inbound_id
 from daemon.core.logs import turn_log as log
-from daemon.core.messages import Channel, Inbound, Outbound, inbound_id
+from daemon.core.messages import Channel, Inbound, Outbound
 from daemon.engine.chat_commands import Commands
 from daemon.engine.router import Router
 from daemon.intake.durable import ATTEMPTS

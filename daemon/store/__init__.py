@@ -52,8 +52,9 @@ from typing import Any, ParamSpec, TypeVar
 from tinydb import TinyDB
 from tinydb.table import Document
 
-from daemon.core.conversations import Conversation, Message, Role, SummaryState, is_id, new_id
+from daemon.core.conversations import Conversation, Message, Role, SummaryState
 from daemon.core.errors import StoreError
+from daemon.core.ids import is_id, new_id
 from daemon.store.book import ConversationBook, index_doc
 from daemon.store.files import (
     AtomicJSONStorage,

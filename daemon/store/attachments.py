@@ -39,8 +39,8 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from daemon.core.conversations import ID_PATTERN, id_time, new_id
 from daemon.core.errors import RoostError
+from daemon.core.ids import ID_PATTERN, id_time, new_id
 from daemon.store import atomic_write
 
 FILE_KINDS = ("document", "voice", "audio", "video", "file")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from daemon.core.conversations import new_id
 from daemon.core.errors import StoreError
+from daemon.core.ids import new_id
 from daemon.core.logs import store_log as log
 from daemon.store import atomic_write
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from tinydb import TinyDB
 from tinydb.table import Document
 
-from daemon.core.conversations import Message, is_id
+from daemon.core.conversations import Message
 from daemon.core.errors import StoreError
+from daemon.core.ids import is_id
 from daemon.store.files import AtomicJSONStorage, CorruptFile, move_aside
 
 SEGMENT_MAX_MESSAGES = 100

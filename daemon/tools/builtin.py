@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from daemon.core.config import Settings
-from daemon.core.conversations import ID_PATTERN, Conversation, Message, is_id
+from daemon.core.conversations import Conversation, Message
+from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, is_ref, ref_time, stored_path
 from daemon.store.memory_index import MemoryIndex

@@ -37,7 +37,7 @@ from channels.telegram.channel import (
 from daemon.app.serve import ENGINE, STORE, TELEGRAM, build_app, serve
 from daemon.core.conversations import Message
 from daemon.core.errors import ConfigError, StoreError
-from daemon.core.messages import inbound_id
+from daemon.core.ids import inbound_id
 from daemon.engine.chat_commands import GREETING, Commands
 from daemon.engine.workers import Engine
 from daemon.store import Store

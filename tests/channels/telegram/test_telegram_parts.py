@@ -31,7 +31,8 @@ from channels.telegram.updates import (
 )
 from daemon.app.serve import serve
 from daemon.core.errors import DeliveryError
-from daemon.core.messages import Outbound, inbound_id
+from daemon.core.ids import inbound_id
+from daemon.core.messages import Outbound
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
 from tests.daemon.app.test_app import free_port

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from daemon.core.config import AutomationSettings, Settings
-from daemon.core.conversations import SummaryState, new_id
+from daemon.core.conversations import SummaryState
+from daemon.core.ids import new_id
 from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
