@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from automations import commands as automation_commands
-from channels.console import chat
 from daemon import __version__
 from daemon.app.serve import serve
+from daemon.cli.chat import chat
 from daemon.cli.doctor import run_doctor
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
