@@ -74,11 +74,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 from bench import long_messages
 from bench.scenario import ScriptedModel, Turn, is_fold, is_state_request, script, web_capability
+from daemon.app.metrics import common_prefix
 from daemon.context.compact import STATE_REQUEST
 from daemon.core.config import Settings
 from daemon.core.conversations import Message
 from daemon.core.messages import Inbound
-from daemon.core.metrics import common_prefix
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store

@@ -40,13 +40,13 @@ from daemon.app.httpguard import (
     guard_middleware,
     install_malformed_filter,
 )
+from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.core.config import Settings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
-from daemon.core.metrics import START_TIME, Metrics
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook

@@ -10,11 +10,11 @@ from daemon.context.replay import DoesNotFit
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError
 from daemon.core.redact import redact_url
-from daemon.engine.router import Router
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
+from daemon.turn.router import Router
 
 HELP = (
     "Talk to me in plain words. Commands:\n"

@@ -26,7 +26,6 @@ from daemon.core.ids import inbound_id
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
 from daemon.engine.chat_commands import Commands
-from daemon.engine.router import Router
 from daemon.intake.durable import ATTEMPTS
 from daemon.llm.client import ModelClient, holding_model
 from daemon.store import Store
@@ -36,6 +35,7 @@ from daemon.tools.builtin import register_builtin
 from daemon.tools.registry import Registry
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
+from daemon.turn.router import Router
 from daemon.turn.runner import MAX_BACKOFF, Outcome, TurnRunner
 
 DELIVERY_RETRY_MAX = 300.0

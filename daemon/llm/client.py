@@ -156,7 +156,7 @@ class ChatResult:
 
 
 class ModelObserver(Protocol):
-    """Told about each finished model call and turn (daemon.metrics counts them)."""
+    """Told about each finished model call and turn (daemon.app.metrics counts them)."""
 
     def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
                    background: bool) -> None: ...
@@ -378,7 +378,7 @@ class ModelClient:
         background: bool,
         think: bool | None,
     ) -> ChatResult:
-        """The call, told to the observer (daemon.metrics) once it finished."""
+        """The call, told to the observer (daemon.app.metrics) once it finished."""
         result = await self._stream_adapting(name, num_ctx, options, messages, tools, on_delta,
                                              think)
         if self.observer is not None:

@@ -31,7 +31,7 @@ class Records:
         self.debug = state_dir / "debug"
         self.tz = tz
         self.keep = keep
-        self.on_event: Callable[[str], None] | None = None  # told each kind (daemon.metrics)
+        self.on_event: Callable[[str], None] | None = None  # told each kind (daemon.app.metrics)
 
     def event(self, now: float, kind: str, conversation_id: str, detail: str) -> None:
         """Append one line to the day's event log."""

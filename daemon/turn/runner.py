@@ -47,7 +47,6 @@ from daemon.core.errors import (
 )
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Inbound, Outbound
-from daemon.engine.router import Router
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, read_image_base64, store_file
@@ -58,6 +57,7 @@ from daemon.tools.registry import Registry
 from daemon.tools.scope import recall_scope
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
+from daemon.turn.router import Router
 from daemon.turn.tool_loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
 
 MAX_BACKOFF = 60.0

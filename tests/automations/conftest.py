@@ -24,8 +24,8 @@ from apscheduler.events import (
 )
 
 from automations.scheduler import Automations
+from daemon.app.metrics import Metrics
 from daemon.core.config import AutomationSettings, Settings
-from daemon.core.metrics import Metrics
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store

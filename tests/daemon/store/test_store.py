@@ -22,13 +22,13 @@ import pytest
 
 from daemon.core.conversations import Message, SummaryState
 from daemon.core.errors import StoreError
-from daemon.engine.router import Router
 from daemon.store import (
     DEDUPE_KEEP_SECONDS,
     SEGMENT_MAX_BYTES,
     SEGMENT_MAX_MESSAGES,
     Store,
 )
+from daemon.turn.router import Router
 
 T0 = 1_700_000_000.0
 CHAT = "telegram:1111111"
