@@ -1,0 +1,181 @@
+"""Imports point one way: down the flow, never back up (README, "For developers").
+
+A layer may import only the layers listed for it in `ALLOWED` (and itself). An import inside a
+function or class body counts as well, and is reported on its own: hiding an import there to
+dodge a cycle is an arrow pointing up that only shows at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("daemon", "channels", "automations")
+
+_MIDDLE = {"core", "context", "store", "llm", "tools", "intake", "turn", "engine"}
+# What each layer may import besides itself. Lowest first; "daemon" is the package root
+# (daemon/__init__.py: the version; daemon/__main__.py: `python -m daemon`).
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "context": {"core"},
+    "store": {"core"},
+    "llm": {"core"},
+    "tools": {"core", "context", "store"},
+    "intake": {"core", "store"},
+    "turn": {"core", "context", "store", "llm", "tools"},
+    "engine": {"core", "context", "store", "llm", "tools", "intake", "turn"},
+    # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
+    "channels": {"core", "intake", "store"},
+    "automations": _MIDDLE,
+    # Only the composition roots import channels and automations.
+    "app": _MIDDLE | {"channels", "automations", "daemon"},
+    "cli": _MIDDLE | {"channels", "automations", "daemon", "app"},
+    "daemon": {"cli"},
+}
+
+# Arrows that still point up, as (module, imported), each with the issue item that removes it.
+# Empty since the layout moves of issue 19 item 1; keep it so. Couplings that are not imports
+# and so not checked here: the Ollama client drives "typing" through a context variable (item 3);
+# channels/whatsapp imports `too_deep` from channels/telegram (item 4: shared channel code).
+KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
+
+
+def layer_of(module: str) -> str | None:
+    """`daemon.turn.runner` -> `turn`; `channels.telegram.channel` -> `channels`."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    if parts[0] != "daemon":
+        return parts[0]
+    if len(parts) == 1 or parts[1].startswith("__"):  # __init__'s names, __main__
+        return "daemon"
+    return parts[1]
+
+
+@dataclass(frozen=True)
+class Violation:
+    module: str
+    imported: str
+    line: int
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line} imports {self.imported} ({self.why})"
+
+
+def _imports(tree: ast.Module, module: str) -> Iterator[tuple[str, int, bool]]:
+    """(imported module, line, inside a function or class) for every import in the tree."""
+
+    def visit(node: ast.AST, nested: bool) -> Iterator[tuple[str, int, bool]]:
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef
+                                         | ast.ClassDef | ast.Lambda)
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name, child.lineno, nested
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:  # relative: resolve against this module's package
+                    base = module.split(".")[: -child.level]
+                    target = ".".join([*base, child.module] if child.module else base)
+                else:
+                    target = child.module or ""
+                if target in PACKAGES:  # `from daemon import memory_index` names a module
+                    for alias in child.names:
+                        yield f"{target}.{alias.name}", child.lineno, nested
+                else:
+                    yield target, child.lineno, nested
+            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Name | ast.Attribute)
+                  and (child.func.id if isinstance(child.func, ast.Name) else child.func.attr)
+                  in ("import_module", "__import__")
+                  and child.args and isinstance(child.args[0], ast.Constant)
+                  and isinstance(child.args[0].value, str)):
+                yield child.args[0].value, child.lineno, True
+            yield from visit(child, inner)
+
+    yield from visit(tree, False)
+
+
+def check_source(module: str, source: str) -> list[Violation]:
+    """The rule breaks in one module's source."""
+    own = layer_of(module)
+    assert own is not None, module
+    found: list[Violation] = []
+    for imported, line, nested in _imports(ast.parse(source), module):
+        target = layer_of(imported)
+        if target is None:
+            continue  # the standard library or a dependency
+        if nested:
+            found.append(Violation(module, imported, line, "import inside a function or class"))
+        elif target != own and target not in ALLOWED[own]:
+            found.append(Violation(module, imported, line, f"{own} may not import {target}"))
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_violations() -> list[Violation]:
+    found: list[Violation] = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found += check_source(module_name(path), path.read_text(encoding="utf-8"))
+    return found
+
+
+def test_no_import_points_up() -> None:
+    found = [v for v in all_violations() if (v.module, v.imported) not in KNOWN_VIOLATIONS]
+    assert found == [], "\n".join(map(str, found))
+
+
+def test_the_allow_list_holds_only_violations_that_still_exist() -> None:
+    still = {(v.module, v.imported) for v in all_violations()}
+    assert KNOWN_VIOLATIONS <= still, KNOWN_VIOLATIONS - still
+
+
+def test_every_layer_on_disk_has_rules() -> None:
+    layers = {layer_of(module_name(p)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    assert layers <= ALLOWED.keys(), layers - ALLOWED.keys()
+
+
+def test_an_arrow_pointing_up_is_reported() -> None:
+    source = "from daemon.engine.workers import Engine\nfrom daemon.store import Store\n"
+    (violation,) = check_source("daemon.store.event_log", source)
+    assert violation.imported == "daemon.engine.workers"
+    assert violation.line == 1
+    assert "store may not import engine" in str(violation)
+
+
+def test_a_channel_reaching_the_model_is_reported() -> None:
+    source = ("from daemon.intake.durable import Intake\n"
+              "from daemon.llm.client import ModelClient\n"
+              "from channels.formatting import split_text\n")
+    assert [v.imported for v in check_source("channels.telegram.channel", source)] == [
+        "daemon.llm.client"]
+
+
+def test_only_app_and_cli_import_channels_and_automations() -> None:
+    source = "from channels.telegram.channel import Telegram\nimport automations.scheduler\n"
+    assert check_source("daemon.app.serve", source) == []
+    assert check_source("daemon.cli.main", source) == []
+    assert len(check_source("daemon.engine.workers", source)) == 2
+    assert len(check_source("automations.runner", "from channels.console import CHAT_KEY\n")) == 1
+
+
+def test_an_import_hidden_in_a_function_is_reported() -> None:
+    source = ("def later() -> None:\n"
+              "    from daemon.store import Store\n"
+              "async def sooner() -> None:\n"
+              "    importlib.import_module('daemon.core.ids')\n")
+    found = check_source("daemon.engine.workers", source)
+    assert [(v.imported, v.line) for v in found] == [("daemon.store", 2), ("daemon.core.ids", 4)]
+    assert all("inside a function" in v.why for v in found)
+
+
+def test_from_package_import_module_is_seen() -> None:
+    (violation,) = check_source("daemon.core.conversations", "from daemon import memory_index\n")
+    assert violation.imported == "daemon.memory_index"
