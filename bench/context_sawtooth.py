@@ -228,7 +228,7 @@ def _roles(parts: Sequence[ChatMessage]) -> str:
     return " + ".join(names.get(str(p.get("role")), str(p.get("role"))) for p in parts)
 
 
-LOOP_EXCERPT = "reads it in pages"  # daemon/loop.py: a tool result capped in memory
+LOOP_EXCERPT = "reads it in pages"  # daemon/turn/tool_loop.py: a tool result capped in memory
 COMPACTED = "left out of this in-memory copy"  # daemon/context/compact.py
 REPLAY_CUT = "cut to fit the context window"  # daemon/context/replay.py: _cut
 DECAYED = "of an old tool result left out"  # replay: _decay

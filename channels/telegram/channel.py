@@ -69,7 +69,7 @@ _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secr
 _TAG = re.compile(r"<[^>]*>")
 SMALLER_PIECE = 1024  # characters: the last try for a part Telegram refused whole
 
-# Shown in Telegram's command menu; the engine runs them (daemon/commands.py).
+# Shown in Telegram's command menu; the engine runs them (daemon/engine/chat_commands.py).
 COMMANDS = (
     ("start", "What roost is and how to talk to it"),
     ("new", "Start a fresh conversation (the old one is kept)"),

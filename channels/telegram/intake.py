@@ -4,7 +4,7 @@ The webhook route and the polling loop call `TelegramIntake.accept(payload)` bef
 gets its answer. It reads the raw JSON only as far as needed (`envelope_of`: chat, sender,
 album), and lets only what roost may handle into the store: an update of a kind roost does not
 handle, without a usable chat, nested absurdly deep, or from someone not on the allow list is
-logged and dropped, costing no state. The rest goes to `daemon.intake.Intake`, which persists it
+logged and dropped, costing no state. The rest goes to `intake.durable.Intake`, which persists it
 (group commit), dedupes by update id, and feeds it back here, in order per chat, to `process`:
 python-telegram-bot reads it, `admit` decides in full (groups, mentions), then translation
 (text, media downloads) into one `Inbound` and `engine.submit`. An update PTB cannot read fails
@@ -79,7 +79,7 @@ class TelegramIntake:
         self.media = media
         self.identity = identity
         self.allow = frozenset(allow)
-        self.access = access  # pairing and pacing (daemon.access); None: the allow list only
+        self.access = access  # pairing and pacing (daemon.intake.gate); None: the allow list only
         self.intake = Intake(store=store, channel=CHANNEL, handler=self,
                              group_window=album_window, clock=clock)
 

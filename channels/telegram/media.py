@@ -1,7 +1,7 @@
 """Telegram media -> stored attachments: photos into the image pipeline, files as references.
 
 A photo arrives in several sizes; roost takes the largest one under the Bot API's download
-limit (20 MB), fetches it through `getFile` and hands the bytes to `daemon.attachments`, which
+limit (20 MB), fetches it through `getFile` and hands the bytes to `daemon.store.attachments`, which
 checks, downscales and re-encodes it. Documents, voice notes, audio and video are stored as they
 are and reach the model as a reference it can read with `file_read`. Anything that cannot be
 used becomes a message for the user (`Fetched.problems`); it never stops the rest of the message.
@@ -41,7 +41,7 @@ class Fetched:
 
 @dataclass(frozen=True)
 class _FileRef:
-    kind: str  # one of daemon.attachments.FILE_KINDS
+    kind: str  # one of daemon.store.attachments.FILE_KINDS
     file_id: str
     size: int | None
     name: str

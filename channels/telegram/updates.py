@@ -1,7 +1,7 @@
 """Telegram updates -> what roost handles: parsing, the gate, and the text of an `Inbound`.
 
 Pure functions over python-telegram-bot's objects: no clock, store or network. The intake
-(`channels.telegram_intake`) runs them in its worker, in this order: `parse_update` (an update
+(`channels.telegram.intake`) runs them in its worker, in this order: `parse_update` (an update
 PTB cannot read is quarantined), `admit` before any handling (who may talk, and whether a group
 message is meant for the bot), then `message_text`, `context_lines` and `edit_text` to build what
 the model reads.

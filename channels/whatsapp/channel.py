@@ -280,7 +280,7 @@ class WhatsAppIntake:
         self.channel = channel
         self.media = media
         self.allow = frozenset(allow)
-        self.access = access  # pairing and pacing (daemon.access); None: the allow list only
+        self.access = access  # pairing and pacing (daemon.intake.gate); None: the allow list only
         self.clock = clock
         self.max_age = max_age
         self.intake = Intake(store=store, channel=CHANNEL, handler=self, clock=clock)

@@ -1,7 +1,7 @@
 """WhatsApp media -> stored attachments, through the same pipeline as Telegram's.
 
 A media message carries only an id: `GET /{version}/{media_id}` gives a short-lived URL, which is
-downloaded with the bearer token. Images go through `daemon.attachments.store_image` (checked,
+downloaded with the bearer token. Images go through `daemon.store.attachments.store_image` (checked,
 oriented, downscaled); audio, video, documents and stickers are stored as files and reach the
 model as a reference it can read with `file_read`. What cannot be used becomes a message for the
 user; it never stops the rest of the message.

@@ -12,7 +12,7 @@ Before each model call, if the larger of the calibrated estimate and Ollama's la
 
 Then one model call writes a structured state (TASK / PROGRESS / REMAINING / DATA / DECISIONS),
 and a continuation note tells the model to resume from REMAINING. Only the in-memory request
-shrinks; the store keeps every byte. Pure functions; `daemon/loop.py` makes the calls.
+shrinks; the store keeps every byte. Pure functions; `daemon/turn/tool_loop.py` makes the calls.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the notes window/16 (512). Notes over their cap are sent to be condensed by the 
 model does not (small models often ignore the format), the oldest notes leave the prompt. They
 stay in the store, where `conversation_read` and `memory_search` find the messages they came from.
 
-Pure functions: the background task in `daemon/folding.py` does the I/O.
+Pure functions: the background task in `daemon/turn/folder.py` does the I/O.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Conversation and message records.
 
 Records are plain frozen dataclasses with `to_doc()` / `from_doc()` so the store can keep them as
-JSON. Which conversation a chat's next message belongs to is the router's (daemon/engine/router.py).
+JSON. Which conversation a chat's next message belongs to is the router's (daemon/turn/router.py).
 """
 
 from __future__ import annotations

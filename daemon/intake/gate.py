@@ -1,6 +1,6 @@
 """Who may talk to roost beyond the allow lists, and how fast: the gate's daemon half.
 
-A channel's gate (e.g. `channels.telegram_updates.admit`) says "unknown sender"; `Access` then
+A channel's gate (e.g. `channels.telegram.updates.admit`) says "unknown sender"; `Access` then
 answers from the pairing book (approved senders are served like allow-listed ones), hands a
 stranger a pairing code when `access.unknown_senders = "pair"`, and paces every served sender to
 `access.rate_limit` messages a minute. Over the limit a message is not dropped: the channel

@@ -96,7 +96,7 @@ class Daemon:
     automations: Automations | None = None
     monkeypatch: pytest.MonkeyPatch | None = None  # set: APScheduler runs on `clock` too
     jobs: Jobs = dataclasses.field(default_factory=Jobs)
-    # Runs counted as /metrics counts them, from before the start (as daemon/app.py does).
+    # Runs counted as /metrics counts them, from before the start (as daemon/app/serve.py does).
     metrics: Metrics = dataclasses.field(default_factory=Metrics)
 
     async def start(self) -> Automations:

@@ -83,7 +83,7 @@ def append_many(store: Store, conversation_id: str, count: int, start: int = 0) 
 
 @pytest.fixture
 def store_log(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
-    """caplog for `roost.store`, also when another test ran `daemon.logs.configure()`, which stops
+    """caplog for `roost.store`, also when another test ran `core.logs.configure()`, which stops
     roost's loggers from propagating to the root logger where caplog listens."""
     monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)
     caplog.set_level(logging.INFO, logger="roost.store")
