@@ -67,7 +67,7 @@ from daemon.store.files import (
     MemoryFiles,
     atomic_write,
 )
-from daemon.store.migrate import SCHEMA_VERSION, Keepers, migrate
+from daemon.store.migrate import MIGRATIONS, SCHEMA_VERSION, Keepers, Migration, migrate
 from daemon.store.queues import (
     DEDUPE_KEEP_SECONDS,
     ChatFlags,
@@ -200,13 +200,13 @@ class Store:
         return store
 
     @classmethod
-    def over(cls, files: Files) -> Store:
+    def over(cls, files: Files, *, migrations: tuple[Migration, ...] = MIGRATIONS) -> Store:
         """Open a store over `files` (`MemoryFiles()` in tests) as `open` does, without the
         directory lock: migrations run, finished work is dropped, active conversations are
-        checked."""
+        checked. `migrations` is for a test of one migration: the schema up to it."""
         files.remove_stale_temp_files()
         store = cls(files)
-        store._migrate()
+        store._migrate(migrations)
         store._drop_finished()
         store._check_active_conversations()
         return store
@@ -571,10 +571,11 @@ class Store:
         summary = SummaryState.from_doc(found) if isinstance(found, Mapping) else SummaryState()
         return replace(conversation, summary=summary)
 
-    def _migrate(self) -> None:
-        migrate(self.meta, Keepers(files=self.files, state_dir=self.state_dir, book=self.book,
-                                   dedupe=self.dedupe, updates=self.updates, inbox=self.inbox,
-                                   outbox=self.outbox, flags=self.flags))
+    def _migrate(self, migrations: tuple[Migration, ...]) -> None:
+        keepers = Keepers(files=self.files, state_dir=self.state_dir, book=self.book,
+                          dedupe=self.dedupe, updates=self.updates, inbox=self.inbox,
+                          outbox=self.outbox, flags=self.flags)
+        migrate(self.meta, keepers, migrations)
 
     def _drop_finished(self) -> None:
         """Inbox items answered just before a crash (their id remembered, the file not yet

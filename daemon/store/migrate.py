@@ -123,4 +123,6 @@ def migrate(meta: TinyDB, keepers: Keepers,
         meta.table(TABLE).insert({"version": migration.version, "name": migration.name,
                                   "applied": time.time()})
         ran.append(migration.name)
+        log.info("state in %s: migration %d (%s) applied", keepers.state_dir,
+                 migration.version, migration.name)
     return ran
