@@ -211,11 +211,6 @@ class Store:
         store._check_active_conversations()
         return store
 
-    @classmethod
-    def in_memory(cls, root: Path | None = None) -> Store:
-        """A fresh store with every file in memory; `root` only names them (as `state_dir`)."""
-        return cls.over(MemoryFiles() if root is None else MemoryFiles(root))
-
     def close(self) -> None:
         """Release the state directory. Every write is already on disk; nothing to flush."""
         with self._lock:
