@@ -32,8 +32,12 @@ Design:
   daemon's coroutines call it through `asyncio.to_thread` so disk waits stay off the event loop.
 * A file that does not parse is moved aside (`<name>.corrupt-<time>`), never deleted, with a log
   line naming it; everything else keeps working. No file can stop the daemon from starting.
-* Schema changes are numbered migrations recorded in `meta.json`, each run once; migration 3
-  splits the single `index.json` of earlier versions into this layout (and keeps it, renamed).
+* Schema changes are named, numbered migration functions recorded in `meta.json`, each run
+  once (see `migrate`); migration 3 splits the single `index.json` of earlier versions into this
+  layout (and keeps it, renamed).
+* The store is handed its files: `Store.open(state_dir)` is the state directory on disk (with
+  its lock); `Store.over(MemoryFiles())` is the same store with every file kept in memory, for
+  tests that need nothing on disk.
 """
 
 from __future__ import annotations
@@ -59,11 +63,12 @@ from daemon.store.book import ConversationBook, index_doc
 from daemon.store.files import (
     AtomicJSONStorage,
     CorruptFile,
+    DiskFiles,
+    Files,
+    MemoryFiles,
     atomic_write,
-    move_aside,
-    remove_stale_temp_files,
 )
-from daemon.store.migrate import split_legacy_index
+from daemon.store.migrate import MIGRATIONS, SCHEMA_VERSION, Keepers, Migration, migrate
 from daemon.store.queues import (
     DEDUPE_KEEP_SECONDS,
     ChatFlags,
@@ -74,11 +79,21 @@ from daemon.store.queues import (
 from daemon.store.segments import SEGMENT_MAX_BYTES, SEGMENT_MAX_MESSAGES, MessageLog
 
 __all__ = [
-    "DEDUPE_KEEP_SECONDS", "SEGMENT_MAX_BYTES", "SEGMENT_MAX_MESSAGES", "AtomicJSONStorage",
-    "CorruptFile", "Store", "StoreStats", "atomic_write", "quarantined_items",
+    "DEDUPE_KEEP_SECONDS",
+    "SCHEMA_VERSION",
+    "SEGMENT_MAX_BYTES",
+    "SEGMENT_MAX_MESSAGES",
+    "AtomicJSONStorage",
+    "CorruptFile",
+    "DiskFiles",
+    "Files",
+    "MemoryFiles",
+    "Store",
+    "StoreStats",
+    "atomic_write",
+    "quarantined_items",
 ]
 
-SCHEMA_VERSION = 3
 QUARANTINE_FIELDS = ("kind", "key", "chat_key", "error", "quarantined")
 _CACHED_SUMMARIES = 64
 
@@ -102,7 +117,7 @@ class NoState(StoreError):
 def quarantined_items(state_dir: Path) -> list[dict[str, Any]]:
     """The quarantine of a state directory, read without opening (or locking) the store: for
     `roost doctor` while the daemon runs."""
-    return ItemFolder(state_dir / "quarantine", QUARANTINE_FIELDS,
+    return ItemFolder(DiskFiles(state_dir), state_dir / "quarantine", QUARANTINE_FIELDS,
                       read_only=True).pending("quarantined")
 
 
@@ -121,25 +136,28 @@ class Store:
     """All of roost's persistent state, one facade over the record keepers; see the module
     docstring for the design."""
 
-    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
-        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations."""
-        self.state_dir = state_dir
+    def __init__(self, files: Files, *, read_only: bool = False) -> None:
+        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations,
+        or `Store.over(files)`."""
+        self.files = files
+        self.state_dir = state_dir = files.root
         self.read_only = read_only
         self._lock = threading.RLock()
         self._updates_lock = threading.Lock()
         self._lock_file: int | None = None
-        self.meta = TinyDB(state_dir / "meta.json", storage=AtomicJSONStorage)
-        self.book = ConversationBook(state_dir / "conversations", read_only=read_only)
-        self.log = MessageLog(state_dir / "conversations", read_only=read_only)
-        self.dedupe = Dedupe(state_dir / "dedupe", read_only=read_only)
-        self.updates = UpdateBatches(state_dir / "intake", self.dedupe, read_only=read_only)
-        self.inbox = ItemFolder(state_dir / "inbox", ("chat_key", "received"),
-                                read_only=read_only)
-        self.outbox = ItemFolder(state_dir / "outbox", ("chat_key", "created"),
-                                 read_only=read_only)
-        self.quarantine = ItemFolder(state_dir / "quarantine", QUARANTINE_FIELDS,
+        self.meta = files.db(state_dir / "meta.json")
+        self.book = ConversationBook(files, state_dir / "conversations", read_only=read_only)
+        self.log = MessageLog(files, state_dir / "conversations", read_only=read_only)
+        self.dedupe = Dedupe(files, state_dir / "dedupe", read_only=read_only)
+        self.updates = UpdateBatches(files, state_dir / "intake", self.dedupe,
                                      read_only=read_only)
-        self.flags = ChatFlags(state_dir / "chats.json")
+        self.inbox = ItemFolder(files, state_dir / "inbox", ("chat_key", "received"),
+                                read_only=read_only)
+        self.outbox = ItemFolder(files, state_dir / "outbox", ("chat_key", "created"),
+                                 read_only=read_only)
+        self.quarantine = ItemFolder(files, state_dir / "quarantine", QUARANTINE_FIELDS,
+                                     read_only=read_only)
+        self.flags = ChatFlags(files, state_dir / "chats.json")
         self._summaries: OrderedDict[str, TinyDB] = OrderedDict()
 
     # ---- opening and closing ---------------------------------------------------------------
@@ -158,7 +176,7 @@ class Store:
                     raise StoreError(f"the state in {state_dir} is from an earlier version of "
                                      "roost; start the daemon once to convert it")
                 raise NoState(f"no roost state in {state_dir}")
-            return cls(state_dir, read_only=True)
+            return cls(DiskFiles(state_dir), read_only=True)
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
             for sub in ("conversations", "attachments", "corpus", "debug"):
@@ -175,15 +193,23 @@ class Store:
                 "(or give this one its own daemon.state_dir)"
             ) from None
         try:
-            remove_stale_temp_files(state_dir)
-            store = cls(state_dir)
-            store._lock_file = lock_fd
-            store._migrate()
-            store._drop_finished()
-            store._check_active_conversations()
+            store = cls.over(DiskFiles(state_dir))
         except BaseException:
             os.close(lock_fd)
             raise
+        store._lock_file = lock_fd
+        return store
+
+    @classmethod
+    def over(cls, files: Files, *, migrations: tuple[Migration, ...] = MIGRATIONS) -> Store:
+        """Open a store over `files` (`MemoryFiles()` in tests) as `open` does, without the
+        directory lock: migrations run, finished work is dropped, active conversations are
+        checked. `migrations` is for a test of one migration: the schema up to it."""
+        files.remove_stale_temp_files()
+        store = cls(files)
+        store._migrate(migrations)
+        store._drop_finished()
+        store._check_active_conversations()
         return store
 
     def close(self) -> None:
@@ -261,7 +287,7 @@ class Store:
         extra: dict[str, Any] = {}
         if conversation.status != "active":
             extra = {"messages": self.log.count(conversation.id),
-                     "summarised": self._summary_path(conversation.id).exists()}
+                     "summarised": self.files.exists(self._summary_path(conversation.id))}
         self.book.save(index_doc(conversation), **extra)
 
     @_locked
@@ -330,7 +356,7 @@ class Store:
                 ended = doc["last_active"]
             elif before is None:
                 messages += self.log.count(doc["id"])
-                summaries += self._summary_path(doc["id"]).exists()
+                summaries += self.files.exists(self._summary_path(doc["id"]))
                 ended = doc["last_active"]
             else:
                 stored = [m.created for m in self.log.messages(doc["id"]) if m.created < cutoff]
@@ -513,14 +539,14 @@ class Store:
             self._summaries.move_to_end(conversation_id)
             return db
         path = self._summary_path(conversation_id)
-        db = TinyDB(path, storage=AtomicJSONStorage)
+        db = self.files.db(path)
         try:
             db.table("summary").get(doc_id=1)
         except CorruptFile as exc:
             if self.read_only:
                 raise
-            move_aside(path, str(exc), "continuing without it")
-            db = TinyDB(path, storage=AtomicJSONStorage)
+            self.files.move_aside(path, str(exc), "continuing without it")
+            db = self.files.db(path)
         self._summaries[conversation_id] = db
         while len(self._summaries) > _CACHED_SUMMARIES:
             self._summaries.popitem(last=False)
@@ -541,18 +567,11 @@ class Store:
         summary = SummaryState.from_doc(found) if isinstance(found, Mapping) else SummaryState()
         return replace(conversation, summary=summary)
 
-    def _migrate(self) -> None:
-        meta = self.meta.table("_migrations")
-        done = {doc["version"] for doc in meta.all()}
-        for version in range(1, SCHEMA_VERSION + 1):
-            if version in done:
-                continue
-            if version == 3:
-                split_legacy_index(self.state_dir, book=self.book, dedupe=self.dedupe,
-                                   updates=self.updates, inbox=self.inbox,
-                                   outbox=self.outbox, flags=self.flags)
-            # 1 and 2 created tables of the old index.json, which migration 3 replaces.
-            meta.insert({"version": version, "applied": time.time()})
+    def _migrate(self, migrations: tuple[Migration, ...]) -> None:
+        keepers = Keepers(files=self.files, state_dir=self.state_dir, book=self.book,
+                          dedupe=self.dedupe, updates=self.updates, inbox=self.inbox,
+                          outbox=self.outbox, flags=self.flags)
+        migrate(self.meta, keepers, migrations)
 
     def _drop_finished(self) -> None:
         """Inbox items answered just before a crash (their id remembered, the file not yet

@@ -22,7 +22,7 @@ from tinydb import Query, TinyDB
 
 from daemon.core.conversations import Conversation
 from daemon.core.logs import store_log as log
-from daemon.store.files import AtomicJSONStorage, CorruptFile, atomic_write, dumps, move_aside
+from daemon.store.files import CorruptFile, Files, dumps
 
 ACTIVE = "active.json"
 
@@ -37,13 +37,14 @@ def _month(created: float) -> str:
 
 
 class ConversationBook:
-    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+    def __init__(self, files: Files, folder: Path, *, read_only: bool = False) -> None:
+        self.files = files
         self.folder = folder
         self.read_only = read_only
         self.docs: dict[str, dict[str, Any]] = {}
         self.newest: dict[str, str] = {}  # chat key -> id of its newest conversation
         self._archives: dict[str, TinyDB] = {}
-        for path in sorted(folder.glob("archive-*.json")):
+        for path in files.glob(folder, "archive-*.json"):
             db = self._open(path, "its conversations are rebuilt from their records")
             self._archives[path.stem.removeprefix("archive-")] = db
             for doc in db.all():
@@ -57,14 +58,14 @@ class ConversationBook:
             self._note_newest(doc)
 
     def _open(self, path: Path, consequence: str, on_corrupt: Any = None) -> TinyDB:
-        db = TinyDB(path, storage=AtomicJSONStorage)
+        db = self.files.db(path)
         try:
             db.all()
         except CorruptFile as exc:
             if self.read_only:
                 raise
-            move_aside(path, str(exc), consequence)
-            db = TinyDB(path, storage=AtomicJSONStorage)
+            self.files.move_aside(path, str(exc), consequence)
+            db = self.files.db(path)
             if on_corrupt is not None:
                 on_corrupt()
         return db
@@ -72,9 +73,9 @@ class ConversationBook:
     def rebuild(self) -> None:
         """Records not listed in any archive come back, as archived, from their record.json."""
         count = 0
-        for record_path in sorted(self.folder.glob("*/record.json")):
+        for record_path in self.files.glob(self.folder, "*/record.json"):
             try:
-                record = json.loads(record_path.read_text("utf-8"))
+                record = json.loads(self.files.read_bytes(record_path).decode("utf-8"))
             except (OSError, ValueError):
                 log.error("cannot read %s while rebuilding the index; skipped", record_path)
                 continue
@@ -91,14 +92,14 @@ class ConversationBook:
         month = _month(created)
         db = self._archives.get(month)
         if db is None:
-            db = TinyDB(self.folder / f"archive-{month}.json", storage=AtomicJSONStorage)
+            db = self.files.db(self.folder / f"archive-{month}.json")
             self._archives[month] = db
         return db
 
     def create(self, conversation: Conversation, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
+        self.files.mkdir(folder)
         doc = index_doc(conversation)
-        atomic_write(folder / "record.json", dumps(doc))
+        self.files.write(folder / "record.json", dumps(doc))
         self.save(doc)
 
     def save(self, doc: Mapping[str, Any], **extra: Any) -> None:

@@ -1,53 +1,128 @@
-"""Migration 3: the single `index.json` of earlier versions, split into the per-record layout.
+"""Schema migrations: named, numbered functions, each run once, recorded in `meta.json`.
 
-Each record is written before the old file is renamed (to `index.json.v2`, never deleted), and
-written again, idempotently, if a crash makes the migration run once more.
+The state directory has one schema version: the migrations recorded in the `_migrations` table
+of `meta.json`, one row each (`version`, `name`, `applied`). At open, every migration whose
+number is not recorded runs, in order, and is recorded as soon as it has run; a crash before the
+record makes it run again at the next open, so every migration is written to be run twice.
+A new schema change is one more function appended to `MIGRATIONS`, with a test that a store
+at the version before it is brought to it, and that opening again changes nothing.
 """
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from tinydb import TinyDB
 
 from daemon.core.logs import store_log as log
 from daemon.store.book import ConversationBook
-from daemon.store.files import CorruptFile, move_aside, read_json
+from daemon.store.files import CorruptFile, Files
 from daemon.store.queues import ChatFlags, Dedupe, ItemFolder, UpdateBatches
 
+TABLE = "_migrations"
 
-def split_legacy_index(state_dir: Path, *, book: ConversationBook, dedupe: Dedupe,
-                       updates: UpdateBatches, inbox: ItemFolder, outbox: ItemFolder,
-                       flags: ChatFlags) -> None:
-    """Move what `state_dir/index.json` holds to the record keepers; rename the file."""
-    legacy = state_dir / "index.json"
+
+@dataclass(frozen=True)
+class Keepers:
+    """What a migration may read and change: the state directory's files and its keepers."""
+
+    files: Files
+    state_dir: Path
+    book: ConversationBook
+    dedupe: Dedupe
+    updates: UpdateBatches
+    inbox: ItemFolder
+    outbox: ItemFolder
+    flags: ChatFlags
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    run: Callable[[Keepers], None]
+
+
+def index_tables(keepers: Keepers) -> None:
+    """Version 1 created the tables of the single `index.json`; migration 3 replaced that file,
+    so there is nothing left to do (kept so that its number stays taken)."""
+
+
+def channel_tables(keepers: Keepers) -> None:
+    """Version 2 added the raw-update and chat-flag tables to `index.json`; as version 1."""
+
+
+def split_legacy_index(keepers: Keepers) -> None:
+    """Version 3: what `index.json` of earlier versions holds, moved to the per-record layout.
+
+    Each record is written before the old file is renamed (to `index.json.v2`, never deleted),
+    and written again, idempotently, if a crash makes the migration run once more.
+    """
+    files = keepers.files
+    legacy = keepers.state_dir / "index.json"
     try:
-        data = read_json(legacy)
+        data = files.read_json(legacy)
     except CorruptFile as exc:
-        move_aside(legacy, str(exc), "rebuilding the conversation list from disk")
+        files.move_aside(legacy, str(exc), "rebuilding the conversation list from disk")
         data = None
-        book.rebuild()
+        keepers.book.rebuild()
     if not isinstance(data, dict):
         return
     tables = {name: list(rows.values()) for name, rows in data.items()
               if isinstance(rows, dict)}
-    book.load_legacy(tables.get("conversations", []))
+    keepers.book.load_legacy(tables.get("conversations", []))
     # The old index claimed an update's key when it was accepted; now a remembered key
     # means done, so the keys of updates still pending are not carried over.
     pending = {d["key"] for d in tables.get("updates", [])}
-    dedupe.remember([(d["key"], d["seen"]) for d in tables.get("dedupe", [])
-                     if d["key"] not in pending], time.time())
+    keepers.dedupe.remember([(d["key"], d["seen"]) for d in tables.get("dedupe", [])
+                             if d["key"] not in pending], time.time())
     for doc in tables.get("inbox", []):
-        if doc["id"] not in inbox.items:
-            inbox.add(doc)
+        if doc["id"] not in keepers.inbox.items:
+            keepers.inbox.add(doc)
     for doc in tables.get("outbox", []):
-        if doc["id"] not in outbox.items:
-            outbox.add(doc)
+        if doc["id"] not in keepers.outbox.items:
+            keepers.outbox.add(doc)
     stored = tables.get("updates", [])
-    updates.add([d for d in stored if d["key"] not in updates.pending])
+    keepers.updates.add([d for d in stored if d["key"] not in keepers.updates.pending])
     for doc in tables.get("chats", []):
         for flag, value in doc.items():
             if flag != "chat_key":
-                flags.set(doc["chat_key"], flag, value)
-    os.replace(legacy, legacy.with_name("index.json.v2"))
+                keepers.flags.set(doc["chat_key"], flag, value)
+    files.replace(legacy, legacy.with_name("index.json.v2"))
     log.info("moved the state in index.json to the per-record layout (kept as index.json.v2)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "index_tables", index_tables),
+    Migration(2, "channel_tables", channel_tables),
+    Migration(3, "split_legacy_index", split_legacy_index),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def applied(meta: TinyDB) -> set[int]:
+    """The versions recorded in `meta`."""
+    return {int(doc["version"]) for doc in meta.table(TABLE).all()}
+
+
+def migrate(meta: TinyDB, keepers: Keepers,
+            migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
+    """Run the migrations not recorded in `meta`, in order, recording each after it ran;
+    the names of those that ran."""
+    if [m.version for m in migrations] != list(range(1, len(migrations) + 1)):
+        raise ValueError("migrations must be numbered 1, 2, 3... in order")
+    done = applied(meta)
+    ran = []
+    for migration in migrations:
+        if migration.version in done:
+            continue
+        migration.run(keepers)
+        meta.table(TABLE).insert({"version": migration.version, "name": migration.name,
+                                  "applied": time.time()})
+        ran.append(migration.name)
+        log.info("state in %s: migration %d (%s) applied", keepers.state_dir,
+                 migration.version, migration.name)
+    return ran

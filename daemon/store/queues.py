@@ -24,16 +24,7 @@ from typing import Any
 
 from tinydb import Query, TinyDB
 
-from daemon.core.errors import StoreError
-from daemon.store.files import (
-    AtomicJSONStorage,
-    CorruptFile,
-    atomic_write,
-    dumps,
-    file_name,
-    move_aside,
-    read_json,
-)
+from daemon.store.files import CorruptFile, Files, dumps, file_name
 
 DEDUPE_KEEP_SECONDS = 14 * 24 * 3600
 DEDUPE_FILE_KEYS = 256  # keys per dedupe file: the most one claim rewrites
@@ -54,25 +45,19 @@ def _unwrap(path: Path, data: Any) -> dict[str, Any]:
     return doc
 
 
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:
-        raise StoreError(f"cannot remove {path}: {exc.strerror or exc}") from exc
-
-
 class ItemFolder:
     """Items with an `id`, one file each, all held in memory (the folder is the active set)."""
 
-    def __init__(self, folder: Path, required: tuple[str, ...], *,
+    def __init__(self, files: Files, folder: Path, required: tuple[str, ...], *,
                  read_only: bool = False) -> None:
+        self.files = files
         self.folder = folder
         self.items: dict[str, dict[str, Any]] = {}
         if not read_only:
-            folder.mkdir(parents=True, exist_ok=True)
-        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            files.mkdir(folder)
+        for path in files.glob(folder, "*.json"):
             try:
-                doc = _unwrap(path, read_json(path))
+                doc = _unwrap(path, files.read_json(path))
                 missing = [k for k in ("id", *required) if k not in doc]
                 if missing:  # listing or sorting it would fail at every start
                     raise CorruptFile(f"{path}: the item has no {', '.join(missing)}")
@@ -80,11 +65,11 @@ class ItemFolder:
             except CorruptFile as exc:
                 if read_only:
                     raise CorruptFile(str(exc)) from exc
-                move_aside(path, str(exc), "that item is skipped")
+                files.move_aside(path, str(exc), "that item is skipped")
 
     def add(self, item: Mapping[str, Any], *, durable_rename: bool = True) -> None:
         doc = dict(item)
-        atomic_write(self._path(str(doc["id"])), _wrap(doc), durable_rename=durable_rename)
+        self.files.write(self._path(str(doc["id"])), _wrap(doc), durable_rename=durable_rename)
         self.items[str(doc["id"])] = doc
 
     def update(self, item_id: str, fields: Mapping[str, Any], *,
@@ -96,7 +81,7 @@ class ItemFolder:
         # No folder fsync: an unlink a crash undoes brings back an item that its dedupe key
         # (written before) marks as done, and the owner drops it again.
         if self.items.pop(item_id, None) is not None:
-            _unlink(self._path(item_id))
+            self.files.remove(self._path(item_id))
 
     def pending(self, time_field: str, chat_key: str | None = None) -> list[dict[str, Any]]:
         found = (d for d in self.items.values() if chat_key is None or d["chat_key"] == chat_key)
@@ -119,22 +104,23 @@ class Dedupe:
     keys: a claim rewrites one small file however busy the hour, and a file goes whole once
     its newest key is older than the keep period."""
 
-    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
+    def __init__(self, files: Files, folder: Path, *, read_only: bool = False) -> None:
+        self.files = files
         self.folder = folder
         self.seen: dict[str, float] = {}
         self._files: list[_KeyFile] = []
         self._serial = 0
         if not read_only:
-            folder.mkdir(parents=True, exist_ok=True)
-        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            files.mkdir(folder)
+        for path in files.glob(folder, "*.json"):
             try:
                 serial = int(path.stem)
-                db = TinyDB(path, storage=AtomicJSONStorage)
+                db = files.db(path)
                 docs = db.all()
                 seen = {str(doc["key"]): float(doc["seen"]) for doc in docs}
             except (ValueError, CorruptFile, KeyError, TypeError) as exc:
                 if not read_only:
-                    move_aside(path, str(exc), "its keys are forgotten")
+                    files.move_aside(path, str(exc), "its keys are forgotten")
                 continue
             self.seen.update(seen)
             self._serial = max(self._serial, serial)
@@ -162,7 +148,7 @@ class Dedupe:
             if current is None or current.count >= DEDUPE_FILE_KEYS:
                 self._serial += 1
                 path = self.folder / f"{self._serial:09d}.json"
-                current = _KeyFile(TinyDB(path, storage=AtomicJSONStorage), path, 0, 0.0)
+                current = _KeyFile(self.files.db(path), path, 0, 0.0)
                 self._files.append(current)
             chunk, todo = (todo[:DEDUPE_FILE_KEYS - current.count],
                            todo[DEDUPE_FILE_KEYS - current.count:])
@@ -182,7 +168,7 @@ class Dedupe:
                 if self.seen.get(doc["key"]) == doc["seen"]:
                     del self.seen[doc["key"]]
             old.db.close()
-            _unlink(old.path)
+            self.files.remove(old.path)
 
 
 @dataclass
@@ -194,27 +180,29 @@ class _Batch:
 class UpdateBatches:
     """Raw payloads in batch files; `pending` maps each key to its stored doc."""
 
-    def __init__(self, folder: Path, dedupe: Dedupe, *, read_only: bool = False) -> None:
+    def __init__(self, files: Files, folder: Path, dedupe: Dedupe, *,
+                 read_only: bool = False) -> None:
+        self.files = files
         self.folder = folder
         self.dedupe = dedupe
         self.pending: dict[str, dict[str, Any]] = {}
         self._batch_of: dict[str, _Batch] = {}
         self._counter = 0
         if not read_only:
-            folder.mkdir(parents=True, exist_ok=True)
-        for path in sorted(folder.glob("*.json")) if folder.exists() else ():
+            files.mkdir(folder)
+        for path in files.glob(folder, "*.json"):
             try:
-                data = read_json(path)
+                data = files.read_json(path)
                 docs = list(data[_TABLE].values())
                 keys = {str(d["key"]) for d in docs}
             except (CorruptFile, KeyError, TypeError, AttributeError) as exc:
                 if read_only:
                     continue
-                move_aside(path, str(exc), "its updates are not resumed")
+                files.move_aside(path, str(exc), "its updates are not resumed")
                 continue
             batch = _Batch(path, {k for k in keys if k not in dedupe})
             if not batch.pending and not read_only:
-                _unlink(path)  # everything in it was done before the crash
+                files.remove(path)  # everything in it was done before the crash
                 continue
             for doc in docs:
                 if doc["key"] in batch.pending:
@@ -233,7 +221,7 @@ class UpdateBatches:
         self._counter += 1
         name = f"{time.time_ns():020d}-{os.getpid()}-{self._counter}.json"
         path = self.folder / name
-        atomic_write(path, dumps({_TABLE: {str(i): d for i, d in enumerate(docs, 1)}}))
+        self.files.write(path, dumps({_TABLE: {str(i): d for i, d in enumerate(docs, 1)}}))
         batch = _Batch(path, {d["key"] for d in docs})
         for doc in docs:
             self.pending[doc["key"]] = doc
@@ -248,7 +236,7 @@ class UpdateBatches:
             return
         batch.pending.discard(key)
         if not batch.pending:
-            _unlink(batch.path)
+            self.files.remove(batch.path)
 
     def of_channel(self, channel: str) -> list[dict[str, Any]]:
         docs = (dict(d) for d in self.pending.values() if d["channel"] == channel)
@@ -258,14 +246,14 @@ class UpdateBatches:
 class ChatFlags:
     """Flags per chat, in one small TinyDB file (only chats that have a flag are in it)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, files: Files, path: Path) -> None:
         self.path = path
         try:
-            self.db = TinyDB(path, storage=AtomicJSONStorage)
+            self.db = files.db(path)
             self.db.all()
         except CorruptFile as exc:
-            move_aside(path, str(exc), "chat flags are forgotten")
-            self.db = TinyDB(path, storage=AtomicJSONStorage)
+            files.move_aside(path, str(exc), "chat flags are forgotten")
+            self.db = files.db(path)
 
     def get(self, chat_key: str) -> dict[str, Any]:
         doc = self.db.get(Query().chat_key == chat_key)

@@ -19,7 +19,7 @@ from tinydb.table import Document
 from daemon.core.conversations import Message
 from daemon.core.errors import StoreError
 from daemon.core.ids import is_id
-from daemon.store.files import AtomicJSONStorage, CorruptFile, move_aside
+from daemon.store.files import CorruptFile, Files
 
 SEGMENT_MAX_MESSAGES = 100
 SEGMENT_MAX_BYTES = 128 * 1024  # an append rewrites at most this much
@@ -34,7 +34,8 @@ class _Log:
 
 
 class MessageLog:
-    def __init__(self, root: Path, *, read_only: bool = False) -> None:
+    def __init__(self, files: Files, root: Path, *, read_only: bool = False) -> None:
+        self.files = files
         self.root = root
         self.read_only = read_only
         self._logs: OrderedDict[str, _Log] = OrderedDict()
@@ -86,9 +87,9 @@ class MessageLog:
             if not self._full(path, seq, first_seq):
                 return log.last
         path = self.folder(conversation_id) / f"seg-{seq:09d}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.files.mkdir(path.parent)
         log.segments.append((seq, path))
-        log.last = TinyDB(path, storage=AtomicJSONStorage)
+        log.last = self.files.db(path)
         return log.last
 
     def _load(self, conversation_id: str) -> _Log:
@@ -113,29 +114,27 @@ class MessageLog:
 
     def _open_db(self, path: Path) -> TinyDB:
         """The segment's database, checked once; a corrupt file is moved aside."""
-        db = TinyDB(path, storage=AtomicJSONStorage)
+        db = self.files.db(path)
         try:
             db.table("messages").all()
         except CorruptFile as exc:
             if self.read_only:
                 raise
-            move_aside(path, str(exc), "continuing without it")
-            db = TinyDB(path, storage=AtomicJSONStorage)
+            self.files.move_aside(path, str(exc), "continuing without it")
+            db = self.files.db(path)
         return db
 
     def _segments(self, conversation_id: str) -> list[tuple[int, Path]]:
         found = []
-        for path in self.folder(conversation_id).glob("seg-*.json"):
+        for path in self.files.glob(self.folder(conversation_id), "seg-*.json"):
             try:
                 found.append((int(path.stem[4:]), path))
             except ValueError:
                 continue
         return sorted(found)
 
-    @staticmethod
-    def _full(path: Path, next_seq: int, first_seq: int) -> bool:
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
+    def _full(self, path: Path, next_seq: int, first_seq: int) -> bool:
+        size = self.files.size(path)
+        if size is None:
             return True  # moved aside since we listed it
         return next_seq - first_seq >= SEGMENT_MAX_MESSAGES or size >= SEGMENT_MAX_BYTES

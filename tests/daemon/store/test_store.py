@@ -28,6 +28,8 @@ from daemon.store import (
     SEGMENT_MAX_MESSAGES,
     Store,
 )
+from daemon.store.files import MemoryFiles, dumps
+from daemon.store.migrate import MIGRATIONS, TABLE, applied
 from daemon.turn.router import Router
 
 T0 = 1_700_000_000.0
@@ -834,3 +836,165 @@ def test_stats_before_a_time_count_only_what_was_stored_by_then(state_dir: Path)
         assert store.stats() != counted
     assert (counted.conversations, counted.messages, counted.summaries) == (2, 4, 1)
     assert counted.first == T0 and counted.last == T0 + 20
+
+
+# ---- handed its files: in memory ----------------------------------------------------------
+
+
+def forbid_disk_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every way roost's store writes to disk (a file, a rename, a folder, the lock) fails, and is
+    noted: a store in memory must use none of them."""
+    used: list[str] = []
+
+    def refuse(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            used.append(f"{name}{args}")
+            raise OSError(errno.EROFS, "a store in memory touched the disk")
+
+        return call
+
+    for name in ("open", "replace", "rename", "mkdir", "unlink", "fsync"):
+        monkeypatch.setattr(os, name, refuse(name))
+    return used
+
+
+def test_a_whole_store_runs_in_memory_with_nothing_written_to_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages past a segment, idle rotation, inbox, outbox, raw updates, summary and flags,
+    then a second store over the same files finds it all, as after a restart."""
+    root = tmp_path / "in-memory"
+    files = MemoryFiles(root)
+    used = forbid_disk_writes(monkeypatch)
+
+    store = Store.over(files)
+    router = Router(store, idle_rotation=3 * 3600)
+    first = router.conversation_for(CHAT, T0)
+    sent = append_many(store, first.id, SEGMENT_MAX_MESSAGES + 5)
+    assert store.updates_accept("telegram", "telegram:update:1", {"update_id": 1}, T0)
+    assert not store.updates_accept("telegram", "telegram:update:1", {"update_id": 1}, T0)
+    assert store.inbox_add({"id": "in-1", "chat_key": CHAT, "received": T0, "text": "hi"})
+    assert not store.inbox_add({"id": "in-1", "chat_key": CHAT, "received": T0, "text": "hi"})
+    store.inbox_done(["in-1"])
+    store.outbox_add({"id": "out-1", "chat_key": CHAT, "created": T0, "text": "sent"})
+    store.outbox_add({"id": "out-2", "chat_key": CHAT, "created": T0 + 1, "text": "waiting"})
+    store.outbox_update("out-2", parts_sent=1, durable_rename=False)
+    store.mark_sent("out-1", T0 + 2)
+    store.save_summary(first.id, SummaryState(summary="so far", through_seq=3, fold_count=1))
+    store.set_chat_flag(CHAT, "undeliverable", T0)
+    later = T0 + SEGMENT_MAX_MESSAGES + 4 * 3600
+    second = router.conversation_for(CHAT, later)  # the first went idle: rotated
+    store.append_message(second.id, "user", "after the break", created=later)
+    store.close()
+
+    again = Store.over(files)
+    assert again.messages(first.id) == sent
+    assert again.get_conversation(first.id).status == "archived"  # type: ignore[union-attr]
+    assert again.get_conversation(first.id).summary.summary == "so far"  # type: ignore[union-attr]
+    active = again.active_conversation(CHAT)
+    assert active is not None and active.id == second.id and active.after_idle
+    assert [m.content for m in again.messages(second.id)] == ["after the break"]
+    assert again.inbox_pending() == [] and again.inbox_known("in-1")
+    assert [(o["id"], o.get("parts_sent")) for o in again.outbox_pending()] == [("out-2", 1)]
+    assert again.was_sent("out-1") and not again.was_sent("out-2")
+    assert [u["key"] for u in again.updates_pending("telegram")] == ["telegram:update:1"]
+    assert again.chat_flags(CHAT) == {"undeliverable": T0}
+    stats = again.stats()
+    assert (stats.conversations, stats.messages, stats.summaries) == (
+        2, SEGMENT_MAX_MESSAGES + 6, 1)
+    again.close()
+
+    assert used == []
+    assert not root.exists() and list(tmp_path.iterdir()) == []
+    # The same files the disk would hold: segments closed at the limit, one record each.
+    folder = root / "conversations" / first.id
+    assert sorted(p.name for p in files.glob(folder, "*")) == [
+        "record.json", "seg-000000001.json", f"seg-{SEGMENT_MAX_MESSAGES + 1:09d}.json",
+        "summary.json"]
+
+
+# ---- migrations ---------------------------------------------------------------------------
+
+
+def meta_at(version: int) -> bytes:
+    """meta.json as a roost at `version` wrote it (its rows had no name then)."""
+    rows = {str(v): {"version": v, "applied": T0} for v in range(1, version + 1)}
+    return dumps({TABLE: rows})
+
+
+def test_migrations_are_numbered_from_one_in_order_with_distinct_names() -> None:
+    assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+    assert len({m.name for m in MIGRATIONS}) == len(MIGRATIONS)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_migrations_of_the_single_index_tables_only_record_themselves(
+        tmp_path: Path, version: int) -> None:
+    """Versions 1 and 2 made tables in the old index.json, which version 3 replaced: taking a
+    store from the version before them to them writes nothing but their record."""
+    root = tmp_path / "in-memory"
+    files = MemoryFiles(root)
+    files.write(root / "meta.json", meta_at(version - 1))
+    Store.over(files, migrations=MIGRATIONS[:version - 1]).close()
+    before = dict(files.files)
+
+    store = Store.over(files, migrations=MIGRATIONS[:version])
+    assert applied(store.meta) == set(range(1, version + 1))
+    row = store.meta.table(TABLE).get(doc_id=version)
+    assert row is not None and row["name"] == MIGRATIONS[version - 1].name
+    store.close()
+    changed = {p for p in files.files if files.files[p] != before.get(p)}
+    assert changed == {root / "meta.json"}
+
+    after = dict(files.files)
+    Store.over(files, migrations=MIGRATIONS[:version]).close()  # again: nothing to do
+    assert files.files == after
+
+
+def test_migration_3_splits_the_single_index_once(tmp_path: Path) -> None:
+    """A store at version 2 (everything in index.json) is taken to version 3; opening it again
+    changes nothing."""
+    root = tmp_path / "in-memory"
+    files = MemoryFiles(root)
+    with Store.over(files) as store:  # conversation folders and records exist in both layouts
+        kept = store.create_conversation(CHAT, T0)
+        store.append_message(kept.id, "user", "kept", created=T0)
+        records = store.book.all()
+    for path in [*files.glob(root, "*.json"), *files.glob(root / "conversations", "*.json")]:
+        files.remove(path)
+    legacy = {
+        TABLE: {"1": {"version": 1, "applied": T0}, "2": {"version": 2, "applied": T0}},
+        "conversations": {str(i): doc for i, doc in enumerate(records, 1)},
+        "outbox": {"1": {"id": "out-1", "chat_key": CHAT, "created": T0, "text": "unsent"}},
+        "dedupe": {"1": {"key": "sent:out-0", "seen": time.time()}},
+        "chats": {"1": {"chat_key": CHAT, "undeliverable": T0}},
+    }
+    files.write(root / "meta.json", meta_at(2))
+    files.write(root / "index.json", dumps(legacy))
+
+    store = Store.over(files)
+    assert applied(store.meta) == {1, 2, 3}
+    active = store.active_conversation(CHAT)
+    assert active is not None and active.id == kept.id
+    assert [m.content for m in store.messages(kept.id)] == ["kept"]
+    assert [o["id"] for o in store.outbox_pending()] == ["out-1"]
+    assert store.was_sent("out-0")
+    assert store.chat_flags(CHAT) == {"undeliverable": T0}
+    store.close()
+    assert not files.exists(root / "index.json")
+    assert json.loads(files.read_bytes(root / "index.json.v2")) == legacy
+
+    after = dict(files.files)
+    Store.over(files).close()
+    assert files.files == after
+
+
+def test_a_state_directory_of_the_previous_version_opens_unchanged(state_dir: Path) -> None:
+    """meta.json as the previous roost wrote it (version 3, rows without names): nothing runs
+    again; an index.json lying there (were migration 3 to run again, it would take it) stays."""
+    state_dir.mkdir()
+    (state_dir / "meta.json").write_bytes(meta_at(3))
+    (state_dir / "index.json").write_text('{"conversations": {}}', "utf-8")
+    with Store.open(state_dir) as store:
+        assert applied(store.meta) == {1, 2, 3}
+    assert (state_dir / "meta.json").read_bytes() == meta_at(3)
+    assert (state_dir / "index.json").read_text("utf-8") == '{"conversations": {}}'
