@@ -46,11 +46,13 @@ RETRY_PAUSE = 30.0
 CHAT_PREFIX = "automation:"
 
 
-# How a run ends up recorded (`status` of its record; "running" meanwhile). A run stopped by its
-# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time
+# How a run ends up recorded (`status` of its record; "running" meanwhile). "undelivered" is a
+# run with a report that a target refused (the refusal may come in after the run was recorded
+# and counted "ok": /metrics then counts it under both). A run stopped by its timeout is
+# "failed" with that reason; "missed" is a slot the scheduler could not start in time
 # or that came while roost was not running (one record for an outage, with its count in
 # `slots`); "skipped" a slot that came while the previous run was still going.
-RUN_STATUSES = ("ok", "quiet", "failed", "skipped", "missed")
+RUN_STATUSES = ("ok", "undelivered", "quiet", "failed", "skipped", "missed")
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class RunResult:
     """What a run did (the record's fields, for the command that prints it)."""
 
     run_id: str
-    status: str  # ok, quiet, failed, skipped
+    status: str  # ok, undelivered, quiet, failed, skipped
     text: str = ""
     error: str = ""
 
@@ -171,9 +173,10 @@ class AutomationRunner:
             delivered = await self.distribute(automation, run_id)
         else:
             await self._drop_outbox(automation.name)
-        status = "quiet" if quiet else "ok"
-        await asyncio.to_thread(self.state.update_run, run_id, status=status, ended=self.clock(),
-                                text=text, delivered=delivered, **tokens)
+        # "undelivered" when a target refused the report before this write.
+        status = await asyncio.to_thread(
+            self.state.update_run, run_id, status="quiet" if quiet else "ok",
+            ended=self.clock(), text=text, delivered=delivered, **tokens) or "ok"
         log.info("automation %s: run %s %s (%s prompt tokens)", automation.name, run_id,
                  "quiet: nothing delivered" if quiet else f"delivered to {len(delivered)}",
                  tokens.get("prompt_tokens"))
@@ -281,10 +284,13 @@ class AutomationRunner:
         run_id = outbound.origin
         if run_id is None:
             return  # not a run's report
-        name = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
-                                       reason)
-        if name is None:
+        known = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
+                                        reason)
+        if known is None:
             return
+        name, turned = known
+        if turned:  # recorded (and counted) "ok" a moment ago
+            self.on_run(name, "undelivered")
         log.warning("automation %s: run %s was not delivered to %s: %s", name, run_id,
                     outbound.chat_key, reason)
         automation = next((a for a in self.settings.automations if a.name == name), None)

@@ -208,9 +208,9 @@ class Automations:
             run_id = running.get(automation.name)
             queued = await self.runner.distribute(automation, run_id)
             if run_id is not None and queued:
-                await asyncio.to_thread(self.state.update_run, run_id, status="ok",
-                                        ended=self.clock(), delivered=queued)
-                self.runner.on_run(automation.name, "ok")
+                status = await asyncio.to_thread(self.state.update_run, run_id, status="ok",
+                                                 ended=self.clock(), delivered=queued)
+                self.runner.on_run(automation.name, status or "ok")
         stale = [d for d in await asyncio.to_thread(self.engine.store.outbox_pending)
                  if d["chat_key"].startswith(CHAT_PREFIX)
                  and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]
