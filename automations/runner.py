@@ -65,6 +65,14 @@ class RunResult:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """What `distribute` found in an automation chat's outbox."""
+
+    queued: list[str]  # the target outbox ids queued ("log" for the journal)
+    replied: bool  # a reply was there (a quiet one queues nothing)
+
+
 class AutomationRunner:
     """Runs automations on an engine's parts; see the module docstring."""
 
@@ -170,7 +178,7 @@ class AutomationRunner:
         quiet = is_quiet(automation, text)
         delivered: list[str] = []
         if not quiet and deliver:
-            delivered = await self.distribute(automation, run_id)
+            delivered = (await self.distribute(automation, run_id)).queued
         else:
             await self._drop_outbox(automation.name)
         # "undelivered" when a target refused the report before this write.
@@ -231,9 +239,10 @@ class AutomationRunner:
         return text, tokens
 
     async def distribute(self, automation: AutomationSettings,
-                         run_id: str | None = None) -> list[str]:
-        """Move the automation chat's replies to each target's outbox; the outbox ids queued.
-        Each item names `run_id`, whose record then gets the platform's message ids.
+                         run_id: str | None = None) -> Distributed:
+        """Move the automation chat's replies to each target's outbox: the outbox ids queued,
+        and whether a reply was found at all (a quiet one queues nothing). Each item names
+        `run_id`, whose record then gets the platform's message ids.
 
         Safe to repeat (after a crash): a target's item id is the reply's id plus the target,
         and `Engine.deliver` queues an id once.
@@ -241,7 +250,9 @@ class AutomationRunner:
         chat_key = CHAT_PREFIX + automation.name
         docs = await asyncio.to_thread(self.engine.store.outbox_pending, chat_key)
         queued: list[str] = []
+        replied = False
         for doc in docs:
+            replied = replied or doc.get("kind") == "reply"
             # A quiet reply left by a crash (before it was dropped) is not delivered either.
             if doc.get("kind") == "reply" and not is_quiet(automation, doc["text"]):
                 for target in automation.deliver:
@@ -260,7 +271,7 @@ class AutomationRunner:
                     await self.engine.deliver(outbound)
                     queued.append(outbound.id)
             await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
-        return queued
+        return Distributed(queued, replied)
 
     async def sent(self, outbound: Outbound) -> None:
         """The engine's `on_sent`: a run's report reached a target; record the platform's ids

@@ -206,10 +206,13 @@ class Automations:
                    if r["status"] == "running"}
         for automation in self.settings.automations:
             run_id = running.get(automation.name)
-            queued = await self.runner.distribute(automation, run_id)
-            if run_id is not None and queued:
-                status = await asyncio.to_thread(self.state.update_run, run_id, status="ok",
-                                                 ended=self.clock(), delivered=queued)
+            found = await self.runner.distribute(automation, run_id)
+            if run_id is not None and found.replied:
+                # The model answered before the crash: the run is done, even when its answer
+                # was the quiet token (a rerun would be another model call, maybe a report).
+                status = await asyncio.to_thread(
+                    self.state.update_run, run_id, status="ok" if found.queued else "quiet",
+                    ended=self.clock(), delivered=found.queued)
                 self.runner.on_run(automation.name, status or "ok")
         stale = [d for d in await asyncio.to_thread(self.engine.store.outbox_pending)
                  if d["chat_key"].startswith(CHAT_PREFIX)

@@ -241,6 +241,30 @@ async def test_a_report_a_crash_left_behind_goes_out_at_start_for_its_run(
     assert daemon.replies() == ["The report."]  # the quiet token was not delivered
 
 
+async def test_a_quiet_reply_a_crash_left_behind_ends_its_run_quiet_without_another_call(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama, state_dir: Path
+) -> None:
+    # Started within the grace of the slot: a run still "running" would be run again.
+    daemon = make_daemon(automation("watch", "0 * * * *", quiet="NOTHING"),
+                         start=at(2026, 12, 1, 9, 2))
+    state, store = AutomationState(state_dir), Store.open(state_dir)
+    slot = at(2026, 12, 1, 9, 0)
+    state.start_run({"id": f"watch@{slot_key(slot)}", "name": "watch",
+                     "scheduled": slot.timestamp(), "started": slot.timestamp(),
+                     "ended": None, "status": "running", "delivered": [],
+                     "message_ids": {}, "error": None})
+    store.outbox_add(Outbound(chat_key="automation:watch", text="NOTHING",
+                              created=slot.timestamp() + 5).to_doc())
+    state.close()
+    store.close()
+    automations = await daemon.start()
+    await daemon.settle()
+    (run,) = automations.state.runs("watch")
+    assert run["status"] == "quiet"
+    assert fake_ollama.chat_requests == [] and daemon.replies() == []
+    assert daemon.counted("watch", "quiet") == 1
+
+
 def system_messages(fake: FakeOllama) -> list[str]:
     return [str(body["messages"][0]["content"]) for body in fake.chat_requests]
 
