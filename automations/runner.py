@@ -25,7 +25,6 @@ rules, tools, `model.max_calls`, calibration and overflow handling:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from channels.base import Inbound, Outbound
 from daemon.config import AutomationSettings
 from daemon.conversations import new_id
 from daemon.engine import Engine
+from daemon.errors import StoreError
 from daemon.logs import automation_log as log
 from daemon.turn import Outcome, TurnRunner
 
@@ -363,8 +363,11 @@ class AutomationRunner:
                   reason, ", ".join(others) or "nobody else (no target takes messages)",
                   f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
         for target in others:
-            with contextlib.suppress(Exception):
+            try:
                 await self.engine.notify(target, text)
+            except StoreError:  # queued in the outbox: the state directory refused it
+                log.error("automation %s: cannot queue the failure alert for %s", name, target,
+                          exc_info=True)
 
     async def _notice(self, chat_key: str, text: str) -> None:
         """What the turn path would tell a user (an outage, an error) becomes the run's error
