@@ -45,7 +45,7 @@ from automations.runner import CHAT_PREFIX, AutomationRunner, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import AutomationState
 from daemon.config import AutomationSettings
-from daemon.engine import Engine
+from daemon.engine import UNWIND, Engine
 from daemon.logs import automation_log as log
 
 SCAN_EVERY = 10.0
@@ -103,16 +103,23 @@ class Automations:
                  sum(a.enabled for a in self.settings.automations),
                  len(await self.reminders.pending()))
 
-    async def stop(self) -> None:
+    async def stop(self, unwind: float = UNWIND) -> None:
         """Stop the scheduler and the runs in flight (a run cut off is run again or recorded
-        as failed at the next start)."""
+        as failed at the next start). Cancelled runs get `unwind` seconds to finish (a step of
+        the shutdown budget); one that does not is logged and left, so that a stuck run (a
+        tool that does not let go) cannot hold the stop past the budget."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
             # Only a daemon that scheduled notes it: a command's run says nothing about outages.
             await asyncio.to_thread(self.state.set_alive, self.clock())
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=max(unwind, 0.0))
+            if pending:
+                log.warning("%d automation runs or reminders did not stop within %.1fs of "
+                            "being cancelled; leaving them", len(pending), unwind)
         await asyncio.to_thread(self.state.close)
 
     async def fire(self, name: str) -> None:
