@@ -25,7 +25,6 @@ rules, tools, `model.max_calls`, calibration and overflow handling:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
+from daemon.core.errors import StoreError
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Inbound, Outbound
@@ -46,11 +46,13 @@ RETRY_PAUSE = 30.0
 CHAT_PREFIX = "automation:"
 
 
-# How a run ends up recorded (`status` of its record; "running" meanwhile). A run stopped by its
-# timeout is "failed" with that reason; "missed" is a slot the scheduler could not start in time
+# How a run ends up recorded (`status` of its record; "running" meanwhile). "undelivered" is a
+# run with a report that a target refused (the refusal may come in after the run was recorded
+# and counted "ok": /metrics then counts it under both). A run stopped by its timeout is
+# "failed" with that reason; "missed" is a slot the scheduler could not start in time
 # or that came while roost was not running (one record for an outage, with its count in
 # `slots`); "skipped" a slot that came while the previous run was still going.
-RUN_STATUSES = ("ok", "quiet", "failed", "skipped", "missed")
+RUN_STATUSES = ("ok", "undelivered", "quiet", "failed", "skipped", "missed")
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,17 @@ class RunResult:
     """What a run did (the record's fields, for the command that prints it)."""
 
     run_id: str
-    status: str  # ok, quiet, failed, skipped
+    status: str  # ok, undelivered, quiet, failed, skipped
     text: str = ""
     error: str = ""
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """What `distribute` found in an automation chat's outbox."""
+
+    queued: list[str]  # the target outbox ids queued ("log" for the journal)
+    replied: bool  # a reply was there (a quiet one queues nothing)
 
 
 class AutomationRunner:
@@ -168,12 +178,13 @@ class AutomationRunner:
         quiet = is_quiet(automation, text)
         delivered: list[str] = []
         if not quiet and deliver:
-            delivered = await self.distribute(automation, run_id)
+            delivered = (await self.distribute(automation, run_id)).queued
         else:
             await self._drop_outbox(automation.name)
-        status = "quiet" if quiet else "ok"
-        await asyncio.to_thread(self.state.update_run, run_id, status=status, ended=self.clock(),
-                                text=text, delivered=delivered, **tokens)
+        # "undelivered" when a target refused the report before this write.
+        status = await asyncio.to_thread(
+            self.state.update_run, run_id, status="quiet" if quiet else "ok",
+            ended=self.clock(), text=text, delivered=delivered, **tokens) or "ok"
         log.info("automation %s: run %s %s (%s prompt tokens)", automation.name, run_id,
                  "quiet: nothing delivered" if quiet else f"delivered to {len(delivered)}",
                  tokens.get("prompt_tokens"))
@@ -228,9 +239,10 @@ class AutomationRunner:
         return text, tokens
 
     async def distribute(self, automation: AutomationSettings,
-                         run_id: str | None = None) -> list[str]:
-        """Move the automation chat's replies to each target's outbox; the outbox ids queued.
-        Each item names `run_id`, whose record then gets the platform's message ids.
+                         run_id: str | None = None) -> Distributed:
+        """Move the automation chat's replies to each target's outbox: the outbox ids queued,
+        and whether a reply was found at all (a quiet one queues nothing). Each item names
+        `run_id`, whose record then gets the platform's message ids.
 
         Safe to repeat (after a crash): a target's item id is the reply's id plus the target,
         and `Engine.deliver` queues an id once.
@@ -238,7 +250,9 @@ class AutomationRunner:
         chat_key = CHAT_PREFIX + automation.name
         docs = await asyncio.to_thread(self.engine.store.outbox_pending, chat_key)
         queued: list[str] = []
+        replied = False
         for doc in docs:
+            replied = replied or doc.get("kind") == "reply"
             # A quiet reply left by a crash (before it was dropped) is not delivered either.
             if doc.get("kind") == "reply" and not is_quiet(automation, doc["text"]):
                 for target in automation.deliver:
@@ -257,7 +271,7 @@ class AutomationRunner:
                     await self.engine.deliver(outbound)
                     queued.append(outbound.id)
             await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
-        return queued
+        return Distributed(queued, replied)
 
     async def sent(self, outbound: Outbound) -> None:
         """The engine's `on_sent`: a run's report reached a target; record the platform's ids
@@ -281,10 +295,13 @@ class AutomationRunner:
         run_id = outbound.origin
         if run_id is None:
             return  # not a run's report
-        name = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
-                                       reason)
-        if name is None:
+        known = await asyncio.to_thread(self.state.record_refused, run_id, outbound.chat_key,
+                                        reason)
+        if known is None:
             return
+        name, turned = known
+        if turned:  # recorded (and counted) "ok" a moment ago
+            self.on_run(name, "undelivered")
         log.warning("automation %s: run %s was not delivered to %s: %s", name, run_id,
                     outbound.chat_key, reason)
         automation = next((a for a in self.settings.automations if a.name == name), None)
@@ -346,8 +363,11 @@ class AutomationRunner:
                   reason, ", ".join(others) or "nobody else (no target takes messages)",
                   f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
         for target in others:
-            with contextlib.suppress(Exception):
+            try:
                 await self.engine.notify(target, text)
+            except StoreError:  # queued in the outbox: the state directory refused it
+                log.error("automation %s: cannot queue the failure alert for %s", name, target,
+                          exc_info=True)
 
     async def _notice(self, chat_key: str, text: str) -> None:
         """What the turn path would tell a user (an outage, an error) becomes the run's error

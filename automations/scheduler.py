@@ -46,7 +46,7 @@ from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
 from daemon.core.logs import automation_log as log
-from daemon.engine.workers import Engine
+from daemon.engine.workers import UNWIND, Engine
 
 SCAN_EVERY = 10.0
 ALIVE_EVERY = 60.0  # how often the daemon notes that it runs (the start of an outage)
@@ -103,16 +103,23 @@ class Automations:
                  sum(a.enabled for a in self.settings.automations),
                  len(await self.reminders.pending()))
 
-    async def stop(self) -> None:
+    async def stop(self, unwind: float = UNWIND) -> None:
         """Stop the scheduler and the runs in flight (a run cut off is run again or recorded
-        as failed at the next start)."""
+        as failed at the next start). Cancelled runs get `unwind` seconds to finish (a step of
+        the shutdown budget); one that does not is logged and left, so that a stuck run (a
+        tool that does not let go) cannot hold the stop past the budget."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
             # Only a daemon that scheduled notes it: a command's run says nothing about outages.
             await asyncio.to_thread(self.state.set_alive, self.clock())
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=max(unwind, 0.0))
+            if pending:
+                log.warning("%d automation runs or reminders did not stop within %.1fs of "
+                            "being cancelled; leaving them", len(pending), unwind)
         await asyncio.to_thread(self.state.close)
 
     async def fire(self, name: str) -> None:
@@ -206,11 +213,14 @@ class Automations:
                    if r["status"] == "running"}
         for automation in self.settings.automations:
             run_id = running.get(automation.name)
-            queued = await self.runner.distribute(automation, run_id)
-            if run_id is not None and queued:
-                await asyncio.to_thread(self.state.update_run, run_id, status="ok",
-                                        ended=self.clock(), delivered=queued)
-                self.runner.on_run(automation.name, "ok")
+            found = await self.runner.distribute(automation, run_id)
+            if run_id is not None and found.replied:
+                # The model answered before the crash: the run is done, even when its answer
+                # was the quiet token (a rerun would be another model call, maybe a report).
+                status = await asyncio.to_thread(
+                    self.state.update_run, run_id, status="ok" if found.queued else "quiet",
+                    ended=self.clock(), delivered=found.queued)
+                self.runner.on_run(automation.name, status or "ok")
         stale = [d for d in await asyncio.to_thread(self.engine.store.outbox_pending)
                  if d["chat_key"].startswith(CHAT_PREFIX)
                  and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]

@@ -79,9 +79,10 @@ class AutomationState:
                 runs.remove(Query().id.one_of(sorted(old)))
             return True
 
-    def update_run(self, run_id: str, **fields: Any) -> None:
+    def update_run(self, run_id: str, **fields: Any) -> str | None:
         """Set fields of a run's record; "ok" stays "undelivered" when a target has refused
-        the report already (its chat worker may be quicker than the run's last write)."""
+        the report already (its chat worker may be quicker than the run's last write). The
+        status written, if any."""
         with self._lock:
             runs = self._db.table("runs")
             if fields.get("status") == "ok":
@@ -89,10 +90,15 @@ class AutomationState:
                 if isinstance(doc, Mapping) and doc.get("refused"):
                     fields = {**fields, "status": "undelivered"}
             runs.update(fields, Query().id == run_id)
+        status = fields.get("status")
+        return None if status is None else str(status)
 
-    def record_refused(self, run_id: str, target: str, reason: str) -> str | None:
+    def record_refused(self, run_id: str, target: str,
+                       reason: str) -> tuple[str, bool] | None:
         """A target refused the run's report: on the record (`refused`, per target), and an
-        "ok" run becomes "undelivered". The automation's name; None when the run is not known."""
+        "ok" run becomes "undelivered". The automation's name and whether this turned the run
+        from "ok" into "undelivered" (once per run: /metrics counts it); None when the run is
+        not known."""
         with self._lock:
             runs = self._db.table("runs")
             doc = runs.get(Query().id == run_id)
@@ -101,10 +107,11 @@ class AutomationState:
             refused = {**doc.get("refused", {}), target: reason}
             fields: dict[str, Any] = {"refused": refused, "error": "not delivered to " + "; ".join(
                 f"{where} ({why})" for where, why in sorted(refused.items()))}
-            if doc.get("status") == "ok":
+            turned = doc.get("status") == "ok"
+            if turned:
                 fields["status"] = "undelivered"
             runs.update(fields, Query().id == run_id)
-            return str(doc["name"])
+            return str(doc["name"]), turned
 
     def consecutive_refusals(self, name: str, through: str) -> int:
         """Scheduled runs in a row up to the run `through`, newest first, whose report a target

@@ -59,8 +59,8 @@ class Metrics:
                                           "Webhook calls refused, by cause", ["cause"], registry=r)
         self.automation_runs = Counter(
             "roost_automation_runs",
-            "Automation runs recorded, by automation and outcome (ok, quiet, failed, skipped, "
-            "missed)", ["automation", "outcome"], registry=r)
+            "Automation runs recorded, by automation and outcome (ok, undelivered, quiet, failed, "
+            "skipped, missed)", ["automation", "outcome"], registry=r)
         self._previous = ""
         # Gauges are read at each scrape by the route (on the event loop): name -> value.
         self.gauges: dict[str, float] = {}

@@ -210,7 +210,7 @@ async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
     automations.runner.on_run = metrics.automation_run
     await automations.start()
     yield
-    await automations.stop()
+    await automations.stop(shutdown_budget(app[SETTINGS].daemon.shutdown_grace).unwind)
     log.info("scheduler stopped")
 
 
@@ -472,7 +472,7 @@ class ShutdownBudget:
 
 
 SHUTDOWN_RESERVE = 4.0  # seconds at most kept from the drain for the rest of the stop
-UNWIND_STEPS = 3  # the engine's steps that get `unwind` each
+UNWIND_STEPS = 5  # the steps that get `unwind` each: the scheduler's runs, 4 of the engine's
 
 
 def shutdown_budget(grace: float) -> ShutdownBudget:

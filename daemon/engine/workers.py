@@ -165,10 +165,12 @@ class Engine:
         await _bounded("chat workers", list(self._workers.values()), unwind)
         self._workers.clear()
         await self.folder.stop(unwind)
-        # Closing first makes a first full build stop at its next conversation.
-        await asyncio.to_thread(self.index.close)
-        if self._indexing is not None:
-            await asyncio.gather(self._indexing, return_exceptions=True)
+        # Closing first makes a first full build stop at its next conversation; a long one
+        # keeps the index busy (and its lock held), so both are bounded like the steps above.
+        closing = asyncio.create_task(asyncio.to_thread(self.index.close))
+        await _bounded("index steps (closing, syncing)",
+                       [closing, *([self._indexing] if self._indexing is not None else [])],
+                       unwind)
 
     # ---- taking work -----------------------------------------------------------------------
 

@@ -72,6 +72,50 @@ async def test_every_schedule_runs_on_the_real_clock_through_a_transition(
     assert len(daemon.replies()) == reports
 
 
+# The forms whose times lie around midnight or follow elapsed time, from 23:51 local the day
+# before to 04:10 local on the day of each transition.
+MORE_FORMS = {"every-1d": "every 1d", "every-90m": "every 90m", "dom": "0 2 28,31 * *",
+              "weekday": "30 2 * * 0", "dom-or-weekday": "0 2 1 * 0"}
+MORE_SPRING = {
+    "every-1d": ["23:00Z"],  # 00:00 CET
+    # Elapsed time from 2000-01-01 00:00 CET (23:00Z): the same UTC times every day.
+    "every-90m": ["23:00Z", "00:30Z", "02:00Z"],
+    "dom": ["01:00Z"],  # 02:00 does not exist: once, an hour later by the clock, 03:00 CEST
+    "weekday": ["01:30Z"],  # 28 March is a Sunday; 02:30 does not exist: 03:30 CEST
+    "dom-or-weekday": ["01:00Z"],  # not the 1st, but a Sunday: 03:00 CEST
+}
+MORE_AUTUMN = {
+    "every-1d": ["22:00Z"],  # 00:00 CEST
+    "every-90m": ["23:00Z", "00:30Z", "02:00Z"],  # 02:30 CEST and 03:00 CET, an hour apart
+    "dom": ["00:00Z"],  # 02:00 happens twice: once, the first (CEST)
+    "weekday": ["00:30Z"],  # 31 October is a Sunday: 02:30 CEST, once
+    "dom-or-weekday": ["00:00Z"],
+}
+
+
+@pytest.mark.parametrize(("day", "expected"), [((2027, 3, 27), MORE_SPRING),
+                                                ((2027, 10, 30), MORE_AUTUMN)],
+                         ids=["spring", "autumn"])
+async def test_daily_elapsed_and_day_schedules_run_on_the_real_clock_through_a_transition(
+    make_daemon: DaemonFactory, day: tuple[int, int, int], expected: dict[str, list[str]]
+) -> None:
+    daemon = make_daemon(*(automation(name, schedule) for name, schedule in MORE_FORMS.items()),
+                         start=at(*day, 23, 51), on_clock=True)
+    automations = await daemon.start()
+    await daemon.run_until(at(day[0], day[1], day[2] + 1, 4, 10))
+    ran = {name: [datetime.fromtimestamp(r["scheduled"], UTC).strftime("%H:%MZ")
+                  for r in automations.state.runs(name)] for name in MORE_FORMS}
+    assert ran == expected
+    for name in MORE_FORMS:
+        for run in automations.state.runs(name):
+            assert run["status"] == "ok", run
+            assert 0 <= run["started"] - run["scheduled"] < 5, run
+    reports = sum(len(times) for times in expected.values())
+    await wait_until(lambda: len(daemon.replies()) >= reports)
+    await daemon.engine.wait_idle("console:local")  # type: ignore[union-attr]
+    assert len(daemon.replies()) == reports
+
+
 async def test_a_repeated_hour_keeps_two_records_apart_for_hourly_and_one_for_a_fixed_time(
     make_daemon: DaemonFactory,
 ) -> None:

@@ -6,14 +6,17 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
+from daemon.core.errors import StoreError
 from daemon.core.messages import Inbound, Outbound
 from daemon.store import Store
 from tests.automations.conftest import TZ, DaemonFactory, at, automation, wait_until
@@ -154,16 +157,6 @@ async def test_failures_are_retried_recorded_and_alerted_at_most_hourly(
     assert automations.state.consecutive_failures("often") == 0
 
 
-async def test_an_automation_on_another_model_uses_it(
-    make_daemon: DaemonFactory, fake_ollama: FakeOllama
-) -> None:
-    daemon = make_daemon(automation("brief", "0 9 * * *", model="qwen3:4b"))
-    automations = await daemon.start()
-    daemon.clock.set(at(2026, 12, 1, 9, 0, 5))
-    await automations.fire("brief")
-    assert fake_ollama.chat_requests[0]["model"] == "qwen3:4b"
-
-
 async def test_an_automation_on_a_smaller_model_gets_a_request_fitted_to_that_model(
     make_daemon: DaemonFactory, fake_ollama: FakeOllama
 ) -> None:
@@ -241,6 +234,30 @@ async def test_a_report_a_crash_left_behind_goes_out_at_start_for_its_run(
     assert daemon.replies() == ["The report."]  # the quiet token was not delivered
 
 
+async def test_a_quiet_reply_a_crash_left_behind_ends_its_run_quiet_without_another_call(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama, state_dir: Path
+) -> None:
+    # Started within the grace of the slot: a run still "running" would be run again.
+    daemon = make_daemon(automation("watch", "0 * * * *", quiet="NOTHING"),
+                         start=at(2026, 12, 1, 9, 2))
+    state, store = AutomationState(state_dir), Store.open(state_dir)
+    slot = at(2026, 12, 1, 9, 0)
+    state.start_run({"id": f"watch@{slot_key(slot)}", "name": "watch",
+                     "scheduled": slot.timestamp(), "started": slot.timestamp(),
+                     "ended": None, "status": "running", "delivered": [],
+                     "message_ids": {}, "error": None})
+    store.outbox_add(Outbound(chat_key="automation:watch", text="NOTHING",
+                              created=slot.timestamp() + 5).to_doc())
+    state.close()
+    store.close()
+    automations = await daemon.start()
+    await daemon.settle()
+    (run,) = automations.state.runs("watch")
+    assert run["status"] == "quiet"
+    assert fake_ollama.chat_requests == [] and daemon.replies() == []
+    assert daemon.counted("watch", "quiet") == 1
+
+
 def system_messages(fake: FakeOllama) -> list[str]:
     return [str(body["messages"][0]["content"]) for body in fake.chat_requests]
 
@@ -310,6 +327,35 @@ async def test_chats_on_every_channel_and_a_run_share_the_system_message_and_too
     assert firsts[0].startswith("What is new?\n\n<channel>")
     assert firsts[3].startswith("Anything new on the things I follow?\n\n<channel>")
     assert all(f.endswith("]") for f in firsts)  # the sent stamp stays last
+
+
+async def test_a_failure_alert_that_cannot_be_queued_for_one_target_is_logged_and_others_get_it(
+    make_daemon: DaemonFactory, fake_ollama: FakeOllama, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(logging.getLogger("roost"), "propagate", True)  # caplog listens at root
+    broken = "console:broken"
+    daemon = make_daemon(automation("often", "every 15m", grace=0.3,
+                                    deliver=(broken, "console:local")))
+    automations = await daemon.start()
+    assert daemon.store is not None
+    store = daemon.store
+    add = store.outbox_add
+
+    def full_disk_for_broken(item: Mapping[str, Any]) -> None:
+        if item["chat_key"] == broken:
+            raise StoreError(f"cannot write {store.state_dir}/outbox: No space left on device")
+        add(item)
+
+    monkeypatch.setattr(store, "outbox_add", full_disk_for_broken)
+    await fake_ollama.refuse_connections()
+    for minute in (0, 15):
+        daemon.clock.set(at(2026, 12, 1, 10, minute, 0))
+        await automations.fire("often")
+    await wait_until(lambda: len(daemon.channel.texts("notice")) >= 1)
+    assert "'often' failed 2 times in a row" in daemon.channel.texts("notice")[0]
+    (logged,) = [r for r in caplog.records if r.exc_info and broken in r.getMessage()]
+    assert logged.levelno >= logging.ERROR and "No space left" in str(logged.exc_info[1])
 
 
 async def test_a_failure_alert_skips_a_target_that_refuses_roost_and_reaches_the_journal(

@@ -38,7 +38,11 @@ async def test_a_report_to_someone_who_never_started_the_bot_is_given_up_once(
     try:
         automations = app[AUTOMATIONS]
         store = app[STORE]
-        await wait_until(lambda: [r["status"] for r in automations.state.runs("brief")] == ["ok"])
+        # "ok" would hide the refusal: the run is on the record as not delivered everywhere.
+        await wait_until(lambda: [r["status"] for r in automations.state.runs("brief")]
+                         == ["undelivered"])
+        (run,) = automations.state.runs("brief")
+        assert list(run["refused"]) == [f"telegram:{stranger}"]
         await wait_until(lambda: store.outbox_pending() == [] and len(
             fake_telegram.sent_messages) == 1)
         assert [m["text"] for m in fake_telegram.sent_messages] == ["First report."]

@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from channels.telegram.channel import SECRET_HEADER as TG_SECRET_HEADER
 from channels.telegram.channel import WEBHOOK_PATH as TG_WEBHOOK_PATH
-from daemon.app.serve import ENGINE, Tuning, build_app
+from daemon.app.serve import AUTOMATIONS, ENGINE, Tuning, build_app
+from daemon.core.config import AutomationSettings
 from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.memory_index import MemoryIndex
+from daemon.tools.registry import Capability, Tool
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram
@@ -264,3 +274,69 @@ async def test_the_whole_stop_keeps_within_the_shutdown_budget_and_loses_nothing
         _, err = await asyncio.wait_for(daemon.communicate(), 60)
     assert daemon.returncode == 0, err.decode()[-3000:]
     assert [c.params["text"] for c in sent] == ["echo: are you there"]
+
+
+async def test_a_run_that_does_not_let_go_when_cancelled_cannot_hold_the_stop(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An extra tool whose clean-up hangs (a connection that never closes): cancelling the run
+    # does not end it. The stop leaves it after its share of the budget instead of waiting.
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(context: object) -> str:
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        finally:
+            await release.wait()
+        return "never"
+
+    settings = make_settings(model={"host": fake_ollama.url}, daemon={"shutdown_grace": 2.0})
+    settings = dataclasses.replace(settings, automations=(AutomationSettings(
+        name="brief", schedule="0 0 1 1 *", prompt="Anything new?", deliver=("log",)),))
+    app = build_app(settings)
+    runner, _ = await start(app)
+    app[ENGINE].registry.register(Capability(
+        name="stuck", description="a tool that does not let go", core=True, tools=(
+            Tool("hold", "Hold on.", {"type": "object", "properties": {}}, hold),)))
+    fake_ollama.script(Reply(tool_calls=[{"function": {"name": "hold", "arguments": {}}}]))
+    run = asyncio.create_task(app[AUTOMATIONS].run_now("brief"))
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        async with asyncio.timeout(15):  # before, the stop waited for the tool forever
+            await runner.cleanup()
+        assert any("did not stop within" in r.getMessage() for r in caplog.records
+                   if r.levelno == logging.WARNING)
+    finally:
+        release.set()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+class StuckIndex(MemoryIndex):
+    """An index whose first full build takes longer than any stop may wait (a huge store)."""
+
+    release = threading.Event()
+
+    def sync(self, store: Store, conversation_ids: Iterable[str] | None = None) -> int:
+        self.release.wait(30)
+        return 0
+
+
+async def test_a_long_index_build_cannot_hold_the_engines_stop(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(model={"host": fake_ollama.url})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    index = StuckIndex.open(settings.daemon.state_dir / "memory.sqlite3")
+    engine = Engine(settings=settings, store=store, llm=llm, channels={}, index=index)
+    await engine.start()
+    try:
+        async with asyncio.timeout(10):  # before, the stop waited for the build to end
+            await engine.stop(0.1, unwind=0.2)
+        assert any("did not stop within" in r.getMessage() for r in caplog.records
+                   if r.levelno == logging.WARNING)
+    finally:
+        StuckIndex.release.set()
+        await llm.close()
+        store.close()

@@ -127,6 +127,24 @@ async def test_automation_runs_are_counted_by_automation_and_outcome(
     assert last[series("roost_automation_runs_total", automation="slow", outcome="ok")] == 0
 
 
+async def test_a_run_whose_report_a_target_refused_is_counted_undelivered(
+    start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama
+) -> None:
+    brief = AutomationSettings(name="brief", schedule="0 0 1 1 *", prompt="Anything new?",
+                               deliver=(f"telegram:{USER}",))
+    daemon = await start(brief, telegram=True)
+    undelivered = series("roost_automation_runs_total", automation="brief",
+                         outcome="undelivered")
+    assert (await daemon.scrape())[undelivered] == 0  # known before the first run
+    fake_telegram.fail_next("sendMessage", status=403,
+                            description="Forbidden: bot was blocked by the user")
+    fake_ollama.script("A report nobody gets.")
+    await daemon.app[AUTOMATIONS].run_now("brief")
+    await daemon.until(lambda s: s[undelivered] == 1)
+    (run,) = daemon.app[AUTOMATIONS].state.runs("brief")
+    assert run["status"] == "undelivered"
+
+
 async def test_undeliverable_chats_gauge_follows_a_block_and_an_unblock(
     start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama
 ) -> None:
