@@ -16,8 +16,8 @@ import pytest
 from telegram import Bot, PhotoSize
 
 from channels.base import Outbound, inbound_id
-from channels.formatting import split_telegram
-from channels.telegram import TelegramChannel, visible_text
+from channels.formatting import split_telegram, split_text
+from channels.telegram import SMALLER_PIECE, TelegramChannel, visible_text
 from channels.telegram_media import best_photo
 from channels.telegram_updates import (
     BotIdentity,
@@ -193,6 +193,31 @@ async def test_the_message_ids_of_every_part_are_recorded_across_a_resume(
     await TelegramChannel(bot, store).send(Outbound.from_doc(store.outbox_pending()[0]))
     (sent,) = [message_id for chat, message_id in fake_telegram.messages if chat == USER]
     assert store.outbox_pending()[0]["platform_ids"] == ["41", str(sent)]
+
+
+async def test_pieces_of_a_refused_part_already_sent_are_not_sent_again(
+        bot: Bot, store: Store, fake_telegram: FakeTelegram) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 80 for i in range(8))
+    (part,) = split_telegram(text)
+    pieces = split_text(visible_text(part), SMALLER_PIECE)
+    assert len(pieces) >= 3
+    # Refused as HTML and as plain text, so it goes in pieces; the second piece stalls and
+    # then fails (a transient 502), after the first reached the chat.
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: message is too long", times=2)
+    fake_telegram.hold("sendMessage", after=3)
+    sending = asyncio.create_task(TelegramChannel(bot, store).send(outbound(text, store)))
+    await fake_telegram.wait_for("sendMessage", 4)
+    fake_telegram.fail_next("sendMessage", status=502, description="Bad Gateway")
+    fake_telegram.release()
+    with pytest.raises(DeliveryError) as failed:
+        await sending
+    assert not failed.value.permanent
+    # The engine tries again later, here as a new process would: from the outbox alone.
+    await TelegramChannel(bot, store).send(Outbound.from_doc(store.outbox_pending()[0]))
+    assert [m["text"] for m in fake_telegram.sent_messages] == pieces
+    ids = [str(message_id) for chat, message_id in fake_telegram.messages if chat == USER]
+    assert store.outbox_pending()[0]["platform_ids"] == ids
 
 
 async def test_a_blocked_bot_is_a_permanent_failure(
