@@ -31,7 +31,7 @@ from channels.telegram_updates import (
     parse_update,
 )
 from daemon.app import serve
-from daemon.errors import DeliveryError
+from daemon.errors import DeliveryError, StoreError
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
 from tests.daemon.test_app import free_port
@@ -218,6 +218,32 @@ async def test_pieces_of_a_refused_part_already_sent_are_not_sent_again(
     assert [m["text"] for m in fake_telegram.sent_messages] == pieces
     ids = [str(message_id) for chat, message_id in fake_telegram.messages if chat == USER]
     assert store.outbox_pending()[0]["platform_ids"] == ids
+
+
+async def test_a_disk_that_refuses_a_piece_record_does_not_resend_that_piece(
+        bot: Bot, store: Store, fake_telegram: FakeTelegram,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 80 for i in range(8))
+    (part,) = split_telegram(text)
+    pieces = split_text(visible_text(part), SMALLER_PIECE)
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: message is too long", times=2)
+    real = store.outbox_update
+    refusals = [StoreError("cannot write outbox/x.json: No space left on device")]
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("pieces_sent") and refusals:  # after Telegram took the first piece
+            raise refusals.pop()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "outbox_update", full_disk)
+    channel = TelegramChannel(bot, store)
+    item = outbound(text, store)
+    with pytest.raises(StoreError):
+        await channel.send(item)
+    await channel.send(Outbound.from_doc(store.outbox_pending()[0]))  # the engine's retry
+    assert [m["text"] for m in fake_telegram.sent_messages] == pieces
+    assert refusals == [] and store.outbox_pending()[0]["parts_sent"] == 1
 
 
 async def test_a_blocked_bot_is_a_permanent_failure(
