@@ -28,7 +28,7 @@ import html
 import json
 import re
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,43 +211,51 @@ class TelegramChannel:
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
+            where = _Destination(chat_id, topic, reply)
             await self.progress.attempt(outbound, index)
-            ids += await self._send_part(_Destination(chat_id, topic, reply), parts[index],
-                                         outbound.chat_key)
-            # First thing after Telegram's answer: a crash before this write sends it again.
-            await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
+            more = index + 1 < len(parts)
+            with _delivery_errors():
+                pieces = self.progress.pieces_sent(outbound, index)
+                if not pieces:  # else it was refused whole before: on with its next piece
+                    sent = await self._send_whole(where, parts[index], outbound.chat_key)
+                    if sent is not None:
+                        ids.append(sent)
+                        # First thing after Telegram's answer: a crash before this write
+                        # sends it again.
+                        await self.progress.record(outbound, index + 1, ids, more=more)
+                        continue
+                await self._send_pieces(outbound, where, index, parts[index], pieces, ids,
+                                        more=more)
 
-    async def _send_part(self, where: _Destination, part: str, chat_key: str) -> list[str]:
-        """One part, HTML first; the message_ids it became. A refusal of the content (not of
-        the chat) is tried again as plain text, then in smaller pieces; only then is this reply
-        given up, and the engine tells the user. Only 403 (blocked, removed from the group)
-        gives up on the chat."""
+    async def _send_whole(self, where: _Destination, part: str, chat_key: str) -> str | None:
+        """One part, HTML first; its message_id, or None when Telegram refused the content
+        (not the chat) as HTML and as plain text, so that it goes in smaller pieces."""
         try:
-            try:
-                return [await self._send(where, part, ParseMode.HTML)]
-            except BadRequest as exc:
-                # PTB drops "Bad Request: " and capitalises the rest.
-                log.warning("Telegram refused a part for %s (%s); sending it as plain text",
-                            chat_key, exc.message)
-            plain = visible_text(part)
-            try:
-                return [await self._send(where, plain, None)]
-            except BadRequest as exc:
-                log.warning("Telegram refused the plain text for %s too (%s); sending it in "
-                            "smaller pieces", chat_key, exc.message)
-            return [await self._send(where, piece, None)
-                    for piece in split_text(plain, SMALLER_PIECE)]
-        except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
-            raise DeliveryError(f"Telegram refused delivery: {exc.message}{_forbidden_hint(exc)}",
-                                permanent=True, chat_blocked=True) from exc
-        except BadRequest as exc:  # refused whatever its form: this reply cannot go out
-            raise DeliveryError(f"Telegram refused it: {exc.message}", permanent=True) from exc
-        except RetryAfter as exc:  # still flooded after the rate limiter's retries
-            raise DeliveryError(f"Telegram flood control: {exc}") from exc
-        except NetworkError as exc:
-            raise DeliveryError(f"cannot reach Telegram: {exc}") from exc
-        except TelegramError as exc:
-            raise DeliveryError(f"Telegram error: {exc}") from exc
+            return await self._send(where, part, ParseMode.HTML)
+        except BadRequest as exc:
+            # PTB drops "Bad Request: " and capitalises the rest.
+            log.warning("Telegram refused a part for %s (%s); sending it as plain text",
+                        chat_key, exc.message)
+        try:
+            return await self._send(where, visible_text(part), None)
+        except BadRequest as exc:
+            log.warning("Telegram refused the plain text for %s too (%s); sending it in "
+                        "smaller pieces", chat_key, exc.message)
+        return None
+
+    async def _send_pieces(self, outbound: Outbound, where: _Destination, index: int,
+                           part: str, done: int, ids: list[str], *, more: bool) -> None:
+        """Part `index` as plain text in smaller pieces from piece `done` on, each recorded
+        first thing after Telegram's answer, like a part: a failure or crash on one piece
+        resumes with it, not with the pieces before. A piece refused too gives this reply up
+        (the engine tells the user)."""
+        pieces = split_text(visible_text(part), SMALLER_PIECE)
+        for number in range(done, len(pieces)):
+            ids.append(await self._send(where, pieces[number], None))
+            if number + 1 < len(pieces):
+                await self.progress.record_piece(outbound, index, number + 1, ids)
+            else:  # the last piece completes the part
+                await self.progress.record(outbound, index + 1, ids, more=more)
 
     async def _send(self, where: _Destination, text: str, parse_mode: str | None) -> str:
         message = await self.bot.send_message(where.chat_id, text, parse_mode=parse_mode,
@@ -261,6 +269,26 @@ class _Destination:
     chat_id: int
     topic: int | None  # a forum topic's message_thread_id
     reply: ReplyParameters | None
+
+
+@contextlib.contextmanager
+def _delivery_errors() -> Iterator[None]:
+    """Telegram's refusals as the engine's DeliveryErrors. Only 403 (blocked, removed from the
+    group) gives up on the chat; a 400 that is left (refused whatever its form) gives up on
+    this reply; the rest are tried again later."""
+    try:
+        yield
+    except Forbidden as exc:  # the user blocked the bot, or it was removed from the group
+        raise DeliveryError(f"Telegram refused delivery: {exc.message}{_forbidden_hint(exc)}",
+                            permanent=True, chat_blocked=True) from exc
+    except BadRequest as exc:  # refused whatever its form: this reply cannot go out
+        raise DeliveryError(f"Telegram refused it: {exc.message}", permanent=True) from exc
+    except RetryAfter as exc:  # still flooded after the rate limiter's retries
+        raise DeliveryError(f"Telegram flood control: {exc}") from exc
+    except NetworkError as exc:
+        raise DeliveryError(f"cannot reach Telegram: {exc}") from exc
+    except TelegramError as exc:
+        raise DeliveryError(f"Telegram error: {exc}") from exc
 
 
 class Telegram:

@@ -78,6 +78,9 @@ class Outbound:
     # The platform's ids of the messages sent so far (Telegram message_ids, WhatsApp wamids),
     # recorded by the channel with `parts_sent`.
     platform_ids: tuple[str, ...] = ()
+    # Pieces of part `parts_sent` delivered when Telegram refused that part whole and it goes
+    # in smaller pieces, each recorded as it goes (see channels.progress).
+    pieces_sent: int = 0
     # The part whose send started and whose record is not on disk yet: left by a crash, it
     # may have reached the chat already (delivery is at least once; see channels.progress).
     attempting: int | None = None

@@ -473,7 +473,7 @@ class Engine:
             rerouted = dataclasses.replace(
                 outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"),
                 chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}", parts_sent=0,
-                attempting=None,
+                pieces_sent=0, attempting=None,
                 # The original's message ids mean nothing in another chat.
                 platform_ids=(), reply_to=None)
             await self.deliver(rerouted)

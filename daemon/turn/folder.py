@@ -84,6 +84,7 @@ class Folder:
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._owed: set[str] = set()  # conversations whose next turn must fold first
+        self._landing: dict[str, int] = {}  # turns waiting in `land` for the fold in flight
         self._stopped = False
         self.calls = 0  # model calls spent on folds (for /status and the benchmark)
 
@@ -113,6 +114,11 @@ class Folder:
     def owes(self, conversation_id: str) -> bool:
         return conversation_id in self._owed
 
+    def waiting_to_land(self, conversation_id: str) -> bool:
+        """Whether a turn waits in `land` for the conversation's fold in flight (a test of a
+        cancellation there waits on this, so that it cannot pass before the wait began)."""
+        return conversation_id in self._landing
+
     async def land(self, conversation_id: str) -> FoldOutcome:
         """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
         model hold, so the call is not preempted). A failure is logged and the turn goes on:
@@ -121,7 +127,12 @@ class Folder:
         if running is not None and not running.done():
             # asyncio.wait, not await: the fold's own end (even cancelled) is not ours, but a
             # cancellation of this turn (shutdown, /stop) must stop it here, not run a fold.
-            await asyncio.wait([running])
+            self._landing[conversation_id] = self._landing.get(conversation_id, 0) + 1
+            try:
+                await asyncio.wait([running])
+            finally:
+                if left := self._landing.pop(conversation_id) - 1:
+                    self._landing[conversation_id] = left
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
         try:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from telegram import Bot, PhotoSize
 
-from channels.formatting import split_telegram
-from channels.telegram.channel import TelegramChannel, visible_text
+from channels.formatting import split_telegram, split_text
+from channels.telegram.channel import SMALLER_PIECE, TelegramChannel, visible_text
 from channels.telegram.media import best_photo
 from channels.telegram.updates import (
     BotIdentity,
@@ -30,7 +30,7 @@ from channels.telegram.updates import (
     parse_update,
 )
 from daemon.app.serve import serve
-from daemon.core.errors import DeliveryError
+from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.core.messages import Outbound
 from daemon.store import Store
@@ -194,6 +194,57 @@ async def test_the_message_ids_of_every_part_are_recorded_across_a_resume(
     await TelegramChannel(bot, store).send(Outbound.from_doc(store.outbox_pending()[0]))
     (sent,) = [message_id for chat, message_id in fake_telegram.messages if chat == USER]
     assert store.outbox_pending()[0]["platform_ids"] == ["41", str(sent)]
+
+
+async def test_pieces_of_a_refused_part_already_sent_are_not_sent_again(
+        bot: Bot, store: Store, fake_telegram: FakeTelegram) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 80 for i in range(8))
+    (part,) = split_telegram(text)
+    pieces = split_text(visible_text(part), SMALLER_PIECE)
+    assert len(pieces) >= 3
+    # Refused as HTML and as plain text, so it goes in pieces; the second piece stalls and
+    # then fails (a transient 502), after the first reached the chat.
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: message is too long", times=2)
+    fake_telegram.hold("sendMessage", after=3)
+    sending = asyncio.create_task(TelegramChannel(bot, store).send(outbound(text, store)))
+    await fake_telegram.wait_for("sendMessage", 4)
+    fake_telegram.fail_next("sendMessage", status=502, description="Bad Gateway")
+    fake_telegram.release()
+    with pytest.raises(DeliveryError) as failed:
+        await sending
+    assert not failed.value.permanent
+    # The engine tries again later, here as a new process would: from the outbox alone.
+    await TelegramChannel(bot, store).send(Outbound.from_doc(store.outbox_pending()[0]))
+    assert [m["text"] for m in fake_telegram.sent_messages] == pieces
+    ids = [str(message_id) for chat, message_id in fake_telegram.messages if chat == USER]
+    assert store.outbox_pending()[0]["platform_ids"] == ids
+
+
+async def test_a_disk_that_refuses_a_piece_record_does_not_resend_that_piece(
+        bot: Bot, store: Store, fake_telegram: FakeTelegram,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 80 for i in range(8))
+    (part,) = split_telegram(text)
+    pieces = split_text(visible_text(part), SMALLER_PIECE)
+    fake_telegram.fail_next("sendMessage", status=400,
+                            description="Bad Request: message is too long", times=2)
+    real = store.outbox_update
+    refusals = [StoreError("cannot write outbox/x.json: No space left on device")]
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("pieces_sent") and refusals:  # after Telegram took the first piece
+            raise refusals.pop()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "outbox_update", full_disk)
+    channel = TelegramChannel(bot, store)
+    item = outbound(text, store)
+    with pytest.raises(StoreError):
+        await channel.send(item)
+    await channel.send(Outbound.from_doc(store.outbox_pending()[0]))  # the engine's retry
+    assert [m["text"] for m in fake_telegram.sent_messages] == pieces
+    assert refusals == [] and store.outbox_pending()[0]["parts_sent"] == 1
 
 
 async def test_a_blocked_bot_is_a_permanent_failure(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.core.conversations import Role, SummaryState
-from daemon.store import Store
+from daemon.store import Store, memory_index
 from daemon.store.memory_index import MemoryIndex, query_terms
 
 T0 = 1_700_000_000.0
@@ -151,6 +151,21 @@ def test_a_scoped_search_returns_only_those_chats_however_many_others_match(
     # Unscoped (the index's own callers), every chat's rows rank as before.
     assert {h.chat_key for h in index.search("garage code", 40)} == {
         CHAT, OTHER, "automation:brief"}
+
+
+def test_a_scoped_search_finds_an_old_message_of_its_own_among_many_newer_of_others(
+        store: Store, index: MemoryIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past BUDGET matching rows a query ranks only the newest ones: the newest in scope, not
+    # the newest of everybody's. A small BUDGET stands for the 5,000 rows of heavy traffic.
+    monkeypatch.setattr(memory_index, "BUDGET", 20)
+    mine = conversation(store, ["My garage code is 4817.", "Got it."])
+    for n in range(5):
+        conversation(store, [f"Garage code {n}{m} for the other chat." for m in range(10)],
+                     chat=OTHER, start=T0 + 100 + n)
+    index.sync(store)
+    assert f"msg:{mine}:1" not in refs(index, "garage code")  # unscoped, it is too old
+    hits = index.search("garage code", 3, chats={CHAT})
+    assert [h.ref for h in hits] == [f"msg:{mine}:1"]
 
 
 def test_a_fact_only_in_early_messages_is_found_after_the_summary_moved_on(

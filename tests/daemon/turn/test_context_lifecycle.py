@@ -459,9 +459,12 @@ async def test_a_turn_cancelled_while_it_waits_for_an_owed_fold_stops_there(
     await rig.fake.wait_for_chats(len(rig.fake.chat_requests) + 1, timeout=10)
     assert rig.fold_calls == 1
     landing = asyncio.create_task(rig.engine.folder.land(cid))
-    for _ in range(3):  # let it reach its wait for the fold in flight
-        await asyncio.sleep(0)
+    async with asyncio.timeout(10):  # cancelled only once it waits for the fold in flight
+        while not rig.engine.folder.waiting_to_land(cid):  # noqa: ASYNC110 (no event to wait on)
+            await asyncio.sleep(0.01)
+    assert not landing.done() and rig.engine.folder.busy(cid)
     landing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(landing, 10)
+    assert not rig.engine.folder.waiting_to_land(cid)
     assert rig.fold_calls == 1  # no foreground fold was started
