@@ -466,6 +466,7 @@ class ModelClient:
         final: Any = None
         counts = _FinalCounts()
         token = _final_counts.set(counts)
+
         def request() -> Coroutine[Any, Any, AsyncIterator[ollama.ChatResponse]]:
             return self._client.chat(
                 model=name,
