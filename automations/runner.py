@@ -34,7 +34,7 @@ from typing import Any
 from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
-from daemon.core.errors import StoreError
+from daemon.core.errors import RoostError, StoreError
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Inbound, Outbound
@@ -399,5 +399,5 @@ def manual_run_id(name: str, request: str) -> str:
     return f"{name}@now-{request}"
 
 
-class _RunFailed(Exception):
+class _RunFailed(RoostError):
     """A run ended without a reply; the message is the reason recorded."""

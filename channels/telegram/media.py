@@ -18,8 +18,9 @@ from typing import Any
 from telegram import Bot, Message, PhotoSize
 from telegram.error import BadRequest, NetworkError, TelegramError
 
+from daemon.core.errors import AttachmentError, ChannelError
 from daemon.core.logs import telegram_log as log
-from daemon.store.attachments import AttachmentError, AttachmentLimits, store_file, store_image
+from daemon.store.attachments import AttachmentLimits, store_file, store_image
 
 BOT_API_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files on api.telegram.org
 DOWNLOAD_ATTEMPTS = 3
@@ -49,7 +50,9 @@ class _FileRef:
     what: str = field(default="file")  # how the user is told about it
 
 
-class _DownloadFailed(Exception):
+class _DownloadFailed(ChannelError):
+    """A download that failed; its message is for the user."""
+
     def __init__(self, user_message: str) -> None:
         super().__init__(user_message)
 

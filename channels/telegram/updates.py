@@ -25,6 +25,8 @@ from telegram import (
 )
 from telegram.constants import ChatType
 
+from daemon.core.errors import ChannelError
+
 MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
 # The update kinds roost handles, given to setWebhook / getUpdates as `allowed_updates`.
 UPDATE_KINDS = ("message", "edited_message")
@@ -39,7 +41,7 @@ _USER_FIELDS = frozenset({"from", "forward_from", "via_bot", "user", "left_chat_
 _GROUPS = (ChatType.GROUP, ChatType.SUPERGROUP)  # a tuple: `in` compares, so a plain str works
 
 
-class NotAnUpdate(ValueError):
+class NotAnUpdate(ChannelError, ValueError):
     """A webhook body (or a stored payload) that is valid JSON but not a Telegram Update."""
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from daemon.core.config import WhatsAppSettings
+from daemon.core.errors import ChannelError
 
 # Error codes (developers.facebook.com/docs/whatsapp/cloud-api/support/error-codes).
 REENGAGEMENT = 131047  # more than 24 hours since the user last wrote: only templates allowed
@@ -31,7 +32,7 @@ class Failure(enum.Enum):
     REFUSED = "refused"  # this message can never be sent as it is
 
 
-class GraphError(Exception):
+class GraphError(ChannelError):
     """A Graph API call that failed; `code` is Meta's error code (0 when there was none)."""
 
     def __init__(self, status: int, code: int, title: str) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 
 from channels.whatsapp.api import Failure, GraphClient, GraphError
 from channels.whatsapp.payloads import Described
+from daemon.core.errors import AttachmentError, ChannelError
 from daemon.core.logs import whatsapp_log as log
-from daemon.store.attachments import AttachmentError, AttachmentLimits, store_file, store_image
+from daemon.store.attachments import AttachmentLimits, store_file, store_image
 
 # Meta's own cap on media a user can send is 100 MB (documents); roost's file limits apply after.
 DOWNLOAD_LIMIT = 100 * 1024 * 1024
@@ -90,5 +91,5 @@ class WhatsAppMedia:
         return min(DOWNLOAD_LIMIT, keep)
 
 
-class _Failed(Exception):
+class _Failed(ChannelError):
     """A download that failed; its message is for the user."""

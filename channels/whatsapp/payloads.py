@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from daemon.core.errors import ChannelError
+
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 CHAT_PREFIX = "whatsapp:"
 # Message types whose payload is a file roost fetches through the media endpoint.
@@ -31,7 +33,7 @@ class Signature(Enum):
     MISMATCH = "mismatch"  # 403: signed with another secret, or the body was changed
 
 
-class NotAWebhook(ValueError):
+class NotAWebhook(ChannelError, ValueError):
     """A body that is valid JSON but not a WhatsApp Business Account webhook."""
 
 

@@ -77,7 +77,10 @@ class HealthMonitor:
             except TimeoutError:
                 pass
             self._wake.clear()
-            await self.probe()
+            try:
+                await self.probe()
+            except Exception:  # the boundary of a background job: the next probe tries again
+                log.exception("health probe failed; trying again in %.0fs", self.interval)
 
     async def probe(self) -> None:
         h = self.health

@@ -33,7 +33,7 @@ from daemon.core.config import Settings, missing_secrets
 from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.core.filemodes import exposure
 from daemon.core.redact import redact_url
-from daemon.llm.client import ModelClient
+from daemon.llm.client import OLLAMA_ERRORS, ModelClient
 from daemon.store import NoState, Store, quarantined_items
 
 PENDING_PILE_UP = 100  # updates waiting at Telegram: roost has not been taking them for a while
@@ -221,7 +221,7 @@ async def _runner_check(host: str, name: str, num_ctx: int) -> Check:
     client = ollama.AsyncClient(host=host, timeout=httpx.Timeout(10.0))
     try:
         running = await client.ps()
-    except Exception as exc:  # the boundary of one check: any failure is a line, not a crash
+    except OLLAMA_ERRORS as exc:  # the server's failure is a line; a bug in doctor is a bug
         return Check("loaded runner", False, f"/api/ps failed: {redact_url(str(exc))}",
                      "check the Ollama server's log")
     finally:

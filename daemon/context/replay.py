@@ -38,6 +38,7 @@ from datetime import datetime, tzinfo
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from daemon.core.conversations import Message, SummaryState
+from daemon.core.errors import DoesNotFit
 
 STUB_MIN_CHARS = 2000
 STUB_AFTER_EXCHANGES = 2
@@ -52,15 +53,6 @@ JSONScalar = str | int | float | bool | None
 JSONValue = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
 ChatMessage = dict[str, JSONValue]
 Estimator = Callable[[str, float], int]  # (text, ratio) -> tokens
-
-
-class DoesNotFit(ValueError):
-    """The prefix and summary alone leave no room for even an excerpt of the newest message."""
-
-    def __init__(self, needed: int, budget: int) -> None:
-        self.needed = needed
-        self.budget = budget
-        super().__init__(f"the protected messages need {needed} tokens; the budget is {budget}")
 
 
 @dataclass(frozen=True)

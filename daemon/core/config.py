@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from daemon.core.errors import ConfigError
+from daemon.core.errors import ConfigError, RoostError
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
@@ -132,7 +132,7 @@ class Settings:
 # --- converters: each takes a TOML value and returns the setting, or raises _Bad ---------------
 
 
-class _Bad(ValueError):
+class _Bad(RoostError, ValueError):
     """A value is wrong; `where` is appended to the key (e.g. "[2]" for an array item)."""
 
     def __init__(self, problem: str, where: str = "") -> None:

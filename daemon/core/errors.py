@@ -3,6 +3,10 @@
     RoostError
     ├── ConfigError                 a bad config file or setting (exit status 78)
     ├── StoreError                  the state directory cannot be read or written
+    │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
+    │   └── CorruptFile             (daemon.store.files) a state file that does not parse
+    ├── AttachmentError             a photo or file refused; its message is for the user
+    ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
@@ -10,8 +14,21 @@
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
     │   ├── ModelCrashed            a 500: the runner failed on this request (retried once)
     │   └── Preempted               a background call gave the model up to a turn
-    └── ChannelError                a messaging platform refused or failed
-        └── DeliveryError           a reply could not be delivered
+    └── ChannelError                a messaging platform refused, failed or sent nonsense
+        ├── DeliveryError           a reply could not be delivered
+        ├── GraphError              (channels.whatsapp.api) a Graph API call failed
+        ├── NotAnUpdate             (channels.telegram.updates) also a ValueError: not an Update
+        └── NotAWebhook             (channels.whatsapp.payloads) also a ValueError: not a webhook
+
+The classes named with a module live there, next to the code that raises them, because they
+carry that module's details (Meta's error codes, a store file). Every other exception class in
+roost derives from one of these too (tests/daemon/core/test_errors.py walks the packages); a
+private one is a `RoostError` used for control flow inside its module.
+
+What roost catches: the errors of the library it calls (httpx, ollama, aiohttp, OSError, json),
+where it calls it, translated into this tree. A broad `except Exception` stands only at a
+boundary (the webhook route, the top of a turn, a scheduled job, a background fold, a tool
+call) and logs with the traceback: a bug in roost's own code must read as a bug.
 """
 
 from __future__ import annotations
@@ -36,6 +53,29 @@ class ConfigError(RoostError):
 
 class StoreError(RoostError):
     """The state directory cannot be read or written."""
+
+
+class AttachmentError(RoostError):
+    """An attachment was refused; the message is meant for the user and says what to do.
+
+    `reason` (for callers and metrics, not the user): "too_large", "too_many_pixels", "damaged",
+    "unsupported" or "missing".
+    """
+
+    def __init__(self, message: str, reason: str = "refused") -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class DoesNotFit(RoostError, ValueError):
+    """The prefix and summary alone leave no room for even an excerpt of the newest message.
+
+    Also a ValueError: the request cannot be built from these values (a budget too small)."""
+
+    def __init__(self, needed: int, budget: int) -> None:
+        self.needed = needed
+        self.budget = budget
+        super().__init__(f"the protected messages need {needed} tokens; the budget is {budget}")
 
 
 class LLMError(RoostError):
@@ -76,7 +116,8 @@ class Preempted(LLMError):
 
 
 class ChannelError(RoostError):
-    """A messaging platform refused a request or could not be reached."""
+    """A messaging platform refused a request, could not be reached, or sent what roost
+    cannot read."""
 
 
 class DeliveryError(ChannelError):

@@ -6,9 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from daemon.context.replay import DoesNotFit
 from daemon.core.config import Settings
-from daemon.core.errors import LLMError
+from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.redact import redact_url
 from daemon.llm.client import ModelClient
 from daemon.store import Store

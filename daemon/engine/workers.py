@@ -327,9 +327,11 @@ class Engine:
         log.error("%d %s items of %s quarantined after failing twice: %s", len(docs), kind,
                   chat_key, error)
         if kind == "inbox":
-            with contextlib.suppress(Exception):  # the chat may be what is broken
+            try:
                 await self.notify(chat_key, (
                     "Something went wrong inside roost while answering. Please try again."))
+            except Exception:  # still the worker's boundary: the chat may be what is broken
+                log.exception("chat %s: telling the user of the quarantine failed", chat_key)
         return True
 
     async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> bool:

@@ -157,6 +157,7 @@ class Intake:
             try:
                 chat = self.handler.route(doc["payload"])
             except Exception as exc:  # the boundary of one stored payload
+                log.exception("%s payload %s cannot be resumed", self.channel, doc["key"])
                 await self._quarantine(doc, f"cannot be resumed: {exc!r}")
                 continue
             if chat is None:

@@ -14,7 +14,15 @@ import functools
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +60,12 @@ _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than 
 # A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
 # not the request wrong, so it is handled like a refused connection.
 _OUTAGE_STATUSES = (502, 503, 504)
+# What the ollama client raises, and lets through from httpx: its ResponseError/RequestError,
+# ConnectionError for a refused connection (an OSError), httpx's transport errors (timeouts,
+# dropped connections), and ValueError for a line or an answer that does not parse (json,
+# pydantic). These alone become LLMErrors; anything else is a bug and travels as itself.
+OLLAMA_ERRORS: tuple[type[Exception], ...] = (
+    ollama.ResponseError, ollama.RequestError, httpx.HTTPError, OSError, ValueError)
 
 Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
 
@@ -195,7 +209,7 @@ class ModelClient:
         """Names of the models on the server (`/api/tags`); raises LLMUnavailable when down."""
         try:
             listed = await self._client.list()
-        except Exception as exc:
+        except OLLAMA_ERRORS as exc:
             raise _translate(exc, self.settings.name) from exc
         return [m.model for m in listed.models if m.model]
 
@@ -207,7 +221,7 @@ class ModelClient:
             return cached
         try:
             shown = await self._client.show(name)
-        except Exception as exc:
+        except OLLAMA_ERRORS as exc:
             raise _translate(exc, name) from exc
         info = ModelInfo(
             name=name,
@@ -452,8 +466,9 @@ class ModelClient:
         final: Any = None
         counts = _FinalCounts()
         token = _final_counts.set(counts)
-        try:
-            stream = await self._client.chat(
+
+        def request() -> Coroutine[Any, Any, AsyncIterator[ollama.ChatResponse]]:
+            return self._client.chat(
                 model=name,
                 messages=list(messages),
                 tools=list(tools) if tools else None,
@@ -462,20 +477,23 @@ class ModelClient:
                 options=dict(options),
                 keep_alive=_keep_alive(self.settings.keep_alive),
             )
-            async for part in stream:
-                piece = part.message.content or ""
-                if piece:
-                    content.append(piece)
-                    if on_delta is not None:
-                        on_delta(piece)
-                if part.message.thinking:
-                    thinking.append(part.message.thinking)
-                for call in part.message.tool_calls or ():
-                    tool_calls.append(call.model_dump(exclude_none=True))
-                if part.done:
-                    final = part
-        except Exception as exc:
-            raise _translate(exc, name) from exc
+
+        try:
+            # Closed on the way out, so a callback that raises does not leave the response open.
+            async with contextlib.aclosing(_translated(request, name)) as parts:
+                async for part in parts:
+                    piece = part.message.content or ""
+                    if piece:
+                        content.append(piece)
+                        if on_delta is not None:
+                            # roost's own code, outside the translation: a bug here is a bug.
+                            on_delta(piece)
+                    if part.message.thinking:
+                        thinking.append(part.message.thinking)
+                    for call in part.message.tool_calls or ():
+                        tool_calls.append(call.model_dump(exclude_none=True))
+                    if part.done:
+                        final = part
         finally:
             _final_counts.reset(token)
         return ChatResult(
@@ -488,6 +506,19 @@ class ModelClient:
             done_reason=getattr(final, "done_reason", None),
             num_ctx=num_ctx,
         )
+
+
+async def _translated(
+    request: Callable[[], Coroutine[Any, Any, AsyncIterator[ollama.ChatResponse]]], model: str,
+) -> AsyncGenerator[ollama.ChatResponse, None]:
+    """The streamed parts of one chat, with the ollama client's errors (and httpx's) raised as
+    LLMErrors. Only the library runs in here: what the caller does with a part (stream it to
+    a channel) happens outside this generator, so its errors are never taken for the model's."""
+    try:
+        async for part in await request():
+            yield part
+    except OLLAMA_ERRORS as exc:
+        raise _translate(exc, model) from exc
 
 
 def _late_system_as_user(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

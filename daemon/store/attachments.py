@@ -39,7 +39,7 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from daemon.core.errors import RoostError
+from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, id_time, new_id
 from daemon.store import atomic_write
 
@@ -69,18 +69,6 @@ class AttachmentLimits:
     image_max_bytes: int = 20 * 1024 * 1024
     file_max_bytes: int = 50 * 1024 * 1024
     jpeg_quality: int = 85
-
-
-class AttachmentError(RoostError):
-    """An attachment was refused; the message is meant for the user and says what to do.
-
-    `reason` (for callers and metrics, not the user): "too_large", "too_many_pixels", "damaged",
-    "unsupported" or "missing".
-    """
-
-    def __init__(self, message: str, reason: str = "refused") -> None:
-        self.reason = reason
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

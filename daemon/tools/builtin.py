@@ -20,9 +20,10 @@ from typing import Any
 
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
+from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
-from daemon.store.attachments import AttachmentError, is_ref, ref_time, stored_path
+from daemon.store.attachments import is_ref, ref_time, stored_path
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.scope import RecallScope, recall_scope

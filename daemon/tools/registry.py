@@ -172,7 +172,7 @@ class Registry:
             return ToolResult(call.name, f"{ERROR_PREFIX}{call.name} timed out after "
                                          f"{tool.timeout:.0f}s", error=True)
         except Exception as exc:  # the boundary of a tool: report to the model, keep the turn
-            log.warning("tool %s failed: %r", call.name, exc)
+            log.exception("tool %s failed", call.name)
             return ToolResult(call.name, f"{ERROR_PREFIX}{call.name} failed: {exc}", error=True)
         return ToolResult(call.name, content)
 

@@ -21,7 +21,6 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,8 +152,9 @@ class Folder:
         """Fold everything but the newest exchange now (`/compact`), waiting for it."""
         running = self._tasks.get(conversation_id)
         if running is not None and not running.done():
-            with contextlib.suppress(Exception):
-                await running
+            # asyncio.wait, not await: that fold is its own boundary (`_guarded` logs how it
+            # failed), and its end is not this call's.
+            await asyncio.wait([running])
         return await self._start(conversation_id, force=True, keep_tokens=0)
 
     async def wait(self, conversation_id: str) -> None:

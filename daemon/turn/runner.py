@@ -34,11 +34,13 @@ from daemon.context.budget import (
     recalibrate,
     request_budget,
 )
-from daemon.context.replay import ChatMessage, DoesNotFit
+from daemon.context.replay import ChatMessage
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message, Role
 from daemon.core.errors import (
+    AttachmentError,
     ContextOverflow,
+    DoesNotFit,
     LLMError,
     LLMTimeout,
     LLMUnavailable,
@@ -49,7 +51,7 @@ from daemon.core.logs import turn_log as log
 from daemon.core.messages import Inbound, Outbound
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
-from daemon.store.attachments import AttachmentError, read_image_base64, store_file
+from daemon.store.attachments import read_image_base64, store_file
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import ToolContext

@@ -6,9 +6,12 @@ cannot even be routed quarantined at resume."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from daemon.core.errors import StoreError
 from daemon.intake.durable import Intake, Outcome, Pending
@@ -131,3 +134,16 @@ async def test_a_disk_full_for_a_while_delays_a_payload_and_loses_nothing(
         await intake.stop()
         assert handler.processed == [["first"], ["second"]]  # in order, neither left behind
         assert store.updates_pending("test") == [] and store.quarantined() == []
+
+
+async def test_a_payload_that_cannot_be_routed_at_resume_is_logged_with_its_traceback(
+        state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Store.open(state_dir) as store:
+        store.updates_add("test", "test:1", {"unroutable": True}, 1.0)
+        intake = Intake(store=store, channel="test", handler=Recorder())
+        with caplog.at_level(logging.ERROR, logger="roost"):
+            assert await intake.resume() == 1
+        await intake.stop()
+        assert [q["key"] for q in store.quarantined()] == ["test:1"]
+    assert any(r.exc_info and "no idea where this goes" in str(r.exc_info[1])
+               for r in caplog.records)

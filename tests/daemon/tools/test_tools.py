@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -218,6 +219,24 @@ async def test_every_kind_of_tool_failure_is_an_error_result_and_the_turn_finish
     assert "no tool named 'no_such_tool'" in results[4][1]
     assert "not loaded: call tool_activate" in results[5][1]
     assert setup.channel.texts("reply") == ["Sorry, my tools failed."]
+
+
+async def test_a_tool_that_raises_is_logged_with_its_traceback(
+    setup_for: Callable[..., Any], caplog: pytest.LogCaptureFixture,
+) -> None:
+    setup: Setup = await setup_for()
+
+    async def explode(context: object) -> str:
+        raise RuntimeError("disk on fire")
+
+    setup.engine.registry.register(Capability(name="flaky", core=True, description="flaky",
+                                              tools=(
+        Tool("explode", "Raises.", {"type": "object", "properties": {}}, explode),)))
+    setup.fake.script(Reply(tool_calls=[call("explode")]), Reply(content="It broke."))
+    with caplog.at_level(logging.WARNING, logger="roost"):
+        await setup.say("Try it")
+    assert setup.channel.texts("reply") == ["It broke."]
+    assert any(r.exc_info and "disk on fire" in str(r.exc_info[1]) for r in caplog.records)
 
 
 async def test_a_capability_is_activated_and_used_in_the_same_turn(
