@@ -76,7 +76,7 @@ class TurnCount:
 
 
 def count_turns(engine: Engine) -> TurnCount:
-    engine.llm.observer = counter = TurnCount()
+    engine.parts.llm.observer = counter = TurnCount()
     return counter
 
 
@@ -323,7 +323,7 @@ async def test_concurrency_gate_limits_requests_in_flight(
     await fake_ollama.wait_for_chats(1)
     peak = 0
     for _ in range(100):
-        peak = max(peak, engine.llm.in_flight)
+        peak = max(peak, engine.parts.llm.in_flight)
         await asyncio.sleep(0.01)
     for chat in chats:
         await asyncio.wait_for(engine.wait_idle(chat), 10)
