@@ -99,12 +99,12 @@ async def run_automation(settings: Settings, name: str) -> int:
     else:
         llm = ModelClient(settings.model)
         engine = Engine(settings=settings, store=store, llm=llm, channels={})
-        automations = Automations(engine)
+        automations = Automations(engine.parts, engine)
         try:
             result = await automations.runner.run(automation, None, deliver=False)
         finally:
             await automations.stop()
-            engine.index.close()
+            engine.parts.index.close()
             await llm.close()
             store.close()
     if result.status == "failed":

@@ -19,13 +19,13 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from automations.runner import Outlet
 from automations.state import AutomationState
 from automations.when import FORMS, parse_when
 from daemon.core.conversations import kind_of
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Outbound
-from daemon.engine.workers import Engine
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Capability, Registry, Tool
 
@@ -50,12 +50,12 @@ def when_text(moment: float, tz: ZoneInfo) -> str:
 class Reminders:
     """Fires reminders through the engine's outbox; see the module docstring."""
 
-    def __init__(self, engine: Engine, state: AutomationState, *,
+    def __init__(self, outlet: Outlet, tz: ZoneInfo, state: AutomationState, *,
                  clock: Callable[[], float] = time.time) -> None:
-        self.engine = engine
+        self.outlet = outlet
         self.state = state
         self.clock = clock
-        self.tz = engine.settings.daemon.tz
+        self.tz = tz
         self.arm: Arm = lambda doc: None  # set by the scheduler: put a reminder on its timer
         self._firing: dict[str, asyncio.Event] = {}  # reminder id -> set once it is handled
 
@@ -111,7 +111,7 @@ class Reminders:
             status = "delivered"
         outbound = Outbound(chat_key=doc["chat_key"], text=text, created=now, kind="notice",
                             id=f"reminder.{doc['id']}")
-        await self.engine.deliver(outbound)
+        await self.outlet.deliver(outbound)
         await asyncio.to_thread(self.state.finish_reminder, doc, status, now)
         log.info("reminder %s for %s: %s", doc["id"], doc["chat_key"], status)
 

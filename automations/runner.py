@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from automations.schedule import every_occurrence, slot_key
 from automations.state import AutomationState
@@ -38,8 +38,8 @@ from daemon.core.errors import RoostError, StoreError
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Inbound, Outbound
-from daemon.engine.workers import Engine
-from daemon.turn.runner import Outcome, TurnRunner
+from daemon.turn.parts import TurnParts
+from daemon.turn.runner import Outcome
 
 ALERT_EVERY = 3600.0
 RETRY_PAUSE = 30.0
@@ -73,24 +73,33 @@ class Distributed:
     replied: bool  # a reply was there (a quiet one queues nothing)
 
 
-class AutomationRunner:
-    """Runs automations on an engine's parts; see the module docstring."""
+class Outlet(Protocol):
+    """What automations need of the engine: queue messages that answer nothing a chat sent."""
 
-    def __init__(self, engine: Engine, state: AutomationState, *,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.engine = engine
+    async def deliver(self, outbound: Outbound) -> bool: ...
+
+    async def notify(self, chat_key: str, text: str) -> None: ...
+
+
+class AutomationRunner:
+    """Runs automations on the turn parts the chats use; see the module docstring."""
+
+    def __init__(self, parts: TurnParts, outlet: Outlet, state: AutomationState, *,
+                 clock: Callable[[], float] = time.time,
+                 on_run: Callable[[str, str], None] | None = None) -> None:
+        self.parts = parts
+        self.store = parts.store
+        self.outlet = outlet
         self.state = state
         self.clock = clock
-        self.settings = engine.settings
+        self.settings = parts.settings
         self._notices: dict[str, list[str]] = {}
         self._running: set[str] = set()
         # Told (automation, status) each time a run's record gets its final status (/metrics).
-        self.on_run: Callable[[str, str], None] = lambda name, status: None
-        self.turns = TurnRunner(
-            settings=engine.settings, store=engine.store, llm=engine.llm, router=engine.router,
-            prompting=engine.prompting, registry=engine.registry, index=engine.index,
-            records=engine.records, notify=self._notice, stream=lambda chat_key, delta: None,
-            clock=clock)
+        self.on_run: Callable[[str, str], None] = on_run or (lambda name, status: None)
+        # Its own runner: the run's notices are collected (not sent), nothing streams, and a
+        # run does not land folds (the engine's folder serves the chats).
+        self.turns = parts.runner(notify=self._notice, fold=False)
 
     def running(self, name: str) -> bool:
         return name in self._running
@@ -194,7 +203,7 @@ class AutomationRunner:
                       scheduled: float) -> tuple[str, dict[str, Any]]:
         """The reply of a fresh conversation, retried while Ollama is down, until the grace."""
         chat_key = CHAT_PREFIX + automation.name
-        await asyncio.to_thread(self.engine.router.rotate, chat_key, self.clock())
+        await asyncio.to_thread(self.parts.router.rotate, chat_key, self.clock())
         # The prompt is the user message; the replay stamps it with `received`, the slot's time.
         item = Inbound(chat_key=chat_key, text=prompt_text(automation), received=scheduled,
                        id=new_id(scheduled))
@@ -203,7 +212,7 @@ class AutomationRunner:
         model = automation.model or self.settings.model.name
         while True:
             self._notices[chat_key] = []
-            with self.engine.llm.scheduled():
+            with self.parts.llm.scheduled():
                 result = await self.turns.run(chat_key, [item], announce_outage=False,
                                               model=model)
             notices = self._notices.pop(chat_key, [])
@@ -213,7 +222,7 @@ class AutomationRunner:
                 raise _RunFailed(notices[-1] if notices else "the model call failed")
             pause = min(RETRY_PAUSE, deadline - time.monotonic())
             if pause <= 0:
-                raise _RunFailed(f"the model server at {self.engine.llm.host} was unreachable "
+                raise _RunFailed(f"the model server at {self.parts.llm.host} was unreachable "
                                  f"until the grace time ({automation.grace:g}s) ran out")
             log.warning("automation %s: Ollama unreachable; trying again in %.0fs",
                         automation.name, pause)
@@ -221,12 +230,12 @@ class AutomationRunner:
 
     def _reply(self, chat_key: str) -> tuple[str, dict[str, Any]]:
         """The run's reply text (from the automation chat's outbox) and Ollama's counts."""
-        docs = [d for d in self.engine.store.outbox_pending(chat_key) if d.get("kind") == "reply"]
+        docs = [d for d in self.store.outbox_pending(chat_key) if d.get("kind") == "reply"]
         text = docs[-1]["text"] if docs else ""
-        conversation = self.engine.store.active_conversation(chat_key)
+        conversation = self.store.active_conversation(chat_key)
         tokens: dict[str, Any] = {}
         if conversation is not None:
-            answers = [m for m in self.engine.store.messages(conversation.id)
+            answers = [m for m in self.store.messages(conversation.id)
                        if m.role == "assistant"]
             if answers:
                 # A turn's reply carries the sum over its model calls (`prompt_tokens`);
@@ -248,7 +257,7 @@ class AutomationRunner:
         and `Engine.deliver` queues an id once.
         """
         chat_key = CHAT_PREFIX + automation.name
-        docs = await asyncio.to_thread(self.engine.store.outbox_pending, chat_key)
+        docs = await asyncio.to_thread(self.store.outbox_pending, chat_key)
         queued: list[str] = []
         replied = False
         for doc in docs:
@@ -259,7 +268,7 @@ class AutomationRunner:
                     if target == "log":
                         log.info("automation %s reported:\n%s", automation.name, doc["text"])
                         await asyncio.to_thread(
-                            self.engine.records.event, self.clock(), "automation",
+                            self.parts.records.event, self.clock(), "automation",
                             doc.get("conversation_id") or chat_key, doc["text"])
                         queued.append("log")
                         continue
@@ -268,20 +277,20 @@ class AutomationRunner:
                         kind="reply", id=f"{doc['id']}.{target}",
                         conversation_id=doc.get("conversation_id"),
                         message_id=doc.get("message_id"), origin=run_id)
-                    await self.engine.deliver(outbound)
+                    await self.outlet.deliver(outbound)
                     queued.append(outbound.id)
-            await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+            await asyncio.to_thread(self.store.outbox_done, doc["id"])
         return Distributed(queued, replied)
 
     async def sent(self, outbound: Outbound) -> None:
-        """The engine's `on_sent`: a run's report reached a target; record the platform's ids
+        """The delivery's `sent` hook: a run's report reached a target; record the platform's ids
         of its messages (the channel noted them on the outbox item, still there now)."""
         run_id = outbound.origin
         if run_id is None:
             return  # not a run's report: a chat reply, a notice, a reminder
 
         def record() -> None:
-            docs = self.engine.store.outbox_pending(outbound.chat_key)
+            docs = self.store.outbox_pending(outbound.chat_key)
             stored = next((d for d in docs if d["id"] == outbound.id), None)
             ids = (stored or {}).get("platform_ids") or list(outbound.platform_ids)
             self.state.record_sent(run_id, outbound.chat_key, [str(i) for i in ids])
@@ -289,7 +298,7 @@ class AutomationRunner:
         await asyncio.to_thread(record)
 
     async def refused(self, outbound: Outbound, reason: str) -> None:
-        """The engine's `on_refused`: a target gave up a run's report (the user blocked the
+        """The delivery's `refused` hook: a target gave up a run's report (the user blocked the
         bot, the platform refused it, it was held too long). On the run's record; the second
         such run in a row is alerted."""
         run_id = outbound.origin
@@ -330,12 +339,12 @@ class AutomationRunner:
                 f"{which}. roost keeps running it; fix that target (or unblock the bot) to get "
                 "them there again.")
         for target in others:
-            await self.engine.notify(target, text)
+            await self.outlet.notify(target, text)
 
     async def _drop_outbox(self, name: str) -> None:
         chat_key = CHAT_PREFIX + name
-        for doc in await asyncio.to_thread(self.engine.store.outbox_pending, chat_key):
-            await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+        for doc in await asyncio.to_thread(self.store.outbox_pending, chat_key):
+            await asyncio.to_thread(self.store.outbox_done, doc["id"])
 
     async def _failed(self, run_id: str, reason: str) -> RunResult:
         log.warning("run %s failed: %s", run_id, reason)
@@ -357,14 +366,14 @@ class AutomationRunner:
         # A chat that refuses roost (the user blocked the bot) would drop the alert unseen.
         targets = [t for t in automation.deliver if t != "log"]
         refusing = [t for t in targets if "undeliverable" in await asyncio.to_thread(
-            self.engine.store.chat_flags, t)]
+            self.store.chat_flags, t)]
         others = [t for t in targets if t not in refusing]
         log.error("automation %s failed %d times in a row (%s); alerting %s%s", name, failures,
                   reason, ", ".join(others) or "nobody else (no target takes messages)",
                   f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
         for target in others:
             try:
-                await self.engine.notify(target, text)
+                await self.outlet.notify(target, text)
             except StoreError:  # queued in the outbox: the state directory refused it
                 log.error("automation %s: cannot queue the failure alert for %s", name, target,
                           exc_info=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,12 +41,14 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from automations.reminders import Reminders, register_reminder_tools
-from automations.runner import CHAT_PREFIX, AutomationRunner, slot_id
+from automations.runner import CHAT_PREFIX, AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
 from daemon.core.logs import automation_log as log
-from daemon.engine.workers import UNWIND, Engine
+from daemon.engine.delivery import DeliveryHooks
+from daemon.engine.workers import UNWIND
+from daemon.turn.parts import TurnParts
 
 SCAN_EVERY = 10.0
 ALIVE_EVERY = 60.0  # how often the daemon notes that it runs (the start of an outage)
@@ -56,17 +58,21 @@ MISSED_COUNTED = 10_000  # slots of one outage counted at most (an `every 1m` do
 class Automations:
     """Owns the scheduler, the runner and the reminders; `start()`/`stop()` in the app."""
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time) -> None:
-        self.engine = engine
-        self.settings = engine.settings
+    def __init__(self, parts: TurnParts, outlet: Outlet, *, channels: Collection[str] = (),
+                 clock: Callable[[], float] = time.time,
+                 on_run: Callable[[str, str], None] | None = None) -> None:
+        """`parts` run the turns (shared with the chats), `outlet` queues what they deliver,
+        `channels` name the running channels; `on_run` is told (automation, status) of each
+        run's final status (/metrics)."""
+        self.store = parts.store
+        self.channels = set(channels)
+        self.settings = parts.settings
         self.clock = clock
-        self.tz = engine.settings.daemon.tz
-        self.state = AutomationState(engine.store.state_dir)
-        self.runner = AutomationRunner(engine, self.state, clock=clock)
-        self.reminders = Reminders(engine, self.state, clock=clock)
+        self.tz = parts.settings.daemon.tz
+        self.state = AutomationState(parts.store.state_dir)
+        self.runner = AutomationRunner(parts, outlet, self.state, clock=clock, on_run=on_run)
+        self.reminders = Reminders(outlet, self.tz, self.state, clock=clock)
         self.reminders.arm = self._arm
-        engine.on_sent = self.runner.sent
-        engine.on_refused = self.runner.refused
         self.by_name = {a.name: a for a in self.settings.automations}
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})
@@ -75,7 +81,12 @@ class Automations:
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
         # Registered before the engine takes work: every turn's prefix lists the capability.
-        register_reminder_tools(engine.registry, self.reminders)
+        register_reminder_tools(parts.registry, self.reminders)
+
+    def listen(self, hooks: DeliveryHooks) -> None:
+        """Hear of the runs' reports the platforms took or refused (see DeliveryHooks)."""
+        hooks.sent.append(self.runner.sent)
+        hooks.refused.append(self.runner.refused)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), self.tz)
@@ -87,7 +98,7 @@ class Automations:
                 continue
             for target in automation.deliver:
                 kind = target.partition(":")[0]
-                if target != "log" and kind not in self.engine.channels:
+                if target != "log" and kind not in self.channels:
                     log.warning("automation %s delivers to %s, but the %s channel is not "
                                 "running: its reports wait in the outbox", automation.name,
                                 target, kind)
@@ -221,11 +232,11 @@ class Automations:
                     self.state.update_run, run_id, status="ok" if found.queued else "quiet",
                     ended=self.clock(), delivered=found.queued)
                 self.runner.on_run(automation.name, status or "ok")
-        stale = [d for d in await asyncio.to_thread(self.engine.store.outbox_pending)
+        stale = [d for d in await asyncio.to_thread(self.store.outbox_pending)
                  if d["chat_key"].startswith(CHAT_PREFIX)
                  and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]
         for doc in stale:  # an automation since removed from the config
-            await asyncio.to_thread(self.engine.store.outbox_done, doc["id"])
+            await asyncio.to_thread(self.store.outbox_done, doc["id"])
         due = {a.name: due_slot(build_trigger(a.schedule, self.tz), self.now(), a.grace)
                for a in self.settings.automations if a.enabled}
         reruns: set[str] = set()

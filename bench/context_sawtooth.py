@@ -8,7 +8,7 @@ the model fetches a 10-40 KB web page) is played against the loopback fake Ollam
 
 1. roost: the real engine (store, model client, turn, tool loop, background fold) over HTTP. The
    bench registers a core capability `web` with a `web_fetch(url)` tool through
-   `engine.registry.register(...)`, the path an extra takes. On a tool turn the scripted model
+   `engine.parts.registry.register(...)`, the path an extra takes. On a tool turn the scripted model
    answers the first call with a structured `web_fetch` call; the tool loop runs it through the
    registry, saves the call and the page as messages, and calls the model again with the result
    (capped in memory at a sixth of the budget), which the model answers. The in-turn compaction's
@@ -361,9 +361,9 @@ async def settle_folds(engine: Engine, conversation_id: str) -> None:
     """Wait for the background fold, and for any follow-up fold it schedules (a backlog is
     folded a batch at a time), so the next turn never races a fold."""
     while True:
-        await engine.folder.wait(conversation_id)
+        await engine.parts.folder.wait(conversation_id)
         await asyncio.sleep(0)  # a follow-up is scheduled with call_soon
-        if not engine.folder.busy(conversation_id):
+        if not engine.parts.folder.busy(conversation_id):
             return
 
 
@@ -388,7 +388,7 @@ async def run_roost(fake: FakeOllama, turns: Sequence[Turn], state_dir: Path) ->
     llm = ModelClient(settings.model)
     engine = Engine(settings=settings, store=store, llm=llm,
                     channels={"console": RecordingChannel()}, clock=clock)
-    engine.registry.register(web_capability(turns))  # as an extra registers its capability
+    engine.parts.registry.register(web_capability(turns))  # as an extra registers its capability
     model = ScriptedModel(WINDOW)
     fake.default_reply = model
     cuts, overflows = fake.cuts, fake.overflows
@@ -440,7 +440,7 @@ async def run_roost(fake: FakeOllama, turns: Sequence[Turn], state_dir: Path) ->
         assert conversation is not None
         return RoostRun(turns=records, history=store.messages(conversation_id),
                         folds=conversation.summary.fold_count, fold_calls=model.fold_calls,
-                        folder_calls=engine.folder.calls, state_calls=model.state_calls,
+                        folder_calls=engine.parts.folder.calls, state_calls=model.state_calls,
                         fold_prompt_peak=fold_prompt_peak, cuts=fake.cuts - cuts,
                         overflows=fake.overflows - overflows, seconds=seconds)
     finally:

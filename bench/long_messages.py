@@ -150,8 +150,8 @@ async def run_long(turns: int, seed: int) -> tuple[list[TurnRecord], dict[str, i
                     await asyncio.wait_for(engine.wait_idle(CHAT), 120)
                     conversation = store.active_conversation(CHAT)
                     assert conversation is not None
-                    while engine.folder.busy(conversation.id):
-                        await engine.folder.wait(conversation.id)
+                    while engine.parts.folder.busy(conversation.id):
+                        await engine.parts.folder.wait(conversation.id)
                         await asyncio.sleep(0)
                     bodies = [r.body for r in fake.requests[first:] if r.path == "/api/chat"
                               and r.body is not None and r.body.get("messages")]

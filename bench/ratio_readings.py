@@ -66,7 +66,7 @@ async def run(mode: str, turns: int) -> tuple[int, float, int]:
             # The day's log is named in daemon.timezone (the system's here): look at both
             # dates the run can have touched.
             days = {time.strftime("%Y-%m-%d", t) for t in (time.localtime(), time.gmtime())}
-            cuts = len({e for day in days for e in engine.records.events(day)
+            cuts = len({e for day in days for e in engine.parts.records.events(day)
                         if "silent-cut" in e})
             return cuts, conversation.token_ratio, fake.cuts
         finally:

@@ -81,11 +81,13 @@ MAX_DEPTH = 40  # JSON nesting of a webhook body (Meta's nest about ten levels)
 
 
 class Engine(Submitter, Protocol):
-    """What WhatsApp needs of the engine besides submitting messages."""
+    """What WhatsApp needs of the engine besides submitting messages: its delivery holds the
+    replies refused for the 24-hour rule (`deliver` with `held`) and lets them go when the
+    user writes again (`release`, which answers how many)."""
 
     async def deliver(self, outbound: Outbound) -> bool: ...
 
-    def wake(self, chat_key: str) -> None: ...
+    async def release(self, chat_key: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -213,33 +215,27 @@ class WhatsAppChannel:
             # write sends the part again.
             await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
 
-    async def note_inbound(self, chat_key: str, when: float) -> int:
-        """The user wrote: WhatsApp takes free-form replies for the next 24 hours, so the
-        replies that waited for that go out. Returns how many were released. One store call
-        (a thread hop) per message: the intake's workers pay it for each one."""
+    async def note_inbound(self, chat_key: str, when: float) -> None:
+        """The user wrote: WhatsApp takes free-form replies for the next 24 hours (the
+        engine's delivery releases the held ones). The time is kept on disk for after a
+        restart, rewritten only when it is LAST_INBOUND_REFRESH old: at most one store call
+        (a thread hop) per message, and none for most."""
         self.last_inbound[chat_key] = max(when, self.last_inbound.get(chat_key, 0.0))
-        stored, released = await asyncio.to_thread(self._user_wrote, chat_key, when,
-                                                    self.inbound_stored.get(chat_key))
-        self.inbound_stored[chat_key] = stored
-        return released
+        stored = self.inbound_stored.get(chat_key)
+        if stored is not None and when - stored <= LAST_INBOUND_REFRESH:
+            return
+        self.inbound_stored[chat_key] = await asyncio.to_thread(self._user_wrote, chat_key,
+                                                                when, stored)
 
-    def _user_wrote(self, chat_key: str, when: float, stored: float | None
-                    ) -> tuple[float, int]:
-        """On a worker thread: keep the time on disk for after a restart (rewritten only when
-        it is LAST_INBOUND_REFRESH old) and release held replies; the stored time, and how
-        many were released."""
+    def _user_wrote(self, chat_key: str, when: float, stored: float | None) -> float:
+        """On a worker thread: the stored time, rewritten when it is too old."""
         if stored is None:  # the chat's first message since the start
             flag = self.store.chat_flags(chat_key).get(LAST_INBOUND)
             stored = flag if isinstance(flag, int | float) else None
         if stored is None or when - stored > LAST_INBOUND_REFRESH:
             self.store.set_chat_flag(chat_key, LAST_INBOUND, when)
             stored = when
-        released = 0
-        for doc in self.store.outbox_pending(chat_key):
-            if doc.get("held"):
-                self.store.outbox_update(doc["id"], held=None)
-                released += 1
-        return stored, released
+        return stored
 
     async def _last_inbound(self, chat_key: str) -> float | None:
         """When the user last wrote, as exactly as this process knows it; after a restart the
@@ -341,9 +337,10 @@ class WhatsAppIntake:
         self.channel.received(key, message.id)
         # Counted from receipt: a message Meta redelivered days late is refused by Meta itself
         # (131047), which holds or reroutes the reply just the same.
-        if released := await self.channel.note_inbound(key, item.received):
+        await self.channel.note_inbound(key, item.received)
+        # Also when this message starts no turn (a reaction).
+        if released := await self.engine.release(key):
             log.info("%s wrote again: %d held replies go out", key, released)
-            self.engine.wake(key)  # also when this message starts no turn (a reaction)
         described = describe(message)
         if described.reaction is not None:
             # Understood, not answered: a reaction is no new turn.
@@ -505,7 +502,6 @@ class WhatsApp:
                 platform_ids=(), attempting=None, reply_to=None,
                 text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
             return
-        held = dataclasses.replace(
+        await self.intake.engine.deliver(dataclasses.replace(
             original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(), attempting=None,
-            held="WhatsApp refused it: more than 24 hours since the user last wrote")
-        await asyncio.to_thread(self.store.outbox_add, held.to_doc())
+            held="WhatsApp refused it: more than 24 hours since the user last wrote"))

@@ -47,6 +47,7 @@ from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreEr
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
+from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
@@ -54,6 +55,7 @@ from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
+from daemon.turn.parts import TurnParts
 
 EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
 
@@ -74,6 +76,7 @@ LLM = web.AppKey("llm", ModelClient)
 HEALTH = web.AppKey("health", HealthMonitor)
 METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", Engine)
+DELIVERY_HOOKS = web.AppKey("delivery_hooks", DeliveryHooks)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
 TELEGRAM = web.AppKey("telegram", Telegram)
 TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
@@ -179,10 +182,14 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
-    engine = Engine(settings=app[SETTINGS], store=app[STORE], llm=app[LLM], channels=channels,
-                    index=app[INDEX])
+    settings, store, llm, metrics = app[SETTINGS], app[STORE], app[LLM], app[METRICS]
+    parts = TurnParts.build(settings=settings, store=store, llm=llm, index=app[INDEX],
+                            on_event=lambda kind: metrics.events.labels(kind).inc())
+    # Filled before anything is sent: the automations add theirs right after the engine.
+    hooks = app[DELIVERY_HOOKS] = DeliveryHooks()
+    engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
+                    hooks=hooks)
     app[ENGINE] = engine
-    engine.records.on_event = lambda kind: app[METRICS].events.labels(kind).inc()
     await engine.start()
     yield
     budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
@@ -203,11 +210,12 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
 async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
     # Right after the engine: the reminder tools are registered (in Automations()) before any
     # turn runs, and the scheduler stops before the engine it delivers through.
-    automations = Automations(app[ENGINE])
+    engine, metrics = app[ENGINE], app[METRICS]
+    automations = Automations(engine.parts, engine, channels=engine.channels,
+                              on_run=metrics.automation_run)
+    automations.listen(app[DELIVERY_HOOKS])
     app[AUTOMATIONS] = automations
-    metrics = app[METRICS]
     metrics.automations_known((a.name for a in app[SETTINGS].automations), RUN_STATUSES)
-    automations.runner.on_run = metrics.automation_run
     await automations.start()
     yield
     await automations.stop(shutdown_budget(app[SETTINGS].daemon.shutdown_grace).unwind)
@@ -329,8 +337,8 @@ class _CountedIntake:
     async def deliver(self, outbound: Outbound) -> bool:
         return await self.engine.deliver(outbound)
 
-    def wake(self, chat_key: str) -> None:
-        self.engine.wake(chat_key)
+    async def release(self, chat_key: str) -> int:
+        return await self.engine.release(chat_key)
 
 
 def channel_names(app: web.Application) -> list[str]:

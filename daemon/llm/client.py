@@ -42,12 +42,6 @@ from daemon.core.errors import (
 from daemon.core.logs import llm_log as log
 from daemon.core.redact import redact_url
 
-# Set by the engine around a turn: entered while a call of that turn holds the model, so a
-# channel shows "typing…" for the chat being answered and not for chats waiting their turn.
-holding_model: contextvars.ContextVar[
-    Callable[[], contextlib.AbstractAsyncContextManager[None]] | None
-] = contextvars.ContextVar("roost_holding_model", default=None)
-
 # Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
 # A context variable, so the turn path it shares with chats needs no priority argument. The
 # model is not carried here: the turn passes it down explicitly, so that the budget, num_ctx
@@ -270,8 +264,10 @@ class ModelClient:
         num_predict: int | None = None,
         background: bool = False,
         think: bool | None = None,
+        while_held: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> ChatResult:
         """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
+        `while_held` is entered once the call holds the model (not while it waits for it).
 
         roost decides thinking: a background call never thinks, a turn thinks only with
         `model.think` (its tokens count against `num_predict`). `think` is always stated to a
@@ -312,9 +308,8 @@ class ModelClient:
             self.waiting -= 1
             self._poke()
         self.in_flight += 1
-        hold = holding_model.get()
         try:
-            async with hold() if hold is not None else contextlib.nullcontext():
+            async with while_held() if while_held is not None else contextlib.nullcontext():
                 return await call()
         finally:
             self.in_flight -= 1

@@ -26,12 +26,13 @@ KEEP_SNAPSHOTS = 50
 
 
 class Records:
-    def __init__(self, state_dir: Path, tz: ZoneInfo, keep: int = KEEP_SNAPSHOTS) -> None:
+    def __init__(self, state_dir: Path, tz: ZoneInfo, keep: int = KEEP_SNAPSHOTS, *,
+                 on_event: Callable[[str], None] | None = None) -> None:
         self.corpus = state_dir / "corpus"
         self.debug = state_dir / "debug"
         self.tz = tz
         self.keep = keep
-        self.on_event: Callable[[str], None] | None = None  # told each kind (daemon.app.metrics)
+        self.on_event = on_event  # told each kind (daemon.app.metrics)
 
     def event(self, now: float, kind: str, conversation_id: str, detail: str) -> None:
         """Append one line to the day's event log."""

@@ -21,8 +21,10 @@ reply that names them is saved, and a saved reply whose outbox item is missing i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,6 +95,13 @@ class TurnResult:
 
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
 StreamDelta = Callable[[str, str], None]  # (chat_key, delta)
+# The channel's "working" context for a chat (typing..., later streaming), entered while a
+# call of the chat's turn holds the model, so it shows only for the chat being answered.
+Working = Callable[[str], AbstractAsyncContextManager[None]]
+
+
+def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
 
 
 class _Stream:
@@ -169,8 +178,10 @@ class TurnRunner:
         stream: StreamDelta,
         clock: Callable[[], float],
         folder: Folder | None = None,
+        working: Working = not_shown,
     ) -> None:
         self.settings = settings
+        self.working = working
         self.folder = folder
         self.store = store
         self.llm = llm
@@ -331,7 +342,8 @@ class TurnRunner:
             stream.begin()
             try:
                 result = await self.llm.chat(messages, model=name, tools=tools,
-                                             on_delta=stream.delta)
+                                             on_delta=stream.delta,
+                                             while_held=lambda: self.working(chat_key))
             except ModelCrashed as exc:
                 if crashed:
                     raise

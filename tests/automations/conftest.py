@@ -26,6 +26,7 @@ from apscheduler.events import (
 from automations.scheduler import Automations
 from daemon.app.metrics import Metrics
 from daemon.core.config import AutomationSettings, Settings
+from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -108,13 +109,16 @@ class Daemon:
                 self.monkeypatch.setattr(module, "datetime", clocked)
         self.store = Store.open(self.settings.daemon.state_dir)
         self.llm = ModelClient(self.settings.model)
+        hooks = DeliveryHooks()
         self.engine = Engine(settings=self.settings, store=self.store, llm=self.llm,
-                             channels={"console": self.channel}, clock=self.clock)
-        self.automations = Automations(self.engine, clock=self.clock)
+                             channels={"console": self.channel}, clock=self.clock, hooks=hooks)
+        self.automations = Automations(self.engine.parts, self.engine,
+                                       channels=self.engine.channels, clock=self.clock,
+                                       on_run=self.metrics.automation_run)
+        self.automations.listen(hooks)
         self.automations.scheduler.add_listener(
             self.jobs, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
             | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
-        self.automations.runner.on_run = self.metrics.automation_run
         await self.engine.start()
         await self.automations.start()
         return self.automations

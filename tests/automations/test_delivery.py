@@ -15,6 +15,7 @@ from automations.scheduler import Automations
 from channels.telegram.channel import TelegramChannel
 from daemon.app.serve import AUTOMATIONS, build_app
 from daemon.core.config import Settings
+from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -108,9 +109,11 @@ async def runs_to_a_blocked_bot(settings: Settings, fake_telegram: FakeTelegram,
     llm = ModelClient(settings.model)
     async with Bot(fake_telegram.token, base_url=fake_telegram.api_base,
                    base_file_url=fake_telegram.file_base) as bot:
-        engine = Engine(settings=settings, store=store, llm=llm, clock=clock, channels={
-            "telegram": TelegramChannel(bot, store), "console": console})
-        automations = Automations(engine, clock=clock)
+        hooks = DeliveryHooks()
+        engine = Engine(settings=settings, store=store, llm=llm, clock=clock, hooks=hooks,
+                        channels={"telegram": TelegramChannel(bot, store), "console": console})
+        automations = Automations(engine.parts, engine, channels=engine.channels, clock=clock)
+        automations.listen(hooks)
         await engine.start()
         await automations.start()
         try:

@@ -91,7 +91,7 @@ class Story:
                 waiting_for = "the fold"
                 conversation = self.store.active_conversation(chat_key)
                 if conversation is not None:
-                    await self.daemon.engine.folder.wait(conversation.id)
+                    await self.daemon.engine.parts.folder.wait(conversation.id)
         except TimeoutError:
             raise TimeoutError(f"{chat_key}: {waiting_for} not done in {timeout} s") from None
 
@@ -259,7 +259,7 @@ async def test_200_long_turns_with_a_model_that_ignores_the_notes_format(
     assert estimate_tokens(summary.summary, ratio) <= 8192 // 32
     assert estimate_tokens(summary.user_notes, ratio) <= 8192 // 16
     day = time.strftime("%Y-%m-%d", time.gmtime())
-    assert any("notes-trimmed" in e for e in story.daemon.engine.records.events(day))
+    assert any("notes-trimmed" in e for e in story.daemon.engine.parts.records.events(day))
     # Folds stay rare: the cost of a turn does not creep up as the conversation grows.
     assert len(story.folds()) <= 30
 

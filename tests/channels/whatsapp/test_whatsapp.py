@@ -680,6 +680,33 @@ async def test_a_failed_status_for_the_24_hour_rule_holds_the_reply_until_the_us
     assert daemon.store.outbox_pending() == []
 
 
+async def test_replies_meta_refuses_later_for_the_24_hour_rule_wait_bounded_like_the_others(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    assert await daemon.post(webhook(text_message("wamid.b1", USER, "hello"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    engine = daemon.app[ENGINE]
+    for n in range(25):  # hourly reports Meta takes, and then refuses: the user stopped writing
+        assert await engine.deliver(Outbound(chat_key=KEY, text=f"report {n}",
+                                             created=time.time() + n))
+    sent = await graph.wait_sent(26)
+    await asyncio.wait_for(engine.wait_idle(KEY), 10)
+    for call in sent[1:]:
+        failed = {"id": call.wamid, "status": "failed", "timestamp": "2", "recipient_id": USER,
+                  "errors": [{"code": 131047, "title": "Re-engagement message"}]}
+        assert await daemon.post(webhook(statuses=(failed,))) == 200
+    await asyncio.wait_for(engine.wait_idle(KEY), 10)
+    assert await daemon.post(webhook(text_message("wamid.b2", USER, "back"))) == 200
+    await graph.wait_sent(26 + 20 + 1)
+    await daemon.settle()
+    # The newest 20 reach the user when they write again, not months of them at once.
+    again = graph.texts()[26:]
+    assert sorted(t for t in again if t.startswith("report")) == sorted(
+        f"report {n}" for n in range(5, 25))
+    assert "echo: back" in again and len(again) == 21
+
+
 async def test_messages_to_another_number_of_the_same_app_are_not_answered(
         start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
     daemon = await start()

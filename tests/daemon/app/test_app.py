@@ -296,7 +296,7 @@ async def test_a_run_that_does_not_let_go_when_cancelled_cannot_hold_the_stop(
         name="brief", schedule="0 0 1 1 *", prompt="Anything new?", deliver=("log",)),))
     app = build_app(settings)
     runner, _ = await start(app)
-    app[ENGINE].registry.register(Capability(
+    app[ENGINE].parts.registry.register(Capability(
         name="stuck", description="a tool that does not let go", core=True, tools=(
             Tool("hold", "Hold on.", {"type": "object", "properties": {}}, hold),)))
     fake_ollama.script(Reply(tool_calls=[{"function": {"name": "hold", "arguments": {}}}]))

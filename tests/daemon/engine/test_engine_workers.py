@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from daemon.cli.main import main as roost
 from daemon.core.messages import Inbound, Outbound
+from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -170,3 +171,31 @@ async def test_a_chat_is_idle_only_once_a_message_queued_during_a_delivery_is_se
         await engine.stop(grace=0)
         await llm.close()
         store.close()
+
+
+async def test_every_listener_given_at_construction_hears_of_each_message_sent(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama) -> None:
+    settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.02})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    heard: dict[str, list[str]] = {"metrics": [], "automations": []}
+
+    def listener(name: str) -> Callable[[Outbound], Awaitable[None]]:
+        async def sent(outbound: Outbound) -> None:
+            heard[name].append(outbound.text)
+        return sent
+
+    hooks = DeliveryHooks(sent=[listener("metrics"), listener("automations")])
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": Flaky()},
+                    hooks=hooks)
+    await engine.start()
+    try:
+        assert await engine.submit(Inbound(chat_key=CHAT, text="hi", received=time.time()))
+        await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+        assert await engine.deliver(Outbound(chat_key=CHAT, text="a report", created=time.time()))
+        await asyncio.wait_for(engine.wait_idle(CHAT), 10)
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+    assert heard == {"metrics": ["echo: hi", "a report"], "automations": ["echo: hi", "a report"]}

@@ -118,13 +118,13 @@ async def test_a_fact_folded_away_three_folds_ago_is_found_and_read_back_byte_fo
         turn += 1
         assert turn < 300, "three folds never happened"
         await setup.say(f"Filler message number {turn} about nothing in particular. " * 3)
-        await setup.engine.folder.wait(cid)
+        await setup.engine.parts.folder.wait(cid)
     # The fact's message is folded: the model no longer sees it verbatim.
     last_request = setup.turn_requests()[-1]
     assert not any(fact == m.get("content") for m in last_request["messages"])
     context = ToolContext(store=setup.store, settings=setup.engine.settings,
-                          registry=setup.engine.registry, conversation_id=cid,
-                          clock=time.time, index=setup.engine.index)
+                          registry=setup.engine.parts.registry, conversation_id=cid,
+                          clock=time.time, index=setup.engine.parts.index)
     found = await memory_search(context, "where is the spare key")
     assert f"msg:{cid}:1" in found.splitlines()[1]
     original = await conversation_read(context, cid, 1, 1)
@@ -158,7 +158,7 @@ async def test_twelve_30kb_tool_results_in_one_turn_stay_within_the_budget(
     async def fetch_page(context: object, name: str) -> str:
         return pages[name]
 
-    setup.engine.registry.register(Capability(
+    setup.engine.parts.registry.register(Capability(
         name="web", core=True, description="fetch pages", tools=(Tool(
             "fetch_page", "Fetch a page by name.",
             {"type": "object", "properties": {"name": {"type": "string"}},
@@ -181,7 +181,7 @@ async def test_twelve_30kb_tool_results_in_one_turn_stay_within_the_budget(
     for body in setup.fake.chat_requests:
         assert setup.fake.count_tokens(body["messages"], body.get("tools")) <= budget
     assert setup.fake.cuts == 0 and setup.fake.overflows == 0
-    events = setup.engine.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
+    events = setup.engine.parts.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
     assert any("compaction" in e and "targets cut" in e for e in events)
 
 
@@ -197,7 +197,7 @@ async def test_every_kind_of_tool_failure_is_an_error_result_and_the_turn_finish
         await asyncio.sleep(10)
         return "too late"
 
-    setup.engine.registry.register(Capability(name="flaky", core=True, description="flaky",
+    setup.engine.parts.registry.register(Capability(name="flaky", core=True, description="flaky",
                                               tools=(
         Tool("explode", "Raises.", {"type": "object", "properties": {}}, explode),
         Tool("dawdle", "Hangs.", {"type": "object", "properties": {}}, dawdle, timeout=0.1),
@@ -248,7 +248,7 @@ async def test_a_capability_is_activated_and_used_in_the_same_turn(
     notes = store_file(b"first line\nsecond line\nthird line\n",
                        setup.store.state_dir / "attachments", name="notes.txt", mime=None)
     await setup.say("hello, here are my notes", attachments=(notes.to_doc(),))
-    setup.engine.router.rotate(CHAT, time.time())
+    setup.engine.parts.router.rotate(CHAT, time.time())
     setup.fake.script(Reply(tool_calls=[call("tool_activate", name="files")]),
                       Reply(tool_calls=[call("file_read", path=notes.ref,
                                              from_line=2, to_line=2)]),
@@ -299,7 +299,7 @@ async def test_the_context_full_guard_stops_a_length_loop(
     assert len(setup.turn_requests()) == 1
     reply = setup.channel.texts("reply")[0]
     assert reply.endswith(CONTEXT_FULL_NOTE) and reply.startswith("word word")
-    events = setup.engine.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
+    events = setup.engine.parts.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
     assert any("**context-full**" in e for e in events)
 
 
@@ -315,7 +315,7 @@ async def test_a_cut_off_answer_is_continued_a_bounded_number_of_times(
     continued = setup.turn_requests()[1]["messages"]
     assert continued[-2] == {"role": "assistant", "content": "part. "}
     assert "Continue exactly where" in continued[-1]["content"]
-    events = setup.engine.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
+    events = setup.engine.parts.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
     assert sum("**continuation**" in e for e in events) == 3
 
 
@@ -416,7 +416,7 @@ async def test_the_next_turn_shows_a_long_tool_result_exactly_as_the_turn_did(
     async def fetch(context: object) -> str:
         return page
 
-    setup.engine.registry.register(Capability(name="web", core=True, description="pages",
+    setup.engine.parts.registry.register(Capability(name="web", core=True, description="pages",
                                               tools=(Tool("fetch", "Fetch the page.",
                                                           {"type": "object", "properties": {}},
                                                           fetch),)))
@@ -442,11 +442,11 @@ async def test_a_fold_never_slips_in_between_the_model_calls_of_a_turn(
     cid = setup.conversation_id()
 
     async def slow_tool(context: object) -> str:
-        setup.engine.folder.schedule(cid, urgent=True)  # a fold wants the model right now
+        setup.engine.parts.folder.schedule(cid, urgent=True)  # a fold wants the model right now
         await asyncio.sleep(0.3)
         return "done"
 
-    setup.engine.registry.register(Capability(name="slow", core=True, description="slow",
+    setup.engine.parts.registry.register(Capability(name="slow", core=True, description="slow",
                                               tools=(Tool("slow", "Takes a while.",
                                                           {"type": "object", "properties": {}},
                                                           slow_tool),)))
@@ -455,7 +455,7 @@ async def test_a_fold_never_slips_in_between_the_model_calls_of_a_turn(
     setup.fake.script(Reply(tool_calls=[call("slow")]), Reply(content="Finished."))
     before = len(setup.fake.chat_requests)
     await setup.say("Run the slow tool")
-    await setup.engine.folder.wait(cid)
+    await setup.engine.parts.folder.wait(cid)
     kinds = ["fold" if is_fold(r) else "turn" for r in setup.fake.chat_requests[before:]]
     assert kinds[:2] == ["turn", "turn"], kinds  # the turn's two calls back to back
     assert setup.channel.texts("reply")[-1] == "Finished."

@@ -60,7 +60,7 @@ class Rig:
         assert await self.engine.submit(Inbound(chat_key=CHAT, text=text, received=self.clock()))
         await asyncio.wait_for(self.engine.wait_idle(CHAT), 20)
         if wait_fold:
-            await self.engine.folder.wait(self.conversation_id())
+            await self.engine.parts.folder.wait(self.conversation_id())
         self.clock.now += 30
 
     def conversation_id(self) -> str:
@@ -222,13 +222,13 @@ async def test_a_turn_saved_during_a_fold_is_intact_and_the_boundary_is_the_pinn
     for turn in range(12):
         rig.tool_cycle(4_000)
         await rig.say(f"Filling turn {turn}", wait_fold=False)
-        if rig.engine.folder.busy(rig.conversation_id()):
+        if rig.engine.parts.folder.busy(rig.conversation_id()):
             break
     cid = rig.conversation_id()
-    assert rig.engine.folder.busy(cid), "no fold in flight"
+    assert rig.engine.parts.folder.busy(cid), "no fold in flight"
     before = rig.store.messages(cid)
     await rig.say("Saved while the fold runs", wait_fold=False)
-    await rig.engine.folder.wait(cid)
+    await rig.engine.parts.folder.wait(cid)
     after = rig.store.messages(cid)
     assert after[: len(before)] == before
     assert [m.content for m in after[len(before):]] == [
@@ -252,7 +252,7 @@ async def test_an_overflow_is_retried_once_after_recalibrating(
     assert len(rig.turn_requests()) == 3  # hello, the refused one, the retry
     ratio_after = rig.store.get_conversation(rig.conversation_id()).token_ratio  # type: ignore[union-attr]
     assert ratio_after != ratio_before
-    events = rig.engine.records.events("2026-12-01")
+    events = rig.engine.parts.records.events("2026-12-01")
     assert sum("overflow-retry" in e for e in events) == 1
 
 
@@ -283,7 +283,7 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     rig.tool_cycle(12_000)
     await rig.say("What does it say?", wait_fold=False)
     assert rig.fake.cuts == 1
-    events = rig.engine.records.events("2026-12-01")
+    events = rig.engine.parts.records.events("2026-12-01")
     assert any("silent-cut" in e for e in events)
     assert rig.store.get_conversation(cid).token_ratio > 0.5  # type: ignore[union-attr]
 
@@ -323,7 +323,7 @@ async def test_a_server_counting_only_uncached_tokens_makes_no_false_cuts(
         await rig.say(f"Turn {turn}: " + "tell me about the weather and the sea. " * 40)
     assert len(rig.channel.texts("reply")) == 13
     assert rig.fake.cuts == 0
-    events = rig.engine.records.events("2026-12-01")
+    events = rig.engine.parts.records.events("2026-12-01")
     assert not [e for e in events if "silent-cut" in e]
     # The fake's tokenizer takes bytes/3: the true ratio is about 1.33, not the cap of 4.
     assert ratio_of(rig) < 2.0
@@ -384,9 +384,9 @@ async def test_idle_chat_rotates_on_the_timer_and_the_next_reply_says_so(
     await rig.say("morning")
     first = rig.conversation_id()
     rig.clock.now += 3 * 3600 - 60
-    assert await rig.engine.rotate_idle() == []
+    assert await rig.engine.upkeep.rotate_idle() == []
     rig.clock.now += 120
-    assert await rig.engine.rotate_idle() == [first]
+    assert await rig.engine.upkeep.rotate_idle() == [first]
     assert rig.store.active_conversation(CHAT) is None
     assert rig.store.get_conversation(first).status == "archived"  # type: ignore[union-attr]
     await rig.say("evening")
@@ -398,7 +398,8 @@ async def test_idle_chat_rotates_on_the_timer_and_the_next_reply_says_so(
     assert second is not None and second.id != first
     # The stored reply is the model's words alone.
     assert [m.content for m in rig.store.messages(second.id)][1] == "echo: evening"
-    assert any("rotation" in e and first in e for e in rig.engine.records.events("2026-12-01"))
+    events = rig.engine.parts.records.events("2026-12-01")
+    assert any("rotation" in e and first in e for e in events)
 
 
 async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
@@ -455,16 +456,16 @@ async def test_a_turn_cancelled_while_it_waits_for_an_owed_fold_stops_there(
         await rig.say(f"Filling turn {turn}", wait_fold=False)
     cid = rig.conversation_id()
     assert rig.fold_calls == 0
-    rig.engine.folder.schedule(cid, urgent=True)  # owed, and its background try hangs
+    rig.engine.parts.folder.schedule(cid, urgent=True)  # owed, and its background try hangs
     await rig.fake.wait_for_chats(len(rig.fake.chat_requests) + 1, timeout=10)
     assert rig.fold_calls == 1
-    landing = asyncio.create_task(rig.engine.folder.land(cid))
+    landing = asyncio.create_task(rig.engine.parts.folder.land(cid))
     async with asyncio.timeout(10):  # cancelled only once it waits for the fold in flight
-        while not rig.engine.folder.waiting_to_land(cid):  # noqa: ASYNC110 (no event to wait on)
+        while not rig.engine.parts.folder.waiting_to_land(cid):  # noqa: ASYNC110 (no event to wait on)
             await asyncio.sleep(0.01)
-    assert not landing.done() and rig.engine.folder.busy(cid)
+    assert not landing.done() and rig.engine.parts.folder.busy(cid)
     landing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(landing, 10)
-    assert not rig.engine.folder.waiting_to_land(cid)
+    assert not rig.engine.parts.folder.waiting_to_land(cid)
     assert rig.fold_calls == 1  # no foreground fold was started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import warnings
@@ -76,7 +77,7 @@ class TurnCount:
 
 
 def count_turns(engine: Engine) -> TurnCount:
-    engine.llm.observer = counter = TurnCount()
+    engine.parts.llm.observer = counter = TurnCount()
     return counter
 
 
@@ -323,7 +324,7 @@ async def test_concurrency_gate_limits_requests_in_flight(
     await fake_ollama.wait_for_chats(1)
     peak = 0
     for _ in range(100):
-        peak = max(peak, engine.llm.in_flight)
+        peak = max(peak, engine.parts.llm.in_flight)
         await asyncio.sleep(0.01)
     for chat in chats:
         await asyncio.wait_for(engine.wait_idle(chat), 10)
@@ -560,6 +561,46 @@ async def test_a_failing_disk_delays_a_turn_but_loses_nothing(
     assert conversation is not None
     assert [m.content for m in engine.store.messages(conversation.id)] == [
         "written when the disk has room", "echo: written when the disk has room"]
+
+
+async def test_a_call_is_in_its_working_context_only_while_it_holds_the_model(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    """The context the turn hands the model client (the channel's "typing…") is entered by the
+    call holding the model, and only then: a call that waits for the model shows nothing."""
+    fake_ollama.script(Reply(content="slow", delay=0.5), "fast")
+    llm = ModelClient(fast(make_settings, fake_ollama, concurrency=1).model)
+    inside: list[str] = []
+    entered = {"first": asyncio.Event(), "second": asyncio.Event()}
+
+    def working(name: str) -> Callable[[], contextlib.AbstractAsyncContextManager[None]]:
+        @contextlib.asynccontextmanager
+        async def held() -> AsyncIterator[None]:
+            inside.append(name)
+            entered[name].set()
+            try:
+                yield
+            finally:
+                inside.remove(name)
+        return held
+
+    try:
+        first = asyncio.create_task(llm.chat([{"role": "user", "content": "first"}],
+                                             while_held=working("first")))
+        await asyncio.wait_for(entered["first"].wait(), 5)
+        second = asyncio.create_task(llm.chat([{"role": "user", "content": "second"}],
+                                              while_held=working("second")))
+        async with asyncio.timeout(5):
+            while not llm.waiting:  # noqa: ASYNC110 (a counter, no event to wait on)
+                await asyncio.sleep(0.01)
+        assert inside == ["first"]  # the second waits at the gate, outside its context
+        assert (await first).content == "slow"
+        await asyncio.wait_for(entered["second"].wait(), 5)
+        assert inside == ["second"]
+        assert (await second).content == "fast"
+        assert inside == []
+    finally:
+        await llm.close()
 
 
 @pytest.mark.parametrize("kind", ["turn", "fold"])

@@ -1,0 +1,74 @@
+"""What a chat's worker does with the messages pending in its inbox: run the leading chat
+command, or answer the messages before the next command in one turn, in the channel's
+"working" context (typing..., later streaming). A turn that found the model unreachable parks
+the chat: the worker tries it again later, without telling the user again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from daemon.core.conversations import kind_of
+from daemon.core.messages import Channel, Inbound
+from daemon.engine.chat_commands import Commands
+from daemon.turn.parts import TurnParts
+from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
+
+
+class Answering:
+    """See the module docstring; `notify` sends a notice through the chat's outbox."""
+
+    def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
+                 notify: Notify) -> None:
+        self.parts = parts
+        self.channels = channels
+        self.notify = notify
+        self.commands = Commands(settings=parts.settings, store=parts.store,
+                                 router=parts.router, llm=parts.llm, prompting=parts.prompting,
+                                 folder=parts.folder, clock=parts.clock)
+        self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working)
+        self.parked: set[str] = set()
+
+    async def handle(self, items: list[Inbound],
+                     doing: Callable[[list[dict[str, Any]]], None]) -> None:
+        """Run the leading command, or one turn for the messages before the next command;
+        `doing` is told which inbox items are being handled (quarantined if they fail)."""
+        chat_key = items[0].chat_key
+        command = items[0].command
+        if command in self.commands.names:
+            doing([items[0].to_doc()])
+            reply = await self.commands.run(command, chat_key)
+            await self.notify(chat_key, reply)
+            await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
+            return
+        handled = list(itertools.takewhile(
+            lambda i: i.command not in self.commands.names, items))
+        doing([i.to_doc() for i in handled])
+        # The user is told about an outage once (by the turn's first failed try); while the
+        # chat is parked, the retries are silent. An unexpected failure goes to the worker,
+        # which tries the items once more and then quarantines them.
+        announce = chat_key not in self.parked
+        result = await self.turns.run(chat_key, handled, announce_outage=announce)
+        if result.outcome is Outcome.ANSWERED and result.conversation_id:
+            self.parts.folder.schedule(result.conversation_id, urgent=result.crowded)
+        if result.outcome is Outcome.PARKED:
+            self.parked.add(chat_key)
+        else:
+            self.parked.discard(chat_key)
+
+    def park_interval(self) -> float:
+        """How long a parked chat waits before its turn is tried again."""
+        model = self.parts.settings.model
+        return min(model.retry_backoff * 2**model.retry_attempts, MAX_BACKOFF)
+
+    def _stream(self, chat_key: str, delta: str) -> None:
+        channel = self.channels.get(kind_of(chat_key))
+        if channel is not None:
+            channel.stream_delta(chat_key, delta)
+
+    def _working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        channel = self.channels.get(kind_of(chat_key))
+        return channel.working(chat_key) if channel is not None else contextlib.nullcontext()

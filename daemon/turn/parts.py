@@ -1,0 +1,72 @@
+"""The parts every turn path shares, built once: the engine's chats and the automations' runs
+answer through the same router, prompting, tools, memory index, event log and folder.
+
+The app builds them and hands them to both; each asks for its own `TurnRunner` (its notices,
+its stream, its channel's "working" context), so neither reaches into the other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from daemon.core.config import Settings
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.store.event_log import Records
+from daemon.store.memory_index import MemoryIndex
+from daemon.tools.builtin import register_builtin
+from daemon.tools.registry import Registry
+from daemon.turn.folder import Folder
+from daemon.turn.prompting import Prompting
+from daemon.turn.router import Router
+from daemon.turn.runner import Notify, StreamDelta, TurnRunner, Working, not_shown
+
+
+@dataclass(frozen=True)
+class TurnParts:
+    """See the module docstring."""
+
+    settings: Settings
+    store: Store
+    llm: ModelClient
+    router: Router
+    records: Records
+    registry: Registry
+    index: MemoryIndex
+    prompting: Prompting
+    folder: Folder
+    clock: Callable[[], float]
+
+    @classmethod
+    def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
+              index: MemoryIndex | None = None, registry: Registry | None = None,
+              clock: Callable[[], float] = time.time,
+              on_event: Callable[[str], None] | None = None) -> TurnParts:
+        """`index` is derived from the store and rebuilt from it when lost; the daemon opens it
+        with the store, so that a disk that cannot take it stops the start before anything
+        else runs. `registry` holds the built-in tools unless one is given."""
+        if registry is None:
+            registry = Registry()
+            register_builtin(registry)
+        index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
+        records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
+        return cls(
+            settings=settings, store=store, llm=llm,
+            router=Router(store, settings.daemon.idle_rotation), records=records,
+            registry=registry, index=index,
+            prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
+                                clock=clock),
+            folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
+                          on_fold=index.mark_dirty),
+            clock=clock)
+
+    def runner(self, *, notify: Notify, stream: StreamDelta | None = None,
+               working: Working = not_shown, fold: bool = True) -> TurnRunner:
+        """A turn runner on these parts; `fold` lets its turns land a fold the request owes."""
+        return TurnRunner(settings=self.settings, store=self.store, llm=self.llm,
+                          router=self.router, prompting=self.prompting, registry=self.registry,
+                          index=self.index, records=self.records, notify=notify,
+                          stream=stream or (lambda chat_key, delta: None), clock=self.clock,
+                          folder=self.folder if fold else None, working=working)
