@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import itertools
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -26,7 +25,7 @@ from daemon.core.ids import inbound_id
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
 from daemon.engine.chat_commands import Commands
-from daemon.intake.durable import ATTEMPTS
+from daemon.intake.quarantine import ATTEMPTS, error_text, set_aside
 from daemon.llm.client import ModelClient, holding_model
 from daemon.store import Store
 from daemon.store.event_log import Records
@@ -311,21 +310,18 @@ class Engine:
         if current is None:
             return False
         kind, docs = current
-        error = "".join(traceback.format_exception_only(exc)).strip()
-        try:
-            for doc in docs:
-                await asyncio.to_thread(self.store.quarantine_add, kind, str(doc["id"]), doc,
-                                        error, self.clock())
+        ids = [str(doc["id"]) for doc in docs]
+
+        def done() -> None:
             if kind == "outbox":
-                await asyncio.to_thread(self.store.outbox_done, str(docs[0]["id"]))
+                self.store.outbox_done(ids[0])
             else:
-                await asyncio.to_thread(self.store.inbox_done, [str(d["id"]) for d in docs])
-        except StoreError as store_exc:
-            log.error("cannot quarantine %s items of %s (%s); retried later", kind, chat_key,
-                      store_exc)
+                self.store.inbox_done(ids)
+
+        if not await set_aside(self.store, kind, list(zip(ids, docs, strict=True)),
+                               error_text(exc), self.clock(), done,
+                               f"{len(docs)} {kind} items of {chat_key} (failed twice)", log):
             return False
-        log.error("%d %s items of %s quarantined after failing twice: %s", len(docs), kind,
-                  chat_key, error)
         if kind == "inbox":
             with contextlib.suppress(Exception):  # the chat may be what is broken
                 await self.notify(chat_key, (

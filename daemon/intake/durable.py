@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,11 +32,11 @@ from typing import Any, Protocol
 from daemon.core.errors import StoreError
 from daemon.core.logs import intake_log as log
 from daemon.core.messages import Inbound
+from daemon.intake.quarantine import ATTEMPTS, error_text, set_aside
 from daemon.store import Store
 
 STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
 STORE_RETRY_MAX = 60.0  # seconds between tries while the disk refuses
-ATTEMPTS = 2  # a payload that fails this often is quarantined
 
 
 class Submitter(Protocol):
@@ -262,7 +261,7 @@ class Intake:
                               self.channel, keys, failures, ATTEMPTS)
                 if failures < ATTEMPTS:
                     continue
-                error = "".join(traceback.format_exception_only(exc)).strip()
+                error = error_text(exc)
                 for item in batch:
                     await self._quarantine({"channel": self.channel, "key": item.key,
                                             "chat_key": item.chat, "payload": dict(item.payload),
@@ -277,11 +276,5 @@ class Intake:
     async def _quarantine(self, doc: Mapping[str, Any], error: str) -> None:
         """Set a payload aside with its error; the chat goes on without it."""
         key = str(doc["key"])
-        try:
-            await asyncio.to_thread(self.store.quarantine_add, "update", key, doc, error,
-                                    self.clock())
-            await asyncio.to_thread(self.store.updates_done, key)
-        except StoreError as exc:
-            log.error("cannot quarantine %s (%s); it stays pending", key, exc)
-            return
-        log.error("%s %s quarantined: %s", self.channel, key, error)
+        await set_aside(self.store, "update", [(key, doc)], error, self.clock(),
+                        lambda: self.store.updates_done(key), f"{self.channel} {key}", log)
