@@ -45,7 +45,6 @@ from channels.telegram.updates import (
     with_context,
 )
 from channels.webhooks import too_deep
-from daemon.core.ids import inbound_id
 from daemon.core.logs import telegram_log as log
 from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
@@ -147,10 +146,7 @@ class TelegramIntake:
             return Outcome.DROPPED
         await self.gate.pace(str(user), key)
         first = batch[0]
-        item_id = inbound_id(first.received, first.key)
-        # Checked before any download, so a resumed update does not fetch its media twice.
-        if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
-            log.info("update %s was submitted before the last stop; not again", first.key)
+        if await first.submitted_before(self.store):
             return Outcome.DONE
         if edited and not await self._seen(key, message.message_id):
             # The model never read the original (sent before roost ran, or not meant for the
@@ -183,7 +179,7 @@ class TelegramIntake:
             meta["album"] = [str(m.message_id) for m in parts]
         assert message.from_user is not None  # admit() checked
         inbound = Inbound(
-            chat_key=key, text=text, received=first.received, id=item_id,
+            chat_key=key, text=text, received=first.received, id=first.inbound_id,
             platform_id=str(message.message_id), sender=str(message.from_user.id),
             attachments=tuple(attachments), meta=meta,
         )

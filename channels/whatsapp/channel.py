@@ -309,9 +309,7 @@ class WhatsAppIntake:
         (item,) = batch
         message = _stored_message(item.payload)
         key = message.chat_key
-        item_id = inbound_id(item.received, item.key)
-        if item.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
-            log.info("%s was submitted before the last stop; not again", item.key)
+        if await item.submitted_before(self.store):
             return Outcome.DONE
         await self.gate.pace(message.sender, key)
         self.channel.received(key, message.id)
@@ -334,7 +332,7 @@ class WhatsAppIntake:
         if not described.text and not fetched.attachments:
             return Outcome.DONE
         inbound = Inbound(chat_key=key, text=described.text, received=item.received,
-                          id=item_id, platform_id=message.id, sender=message.sender,
+                          id=item.inbound_id, platform_id=message.id, sender=message.sender,
                           attachments=fetched.attachments)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from daemon.core.errors import StoreError
+from daemon.core.ids import inbound_id
 from daemon.core.logs import intake_log as log
 from daemon.core.messages import Inbound
 from daemon.intake.quarantine import ATTEMPTS, error_text, set_aside
@@ -62,6 +63,20 @@ class Pending:
     payload: Mapping[str, Any]
     received: float
     resumed: bool  # stored by an earlier run: may already have been submitted
+
+    @property
+    def inbound_id(self) -> str:
+        """The id of the Inbound made of it: derived from the payload, the same at every pass."""
+        return inbound_id(self.received, self.key)
+
+    async def submitted_before(self, store: Store) -> bool:
+        """Whether a crash came after this payload's Inbound was submitted (the payload stayed
+        stored): its second pass must not submit it twice. Checked before any download, so a
+        resumed payload does not fetch its media twice either."""
+        if self.resumed and await asyncio.to_thread(store.inbox_known, self.inbound_id):
+            log.info("%s was submitted before the last stop; not again", self.key)
+            return True
+        return False
 
 
 class Handler(Protocol):
