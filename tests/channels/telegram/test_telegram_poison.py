@@ -115,7 +115,7 @@ async def test_strangers_asking_to_pair_cost_a_bounded_state(
             user = 9_000_000 + first + i
             assert await daemon.post(message(first + i, "let me in", user=user)) == 200
         for i in range(3):  # the three that got a code
-            await daemon.settle(f"telegram:{9_000_000 + i}")
+            await daemon.settle(f"telegram:{9_000_000 + first + i}")
         return hot_files(state_dir)
 
     after_first = await strangers(100)
