@@ -37,9 +37,8 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 # Arrows that still point up, as (module, imported), each with the issue item that removes it.
-# Empty since the layout moves of issue 19 item 1; keep it so. Couplings that are not imports
-# and so not checked here: the Ollama client drives "typing" through a context variable (item 3);
-# channels/whatsapp imports `too_deep` from channels/telegram (item 4: shared channel code).
+# Empty since the layout moves of issue 19 item 1; keep it so. A coupling that is not an import
+# and so not checked here: the Ollama client drives "typing" through a context variable (item 3).
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
@@ -53,6 +52,19 @@ def layer_of(module: str) -> str | None:
     if len(parts) == 1 or parts[1].startswith("__"):  # __init__'s names, __main__
         return "daemon"
     return parts[1]
+
+
+# The platforms under channels/ (channels/telegram/, channels/whatsapp/). One never imports
+# another, and the shared modules beside them (channels/webhooks.py, ...) import none: what two
+# platforms share lives in channels/ itself, so no logic is copied or borrowed between them.
+PLATFORMS = frozenset(p.parent.name for p in (ROOT / "channels").glob("*/__init__.py"))
+
+
+def platform_of(module: str) -> str | None:
+    """`channels.telegram.updates` -> `telegram`; None for a shared channel module."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "channels" and len(parts) > 1 and parts[1] in PLATFORMS \
+        else None
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,10 @@ def check_source(module: str, source: str) -> list[Violation]:
             found.append(Violation(module, imported, line, "import inside a function or class"))
         elif target != own and target not in ALLOWED[own]:
             found.append(Violation(module, imported, line, f"{own} may not import {target}"))
+        elif own == "channels" and (platform := platform_of(imported)) is not None \
+                and platform != platform_of(module):
+            found.append(Violation(module, imported, line, f"only channels/{platform} may "
+                                   f"import channels/{platform}: share code in channels/"))
     return found
 
 
@@ -156,6 +172,17 @@ def test_a_channel_reaching_the_model_is_reported() -> None:
               "from channels.formatting import split_text\n")
     assert [v.imported for v in check_source("channels.telegram.channel", source)] == [
         "daemon.llm.client"]
+
+
+def test_a_channel_borrowing_from_another_is_reported() -> None:
+    borrowed = "from channels.telegram.updates import too_deep\n"
+    (violation,) = check_source("channels.whatsapp.channel", borrowed)
+    assert "only channels/telegram may import channels/telegram" in str(violation)
+    (violation,) = check_source("channels.webhooks", borrowed)  # shared code imports no platform
+    assert violation.imported == "channels.telegram.updates"
+    assert check_source("channels.telegram.intake", borrowed) == []
+    assert check_source("channels.whatsapp.channel", "from channels.webhooks import too_deep\n"
+                        ) == []
 
 
 def test_only_app_and_cli_import_channels_and_automations() -> None:

@@ -28,7 +28,7 @@ import html
 import json
 import re
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +48,13 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.formatting import split_telegram, split_text
+from channels.media import attachment_limits
 from channels.progress import Progress
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
 from channels.webhooks import read_at_most
+from channels.working import kept_up
 from daemon.core.config import AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.logs import telegram_log as log
@@ -60,7 +62,6 @@ from daemon.core.messages import Outbound
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store
-from daemon.store.attachments import AttachmentLimits
 
 WEBHOOK_PATH = "/webhooks/telegram"
 POLL_BACKOFF_MAX = 60.0  # seconds between polls while the Bot API cannot be reached
@@ -180,26 +181,16 @@ class TelegramChannel:
         the flood limits); "typing…" shows that an answer is coming."""
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._typing(chat_key)
+        chat_id, topic = address_of(chat_key)
 
-    @contextlib.asynccontextmanager
-    async def _typing(self, chat_key: str) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep_typing(*address_of(chat_key)),
-                                   name=f"roost-typing-{chat_key}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.wait([task])  # gone before the reply is sent: no "typing…" after it
-
-    async def _keep_typing(self, chat_id: int, topic: int | None) -> None:
-        while True:
+        async def show() -> None:
             try:
                 await self.bot.send_chat_action(chat_id, ChatAction.TYPING,
                                                 message_thread_id=topic)
             except TelegramError as exc:  # cosmetic: never worth failing a turn for
                 log.debug("sendChatAction to %d failed: %s", chat_id, exc)
-            await asyncio.sleep(self.typing_interval)
+
+        return kept_up(show, self.typing_interval, f"roost-typing-{chat_key}")
 
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress after each one."""
@@ -308,7 +299,7 @@ class Telegram:
         self.settings = settings
         self.store = store
         self.tuning = tuning or TelegramTuning()
-        self.limits = _limits(attachments or AttachmentSettings())
+        self.limits = attachment_limits(attachments or AttachmentSettings())
         self.application = build_application(settings, self.tuning)
         self.bot = self.application.bot
         self.channel = TelegramChannel(self.bot, store,
@@ -476,13 +467,6 @@ class Telegram:
             log.exception("storing update %s failed", payload["update_id"])
             return web.Response(status=503, text="not stored\n")
         return web.Response(status=200)
-
-
-def _limits(settings: AttachmentSettings) -> AttachmentLimits:
-    mib = 1024 * 1024
-    return AttachmentLimits(image_max_side=settings.image_max_side,
-                            image_max_bytes=settings.image_max_mb * mib,
-                            file_max_bytes=settings.file_max_mb * mib)
 
 
 def _forbidden_hint(exc: Forbidden) -> str:

@@ -42,14 +42,13 @@ from channels.telegram.updates import (
     message_text,
     parse_update,
     routable_message,
-    too_deep,
     with_context,
 )
-from daemon.core.ids import inbound_id
+from channels.webhooks import too_deep
 from daemon.core.logs import telegram_log as log
 from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
-from daemon.intake.gate import Access
+from daemon.intake.gate import Access, Gate
 from daemon.store import Store
 
 CHANNEL = "telegram"
@@ -79,7 +78,8 @@ class TelegramIntake:
         self.media = media
         self.identity = identity
         self.allow = frozenset(allow)
-        self.access = access  # pairing and pacing (daemon.intake.gate); None: the allow list only
+        # Pairing and pacing (daemon.intake.gate); access None: the allow list only.
+        self.gate = Gate(CHANNEL, "Telegram", allow, access, engine.notify, log)
         self.intake = Intake(store=store, channel=CHANNEL, handler=self,
                              group_window=album_window, clock=clock)
 
@@ -103,23 +103,11 @@ class TelegramIntake:
             _log_refused(None, envelope.key, "no sender (a channel post or an anonymous group "
                          "admin)")
             return False
-        if not await self._may_talk(envelope.sender):
-            # A stranger costs no stored state: a pairing code at most (in a private chat,
-            # never in a group's chatter), else a log line.
-            if self.access is not None and self.access.pairs and envelope.chat > 0:
-                notice = await self.access.greet(CHANNEL, str(envelope.sender), envelope.key,
-                                                 envelope.name)
-                if notice:
-                    await self.engine.notify(envelope.key, notice)
-            else:
-                _log_refused(envelope.sender, envelope.key, "unknown sender")
+        # Pairing codes only in a private chat (a positive id), never in a group's chatter.
+        if not await self.gate.door(str(envelope.sender), envelope.key, envelope.name,
+                                    private=envelope.chat > 0):
             return False
         return await self.intake.accept(update_key(payload["update_id"]), envelope.key, payload)
-
-    async def _may_talk(self, user: int) -> bool:
-        """On the allow list, or approved by the owner with `roost pairing approve`."""
-        return user in self.allow or (self.access is not None
-                                      and await self.access.is_approved(CHANNEL, str(user)))
 
     async def resume(self) -> int:
         return await self.intake.resume()
@@ -151,19 +139,14 @@ class TelegramIntake:
         edited = message_of(updates[0]) == (message, True)
         key = chat_key_of(message)
         user = message.from_user.id if message.from_user else None
-        approved = {user} if user is not None and await self._may_talk(user) else set()
+        approved = {user} if user is not None and await self.gate.may_talk(str(user)) else set()
         verdict = admit(message, self.identity, self.allow | approved)  # groups, bots, mentions
         if not verdict.admitted:
             _log_refused(user, key, verdict.reason)
             return Outcome.DROPPED
-        if self.access is not None:  # a flood waits here, stored, and is answered later
-            await self.access.pace(f"{CHANNEL}:{user}",
-                                   lambda text: self.engine.notify(key, text))
+        await self.gate.pace(str(user), key)
         first = batch[0]
-        item_id = inbound_id(first.received, first.key)
-        # Checked before any download, so a resumed update does not fetch its media twice.
-        if first.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
-            log.info("update %s was submitted before the last stop; not again", first.key)
+        if await first.submitted_before(self.store):
             return Outcome.DONE
         if edited and not await self._seen(key, message.message_id):
             # The model never read the original (sent before roost ran, or not meant for the
@@ -196,7 +179,7 @@ class TelegramIntake:
             meta["album"] = [str(m.message_id) for m in parts]
         assert message.from_user is not None  # admit() checked
         inbound = Inbound(
-            chat_key=key, text=text, received=first.received, id=item_id,
+            chat_key=key, text=text, received=first.received, id=first.inbound_id,
             platform_id=str(message.message_id), sender=str(message.from_user.id),
             attachments=tuple(attachments), meta=meta,
         )

@@ -25,6 +25,7 @@ from telegram import (
 )
 from telegram.constants import ChatType
 
+from channels.webhooks import too_deep
 from daemon.core.errors import ChannelError
 
 MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
@@ -79,20 +80,6 @@ def parse_update(payload: object) -> Update:
         return Update.de_json(data, None)
     except (TypeError, KeyError, ValueError, AttributeError, RecursionError) as exc:
         raise NotAnUpdate(f"not a Telegram Update: {exc!r}") from exc
-
-
-def too_deep(value: object, limit: int) -> bool:
-    """Whether a JSON value nests deeper than `limit` (checked without recursion)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(current, dict):
-            stack.extend((v, depth + 1) for v in current.values())
-        elif isinstance(current, list):
-            stack.extend((v, depth + 1) for v in current)
-    return False
 
 
 def is_bot_flag(value: object) -> bool:

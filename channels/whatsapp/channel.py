@@ -27,16 +27,16 @@ import hmac
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
 
 from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
+from channels.media import attachment_limits
 from channels.progress import Progress
-from channels.telegram.updates import too_deep
-from channels.webhooks import read_at_most
+from channels.webhooks import read_at_most, too_deep
 from channels.whatsapp.api import REENGAGEMENT, Failure, GraphClient, GraphError
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.payloads import (
@@ -51,15 +51,15 @@ from channels.whatsapp.payloads import (
     parse_webhook,
     wa_id_of,
 )
+from channels.working import kept_up
 from daemon.core.config import AttachmentSettings, WhatsAppSettings
 from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.core.logs import whatsapp_log as log
 from daemon.core.messages import Inbound, Outbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
-from daemon.intake.gate import Access
+from daemon.intake.gate import Access, Gate
 from daemon.store import Store
-from daemon.store.attachments import AttachmentLimits
 from daemon.store.event_log import Records
 
 WEBHOOK_PATH = "/webhooks/whatsapp"
@@ -141,27 +141,17 @@ class WhatsAppChannel:
         """Ignored: WhatsApp messages cannot be edited as they grow."""
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._typing(chat_key)
-
-    @contextlib.asynccontextmanager
-    async def _typing(self, chat_key: str) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep_typing(chat_key), name=f"roost-typing-{chat_key}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.wait([task])
-
-    async def _keep_typing(self, chat_key: str) -> None:
-        while True:
+        async def show() -> None:
             wamid = self.last_received.get(chat_key)
-            if wamid is not None:
-                self.marked_read[chat_key] = wamid
-                try:
-                    await self.client.mark_read(wamid, typing=True)
-                except GraphError as exc:  # cosmetic: never worth failing a turn for
-                    log.debug("typing indicator for %s failed: %s", chat_key, exc)
-            await asyncio.sleep(self.typing_refresh)
+            if wamid is None:
+                return
+            self.marked_read[chat_key] = wamid
+            try:
+                await self.client.mark_read(wamid, typing=True)
+            except GraphError as exc:  # cosmetic: never worth failing a turn for
+                log.debug("typing indicator for %s failed: %s", chat_key, exc)
+
+        return kept_up(show, self.typing_refresh, f"roost-typing-{chat_key}")
 
     def received(self, chat_key: str, wamid: str) -> None:
         """A message came in: it is marked read within `read_delay` (with the typing indicator
@@ -275,8 +265,9 @@ class WhatsAppIntake:
         self.engine = engine
         self.channel = channel
         self.media = media
-        self.allow = frozenset(allow)
-        self.access = access  # pairing and pacing (daemon.intake.gate); None: the allow list only
+        self.access = access
+        # Pairing and pacing (daemon.intake.gate); access None: the allow list only.
+        self.gate = Gate(CHANNEL, "WhatsApp", allow, access, engine.notify, log)
         self.clock = clock
         self.max_age = max_age
         self.intake = Intake(store=store, channel=CHANNEL, handler=self, clock=clock)
@@ -294,25 +285,12 @@ class WhatsAppIntake:
             if self.access is not None:
                 self.access.count(CHANNEL, "stale")
             return False
-        if not await self._may_talk(message.sender):
-            # A stranger costs no stored state: a pairing code at most, else a log line.
-            if self.access is not None and self.access.pairs:
-                notice = await self.access.greet(CHANNEL, message.sender, message.chat_key,
-                                                 message.profile_name or "")
-                if notice:
-                    await self.engine.notify(message.chat_key, notice)
-            else:
-                log.warning("ignored a message from unknown WhatsApp user %s (not in "
-                            "whatsapp.allow)", message.sender)
+        if not await self.gate.door(message.sender, message.chat_key,
+                                    message.profile_name or ""):
             return False
         payload = {"message": dict(message.body), "profile_name": message.profile_name,
                    "business_number": message.business_number}
         return await self.intake.accept(message_key(message.id), message.chat_key, payload)
-
-    async def _may_talk(self, sender: str) -> bool:
-        """On the allow list, or approved by the owner with `roost pairing approve`."""
-        return sender in self.allow or (self.access is not None
-                                        and await self.access.is_approved(CHANNEL, sender))
 
     # ---- the intake's Handler --------------------------------------------------------------
 
@@ -327,13 +305,9 @@ class WhatsAppIntake:
         (item,) = batch
         message = _stored_message(item.payload)
         key = message.chat_key
-        item_id = inbound_id(item.received, item.key)
-        if item.resumed and await asyncio.to_thread(self.store.inbox_known, item_id):
-            log.info("%s was submitted before the last stop; not again", item.key)
+        if await item.submitted_before(self.store):
             return Outcome.DONE
-        if self.access is not None:  # a flood waits here, stored, and is answered later
-            await self.access.pace(f"{CHANNEL}:{message.sender}",
-                                   lambda text: self.engine.notify(key, text))
+        await self.gate.pace(message.sender, key)
         self.channel.received(key, message.id)
         # Counted from receipt: a message Meta redelivered days late is refused by Meta itself
         # (131047), which holds or reroutes the reply just the same.
@@ -355,7 +329,7 @@ class WhatsAppIntake:
         if not described.text and not fetched.attachments:
             return Outcome.DONE
         inbound = Inbound(chat_key=key, text=described.text, received=item.received,
-                          id=item_id, platform_id=message.id, sender=message.sender,
+                          id=item.inbound_id, platform_id=message.id, sender=message.sender,
                           attachments=fetched.attachments)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
@@ -388,13 +362,8 @@ class WhatsApp:
         self.channel = WhatsAppChannel(self.client, store, settings,
                                        typing_refresh=self.tuning.typing_refresh,
                                        read_delay=self.tuning.read_delay)
-        limits = attachments or AttachmentSettings()
-        mib = 1024 * 1024
         self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
-                                   limits=AttachmentLimits(
-                                       image_max_side=limits.image_max_side,
-                                       image_max_bytes=limits.image_max_mb * mib,
-                                       file_max_bytes=limits.file_max_mb * mib),
+                                   limits=attachment_limits(attachments or AttachmentSettings()),
                                    backoff=self.tuning.media_backoff)
         self.intake: WhatsAppIntake | None = None
 

@@ -3,15 +3,12 @@ inbox items of a turn) is set aside in the store's quarantine and the chat carri
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from daemon.core.errors import StoreError
 from daemon.core.logs import turn_log as log
-from daemon.intake.durable import ATTEMPTS
+from daemon.intake.quarantine import ATTEMPTS, error_text, set_aside
 from daemon.store import Store
 from daemon.turn.runner import Notify
 
@@ -64,21 +61,18 @@ class Quarantine:
         if current is None:
             return False
         kind, docs = current
-        error = "".join(traceback.format_exception_only(exc)).strip()
-        try:
-            for doc in docs:
-                await asyncio.to_thread(self.store.quarantine_add, kind, str(doc["id"]), doc,
-                                        error, self.clock())
+        ids = [str(doc["id"]) for doc in docs]
+
+        def done() -> None:
             if kind == "outbox":
-                await asyncio.to_thread(self.store.outbox_done, str(docs[0]["id"]))
+                self.store.outbox_done(ids[0])
             else:
-                await asyncio.to_thread(self.store.inbox_done, [str(d["id"]) for d in docs])
-        except StoreError as store_exc:
-            log.error("cannot quarantine %s items of %s (%s); retried later", kind, chat_key,
-                      store_exc)
+                self.store.inbox_done(ids)
+
+        if not await set_aside(self.store, kind, list(zip(ids, docs, strict=True)),
+                               error_text(exc), self.clock(), done,
+                               f"{len(docs)} {kind} items of {chat_key} (failed twice)", log):
             return False
-        log.error("%d %s items of %s quarantined after failing twice: %s", len(docs), kind,
-                  chat_key, error)
         if kind == "inbox":
             try:
                 await self.notify(chat_key, (

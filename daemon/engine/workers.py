@@ -24,7 +24,7 @@ from daemon.engine.answering import Answering
 from daemon.engine.delivery import Delivery, DeliveryHooks
 from daemon.engine.quarantine import Quarantine
 from daemon.engine.upkeep import Upkeep, bounded
-from daemon.intake.durable import ATTEMPTS
+from daemon.intake.quarantine import ATTEMPTS
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.memory_index import MemoryIndex

@@ -24,20 +24,20 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from daemon.core.errors import StoreError
+from daemon.core.ids import inbound_id
 from daemon.core.logs import intake_log as log
 from daemon.core.messages import Inbound
+from daemon.intake.quarantine import ATTEMPTS, error_text, set_aside
 from daemon.store import Store
 
 STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
 STORE_RETRY_MAX = 60.0  # seconds between tries while the disk refuses
-ATTEMPTS = 2  # a payload that fails this often is quarantined
 
 
 class Submitter(Protocol):
@@ -63,6 +63,20 @@ class Pending:
     payload: Mapping[str, Any]
     received: float
     resumed: bool  # stored by an earlier run: may already have been submitted
+
+    @property
+    def inbound_id(self) -> str:
+        """The id of the Inbound made of it: derived from the payload, the same at every pass."""
+        return inbound_id(self.received, self.key)
+
+    async def submitted_before(self, store: Store) -> bool:
+        """Whether a crash came after this payload's Inbound was submitted (the payload stayed
+        stored): its second pass must not submit it twice. Checked before any download, so a
+        resumed payload does not fetch its media twice either."""
+        if self.resumed and await asyncio.to_thread(store.inbox_known, self.inbound_id):
+            log.info("%s was submitted before the last stop; not again", self.key)
+            return True
+        return False
 
 
 class Handler(Protocol):
@@ -263,7 +277,7 @@ class Intake:
                               self.channel, keys, failures, ATTEMPTS)
                 if failures < ATTEMPTS:
                     continue
-                error = "".join(traceback.format_exception_only(exc)).strip()
+                error = error_text(exc)
                 for item in batch:
                     await self._quarantine({"channel": self.channel, "key": item.key,
                                             "chat_key": item.chat, "payload": dict(item.payload),
@@ -278,11 +292,5 @@ class Intake:
     async def _quarantine(self, doc: Mapping[str, Any], error: str) -> None:
         """Set a payload aside with its error; the chat goes on without it."""
         key = str(doc["key"])
-        try:
-            await asyncio.to_thread(self.store.quarantine_add, "update", key, doc, error,
-                                    self.clock())
-            await asyncio.to_thread(self.store.updates_done, key)
-        except StoreError as exc:
-            log.error("cannot quarantine %s (%s); it stays pending", key, exc)
-            return
-        log.error("%s %s quarantined: %s", self.channel, key, error)
+        await set_aside(self.store, "update", [(key, doc)], error, self.clock(),
+                        lambda: self.store.updates_done(key), f"{self.channel} {key}", log)

@@ -1,17 +1,20 @@
-"""Who may talk to roost beyond the allow lists, and how fast: the gate's daemon half.
+"""Who may talk to roost, and how fast: the one gate every channel's door goes through.
 
-A channel's gate (e.g. `channels.telegram.updates.admit`) says "unknown sender"; `Access` then
-answers from the pairing book (approved senders are served like allow-listed ones), hands a
-stranger a pairing code when `access.unknown_senders = "pair"`, and paces every served sender to
-`access.rate_limit` messages a minute. Over the limit a message is not dropped: the channel
-waits (the update stays stored) and answers it later, and the sender is told once per flood.
+`Gate` is the allow / pair / stranger branch: a sender on the channel's allow list, or approved
+in the pairing book (`Access`), may talk; a stranger gets a pairing code when
+`access.unknown_senders = "pair"` (and the chat is a private one), else a log line, and costs no
+stored state either way. `Gate.pace` holds every served sender to `access.rate_limit` messages a
+minute. Over the limit a message is not dropped: the channel waits (the update stays stored) and
+answers it later, and the sender is told once per flood. What is the channel's own (groups,
+mentions, bots: e.g. `channels.telegram.updates.admit`) stays in the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 from daemon.core.config import AccessSettings
@@ -124,3 +127,51 @@ class Access:
                 await tell(SLOW_DOWN)
             await asyncio.sleep(wait)
             wait = self.limit.delay(sender, self.clock())
+
+
+Notify = Callable[[str, str], Awaitable[None]]  # (chat key, text): the engine's `notify`
+
+
+class Gate:
+    """One channel's allow / pair / stranger branch and its pacing; see the module docstring.
+
+    `name` is the channel as the log names it ("Telegram"); `channel` its key in the pairing
+    book, the settings and the metrics ("telegram"); `log` the channel's logger. Senders are
+    compared as strings."""
+
+    def __init__(self, channel: str, name: str, allow: Collection[object],
+                 access: Access | None, notify: Notify, log: logging.Logger) -> None:
+        self.channel = channel
+        self.name = name
+        self.log = log
+        self.allow = frozenset(str(sender) for sender in allow)
+        self.access = access  # None: the allow list only (no pairing, no pacing)
+        self.notify = notify
+
+    async def may_talk(self, sender: str) -> bool:
+        """On the allow list, or approved by the owner with `roost pairing approve`."""
+        return sender in self.allow or (self.access is not None
+                                        and await self.access.is_approved(self.channel, sender))
+
+    async def door(self, sender: str, chat_key: str, name: str, *, private: bool = True
+                   ) -> bool:
+        """Whether `sender` may talk. A stranger costs no stored state: a pairing code at most
+        (only in a `private` chat, never in a group's chatter), else a log line."""
+        if await self.may_talk(sender):
+            return True
+        if self.access is not None and self.access.pairs and private:
+            notice = await self.access.greet(self.channel, sender, chat_key, name)
+            if notice:
+                await self.notify(chat_key, notice)
+        else:
+            # Without pairing (access.unknown_senders = "ignore") the message is ignored.
+            self.log.warning("ignored a message from unknown %s user %s in %s (not in %s.allow)",
+                             self.name, sender, chat_key, self.channel)
+        return False
+
+    async def pace(self, sender: str, chat_key: str) -> None:
+        """Wait until `sender` is within the rate limit (a flood waits here, stored, and is
+        answered later); told once per flood, in `chat_key`."""
+        if self.access is not None:
+            await self.access.pace(f"{self.channel}:{sender}",
+                                   lambda text: self.notify(chat_key, text))
