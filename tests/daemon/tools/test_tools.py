@@ -229,7 +229,7 @@ async def test_a_tool_that_raises_is_logged_with_its_traceback(
     async def explode(context: object) -> str:
         raise RuntimeError("disk on fire")
 
-    setup.engine.registry.register(Capability(name="flaky", core=True, description="flaky",
+    setup.engine.parts.registry.register(Capability(name="flaky", core=True, description="flaky",
                                               tools=(
         Tool("explode", "Raises.", {"type": "object", "properties": {}}, explode),)))
     setup.fake.script(Reply(tool_calls=[call("explode")]), Reply(content="It broke."))
