@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from http import HTTPStatus
 from typing import TextIO
 
 import httpx
@@ -35,6 +37,8 @@ from daemon.core.filemodes import exposure
 from daemon.core.redact import redact_url
 from daemon.llm.client import OLLAMA_ERRORS, ModelClient
 from daemon.store import NoState, Store, quarantined_items
+
+log = logging.getLogger("roost.doctor")
 
 PENDING_PILE_UP = 100  # updates waiting at Telegram: roost has not been taking them for a while
 
@@ -69,22 +73,35 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
     say: Callable[[Check], None] = checks.append if as_json else _printer(out, checks)
     for check in _config_checks(settings):
         say(check)
-    for check in await asyncio.to_thread(_state_checks, settings):
+    for check in await _guarded("state directory", asyncio.to_thread(_state_checks, settings)):
         say(check)
-    for check in await _ollama_checks(settings):
+    for check in await _guarded("ollama", _ollama_checks(settings)):
         say(check)
     if settings.telegram.enabled:
-        for check in await _telegram_checks(settings):
+        for check in await _guarded("telegram", _telegram_checks(settings)):
             say(check)
     if settings.whatsapp.enabled and not missing_secrets(settings):
-        say(await _whatsapp_check(settings))
-    for check in _automation_checks(settings):
+        for check in await _guarded("whatsapp", _whatsapp_checks(settings)):
+            say(check)
+    for check in await _guarded("automations", asyncio.to_thread(_automation_checks, settings)):
         say(check)
     if as_json:
         json.dump({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]},
                   out, indent=2)
         out.write("\n")
     return 0 if all(c.ok for c in checks) else 1
+
+
+async def _guarded(name: str, checks: Awaitable[list[Check]]) -> list[Check]:
+    """The boundary of each group of checks: a bug in doctor is one FAIL line, never a
+    traceback in the report (it is logged, shown with -v)."""
+    try:
+        return await checks
+    except Exception as exc:
+        log.debug("doctor: the %s checks failed", name, exc_info=True)
+        return [Check(name, False, f"the check itself failed: {type(exc).__name__}: "
+                      f"{redact_url(str(exc))}",
+                      "run `roost doctor -v` to see where, and report it as a bug in roost")]
 
 
 def _printer(out: TextIO, checks: list[Check]) -> Callable[[Check], None]:
@@ -107,11 +124,35 @@ def _config_checks(settings: Settings) -> list[Check]:
             refused.append(error)
     for refusal in refused:
         checks.append(Check(f"config {refusal.key}", False, refusal.problem,
-                            "`roost run` refuses to start until this is fixed"))
-    channels = [name for name, on in (("telegram", settings.telegram.enabled),
-                                      ("whatsapp", settings.whatsapp.enabled)) if on]
+                            _refusal_fix(refusal, settings)))
+    channels = []
+    for name, on in (("telegram", settings.telegram.enabled),
+                     ("whatsapp", settings.whatsapp.enabled)):
+        if not on:
+            continue
+        # A refused setting stops `roost run` altogether: the channel is not ready, whatever
+        # the rest of its config says (the refusal itself is the FAIL line above).
+        blocked = [r.key for r in refused if name in r.key.lower()]
+        channels.append(f"{name} (cannot start until {', '.join(blocked)} is fixed)"
+                        if blocked else name)
     checks.append(Check("channels", True, ", ".join(channels) or "none (terminal chat only)"))
     return checks
+
+
+def _refusal_fix(refusal: ConfigError, settings: Settings) -> str:
+    where = str(settings.source) if settings.source else "the config file"
+    if refusal.key.endswith(".enabled"):  # a secret is missing: its problem says which
+        return (f"provide it as said (`roost run` refuses to start until then), or set "
+                f"{refusal.key} = false in {where}")
+    return f"correct {refusal.key} in {where} (`roost run` refuses to start until then)"
+
+
+def config_error_report(error: ConfigError) -> str:
+    """`doctor --json` when the config cannot be loaded at all: the same shape as a report."""
+    where = error.source or "the config file"
+    check = Check(f"config {error.key}", False, str(error),
+                  f"correct {error.key} in {where}; `roost run` refuses to start until then")
+    return json.dumps({"ok": False, "checks": [asdict(check)]}, indent=2)
 
 
 def _state_checks(settings: Settings) -> list[Check]:
@@ -185,17 +226,18 @@ async def _ollama_checks(settings: Settings) -> list[Check]:
     llm = ModelClient(model)
     try:
         try:
-            await llm.pulled_models()
+            pulled = await llm.pulled_models()
         except LLMError as exc:
-            return [Check("ollama", False, f"not reachable at {host}: {redact_url(str(exc))}",
-                          "start it with `ollama serve`, or set [model] host in the config")]
+            return [_ollama_refused(host, exc)]
         checks = [Check("ollama", True, f"reachable at {host}")]
         try:
             info = await llm.model_info()
             num_ctx = await llm.num_ctx()
         except ModelNotFound:
-            checks.append(Check("model", False, f"{model.name} is not pulled on {host}",
-                                f"ollama pull {model.name}"))
+            listed = ", ".join(sorted(pulled)) or "none"
+            checks.append(Check("model", False, f"{model.name} is not pulled on {host}; "
+                                f"pulled there: {listed}",
+                                f"ollama pull {model.name}, or set model.name to a pulled one"))
             return checks
         except LLMError as exc:
             checks.append(Check("model", False, redact_url(str(exc)), "check `ollama list`"))
@@ -215,6 +257,32 @@ async def _ollama_checks(settings: Settings) -> list[Check]:
         return checks
     finally:
         await llm.close()
+
+
+def _ollama_refused(host: str, exc: LLMError) -> Check:
+    cause = exc.__cause__
+    status = cause.status_code if isinstance(cause, ollama.ResponseError) else None
+    if status is None:
+        return Check("ollama", False, f"not reachable at {host}: {redact_url(str(exc))}",
+                     "start it with `ollama serve`, or set model.host in the config")
+    # Something answers, so "start it" would be wrong. A body may be a proxy's HTML page:
+    # the status says enough.
+    try:
+        phrase = f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        phrase = str(status)
+    detail = f"{host} answered /api/tags with {phrase}"
+    if status == 503:
+        return Check("ollama", False, f"{detail}: Ollama is busy (its queue is full, "
+                     "OLLAMA_MAX_QUEUE) or a proxy in front of it cannot reach it",
+                     "if model.host is a proxy, start the Ollama behind it or fix the proxy's "
+                     "upstream address; if it is Ollama itself, wait for its queue to drain "
+                     "or raise OLLAMA_MAX_QUEUE")
+    if status in (502, 504):
+        return Check("ollama", False, f"{detail}: a proxy in front of Ollama cannot reach it",
+                     "start the Ollama behind the proxy, or fix the proxy's upstream address")
+    return Check("ollama", False, f"{detail}: {redact_url(str(exc))}",
+                 "check that model.host is Ollama's address (`curl HOST/api/version`)")
 
 
 async def _runner_check(host: str, name: str, num_ctx: int) -> Check:
@@ -259,6 +327,10 @@ def _automation_checks(settings: Settings) -> list[Check]:
     return checks
 
 
+async def _whatsapp_checks(settings: Settings) -> list[Check]:
+    return [await _whatsapp_check(settings)]
+
+
 async def _whatsapp_check(settings: Settings) -> Check:
     """The token is valid for the phone number id: `GET /{phone_number_id}`."""
     client = GraphClient(settings.whatsapp, timeout=10)
@@ -283,7 +355,13 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
     try:
         try:
             me = await bot.get_me()
-        except InvalidToken:
+        except InvalidToken as exc:
+            answer = exc.__cause__ if isinstance(exc.__cause__, TelegramError) else exc
+            if "not found" in answer.message.lower():
+                # PTB reports a 404 as a bad token too; mostly the address is wrong (as `roost
+                # run` says): Telegram answers 401 Unauthorized for a token it refuses.
+                return [Check("telegram getMe", False, _not_found(tg.api_base),
+                              _api_base_fix(tg.api_base))]
             return [Check("telegram getMe", False, "Telegram refused the bot token",
                           "check ROOST_TELEGRAM_TOKEN with @BotFather")]
         except TelegramError as exc:
@@ -303,6 +381,29 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
         await bot.shutdown()
 
 
+def _not_found(api_base: str) -> str:
+    return (f"the Bot API answered 404 Not Found for getMe at {redact_url(api_base)}<token>"
+            "/getMe: telegram.api_base is not the address the token follows")
+
+
+def _api_base_fix(api_base: str) -> str:
+    if api_base.endswith("/"):
+        return f'remove the slash at the end: telegram.api_base = "{api_base.rstrip("/")}"'
+    return ("set telegram.api_base to the address the token follows, such as "
+            "https://api.telegram.org/bot (no slash at the end), or remove it")
+
+
+def _fresh_install(settings: Settings) -> bool:
+    """No store yet: `roost run` has never started with this state directory."""
+    try:
+        Store.open(settings.daemon.state_dir, read_only=True).close()
+    except NoState:
+        return True
+    except StoreError:
+        return False
+    return False
+
+
 def _webhook_checks(settings: Settings, url: str, last_error: str | None,
                     pending: int) -> list[Check]:
     tg = settings.telegram
@@ -310,6 +411,10 @@ def _webhook_checks(settings: Settings, url: str, last_error: str | None,
     if tg.mode == "webhook":
         if url == tg.webhook_url:
             checks.append(Check("telegram webhook", True, f"registered at {url}"))
+        elif not url and _fresh_install(settings):
+            # roost registers the webhook when it starts: before the first start there is none.
+            checks.append(Check("telegram webhook", True, f"none registered yet: `roost run` "
+                                f"registers {tg.webhook_url} when it starts"))
         else:
             shown = url or "no webhook"
             checks.append(Check("telegram webhook", False,

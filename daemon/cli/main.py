@@ -15,7 +15,7 @@ from automations import commands as automation_commands
 from daemon import __version__
 from daemon.app.serve import serve
 from daemon.cli.chat import chat
-from daemon.cli.doctor import run_doctor
+from daemon.cli.doctor import config_error_report, run_doctor
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
@@ -101,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
     except ConfigError as exc:
-        print(f"roost: config error: {exc}", file=sys.stderr)
+        if args.command == "doctor" and args.json:  # a script reads stdout as JSON, always
+            print(config_error_report(exc))
+        else:
+            print(f"roost: config error: {exc}", file=sys.stderr)
         return ConfigError.exit_status
     try:
         return _dispatch(args, settings)

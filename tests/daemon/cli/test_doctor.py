@@ -163,3 +163,113 @@ async def test_doctor_fails_on_every_config_run_refuses(
     assert run.returncode == 78, err.decode()
     status, out = await doctor(config, **env)
     assert status != 0, out
+
+
+def no_traceback(output: str) -> None:
+    assert "Traceback" not in output and 'File "' not in output, output
+
+
+async def test_a_fresh_webhook_install_before_the_first_start_is_not_a_failure(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    # The README says to run doctor before the first start; roost registers the webhook at start.
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 0, out
+    assert failed(out) == []
+    [line] = [line for line in out.splitlines() if "telegram webhook" in line]
+    assert "roost run" in line and HOOK_URL in line
+
+
+async def test_a_trailing_slash_in_api_base_is_named_with_its_fix_as_run_does(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    await registered(fake_telegram)
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    config.write_text(config.read_text().replace(f'api_base = "{fake_telegram.api_base}"',
+                                                 f'api_base = "{fake_telegram.api_base}/"'))
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    no_traceback(out)
+    assert status == 1
+    [line] = failed(out)
+    # As `roost run` says it: the address, not the token; and the fix removes the slash.
+    assert line.startswith("FAIL telegram getMe:") and "404 Not Found" in line, line
+    assert f'telegram.api_base = "{fake_telegram.api_base}"' in line
+    assert "@BotFather" not in line and fake_telegram.token not in line
+    config.write_text(config.read_text().replace(f'api_base = "{fake_telegram.api_base}/"',
+                                                 f'api_base = "{fake_telegram.api_base}"'))
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 0, out  # the fix it named fixes it
+
+
+async def test_an_api_base_that_answers_404_blames_the_address_not_the_token(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    config.write_text(config.read_text().replace(f'api_base = "{fake_telegram.api_base}"',
+                                                 f'api_base = "{fake_telegram.url}/nowhere/bot"'))
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    no_traceback(out)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL telegram getMe:") and "telegram.api_base" in line, line
+    assert "@BotFather" not in line
+
+
+async def test_ollama_answering_503_is_not_told_to_start_it(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    fake_ollama.gateway_status = 503  # a proxy in front of Ollama whose upstream is down
+    status, out = await doctor(write_config(tmp_path, fake_ollama.url))
+    no_traceback(out)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL ollama:") and "503" in line, line
+    assert "ollama serve" not in line
+    assert "busy" in line and "proxy" in line
+
+
+async def test_a_model_not_pulled_lists_the_pulled_ones(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    config.write_text(config.read_text() + 'name = "llama9:70b"\n')
+    status, out = await doctor(config)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL model: llama9:70b is not pulled"), line
+    assert "qwen3:4b" in line and "ollama pull llama9:70b" in line
+
+
+async def test_json_with_a_config_error_is_json_and_exit_78(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    config.write_text(config.read_text() + "windw = 1\n")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "doctor", "--json", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 78
+    report = json.loads(out)
+    assert report["ok"] is False
+    [check] = report["checks"]
+    assert check["ok"] is False and "model.windw" in check["detail"] and check["fix"]
+
+
+async def test_a_missing_token_does_not_also_say_the_channel_is_ok(
+    tmp_path: Path, fake_ollama: FakeOllama
+) -> None:
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[model]\nhost = '
+                      f'"{fake_ollama.url}"\n[telegram]\nenabled = true\nmode = "polling"\n')
+    status, out = await doctor(config)
+    assert status == 1
+    [line] = failed(out)
+    assert "ROOST_TELEGRAM_TOKEN" in line
+    [channels] = [line for line in out.splitlines() if " channels:" in line]
+    assert channels.startswith("FAIL") or "cannot start" in channels, channels
