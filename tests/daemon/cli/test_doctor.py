@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from daemon.cli import doctor as doctor_module
+from daemon.core.config import Settings
+from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -273,3 +277,20 @@ async def test_a_missing_token_does_not_also_say_the_channel_is_ok(
     assert "ROOST_TELEGRAM_TOKEN" in line
     [channels] = [line for line in out.splitlines() if " channels:" in line]
     assert channels.startswith("FAIL") or "cannot start" in channels, channels
+
+
+async def test_a_check_that_breaks_is_one_fail_line_not_a_traceback(
+    make_settings: SettingsFactory, fake_ollama: FakeOllama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(settings: Settings) -> list[doctor_module.Check]:
+        raise KeyError("schedule")  # a bug in a check, standing for any
+
+    monkeypatch.setattr(doctor_module, "_automation_checks", broken)
+    out = io.StringIO()
+    status = await doctor_module.run_doctor(make_settings(model={"host": fake_ollama.url}),
+                                            out=out)
+    no_traceback(out.getvalue())
+    assert status == 1
+    [line] = failed(out.getvalue())
+    assert line.startswith("FAIL automations: the check itself failed: KeyError") and "-v" in line
+    assert "ok   ollama: reachable" in out.getvalue()  # the other checks still ran
