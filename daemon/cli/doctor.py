@@ -207,7 +207,9 @@ def _store_check(settings: Settings) -> Check:
     except NoState:
         return Check("store files", True, "none yet (a fresh install)")
     except StoreError as exc:
-        return Check("store files", False, str(exc), "see `Where roost keeps things` in README")
+        # Read-only, the only refusal is a state from an earlier version, which run converts.
+        return Check("store files", False, str(exc), "start `roost run` once: it converts the "
+                     "state when it starts")
     try:
         conversations = store.list_conversations()
         messages = sum(len(store.messages(c.id)) for c in conversations)
@@ -431,5 +433,6 @@ def _webhook_checks(settings: Settings, url: str, last_error: str | None,
     checks.append(Check("telegram pending updates", pending < PENDING_PILE_UP,
                         f"{pending} waiting at Telegram",
                         "" if pending < PENDING_PILE_UP else
-                        "roost has not been taking updates: is it running and reachable?"))
+                        "start roost (`roost run`, or its systemd unit); in webhook mode also "
+                        "make telegram.webhook_url reach it (see `telegram last error`)"))
     return checks
