@@ -13,6 +13,7 @@ import pytest
 
 from daemon.cli import doctor as doctor_module
 from daemon.core.config import Settings
+from daemon.store import Store
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
@@ -294,3 +295,19 @@ async def test_a_check_that_breaks_is_one_fail_line_not_a_traceback(
     [line] = failed(out.getvalue())
     assert line.startswith("FAIL automations: the check itself failed: KeyError") and "-v" in line
     assert "ok   ollama: reachable" in out.getvalue()  # the other checks still ran
+
+
+async def test_no_webhook_after_roost_has_run_still_fails(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    (tmp_path / "state").mkdir(mode=0o700)
+    Store.open(tmp_path / "state").close()  # roost has run here: it would have registered it
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 1
+    lines = failed(out)
+    assert len(lines) == 1, out
+    [line] = lines
+    assert line.startswith(f"FAIL telegram webhook: Telegram has no webhook, the config says "
+                           f"{HOOK_URL} -> fix: start `roost run`"), line
