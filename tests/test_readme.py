@@ -1,0 +1,105 @@
+"""README.md as a reader sees it, and roost.example.toml, which is generated from its
+configuration reference (scripts/example_config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import re
+from pathlib import Path
+from types import ModuleType
+
+from markdown_it import MarkdownIt
+
+from daemon.core.config import (
+    AccessSettings,
+    AttachmentSettings,
+    AutomationSettings,
+    DaemonSettings,
+    ModelSettings,
+    TelegramSettings,
+    WhatsAppSettings,
+    load_settings,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "roost.example.toml"
+TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
+          "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
+          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings}
+RENAMED = {"listen_host": "listen", "listen_port": "listen"}
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("example_config",
+                                                  ROOT / "scripts" / "example_config.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def loose_table_rows(markdown: str) -> list[tuple[int, str]]:
+    """Lines that look like table rows but render as text: a table cut by a blank line, or
+    rows without a header. (Fenced code is its own token, so examples are left alone.)"""
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    loose = []
+    for opening, inline in itertools.pairwise(tokens):
+        if opening.type == "paragraph_open" and inline.type == "inline" and opening.map:
+            for offset, line in enumerate(inline.content.splitlines()):
+                if line.lstrip().startswith("|"):
+                    loose.append((opening.map[0] + offset + 1, line[:60]))
+    return loose
+
+
+def test_every_readme_table_is_whole() -> None:
+    assert loose_table_rows(README.read_text("utf-8")) == []
+
+
+def test_a_cut_table_is_caught() -> None:
+    cut = "| A | B |\n| --- | --- |\n| 1 | 2 |\n\n| 3 | 4 |\n"
+    assert loose_table_rows(cut) == [(5, "| 3 | 4 |")]
+    assert loose_table_rows(cut.replace("\n\n", "\n")) == []
+
+
+def test_the_example_config_is_what_the_readme_reference_renders() -> None:
+    rendered = generator().render(README.read_text("utf-8"))
+    assert EXAMPLE.read_text("utf-8") == rendered, (
+        "roost.example.toml is stale: run `python scripts/example_config.py`")
+
+
+def example_keys() -> dict[str, set[str]]:
+    """The keys the example sets or shows commented out, per table."""
+    keys: dict[str, set[str]] = {}
+    table = ""
+    for line in EXAMPLE.read_text("utf-8").splitlines():
+        if match := re.fullmatch(r"#?(\[\[?\w+\]\]?)", line):
+            table = match[1]
+            keys[table] = set()
+        elif match := re.match(r"^#?(\w+) = ", line):
+            keys[table].add(match[1])
+    return keys
+
+
+def test_every_config_key_is_in_the_example() -> None:
+    keys = example_keys()
+    for table, cls in TABLES.items():
+        schema = {RENAMED.get(f.name, f.name) for f in dataclasses.fields(cls) if f.repr}
+        assert schema - keys.get(table, set()) == set(), table  # secrets have repr=False
+        assert keys[table] - schema == set(), table
+
+
+def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text("utf-8")
+    as_is = tmp_path / "as-is.toml"
+    as_is.write_text(text, "utf-8")
+    settings = load_settings(as_is, env={})
+    assert not settings.telegram.enabled and settings.automations == ()
+
+    uncommented = tmp_path / "uncommented.toml"
+    uncommented.write_text(re.sub(r"^#(?=[\[\w])", "", text, flags=re.M), "utf-8")
+    full = load_settings(uncommented, env={}, require_secrets=False)
+    assert [automation.name for automation in full.automations] == ["morning-brief"]
+    assert full.variables["city"] == "Berlin"
