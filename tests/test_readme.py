@@ -103,3 +103,31 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
+
+
+def test_the_body_limits_the_readme_gives_are_the_channels() -> None:
+    from channels.telegram.channel import TelegramTuning
+    from channels.whatsapp.channel import WhatsAppTuning
+
+    mib = 1024 * 1024
+    text = " ".join(README.read_text("utf-8").split())
+    assert (f"{TelegramTuning.max_body // mib} MiB for a Telegram webhook's body and "
+            f"{WhatsAppTuning.max_body // mib} MiB for a WhatsApp one") in text
+
+
+def heading_over_table(markdown: str, first_cell: str) -> str:
+    """The nearest heading above the table whose first body cell is `first_cell`."""
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    heading = ""
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            heading = tokens[index + 1].content
+        if token.type == "tbody_open" and tokens[index + 3].content == first_cell:
+            return heading
+    raise AssertionError(f"no table starts with {first_cell}")
+
+
+def test_the_chat_commands_have_their_own_heading() -> None:
+    readme = README.read_text("utf-8")
+    assert heading_over_table(readme, "`/new`") == "Chat commands"
+    assert heading_over_table(readme, "`roost run`") == "Commands"
