@@ -131,3 +131,17 @@ def test_the_chat_commands_have_their_own_heading() -> None:
     readme = README.read_text("utf-8")
     assert heading_over_table(readme, "`/new`") == "Chat commands"
     assert heading_over_table(readme, "`roost run`") == "Commands"
+
+
+def test_every_metric_is_in_the_metrics_table() -> None:
+    from daemon.app.metrics import _HELP, Metrics
+
+    exposed = {f"{family.name}_total" if family.type == "counter" else family.name
+               for family in Metrics().registry.collect()} | set(_HELP)
+    tokens = MarkdownIt("commonmark").enable("table").parse(README.read_text("utf-8"))
+    documented: set[str] = set()
+    for index, token in enumerate(tokens):
+        if token.type == "td_open" and tokens[index - 1].type == "tr_open":
+            documented.update(re.findall(r"`(roost_\w+)`", tokens[index + 1].content))
+    assert len(exposed) > 15 and exposed - documented == set()
+    assert documented - exposed == set()
