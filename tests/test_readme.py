@@ -145,3 +145,12 @@ def test_every_metric_is_in_the_metrics_table() -> None:
             documented.update(re.findall(r"`(roost_\w+)`", tokens[index + 1].content))
     assert len(exposed) > 15 and exposed - documented == set()
     assert documented - exposed == set()
+
+
+def test_the_doctor_section_names_every_kind_of_check_doctor_prints() -> None:
+    section = README.read_text("utf-8").partition("### Checking an installation")[2]
+    section = " ".join(section.partition("\n## ")[0].split())
+    # The check names doctor prints for WhatsApp, automations and the quarantine.
+    for name in ("the `whatsapp` line", "for each automation, its next run", "`quarantine/`"):
+        assert name in section
+    assert "no checks" not in section
