@@ -1,0 +1,156 @@
+"""README.md as a reader sees it, and roost.example.toml, which is generated from its
+configuration reference (scripts/example_config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import re
+from pathlib import Path
+from types import ModuleType
+
+from markdown_it import MarkdownIt
+
+from daemon.core.config import (
+    AccessSettings,
+    AttachmentSettings,
+    AutomationSettings,
+    DaemonSettings,
+    ModelSettings,
+    TelegramSettings,
+    WhatsAppSettings,
+    load_settings,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "roost.example.toml"
+TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
+          "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
+          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings}
+RENAMED = {"listen_host": "listen", "listen_port": "listen"}
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("example_config",
+                                                  ROOT / "scripts" / "example_config.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def loose_table_rows(markdown: str) -> list[tuple[int, str]]:
+    """Lines that look like table rows but render as text: a table cut by a blank line, or
+    rows without a header. (Fenced code is its own token, so examples are left alone.)"""
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    loose = []
+    for opening, inline in itertools.pairwise(tokens):
+        if opening.type == "paragraph_open" and inline.type == "inline" and opening.map:
+            for offset, line in enumerate(inline.content.splitlines()):
+                if line.lstrip().startswith("|"):
+                    loose.append((opening.map[0] + offset + 1, line[:60]))
+    return loose
+
+
+def test_every_readme_table_is_whole() -> None:
+    assert loose_table_rows(README.read_text("utf-8")) == []
+
+
+def test_a_cut_table_is_caught() -> None:
+    cut = "| A | B |\n| --- | --- |\n| 1 | 2 |\n\n| 3 | 4 |\n"
+    assert loose_table_rows(cut) == [(5, "| 3 | 4 |")]
+    assert loose_table_rows(cut.replace("\n\n", "\n")) == []
+
+
+def test_the_example_config_is_what_the_readme_reference_renders() -> None:
+    rendered = generator().render(README.read_text("utf-8"))
+    assert EXAMPLE.read_text("utf-8") == rendered, (
+        "roost.example.toml is stale: run `python scripts/example_config.py`")
+
+
+def example_keys() -> dict[str, set[str]]:
+    """The keys the example sets or shows commented out, per table."""
+    keys: dict[str, set[str]] = {}
+    table = ""
+    for line in EXAMPLE.read_text("utf-8").splitlines():
+        if match := re.fullmatch(r"#?(\[\[?\w+\]\]?)", line):
+            table = match[1]
+            keys[table] = set()
+        elif match := re.match(r"^#?(\w+) = ", line):
+            keys[table].add(match[1])
+    return keys
+
+
+def test_every_config_key_is_in_the_example() -> None:
+    keys = example_keys()
+    for table, cls in TABLES.items():
+        schema = {RENAMED.get(f.name, f.name) for f in dataclasses.fields(cls) if f.repr}
+        assert schema - keys.get(table, set()) == set(), table  # secrets have repr=False
+        assert keys[table] - schema == set(), table
+
+
+def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text("utf-8")
+    as_is = tmp_path / "as-is.toml"
+    as_is.write_text(text, "utf-8")
+    settings = load_settings(as_is, env={})
+    assert not settings.telegram.enabled and settings.automations == ()
+
+    uncommented = tmp_path / "uncommented.toml"
+    uncommented.write_text(re.sub(r"^#(?=[\[\w])", "", text, flags=re.M), "utf-8")
+    full = load_settings(uncommented, env={}, require_secrets=False)
+    assert [automation.name for automation in full.automations] == ["morning-brief"]
+    assert full.variables["city"] == "Berlin"
+
+
+def test_the_body_limits_the_readme_gives_are_the_channels() -> None:
+    from channels.telegram.channel import TelegramTuning
+    from channels.whatsapp.channel import WhatsAppTuning
+
+    mib = 1024 * 1024
+    text = " ".join(README.read_text("utf-8").split())
+    assert (f"{TelegramTuning.max_body // mib} MiB for a Telegram webhook's body and "
+            f"{WhatsAppTuning.max_body // mib} MiB for a WhatsApp one") in text
+
+
+def heading_over_table(markdown: str, first_cell: str) -> str:
+    """The nearest heading above the table whose first body cell is `first_cell`."""
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    heading = ""
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            heading = tokens[index + 1].content
+        if token.type == "tbody_open" and tokens[index + 3].content == first_cell:
+            return heading
+    raise AssertionError(f"no table starts with {first_cell}")
+
+
+def test_the_chat_commands_have_their_own_heading() -> None:
+    readme = README.read_text("utf-8")
+    assert heading_over_table(readme, "`/new`") == "Chat commands"
+    assert heading_over_table(readme, "`roost run`") == "Commands"
+
+
+def test_every_metric_is_in_the_metrics_table() -> None:
+    from daemon.app.metrics import _HELP, Metrics
+
+    exposed = {f"{family.name}_total" if family.type == "counter" else family.name
+               for family in Metrics().registry.collect()} | set(_HELP)
+    tokens = MarkdownIt("commonmark").enable("table").parse(README.read_text("utf-8"))
+    documented: set[str] = set()
+    for index, token in enumerate(tokens):
+        if token.type == "td_open" and tokens[index - 1].type == "tr_open":
+            documented.update(re.findall(r"`(roost_\w+)`", tokens[index + 1].content))
+    assert len(exposed) > 15 and exposed - documented == set()
+    assert documented - exposed == set()
+
+
+def test_the_doctor_section_names_every_kind_of_check_doctor_prints() -> None:
+    section = README.read_text("utf-8").partition("### Checking an installation")[2]
+    section = " ".join(section.partition("\n## ")[0].split())
+    # The check names doctor prints for WhatsApp, automations and the quarantine.
+    for name in ("the `whatsapp` line", "for each automation, its next run", "`quarantine/`"):
+        assert name in section
+    assert "no checks" not in section
