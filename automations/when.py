@@ -55,5 +55,25 @@ def parse_when(text: str, now: datetime) -> datetime:
         raise ValueError(f"{text!r} is too far in the future") from None
 
 
+def split_when(words: list[str], now: datetime) -> tuple[datetime, str]:
+    """The moment the leading words name, and the rest as the text: `in 20m call the plumber`
+    -> (now + 20 min, "call the plumber"). The longest leading run of words (at most three)
+    that reads as a time wins; a first word with a space in it was quoted and is the time
+    whole. ValueError (naming the forms) when no leading run is a time."""
+    if not words:
+        raise ValueError(f"no time given; use {FORMS}")
+    if " " in words[0].strip():
+        return parse_when(words[0], now), " ".join(words[1:])
+    first_error: ValueError | None = None
+    for n in range(min(3, len(words)), 0, -1):
+        try:
+            return parse_when(" ".join(words[:n]), now), " ".join(words[n:])
+        except ValueError as exc:
+            # "in -5m ..." or "in 99999999d ...": a time, but a refused one; say why.
+            if first_error is None and not str(exc).startswith("cannot read"):
+                first_error = exc
+    raise first_error or ValueError(f"cannot read {words[0]!r} as a time; use {FORMS}")
+
+
 def _local(day: date, at: time, tz: tzinfo) -> datetime:
     return datetime.combine(day, at, tzinfo=tz)
