@@ -3,7 +3,10 @@
 Pure: `now` and the zone are passed in. Accepted, case-insensitive:
 
 * a duration from now: `20m`, `in 2h`, `in 1h30m`, `1d`;
-* a time of day: `15:30` (today, or tomorrow when it has passed), `tomorrow 09:00`;
+* the same in words: `in 2 hours`, `in 20 minutes`, `in 3 days`, `in 1 week`;
+* a time of day, `15:30`, `9am` or `9:30pm`: today, or tomorrow when it has passed; after
+  `today`, `tomorrow`, a weekday (`monday 8:00`: the coming Monday, today if the time is still
+  ahead) or `next` and a weekday (`next monday 8:00`: the coming Monday, never today);
 * a date and time: `2026-12-24 18:00` or ISO 8601 (`2026-12-24T18:00`, with an offset if
   wanted); without an offset it is in the daemon's zone.
 """
@@ -16,7 +19,12 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from daemon.core.config import parse_duration
 from daemon.core.errors import ConfigError
 
-FORMS = ("'in 20m', '2h', '15:30', 'tomorrow 09:00' or '2026-12-24 18:00'")
+FORMS = ("'in 20m', 'in 2 hours', '15:30', 'tomorrow 09:00', 'next monday 9am' or "
+         "'2026-12-24 18:00'")
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_SPOKEN = re.compile(r"in\s+([0-9]+)\s*(seconds?|secs?|minutes?|mins?|hours?|hrs?|days?|weeks?)")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}  # by the unit's first letter
+_CLOCK = re.compile(r"([0-9]{1,2})(?::([0-9]{2}))?\s*(am|pm)?")
 
 
 def parse_when(text: str, now: datetime) -> datetime:
@@ -36,12 +44,31 @@ def parse_when(text: str, now: datetime) -> datetime:
             pass
         except OverflowError:  # past the year 9999, where datetime ends
             raise ValueError(f"{text!r} is too far in the future") from None
+    if spoken := _SPOKEN.fullmatch(words):
+        try:
+            return now + timedelta(seconds=int(spoken[1]) * _SECONDS[spoken[2][0]])
+        except OverflowError:
+            raise ValueError(f"{text!r} is too far in the future") from None
     day_words, _, clock = words.rpartition(" ")
-    if re.fullmatch(r"[0-9]{1,2}:[0-9]{2}", clock) and day_words in ("", "today", "tomorrow"):
-        hour, minute = (int(x) for x in clock.split(":"))
+    day_words = day_words.strip()
+    weekday = day_words.removeprefix("next ").removeprefix("on ").strip()
+    named = (clock_match := _CLOCK.fullmatch(clock)) is not None \
+        and (clock_match[2] is not None or clock_match[3] is not None)
+    if named and (day_words in ("", "today", "tomorrow") or weekday in WEEKDAYS):
+        assert clock_match is not None
+        hour, minute = int(clock_match[1]), int(clock_match[2] or 0)
+        if clock_match[3] is not None:  # 12am is midnight, 12pm noon
+            if not 1 <= hour <= 12:
+                raise ValueError(f"{text!r} is not a time of day")
+            hour = hour % 12 + (12 if clock_match[3] == "pm" else 0)
         if hour > 23 or minute > 59:
             raise ValueError(f"{text!r} is not a time of day")
         at = _local(now.date(), time(hour, minute), tz)
+        if weekday in WEEKDAYS:
+            ahead = (WEEKDAYS.index(weekday) - now.weekday()) % 7
+            if ahead == 0 and (day_words.startswith("next ") or at <= now):
+                ahead = 7
+            return _local(now.date() + timedelta(days=ahead), time(hour, minute), tz)
         if day_words == "tomorrow" or (not day_words and at <= now):
             at = _local(now.date() + timedelta(days=1), time(hour, minute), tz)
         return at

@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("name", help="the automation's name")
     remind = jobs.add_parser("remind", parents=[common], help="send a reminder at a time")
     remind.add_argument("words", nargs="+", metavar="WHEN TEXT",
-                        help="the time ('in 20m', '15:30', 'tomorrow 09:00', "
-                             "'2026-12-24 18:00'), then the reminder's text, quoted or not")
+                        help="the time ('in 20m', 'in 2 hours', 'tomorrow 9am', "
+                             "'next monday 8:00', '2026-12-24 18:00'), then the reminder's "
+                             "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
     return parser
