@@ -15,7 +15,7 @@ from automations.runner import RunResult, manual_run_id
 from automations.schedule import build_trigger, next_fire
 from automations.scheduler import SCAN_EVERY, Automations
 from automations.state import AutomationState
-from automations.when import parse_when
+from automations.when import split_when
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.errors import StoreError
 from daemon.core.ids import new_id
@@ -164,9 +164,9 @@ def unserved(settings: Settings, target: str) -> str | None:
     return None
 
 
-def remind(settings: Settings, when: str, text: str, target: str) -> int:
-    """Add a reminder; the daemon arms it within SCAN_EVERY seconds if it runs, else at its
-    start."""
+def remind(settings: Settings, words: list[str], target: str) -> int:
+    """Add a reminder: `words` are the time, then the text (see `split_when`); the daemon
+    arms it within SCAN_EVERY seconds if it runs, else at its start."""
     tz = settings.daemon.tz
     if not TARGET.fullmatch(target):
         print(f"roost: --to {target!r}: expected telegram:<chat id>, "
@@ -178,7 +178,7 @@ def remind(settings: Settings, when: str, text: str, target: str) -> int:
         return EX_USAGE
     now = datetime.now(tz)
     try:
-        due = parse_when(when, now)
+        due, text = split_when(words, now)
     except ValueError as exc:
         print(f"roost: {exc}", file=sys.stderr)
         return EX_USAGE

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
-from automations import commands as automation_commands
 from daemon import __version__
-from daemon.app.serve import serve
-from daemon.cli.chat import chat
-from daemon.cli.doctor import config_error_report, run_doctor
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
@@ -31,6 +29,21 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 # them (doctor reports it as a failed check instead).
 _READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations"})
 
+# The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
+# ollama, the engine: over a second to import). They are loaded in `_load` only, so that
+# `--version`, `--help`, `pairing` and `conversations` answer at once; tests/test_import_rules.py
+# allows this one dynamic import and tests/daemon/cli/test_startup.py checks what is imported.
+_HEAVY = {
+    "run": "daemon.app.serve",
+    "chat": "daemon.cli.chat",
+    "doctor": "daemon.cli.doctor",
+    "automations": "automations.commands",
+}
+
+
+def _load(command: str) -> ModuleType:
+    return importlib.import_module(_HEAVY[command])
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -44,8 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, suppress=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.add_parser("run", parents=[common], help="run the daemon (HTTP server, channels)")
-    commands.add_parser("chat", parents=[common], help="chat with the model in this terminal")
+    commands.add_parser(
+        "run", parents=[common], help="run the daemon (HTTP server, channels)",
+        description="Run the daemon in the foreground: the HTTP server (webhooks, /healthz, "
+                    "/metrics), the enabled channels, the automations. Stop it with Ctrl-C or "
+                    "SIGTERM; systemd runs this command.")
+    commands.add_parser(
+        "chat", parents=[common], help="chat with the model in this terminal",
+        description="Talk to the model in this terminal, as the chat console:local, with the "
+                    "same conversations, tools and chat commands (/new, /help) as a phone. "
+                    "Ctrl-D ends it.")
     doctor = commands.add_parser(
         "doctor", parents=[common],
         help="check the config, the state directory, Ollama and Telegram; exit 1 on a problem")
@@ -55,18 +76,25 @@ def build_parser() -> argparse.ArgumentParser:
     actions = conversations.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("list", parents=[common], help="one line per conversation")
     show = actions.add_parser("show", parents=[common], help="print a conversation")
-    show.add_argument("id", help="conversation id (a unique prefix is enough)")
+    show.add_argument("id", help="conversation id (a unique prefix is enough) or a chat "
+                                 "(telegram:1111111): its active conversation")
     export = actions.add_parser("export", parents=[common],
                                 help="a conversation as JSON, every message byte for byte")
-    export.add_argument("id", help="conversation id (a unique prefix is enough)")
+    export.add_argument("id", help="conversation id (a unique prefix is enough) or a chat "
+                                   "(telegram:1111111): its active conversation")
     pairing = commands.add_parser("pairing", parents=[common],
-                                  help="list, approve or deny senders waiting with a code")
+                                  help="list, approve or deny senders waiting with a code; "
+                                       "revoke an approved one")
     steps = pairing.add_subparsers(dest="action", metavar="ACTION", required=True)
     steps.add_parser("list", parents=[common], help="codes waiting, then approved senders")
     approve = steps.add_parser("approve", parents=[common], help="let the code's sender in")
     approve.add_argument("code", help="the 8-character code the sender was given")
     deny = steps.add_parser("deny", parents=[common], help="drop the code")
     deny.add_argument("code", help="the 8-character code the sender was given")
+    revoke = steps.add_parser("revoke", parents=[common],
+                              help="remove an approved sender (they must pair again)")
+    revoke.add_argument("sender", metavar="CHANNEL:SENDER",
+                        help="as `pairing list` shows it: telegram:<user id> or whatsapp:<wa_id>")
     automations = commands.add_parser("automations", parents=[common],
                                       help="list or run automations, add a reminder")
     jobs = automations.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -74,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = jobs.add_parser("run", parents=[common], help="run one now and print the reply")
     run.add_argument("name", help="the automation's name")
     remind = jobs.add_parser("remind", parents=[common], help="send a reminder at a time")
-    remind.add_argument("when", help="'in 20m', '15:30', 'tomorrow 09:00', '2026-12-24 18:00'")
-    remind.add_argument("text", help="what to remind of")
+    remind.add_argument("words", nargs="+", metavar="WHEN TEXT",
+                        help="the time ('in 20m', 'in 2 hours', 'tomorrow 9am', "
+                             "'next monday 8:00', '2026-12-24 18:00'), then the reminder's "
+                             "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
     return parser
@@ -102,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
     except ConfigError as exc:
         if args.command == "doctor" and args.json:  # a script reads stdout as JSON, always
-            print(config_error_report(exc))
+            print(_load("doctor").config_error_report(exc))
         else:
             print(f"roost: config error: {exc}", file=sys.stderr)
         return ConfigError.exit_status
@@ -117,27 +147,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "run":
-        return asyncio.run(serve(settings))
+        return int(asyncio.run(_load("run").serve(settings)))
     if args.command == "chat":
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-        return asyncio.run(chat(settings))
+        return int(asyncio.run(_load("chat").chat(settings)))
     if args.command == "doctor":  # its report is the output; log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-        return asyncio.run(run_doctor(settings, as_json=args.json))
+        return int(asyncio.run(_load("doctor").run_doctor(settings, as_json=args.json)))
     if args.command == "pairing":
         return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
-                               getattr(args, "code", None))
+                               getattr(args, "code", None) or getattr(args, "sender", None))
     if args.command == "automations":
         return _automations(args, settings)
     return _conversations(args, settings)
 
 
 def _automations(args: argparse.Namespace, settings: Settings) -> int:
+    automation_commands = _load("automations")
     if args.action == "list":
-        return automation_commands.list_automations(settings)
+        return int(automation_commands.list_automations(settings))
     if args.action == "run":
-        return asyncio.run(automation_commands.run_automation(settings, args.name))
-    return automation_commands.remind(settings, args.when, args.text, args.to)
+        return int(asyncio.run(automation_commands.run_automation(settings, args.name)))
+    return int(automation_commands.remind(settings, args.words, args.to))
 
 
 def _conversations(args: argparse.Namespace, settings: Settings) -> int:
@@ -151,12 +182,17 @@ def _conversations(args: argparse.Namespace, settings: Settings) -> int:
     try:
         found = store.list_conversations()
         if args.action == "list":
+            if found:
+                print(f"{'ID':<26}  {'CHAT':<24} {'STATUS':<8} {'MESSAGES':>15}  LAST ACTIVE")
             for c in found:
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.last_active))
                 count = store.message_count(c.id)
                 print(f"{c.id}  {c.chat_key:<24} {c.status:<8} {count:>6} messages  {when}")
             return 0
-        matches = [c for c in found if c.id.startswith(args.id.upper())]
+        if ":" in args.id:  # a chat (ids have no colon): the conversation it talks in now
+            matches = [c for c in found if c.chat_key == args.id and c.status == "active"]
+        else:
+            matches = [c for c in found if c.id.startswith(args.id.upper())]
         if len(matches) != 1:
             print(f"roost: {'no' if not matches else 'more than one'} conversation matches "
                   f"{args.id!r}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""`roost pairing list | approve CODE | deny CODE`: safe while the daemon runs (see pairing)."""
+"""`roost pairing list | approve CODE | deny CODE | revoke CHANNEL:SENDER`: safe while the
+daemon runs (see pairing)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,21 @@ def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
     now = time.time()
     if action == "list":
         pending = book.pending(now)
+        approved = book.approved()
+        if pending or approved:
+            print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} WHEN")
         for p in pending:
             left = max(0, int((p.created + CODE_TTL - now) // 60))
-            print(f"{p.code}  {p.channel}:{p.sender:<16} {p.name or '-':<24} "
+            print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {p.name or '-':<24} "
                   f"expires in {left} min")
-        for a in book.approved():
+        for a in approved:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.approved))
-            print(f"approved  {a.channel}:{a.sender:<16} {a.name or '-':<24} since {when}")
+            print(f"{'approved':<8}  {a.channel + ':' + a.sender:<25} {a.name or '-':<24} "
+                  f"since {when}")
         return 0
     assert code is not None
+    if action == "revoke":
+        return _revoke(book, code)
     found = book.approve(code, now) if action == "approve" else book.deny(code, now)
     if found is None:
         print(f"roost: no pairing code {code.upper()!r} is waiting (unknown, used or expired; "
@@ -32,4 +39,15 @@ def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
               "their next message is answered")
     else:
         print(f"denied {found.channel} user {found.sender}; their code no longer works")
+    return 0
+
+
+def _revoke(book: PairingBook, who: str) -> int:
+    """Remove an approved sender; 1 when `who` is not approved."""
+    channel, _, sender = who.partition(":")
+    if book.revoke(channel, sender) is None:
+        print(f"roost: {who!r} is not an approved sender (see `roost pairing list`)",
+              file=sys.stderr)
+        return 1
+    print(f"revoked {channel} user {sender}; their next message gets a pairing code")
     return 0

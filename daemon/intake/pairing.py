@@ -120,6 +120,17 @@ class PairingBook:
                 self._write(data)
             return found
 
+    def revoke(self, channel: str, sender: str) -> Approved | None:
+        """Remove an approved sender (they must pair again); None when not approved."""
+        with self._locked():
+            data = self._read(None)
+            for i, item in enumerate(data["approved"]):
+                if (item["channel"], item["sender"]) == (channel, sender):
+                    found = Approved(**data["approved"].pop(i))
+                    self._write(data)
+                    return found
+            return None
+
     # ---- the file -------------------------------------------------------------------------
 
     @staticmethod

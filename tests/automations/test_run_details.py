@@ -105,3 +105,17 @@ def test_a_schedule_that_never_runs_is_a_config_error(tmp_path: Path) -> None:
         path.write_text(path.read_text().replace('"0 0 30 2 *"', f'"{schedule}"')
                         .replace('"0 0 29 2 *"', f'"{schedule}"'))
         assert roost("automations", "list", "--config", str(path)).returncode == 0
+
+
+def test_remind_takes_the_rest_of_the_line_unquoted(config: Path) -> None:
+    for words in (["in", "20m", "call", "the", "plumber"], ["in 20m", "call the plumber"],
+                  ["tomorrow", "09:00", "call", "the", "plumber"]):
+        added = roost("automations", "remind", *words, "--to", "telegram:1111111",
+                      "--config", str(config), ROOST_TELEGRAM_TOKEN="123:abc")
+        assert added.returncode == 0, (words, added.stderr)
+    unread = roost("automations", "remind", "at", "noon", "call", "--to", "telegram:1111111",
+                   "--config", str(config), ROOST_TELEGRAM_TOKEN="123:abc")
+    assert unread.returncode == 2 and "cannot read 'at'" in unread.stderr
+    listed = roost("automations", "list", "--config", str(config),
+                   ROOST_TELEGRAM_TOKEN="123:abc").stdout
+    assert listed.count("-> telegram:1111111: call the plumber\n") == 3, listed

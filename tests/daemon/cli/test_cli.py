@@ -192,3 +192,39 @@ def test_usage_errors_exit_2_and_every_exit_status_is_in_the_readme(tmp_path: Pa
     assert listed is not None
     statuses = {int(n) for n in re.findall(r"\b(\d+) ", listed.group(1))}
     assert statuses == {0, 1, 2, 69, 71, 73, 78}
+
+
+def test_show_a_chat_shows_its_active_conversation_and_lists_have_a_header(
+    tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with Store.open(state) as store:
+        old = store.create_conversation("telegram:1111111", time.time() - 7200)
+        store.append_message(old.id, "user", "the old talk", created=time.time() - 7200)
+        store.save_conversation(old.archived("idle"))
+        new = store.create_conversation("telegram:1111111", time.time())
+        store.append_message(new.id, "user", "the talk of now", created=time.time())
+        other = store.create_conversation("telegram:2222222", time.time())
+        store.append_message(other.id, "user", "someone else", created=time.time())
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    shown = run("conversations", "show", "telegram:1111111", "--config", str(config))
+    assert shown.returncode == 0, shown.stderr
+    assert "the talk of now" in shown.stdout
+    assert "the old talk" not in shown.stdout and "someone else" not in shown.stdout
+    exported = run("conversations", "export", "telegram:2222222", "--config", str(config))
+    assert json.loads(exported.stdout)["id"] == other.id
+    missing = run("conversations", "show", "telegram:3333333", "--config", str(config))
+    assert missing.returncode == 1 and "no conversation matches" in missing.stderr
+    header, *rows = run("conversations", "list", "--config", str(config)).stdout.splitlines()
+    assert header.split() == ["ID", "CHAT", "STATUS", "MESSAGES", "LAST", "ACTIVE"]
+    assert len(rows) == 3 and all(row.index("telegram:") == header.index("CHAT")
+                                  for row in rows)
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_run_and_chat_help_say_what_they_do(command: str) -> None:
+    helped = run(command, "--help")
+    assert helped.returncode == 0
+    description = helped.stdout.split("\n\n")[1]  # after the usage, before the options
+    assert not description.startswith("options:") and len(description.split()) > 8

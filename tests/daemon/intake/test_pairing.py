@@ -177,3 +177,21 @@ def test_a_code_expires_after_an_hour(state_dir: Path) -> None:
     assert book.request("telegram", "5", "telegram:5", "Five", now=1001.0) is None
     assert book.approve(made.code, now=1000.0 + 3600) is None
     assert not book.is_approved("telegram", "5")
+
+
+async def test_revoke_removes_an_approved_sender(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n')
+    book = PairingBook(state)
+    for user in (STRANGER, 3000001):
+        made = book.request("telegram", str(user), f"telegram:{user}", f"User {user}", 1e9)
+        assert made is not None and book.approve(made.code, 1e9) is not None
+    status, listed = await roost(config, "pairing", "list")
+    assert status == 0 and listed.splitlines()[0].split() == ["CODE", "SENDER", "NAME", "WHEN"]
+    status, said = await roost(config, "pairing", "revoke", f"telegram:{STRANGER}")
+    assert status == 0 and "revoked" in said, said
+    assert not book.is_approved("telegram", str(STRANGER))
+    assert book.is_approved("telegram", "3000001")
+    status, said = await roost(config, "pairing", "revoke", f"telegram:{STRANGER}")
+    assert status == 1 and "not an approved sender" in said
