@@ -491,10 +491,9 @@ async def test_a_failed_delivery_stays_queued_and_is_retried(
     channel = FlakyChannel(failures=2, permanent=False)
     engine = await engine_for(fast(make_settings, fake_ollama), channel)
     assert await engine.submit(inbound("hello"))
-    for _ in range(200):
-        if channel.sent:
-            break
-        await asyncio.sleep(0.02)
+    # Idle once the reply went out and its outbox item was marked done (the platform's answer
+    # comes first, then the record: polling for the send alone could assert in between).
+    await asyncio.wait_for(engine.wait_idle(CHAT), 20)
     assert channel.texts("reply") == ["echo: hello"]
     assert channel.attempts == 3
     assert engine.store.outbox_pending() == []
