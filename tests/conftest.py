@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
@@ -88,3 +89,11 @@ class RecordingChannel:
 @pytest.fixture
 def recording_channel() -> RecordingChannel:
     return RecordingChannel()
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    """Wait for a condition on plain state (no event to wait on), bounded: a TimeoutError
+    otherwise."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)

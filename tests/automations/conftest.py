@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -30,7 +29,10 @@ from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from tests.conftest import RecordingChannel
+from tests.conftest import (  # wait_until: re-exported for the tests here
+    RecordingChannel,
+    wait_until,
+)
 from tests.fakes.ollama import FakeOllama
 
 TZ = ZoneInfo("Europe/Berlin")
@@ -78,10 +80,6 @@ def at(*fields: int) -> datetime:
     return datetime(*fields, tzinfo=TZ)  # type: ignore[misc]
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (conditions on plain state, no event to wait on)
-            await asyncio.sleep(0.01)
 
 
 @dataclasses.dataclass

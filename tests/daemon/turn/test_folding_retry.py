@@ -3,10 +3,8 @@ and no more once it is archived (no hourly model call for a conversation nobody 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -14,18 +12,13 @@ from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.turn.folder import Folder
-from tests.conftest import SettingsFactory
+from tests.conftest import SettingsFactory, wait_until
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 CHAT = "telegram:1111111"
 T0 = 1_796_112_000.0
 
 
-async def until(condition: Any, timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    """Wait for a condition, bounded; fail with a TimeoutError otherwise."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (plain state and the fake's record: no event)
-            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -61,11 +54,11 @@ async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
                              f"Message {n}: " + "words about the garden " * 20, created=T0 + n)
     folder.schedule(conversation.id, urgent=True)
     # While the conversation is active, the fold is tried again.
-    await until(lambda: len(fake.chat_requests) >= 2)
+    await wait_until(lambda: len(fake.chat_requests) >= 2)
     store.save_conversation(conversation.archived("idle"))
     caplog.set_level(logging.INFO, logger="roost")
     # Nothing left that could call the model again: no fold running, none waiting to retry.
-    await until(lambda: not folder.busy(conversation.id)
+    await wait_until(lambda: not folder.busy(conversation.id)
                 and not folder.retry_pending(conversation.id))
     tried = len(fake.chat_requests)
     await folder.wait(conversation.id)
@@ -78,5 +71,5 @@ async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
         store.append_message(other.id, "user" if n % 2 == 0 else "assistant",
                              f"Message {n}: " + "words about the garden " * 20, created=T0 + n)
     folder.schedule(other.id, urgent=True)
-    await until(lambda: len(fake.chat_requests) >= tried + 2)
+    await wait_until(lambda: len(fake.chat_requests) >= tried + 2)
     assert folder.busy(other.id) or folder.retry_pending(other.id)

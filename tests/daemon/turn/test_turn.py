@@ -18,7 +18,7 @@ from daemon.core.messages import Inbound, Outbound
 from daemon.engine.workers import Engine
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.conftest import RecordingChannel, SettingsFactory, wait_until
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 CHAT = "console:local"
@@ -81,10 +81,6 @@ def count_turns(engine: Engine) -> TurnCount:
     return counter
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (a count, no event to wait on)
-            await asyncio.sleep(0.01)
 
 
 def fast(make_settings: SettingsFactory, fake: FakeOllama, **model: object) -> Settings:
@@ -152,10 +148,6 @@ async def test_user_message_survives_an_outage_and_is_answered_when_the_model_is
     assert len(recording_channel.texts("notice")) == 1  # no repeated notices while parked
 
 
-async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (a condition on plain state, no event to wait on)
-            await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("outage", ["refused", "gateway 503"])
@@ -170,14 +162,14 @@ async def test_the_first_message_after_a_start_with_ollama_down_is_told_and_answ
         fake_ollama.gateway_status = 503
     engine = await engine_for(fast(make_settings, fake_ollama))
     assert await engine.submit(inbound("hello after a reboot"))
-    await wait_for(lambda: bool(recording_channel.texts("notice")))
+    await wait_until(lambda: bool(recording_channel.texts("notice")))
     [notice] = recording_channel.texts("notice")
     assert "not answering" in notice and fake_ollama.url in notice and "saved" in notice
     if outage == "refused":
         await fake_ollama.accept_connections()
     else:
         fake_ollama.gateway_status = None
-    await wait_for(lambda: bool(recording_channel.texts("reply")))
+    await wait_until(lambda: bool(recording_channel.texts("reply")))
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
     assert recording_channel.texts("reply") == ["echo: hello after a reboot"]
     assert len(recording_channel.texts("notice")) == 1
