@@ -76,6 +76,7 @@ COMMANDS = (
     ("new", "Start a fresh conversation (the old one is kept)"),
     ("compact", "Fold the older part of this conversation into its summary"),
     ("status", "Model, window and the size of this conversation"),
+    ("transcript", "What I heard in your last voice note"),
     ("help", "List the commands"),
 )
 

@@ -56,6 +56,8 @@ from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
+from daemon.voice.backends import build_backend
+from daemon.voice.hearing import Hearing, no_wait
 
 EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
 
@@ -187,14 +189,18 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
                             on_event=lambda kind: metrics.events.labels(kind).inc())
     # Filled before anything is sent: the automations add theirs right after the engine.
     hooks = app[DELIVERY_HOOKS] = DeliveryHooks()
+    voice = Hearing(settings.voice, store, build_backend(settings.voice),
+                    hold=llm.slot if settings.voice.queue_with_model else no_wait,
+                    observe=metrics.transcription)
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
-                    hooks=hooks)
+                    hooks=hooks, voice=voice)
     app[ENGINE] = engine
     await engine.start()
     yield
     budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
     # After serve() drained, this drains no more: the grace runs once.
     await engine.stop(budget.drain, budget.unwind)
+    await voice.close()
     log.info("engine stopped")
 
 

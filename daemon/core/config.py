@@ -28,7 +28,8 @@ SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
 SECRETS: Mapping[str, Mapping[str, str]] = {
     "telegram": {"token": "ROOST_TELEGRAM_TOKEN", "secret": "ROOST_TELEGRAM_SECRET"},
     "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
-                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"}}
+                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"},
+    "voice": {"key": "ROOST_VOICE_KEY"}}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,22 @@ class AttachmentSettings:
 
 
 @dataclass(frozen=True)
+class VoiceSettings:
+    """Transcription of voice notes and audio (daemon/voice/); off unless a backend is named."""
+
+    backend: str = "off"  # "http" (an OpenAI-compatible server) or "faster-whisper" (in-process)
+    url: str = "http://127.0.0.1:8000/v1/audio/transcriptions"  # the http backend's endpoint
+    model: str = "small"  # the server's model id, or faster-whisper's size name or directory
+    language: str | None = None  # e.g. "de"; None lets the model detect it
+    device: str = "auto"  # faster-whisper: "auto", "cpu" or "cuda"
+    compute_type: str = "default"  # faster-whisper: "int8", "float16", ...
+    max_duration: float = 600.0  # seconds; a longer recording is not transcribed
+    timeout: float = 120.0  # seconds one transcription may take
+    queue_with_model: bool = True  # wait for a model slot, as a model call does (one GPU)
+    key: str | None = field(default=None, repr=False)  # ROOST_VOICE_KEY, for the http backend
+
+
+@dataclass(frozen=True)
 class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
@@ -122,6 +139,7 @@ class Settings:
     automations: tuple[AutomationSettings, ...]
     variables: Mapping[str, str]
     source: Path | None  # the file loaded, or None for defaults
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -328,6 +346,11 @@ _SPECS: Mapping[str, _Spec] = {
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
         "file_max_mb": _at_least(1)},
+    "voice": {
+        "backend": _one_of("off", "http", "faster-whisper"), "url": _URL, "model": _STRING,
+        "language": _like("[a-z]{2,3}", "a language code such as 'en' or 'de'"),
+        "device": _one_of("auto", "cpu", "cuda"), "compute_type": _STRING,
+        "max_duration": _PERIOD, "timeout": _PERIOD, "queue_with_model": _BOOL},
 }
 _AUTOMATION: _Spec = {
     "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
@@ -498,7 +521,8 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
-        automations=tuple(jobs), variables=MappingProxyType(variables), source=path)
+        automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
+        voice=VoiceSettings(**tables["voice"], **secrets["voice"]))
 
 
 def _home(env: Mapping[str, str]) -> Path:

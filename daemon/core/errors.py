@@ -6,6 +6,7 @@
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
     │   └── CorruptFile             (daemon.store.files) a state file that does not parse
     ├── AttachmentError             a photo or file refused; its message is for the user
+    ├── VoiceError                  a recording not transcribed; its message is for the user
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
@@ -63,6 +64,17 @@ class AttachmentError(RoostError):
     """
 
     def __init__(self, message: str, reason: str = "refused") -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class VoiceError(RoostError):
+    """A voice note or audio file was not transcribed; the message is for the user and says why.
+
+    `reason` (for callers and /metrics, not the user): "off", "too_long", "unreadable",
+    "unavailable" (the backend is down or cannot load its model) or "failed" (it refused)."""
+
+    def __init__(self, message: str, reason: str) -> None:
         self.reason = reason
         super().__init__(message)
 

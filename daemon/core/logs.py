@@ -18,6 +18,7 @@ whatsapp_log = logging.getLogger("roost.whatsapp")
 http_log = logging.getLogger("roost.http")
 pairing_log = logging.getLogger("roost.pairing")
 automation_log = logging.getLogger("roost.automations")
+voice_log = logging.getLogger("roost.voice")
 
 
 def configure(level: int = logging.INFO) -> None:

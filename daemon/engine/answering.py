@@ -16,14 +16,16 @@ from daemon.core.messages import Channel, Inbound
 from daemon.engine.chat_commands import Commands
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
+from daemon.voice.hearing import Hearing
 
 
 class Answering:
     """See the module docstring; `notify` sends a notice through the chat's outbox."""
 
     def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
-                 notify: Notify) -> None:
+                 notify: Notify, voice: Hearing | None = None) -> None:
         self.parts = parts
+        self.voice = voice  # transcribes voice notes before their turn
         self.channels = channels
         self.notify = notify
         self.commands = Commands(settings=parts.settings, store=parts.store,
@@ -47,6 +49,8 @@ class Answering:
         handled = list(itertools.takewhile(
             lambda i: i.command not in self.commands.names, items))
         doing([i.to_doc() for i in handled])
+        if self.voice is not None:
+            handled = await self.voice.hear(handled, self.notify)
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.
