@@ -88,7 +88,7 @@ class Hearing:
             if doc.get("kind") not in AUDIO_KINDS:
                 attachments.append(doc)
                 continue
-            label = "voice note" if doc["kind"] == "voice" else "audio file"
+            label = _label(doc)
             try:
                 heard = await self._hear_one(doc, label)
             except VoiceError as exc:
@@ -156,6 +156,13 @@ class Hearing:
     def _observed(self, outcome: str, seconds: float | None) -> None:
         if self.observe is not None:
             self.observe(outcome, seconds)
+
+
+def _label(doc: Mapping[str, Any]) -> str:
+    """How a recording is named: WhatsApp stores its voice notes as "audio", but records them
+    as OGG/Opus, which is not what an audio file sent from the phone's files usually is."""
+    voice = doc.get("kind") == "voice" or doc.get("mime") == "audio/ogg"
+    return "voice note" if voice else "audio file"
 
 
 def last_transcript(store: Store, chat_key: str) -> str:
