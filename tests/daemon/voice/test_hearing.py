@@ -194,3 +194,15 @@ def test_transcript_command_text(store: Store) -> None:
         {"status": "too_long", "why": "That voice note is 2:00:00 long; ..."}]})
     assert last_transcript(store, CHAT) == ("Your last voice note was not transcribed. That "
                                             "voice note is 2:00:00 long; ...")
+
+
+async def test_a_recording_no_longer_stored_is_a_line_not_a_crash(
+        store: Store, whisper: FakeTranscriber) -> None:
+    item = voice_item(store, OPUS.read_bytes())
+    (store.state_dir / item.attachments[0]["path"]).unlink()
+    told = Told()
+    (kept,) = await hearing(store, whisper.url).hear([item], told)
+    assert kept.meta["voice"][0]["status"] == "unreadable"
+    assert told.lines == [(CHAT, "That voice note is no longer stored here; please send it "
+                                 "again.")]
+    assert whisper.requests == []
