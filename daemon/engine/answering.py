@@ -1,6 +1,7 @@
 """What a chat's worker does with the messages pending in its inbox: run the leading chat
-command, or answer the messages before the next command in one turn, in the channel's
-"working" context (typing..., later streaming). A turn that found the model unreachable parks
+command, or answer the messages before the next command in one turn (their voice notes
+transcribed first, `daemon.voice.hearing`), in the channel's "working" context (typing...,
+later streaming). A turn that found the model unreachable parks
 the chat: the worker tries it again later, without telling the user again."""
 
 from __future__ import annotations

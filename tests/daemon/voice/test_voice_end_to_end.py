@@ -15,7 +15,7 @@ from aiohttp import web
 
 from channels.telegram.channel import TelegramTuning
 from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
-from daemon.app.serve import build_app
+from daemon.app.serve import INDEX, build_app
 from tests.channels.telegram.test_telegram import (
     Daemon,
     message,
@@ -89,6 +89,10 @@ async def test_a_telegram_voice_note_is_heard_answered_replayed_and_quoted_by_tr
     (stored,) = daemon.user_messages()
     assert stored.content == heard and stored.attachments[0]["kind"] == "voice"
     assert (daemon.store.state_dir / stored.attachments[0]["path"]).read_bytes() == data
+    # memory_search (recall) finds the spoken words.
+    hits = await asyncio.to_thread(daemon.app[INDEX].search, "water the plants", 8,
+                                   daemon.store)
+    assert any(hit.role == "user" and "water" in hit.snippet for hit in hits), hits
 
     # The next turn replays it as the user's words; /transcript shows what was heard.
     assert await daemon.post(message(2, "what did I just ask?")) == 200
