@@ -51,7 +51,7 @@ class Answering:
             lambda i: i.command not in self.commands.names, items))
         doing([i.to_doc() for i in handled])
         if self.voice is not None:
-            handled = await self.voice.hear(handled, self.notify)
+            handled = await self.voice.hear(handled, self.notify, self._working)
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.

@@ -40,11 +40,17 @@ AUDIO_KINDS = ("voice", "audio")
 _BEFORE_BACKEND = ("off", "unreadable", "too_long")
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text)
 Hold = Callable[[], AbstractAsyncContextManager[None]]
+# The channel's "working" context for a chat (typing...), shown while a recording is heard.
+Working = Callable[[str], AbstractAsyncContextManager[None]]
 # (outcome, seconds the backend took or None): /metrics counts and times transcriptions.
 Observe = Callable[[str, float | None], None]
 
 
 def no_wait() -> AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _nothing() -> AbstractAsyncContextManager[None]:
     return contextlib.nullcontext()
 
 
@@ -72,11 +78,13 @@ class Hearing:
         if self.backend is not None:
             await self.backend.close()
 
-    async def hear(self, items: Sequence[Inbound], notify: Notify) -> list[Inbound]:
-        """The items with their recordings transcribed (see the module docstring)."""
-        return [await self._item(item, notify) for item in items]
+    async def hear(self, items: Sequence[Inbound], notify: Notify,
+                   working: Working | None = None) -> list[Inbound]:
+        """The items with their recordings transcribed (see the module docstring); `working`
+        is entered once the transcription holds the model's slot, as a model call's is."""
+        return [await self._item(item, notify, working) for item in items]
 
-    async def _item(self, item: Inbound, notify: Notify) -> Inbound:
+    async def _item(self, item: Inbound, notify: Notify, working: Working | None) -> Inbound:
         if "voice" in item.meta or not any(a.get("kind") in AUDIO_KINDS
                                            for a in item.attachments):
             return item  # nothing to hear, or heard before a restart or an outage
@@ -90,7 +98,8 @@ class Hearing:
                 continue
             label = _label(doc)
             try:
-                heard = await self._hear_one(doc, label)
+                shown = working(item.chat_key) if working is not None else _nothing()
+                heard = await self._hear_one(doc, label, shown)
             except VoiceError as exc:
                 log.info("%s of %s not transcribed (%s)", label, item.chat_key, exc.reason)
                 if exc.reason in _BEFORE_BACKEND:  # the backend's own are counted with its time
@@ -116,7 +125,8 @@ class Hearing:
             await notify(item.chat_key, problem)
         return heard_item
 
-    async def _hear_one(self, doc: Mapping[str, Any], label: str) -> _Heard:
+    async def _hear_one(self, doc: Mapping[str, Any], label: str,
+                        shown: AbstractAsyncContextManager[None]) -> _Heard:
         what = f"That {label}"
         if self.backend is None:
             raise VoiceError(f"I cannot listen to {label}s here: transcription is off (the "
@@ -134,12 +144,13 @@ class Hearing:
             raise VoiceError(f"{what} is {clock(duration)} long; I transcribe recordings of up "
                              f"to {clock(cap)}, so I only know you sent it. Please send a "
                              "shorter one, or type it.", "too_long")
-        text = await self._transcribe(path, doc, label)
+        text = await self._transcribe(path, doc, label, shown)
         return _Heard(text, duration)
 
-    async def _transcribe(self, path: Path, doc: Mapping[str, Any], label: str) -> str:
+    async def _transcribe(self, path: Path, doc: Mapping[str, Any], label: str,
+                          shown: AbstractAsyncContextManager[None]) -> str:
         assert self.backend is not None
-        async with self.hold():
+        async with self.hold(), shown:
             started = self.clock()
             try:
                 text = await self.backend.transcribe(

@@ -37,6 +37,8 @@ class Request:
     file: bytes
     authorization: str
     busy: float = 0.0  # seconds the fake spent "transcribing"
+    time: float = field(default_factory=time.monotonic)  # when it arrived
+    finished: float = 0.0  # when the fake had transcribed it (time.monotonic())
 
 
 @dataclass
@@ -104,7 +106,8 @@ class FakeTranscriber:
         started = time.monotonic()
         if self.delay:
             await asyncio.sleep(self.delay)
-        recorded.busy = time.monotonic() - started
+        recorded.finished = time.monotonic()
+        recorded.busy = recorded.finished - started
         fmt = fields.get("response_format", "json")
         if fmt == "text":
             return web.Response(text=self.text + "\n", content_type="text/plain")

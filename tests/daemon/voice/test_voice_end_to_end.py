@@ -186,3 +186,18 @@ async def test_a_whatsapp_voice_note_is_heard(
 async def graph() -> AsyncIterator[FakeGraph]:
     async with FakeGraph() as fake:
         yield fake
+
+
+async def test_typing_shows_while_the_voice_note_is_transcribed(
+        start: Start, fake_telegram: FakeTelegram, whisper: FakeTranscriber) -> None:
+    whisper.delay = 0.5  # a GPU's time; "typing…" is sent every 0.1 s in these tests
+    daemon = await start(voice={"backend": "http", "url": whisper.url})
+    data = OPUS.read_bytes()
+    fake_telegram.add_file("voice-1", data, "voice/file_1.oga")
+    assert await daemon.post(voice_update(1, "voice-1", len(data))) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    (heard,) = whisper.requests
+    typing = [c.time for c in fake_telegram.calls_to("sendChatAction")
+              if c.params.get("action") == "typing"]
+    assert any(heard.time <= t <= heard.finished for t in typing), (heard, typing)
