@@ -76,6 +76,9 @@ COMMANDS = (
     ("new", "Start a fresh conversation (the old one is kept)"),
     ("compact", "Fold the older part of this conversation into its summary"),
     ("status", "Model, window and the size of this conversation"),
+    ("remember", "Keep a fact about you for every conversation"),
+    ("memory", "The facts roost keeps about you, numbered"),
+    ("forget", "Forget fact number N (see /memory)"),
     ("help", "List the commands"),
 )
 

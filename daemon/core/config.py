@@ -122,6 +122,9 @@ class Settings:
     automations: tuple[AutomationSettings, ...]
     variables: Mapping[str, str]
     source: Path | None  # the file loaded, or None for defaults
+    # One person's chats on several channels: name -> chat keys (facts and recall are shared)
+    identities: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -448,7 +451,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         return values
 
     for name, value in document.items():
-        if name not in (*_SPECS, "automations", "variables"):
+        if name not in (*_SPECS, "automations", "variables", "identities"):
             raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
@@ -498,7 +501,42 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
-        automations=tuple(jobs), variables=MappingProxyType(variables), source=path)
+        automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
+        identities=_identities(document.get("identities", {}), fail))
+
+
+# A person's own chat: a Telegram private chat (its id is the user's, positive), a WhatsApp
+# wa_id or the terminal. Groups and forum topics are nobody's, so they cannot be linked.
+_PERSON_CHAT = _like("telegram:[1-9][0-9]*|whatsapp:[0-9]+|console:local",
+                     "a person's chat ('telegram:<user id>', 'whatsapp:<wa_id>' or "
+                     "'console:local')")
+_IDENTITY_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,39}")
+
+
+def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
+                ) -> Mapping[str, tuple[str, ...]]:
+    """`[identities]`: name = [chat keys]; a chat belongs to one identity at most."""
+    if not isinstance(raw, dict):
+        raise fail("identities", "expected a table, got "
+                   f"{_TOML_TYPES.get(type(raw), 'date/time')}")
+    identities: dict[str, tuple[str, ...]] = {}
+    owner: dict[str, str] = {}
+    for name, chats in raw.items():
+        if not _IDENTITY_NAME.fullmatch(name):
+            raise fail(f"identities.{name}", "the name must be lowercase letters, digits, '-' "
+                       "and '_' (at most 40)")
+        try:
+            keys = _array(_PERSON_CHAT)(chats)
+        except _Bad as bad:
+            raise fail(f"identities.{name}{bad.where}", str(bad)) from None
+        if not keys:
+            raise fail(f"identities.{name}", "must name at least one chat")
+        for key in keys:
+            if key in owner:
+                raise fail(f"identities.{name}", f"{key} is already in identity {owner[key]!r}")
+            owner[key] = name
+        identities[name] = tuple(dict.fromkeys(keys))
+    return MappingProxyType(identities)
 
 
 def _home(env: Mapping[str, str]) -> Path:

@@ -4,7 +4,8 @@
     ├── ConfigError                 a bad config file or setting (exit status 78)
     ├── StoreError                  the state directory cannot be read or written
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
-    │   └── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   ├── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   └── FactError               (daemon.store.facts) a fact not kept or not found; for the user
     ├── AttachmentError             a photo or file refused; its message is for the user
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── LLMError                    anything the model server answered badly

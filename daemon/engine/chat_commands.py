@@ -20,6 +20,8 @@ HELP = (
     "/new - start a fresh conversation (the old one is kept and searchable)\n"
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
+    "/remember TEXT - keep a fact about you for every conversation\n"
+    "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/help - this list"
 )
 GREETING = (

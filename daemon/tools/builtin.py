@@ -24,6 +24,7 @@ from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
+from daemon.store.facts import FactsBook, Person
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.scope import RecallScope, recall_scope
@@ -53,12 +54,16 @@ class ToolContext:
     active: list[str] = field(default_factory=list)  # capabilities activated in this conversation
     # Whose conversations recall may read; None: worked out from this conversation's record.
     scope: RecallScope | None = None
+    facts: FactsBook | None = None  # the facts files (daemon.tools.facts)
+    person: Person | None = None  # whose facts this conversation uses; None in a group
+    noted: list[str] = field(default_factory=list)  # "Noted: ..." lines the reply owes
 
     def recall_scope(self) -> RecallScope:
         """The scope (synchronous: it may read the store; call it in a thread)."""
         if self.scope is None:
             conversation = self.store.get_conversation(self.conversation_id)
-            self.scope = (recall_scope(conversation, self.settings.automations)
+            self.scope = (recall_scope(conversation, self.settings.automations,
+                                       self.settings.identities)
                           if conversation is not None
                           else RecallScope(frozenset(), frozenset({self.conversation_id})))
         return self.scope
