@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from daemon.context.budget import estimate_tokens
 
 FACTS_SHARE = 32  # the block may take a 32nd of the window
-FACTS_HEAD = ("What the user asked you to keep, oldest first (dates are when it was noted); "
-              "trust it over older messages:")
+FACTS_HEAD = "Facts the user asked you to keep (oldest first, with the day noted):"
 NOTE_MAX_CHARS = 600  # the change line of one turn
 
 Estimator = Callable[[str, float], int]
@@ -46,16 +45,26 @@ def facts_block(facts: Sequence[tuple[str, str]], num_ctx: int, ratio: float = 1
     if not facts:
         return FactsBlock("", 0, 0, 0, cap)
     lines = [f"- {added}: {text}" for added, text in facts]
-    for start in range(len(lines) + 1):
+
+    def render(start: int) -> str:
         body = [FACTS_HEAD, *lines[start:]]
         if start:
-            body.append(f"[{start} older facts are kept but not shown here; memory_facts "
-                        "lists them]")
-        text = "<user_facts>\n" + "\n".join(body) + "\n</user_facts>"
-        tokens = estimate(text, ratio)
-        if tokens <= cap:
-            return FactsBlock(text, len(lines) - start, start, tokens, cap)
-    return FactsBlock("", 0, len(lines), 0, cap)  # a window too small for even the count
+            body.append(f"[{start} older facts not shown; memory_facts lists them]")
+        return "<user_facts>\n" + "\n".join(body) + "\n</user_facts>"
+
+    # The fewest left out that fit: leaving out more never costs more, so a binary search.
+    low, high = 0, len(lines)
+    while low < high:
+        middle = (low + high) // 2
+        if estimate(render(middle), ratio) <= cap:
+            high = middle
+        else:
+            low = middle + 1
+    text = render(low)
+    tokens = estimate(text, ratio)
+    if tokens > cap:  # a window too small for even the count
+        return FactsBlock("", 0, len(lines), 0, cap)
+    return FactsBlock(text, len(lines) - low, low, tokens, cap)
 
 
 def with_facts(prefix: str, block: str) -> str:
