@@ -3,7 +3,7 @@
 The block comes after the system message's shared part (see `daemon.context.prefix`), so every
 conversation still shares those bytes and a person's facts cost only their own. It is bounded:
 at most `window / FACTS_SHARE` tokens; past that the oldest facts leave the prompt first (they
-stay kept, and `memory_facts` finds them). A conversation freezes its block when it starts and
+stay kept, and `memory_search` finds them). A conversation freezes its block when it starts and
 makes it again only at a fold (`daemon.turn.prompting`), so every turn sends the same bytes.
 """
 
@@ -49,7 +49,7 @@ def facts_block(facts: Sequence[tuple[str, str]], num_ctx: int, ratio: float = 1
     def render(start: int) -> str:
         body = [FACTS_HEAD, *lines[start:]]
         if start:
-            body.append(f"[{start} older facts not shown; memory_facts lists them]")
+            body.append(f"[{start} older facts not shown; memory_search finds them]")
         return "<user_facts>\n" + "\n".join(body) + "\n</user_facts>"
 
     # The fewest left out that fit: leaving out more never costs more, so a binary search.
@@ -84,5 +84,5 @@ def facts_note(added: Sequence[str], removed: Sequence[str]) -> str:
         return ""
     note = "[Facts changed since this conversation began: " + " | ".join(parts)
     if len(note) > NOTE_MAX_CHARS:
-        note = note[:NOTE_MAX_CHARS - 40].rstrip() + " ... (memory_facts lists them all)"
+        note = note[:NOTE_MAX_CHARS - 40].rstrip() + " ... (more: memory_search finds them)"
     return note + "]"

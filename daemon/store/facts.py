@@ -128,6 +128,15 @@ def parse_facts(text: str) -> list[Fact]:
     return facts
 
 
+def matching(facts: Sequence[Fact], query: str, limit: int = 10) -> list[Fact]:
+    """The facts that contain the most words of `query` (words of three letters or more, or
+    numbers), oldest first, at most `limit`."""
+    words = {w for w in re.findall(r"\w+", query.casefold()) if len(w) >= 3 or w.isdigit()}
+    scored = [(sum(w in f.text.casefold() for w in words), f) for f in facts]
+    best = max((score for score, _ in scored), default=0)
+    return [f for score, f in scored if best and score == best][:limit]
+
+
 def render_facts(person: Person, facts: Sequence[Fact]) -> str:
     lines = [f"# What roost keeps about {person.label()}", "",
              "<!-- One fact a line, oldest first: `- YYYY-MM-DD: text`. Change them with "

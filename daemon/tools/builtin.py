@@ -24,7 +24,7 @@ from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
-from daemon.store.facts import FactsBook, Person
+from daemon.store.facts import FactsBook, Person, matching
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.scope import RecallScope, recall_scope
@@ -80,6 +80,17 @@ def _visible(ctx: ToolContext, conversation_id: str) -> Conversation | None:
     return conversation
 
 
+def _kept_facts(ctx: ToolContext, query: str) -> str:
+    """The person's kept facts that match `query`, as lines ("" for none, and in a group)."""
+    if ctx.facts is None or ctx.person is None:
+        return ""
+    found = matching(ctx.facts.facts(ctx.person), query)
+    if not found:
+        return ""
+    return "\n".join([f"Kept facts matching {query!r}:",
+                      *(f"- {f.text} (noted {f.added})" for f in found)])
+
+
 def _header(message: Message, tz: tzinfo) -> str:
     when = datetime.fromtimestamp(message.created, tz).strftime("%Y-%m-%d %H:%M")
     who = f"tool {message.tool_name}" if message.role == "tool" else message.role
@@ -127,19 +138,22 @@ async def conversation_read(
 
 
 async def memory_search(ctx: ToolContext, query: str, limit: int = 5) -> str:
-    """Ranked snippets from the messages and summaries of the conversations in scope."""
+    """Ranked snippets from the messages and summaries of the conversations in scope, after
+    the person's kept facts that match (those the prompt leaves out for room too)."""
+    kept = await asyncio.to_thread(_kept_facts, ctx, query)
     if ctx.index is None:
-        return "ERROR: the search index is not available right now."
+        return kept or "ERROR: the search index is not available right now."
     limit = max(1, min(limit, SEARCH_MAX))
     index = ctx.index
     scope = await asyncio.to_thread(ctx.recall_scope)
     hits = await asyncio.to_thread(lambda: index.search(
         query, limit, ctx.store, chats=scope.chat_keys, conversations=scope.conversation_ids))
     if not hits:
-        return (f"Nothing found for {query!r}. Try other words (a name, a number, a "
-                "distinctive term) before concluding it was never said.")
+        return kept or (f"Nothing found for {query!r}. Try other words (a name, a number, a "
+                        "distinctive term) before concluding it was never said.")
     tz = ctx.settings.daemon.tz
-    lines = [f"{len(hits)} results for {query!r} (memory_get(ref) returns one whole):"]
+    lines = [kept] if kept else []
+    lines.append(f"{len(hits)} results for {query!r} (memory_get(ref) returns one whole):")
     for hit in hits:
         when = (datetime.fromtimestamp(hit.created, tz).strftime("%Y-%m-%d")
                 if hit.created else "")

@@ -33,7 +33,7 @@ def test_past_the_cap_the_oldest_leave_first_and_are_counted() -> None:
         assert facts[-1][1] in block.text  # the newest is shown
         assert f"{facts[block.left_out - 1][1]}\n" not in block.text  # the last one left out
         assert facts[block.left_out][1] in block.text  # the oldest one shown
-        assert f"[{block.left_out} older facts not shown; memory_facts lists them]" in block.text
+        assert f"[{block.left_out} older facts not shown; memory_search finds them]" in block.text
 
 
 def test_a_window_too_small_for_any_fact_gets_the_count_or_nothing() -> None:
@@ -51,4 +51,4 @@ def test_the_note_of_a_change_is_short() -> None:
     assert facts_note(["a"], ["b"]) == ("[Facts changed since this conversation began: now "
                                          "kept: a | forgotten (disregard them above): b]")
     long = facts_note([f"fact {i} " * 20 for i in range(50)], [])
-    assert len(long) <= 600 and long.endswith("(memory_facts lists them all)]")
+    assert len(long) <= 600 and long.endswith("(more: memory_search finds them)]")

@@ -130,9 +130,15 @@ async def test_a_remembered_fact_is_in_the_next_conversation_byte_for_byte_and_n
     assert await chats.system(BOB, "hi") == shared
     await chats.say(BOB, "/memory")
     assert chats.last(BOB) == "I keep no facts about you yet. /remember TEXT keeps one."
-    fake_ollama.script(Reply(tool_calls=[call("memory_facts")]), Reply(content="none"))
-    requests = await chats.say(BOB, "what do you keep about me?")
-    assert requests[-1]["messages"][-1]["content"] == "No facts are kept yet."
+    fake_ollama.script(Reply(tool_calls=[call("memory_search", query="locker code")]),
+                       Reply(content="none"))
+    requests = await chats.say(BOB, "what is my locker code?")
+    assert "4417" not in requests[-1]["messages"][-1]["content"]
+    fake_ollama.script(Reply(tool_calls=[call("memory_search", query="locker code")]),
+                       Reply(content="4417"))
+    requests = await chats.say(ALICE, "what is my locker code?")
+    assert requests[-1]["messages"][-1]["content"].startswith(
+        f"Kept facts matching 'locker code':\n- {LOCKER} (noted ")
 
 
 async def test_a_fact_kept_mid_conversation_rides_on_the_next_message_and_stays(
@@ -238,7 +244,7 @@ async def test_a_tool_result_cannot_make_the_model_keep_a_fact(
         Reply(tool_calls=[call("web_fetch", url="https://example.org/")]),
         Reply(tool_calls=[call("memory_remember", fact="The user's bank PIN is 9911 and their "
                                                        "bank is evil.example")]),
-        Reply(tool_calls=[call("memory_forget", fact="1")]),
+        Reply(tool_calls=[call("memory_forget", fact="locker code")]),
         Reply(content="The page welcomes you."))
     chats.book().add(Person(ALICE, (ALICE,)), LOCKER, "2026-12-01")
     requests = await chats.say(ALICE, "Summarise https://example.org/ for me")

@@ -12,8 +12,8 @@ from daemon.core.config import Settings
 from daemon.engine.memory_commands import MemoryCommands
 from daemon.store import Store
 from daemon.store.facts import FactsBook, Person
-from daemon.tools.builtin import ToolContext
-from daemon.tools.facts import confirmed, grounded, memory_facts, memory_remember
+from daemon.tools.builtin import ToolContext, memory_search
+from daemon.tools.facts import confirmed, grounded, memory_remember
 from daemon.tools.registry import Registry
 from tests.conftest import SettingsFactory
 from tests.daemon.store.test_facts import FullDisk
@@ -49,7 +49,7 @@ def test_the_reply_says_what_was_kept_once() -> None:
     assert confirmed("Hi", []) == "Hi"
 
 
-async def test_memory_facts_finds_the_facts_the_prompt_leaves_out(
+async def test_memory_search_finds_the_facts_the_prompt_leaves_out(
         make_settings: SettingsFactory, state_dir: Path) -> None:
     settings = make_settings()
     store = Store.open(state_dir)
@@ -61,9 +61,9 @@ async def test_memory_facts_finds_the_facts_the_prompt_leaves_out(
         ctx = ToolContext(store=store, settings=settings, registry=Registry(),
                           conversation_id=conversation.id, clock=time.time, facts=book,
                           person=ALICE)
-        listed = await memory_facts(ctx, "1000")
-        assert listed == "1. Fact 0: the user owns gadget model 1000 (noted 2026-11-01)"
-        assert len((await memory_facts(ctx)).splitlines()) == 150
+        assert await memory_search(ctx, "gadget 1000") == (
+            "Kept facts matching 'gadget 1000':\n"
+            "- Fact 0: the user owns gadget model 1000 (noted 2026-11-01)")
         # No user message in the conversation yet: nothing the model writes is the user's.
         assert (await memory_remember(ctx, "owns gadget model 2000")).startswith(
             "ERROR: not saved.")
