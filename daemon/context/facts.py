@@ -9,6 +9,7 @@ makes it again only at a fold (`daemon.turn.prompting`), so every turn sends the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ FACTS_HEAD = "Facts the user asked you to keep (oldest first, with the day noted
 NOTE_MAX_CHARS = 600  # the change line of one turn
 
 Estimator = Callable[[str, float], int]
+_TAG = re.compile("user_facts", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ def facts_block(facts: Sequence[tuple[str, str]], num_ctx: int, ratio: float = 1
     cap = facts_cap(num_ctx)
     if not facts:
         return FactsBlock("", 0, 0, 0, cap)
-    lines = [f"- {added}: {text}" for added, text in facts]
+    # A fact is one line, and cannot close the block early (a hand-edited file included).
+    lines = [f"- {added}: {_TAG.sub('user facts', text)}" for added, text in facts]
 
     def render(start: int) -> str:
         body = [FACTS_HEAD, *lines[start:]]
