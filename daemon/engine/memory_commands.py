@@ -49,9 +49,11 @@ class MemoryCommands:
             if name == "forget":
                 return await self._forget(person, argument)
             return await self._list(person)
-        except StoreError as exc:  # a full disk, a folder it cannot write: nothing changed
-            if isinstance(exc, FactError):
-                return f"Not changed: {exc}."
+        except FactError as exc:
+            return f"Not changed: {exc}."
+        except StoreError as exc:  # a full disk, a folder it cannot use: nothing changed
+            if name == "memory":
+                return f"The facts cannot be read right now ({exc})."
             return f"Not changed: the facts file cannot be written ({exc})."
 
     async def _remember(self, person: Person, argument: str) -> str:

@@ -19,6 +19,8 @@ from daemon.context.prefix import Capability, MemoryMap, channel_note, system_pr
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
+from daemon.core.errors import StoreError
+from daemon.core.logs import turn_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.facts import FactsBook, FrozenFacts, Person
@@ -161,17 +163,27 @@ class Prompting:
             return None
         return await asyncio.to_thread(self._frozen, conversation, person, num_ctx)
 
-    def _frozen(self, conversation: Conversation, person: Person, num_ctx: int) -> FrozenFacts:
+    def _frozen(self, conversation: Conversation, person: Person,
+                num_ctx: int) -> FrozenFacts | None:
         assert self.facts is not None
         frozen = self.facts.frozen(conversation.id)
         fold = conversation.summary.fold_count
         if frozen is not None and frozen.fold_count == fold and frozen.person == person.name:
             return frozen
-        facts = self.facts.facts(person)
+        try:
+            facts = self.facts.facts(person)
+        except StoreError as exc:  # the conversation goes on, with the block it had if any
+            log.warning("facts of %s unreadable (%s)", person.name, exc)
+            return frozen
         block = facts_block([(f.added, f.text) for f in facts], num_ctx,
                             conversation.token_ratio)
         frozen = FrozenFacts(block=block.text, known=tuple(f.text for f in facts),
                              fold_count=fold, person=person.name, shown=block.shown,
                              left_out=block.left_out, tokens=block.tokens, cap=block.cap)
-        self.facts.freeze(conversation.id, frozen)
+        try:
+            self.facts.freeze(conversation.id, frozen)
+        except StoreError as exc:  # a full disk: the block is sent all the same, and made
+            # again from the same facts next turn, so the bytes hold unless the facts change
+            log.warning("conversation %s: cannot keep its facts block (%s)", conversation.id,
+                        exc)
         return frozen

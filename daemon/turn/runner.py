@@ -49,6 +49,7 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    StoreError,
 )
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Inbound, Outbound
@@ -536,9 +537,13 @@ class TurnRunner:
                 meta=meta,
             )
         if note is not None and self.facts is not None:
-            # After the message that carries the line: a crash in between announces it again
-            # (harmless), never not at all.
-            self.facts.freeze(conversation.id, note[1])
+            # After the message that carries the line: a crash (or a write that fails) in
+            # between announces it again on the next message (harmless), never not at all.
+            try:
+                self.facts.freeze(conversation.id, note[1])
+            except StoreError as exc:
+                log.warning("conversation %s: cannot note the facts change (%s)",
+                            conversation.id, exc)
         if items:
             # Touched here, saved once per turn: with the reply (`_save_reply`), or when the
             # turn ends without one (`_fail`, parked). Until then the appended messages are
@@ -557,7 +562,11 @@ class TurnRunner:
         frozen = self.facts.frozen(conversation.id)
         if frozen is None or frozen.person != person.name:
             return None
-        now = [f.text for f in self.facts.facts(person)]
+        try:
+            now = [f.text for f in self.facts.facts(person)]
+        except StoreError as exc:  # unreadable: the conversation goes on without the news
+            log.warning("facts of %s unreadable (%s)", person.name, exc)
+            return None
         added = [t for t in now if not any(same_fact(t, k) for k in frozen.known)]
         removed = [k for k in frozen.known if not any(same_fact(k, t) for t in now)]
         if not added and not removed:

@@ -324,3 +324,24 @@ async def test_an_automation_uses_the_facts_of_the_person_it_reports_to(
     brief_system = fake_ollama.chat_requests[-2]["messages"][0]["content"]
     team_system = fake_ollama.chat_requests[-1]["messages"][0]["content"]
     assert follow in brief_system and "<user_facts>" not in team_system
+
+
+async def test_a_facts_folder_roost_cannot_use_costs_the_facts_not_the_conversation(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    settings = settings_for(make_settings, fake_ollama)
+    settings.daemon.state_dir.mkdir(parents=True)
+    (settings.daemon.state_dir / "facts").write_text("not a folder")
+    chats = await start(settings)
+    await chats.say(ALICE, f"/remember {LOCKER}")
+    assert chats.last(ALICE).startswith("Not changed: the facts file cannot be written (")
+    await chats.say(ALICE, "/memory")
+    assert chats.last(ALICE).startswith("The facts cannot be read right now (")
+    system = await chats.system(ALICE, "hello")
+    assert "<user_facts>" not in system and chats.last(ALICE) == "echo: hello"
+    fake_ollama.script(Reply(tool_calls=[call("memory_remember", fact="Locker code is 4417")]),
+                       Reply(content="I could not keep it."))
+    requests = await chats.say(ALICE, "My locker code is 4417. Remember it.")
+    assert requests[-1]["messages"][-1]["content"].startswith(
+        "ERROR: not saved, the facts file cannot be written")
+    assert chats.last(ALICE) == "I could not keep it."
