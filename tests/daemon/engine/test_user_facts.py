@@ -27,7 +27,7 @@ from daemon.tools.builtin import register_builtin
 from daemon.tools.facts import NOT_HERE, register_facts
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.turn.parts import TurnParts
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.conftest import RecordingChannel, SettingsFactory, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 
 ALICE = "telegram:1111111"
@@ -345,3 +345,22 @@ async def test_a_facts_folder_roost_cannot_use_costs_the_facts_not_the_conversat
     assert requests[-1]["messages"][-1]["content"].startswith(
         "ERROR: not saved, the facts file cannot be written")
     assert chats.last(ALICE) == "I could not keep it."
+
+
+async def test_the_conversation_after_an_idle_rotation_starts_knowing_the_facts(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    settings = settings_for(make_settings, fake_ollama)
+    settings = dataclasses.replace(settings, daemon=dataclasses.replace(
+        settings.daemon, idle_rotation=0.3))
+    chats = await start(settings)
+    first = await chats.say(ALICE, "hello")
+    await chats.say(ALICE, f"/remember {LOCKER}")
+    before = chats.engine.store.active_conversation(ALICE)
+    assert before is not None
+    await wait_until(lambda: before.is_idle(time.time(), 0.3))
+    later = await chats.say(ALICE, "what was my code?")
+    after = chats.engine.store.newest_conversation(ALICE)
+    assert after is not None and after.id != before.id and after.after_idle
+    assert "<user_facts>" not in first[0]["messages"][0]["content"]
+    assert LOCKER in later[0]["messages"][0]["content"]
