@@ -284,9 +284,10 @@ class TurnRunner:
             return TurnResult(Outcome.PARKED, conversation.id)
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
-            return await self._fail(recorded, items, (
+            # A fact kept before the error is still said (nothing is saved silently).
+            return await self._fail(recorded, items, confirmed(
                 f"The model server answered with an error: {exc}. Your message is saved; "
-                "send another message to try again."))
+                "send another message to try again.", context.noted))
         ratio = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         await asyncio.to_thread(

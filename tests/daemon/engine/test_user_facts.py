@@ -364,3 +364,15 @@ async def test_the_conversation_after_an_idle_rotation_starts_knowing_the_facts(
     assert after is not None and after.id != before.id and after.after_idle
     assert "<user_facts>" not in first[0]["messages"][0]["content"]
     assert LOCKER in later[0]["messages"][0]["content"]
+
+
+async def test_a_fact_kept_before_the_model_fails_is_still_said(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    chats = await start(settings_for(make_settings, fake_ollama))
+    fake_ollama.script(Reply(tool_calls=[call("memory_remember", fact="Locker code is 4417")]),
+                       Reply(status=400, error="something went wrong"))
+    await chats.say(ALICE, "My locker code is 4417. Remember it.")
+    notice = chats.last(ALICE)
+    assert notice.startswith("The model server answered with an error")
+    assert notice.endswith("\n\nNoted: Locker code is 4417")
