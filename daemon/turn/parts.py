@@ -17,7 +17,9 @@ from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import register_builtin
+from daemon.tools.documents import register_documents
 from daemon.tools.registry import Registry
+from daemon.tools.web.tools import register_web
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -50,6 +52,8 @@ class TurnParts:
         if registry is None:
             registry = Registry()
             register_builtin(registry)
+            register_web(registry, settings.web)
+            register_documents(registry)
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
         return cls(
