@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from io import BytesIO
 
 import docx
@@ -74,4 +75,36 @@ def workbook(sheets: dict[str, list[list[object]]]) -> bytes:
             sheet.append(row)
     out = BytesIO()
     book.save(out)
+    return out.getvalue()
+
+
+def word_bomb(paragraphs: int) -> bytes:
+    """A DOCX whose document.xml unpacks to `paragraphs` tiny paragraphs (35 bytes each, a few
+    bytes packed): a zip bomb that a reader building the whole tree chokes on."""
+    source = zipfile.ZipFile(BytesIO(word(["x"])))
+    out = BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as bomb:
+        for info in source.infolist():
+            if info.filename != "word/document.xml":
+                bomb.writestr(info, source.read(info.filename))
+                continue
+            head, tail = source.read(info.filename).split(b"<w:body>")
+            chunk = b"<w:p><w:r><w:t>a</w:t></w:r></w:p>" * 10_000
+            with bomb.open("word/document.xml", "w") as member:
+                member.write(head + b"<w:body>")
+                for _ in range(paragraphs // 10_000):
+                    member.write(chunk)
+                member.write(tail)
+    return out.getvalue()
+
+
+def looping_pdf() -> bytes:
+    """A PDF whose page tree lists itself among its kids: a reader that walks it naively
+    never comes back."""
+    writer = PdfWriter()
+    writer.add_blank_page(100, 100)
+    pages = writer.root_object["/Pages"]
+    pages["/Kids"].append(writer.root_object.raw_get("/Pages"))
+    out = BytesIO()
+    writer.write(out)
     return out.getvalue()

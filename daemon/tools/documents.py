@@ -70,8 +70,9 @@ class Documents:
                          for n, text in got["texts"])
         shown = got["texts"][-1][0] if got["texts"] else first
         after = f"Pages {first}-{shown} of {pages}."
-        if got["next"]:
-            after += f' More: pdf_read("{path}", {got["next"]}, {min(pages, to_page or pages)})'
+        wanted = min(pages, to_page if to_page >= first else pages)
+        if shown < wanted:
+            after += f' More: pdf_read("{path}", {got["next"] or shown + 1}, {wanted})'
         return labelled("PDF text", path, body, after)
 
     async def pdf_search(self, ctx: ToolContext, path: str, query: str,

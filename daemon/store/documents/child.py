@@ -25,6 +25,10 @@ JOBS: dict[str, Callable[..., Any]] = {
     "html_extract": html.extract,
 }
 
+OUT_OF_MEMORY = {"error": "it needs more memory than a file of its kind should, so I stopped "
+                          "(it may be a zip bomb or otherwise built to exhaust readers)",
+                 "fatal": True}
+
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     job = JOBS.get(str(request.get("job")))
@@ -35,17 +39,28 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     except DocumentError as exc:
         return {"error": str(exc)}
     except MemoryError:
-        return {"error": "it needs more memory than a file of its kind should, so I stopped "
-                         "(it may be a zip bomb or otherwise built to exhaust readers)",
-                "fatal": True}
+        return OUT_OF_MEMORY
     except RecursionError:
         return {"error": "its structure is nested too deeply to read (damaged or hostile)"}
     except Exception as exc:  # the boundary of one job: a parser's bug on a hostile file
+        if _near_the_bound():  # lxml reports a failed allocation as an "unknown" syntax error
+            return OUT_OF_MEMORY
         return {"error": f"it looks damaged; the reader failed with {type(exc).__name__}"}
 
 
+_limit = 0
+
+
+def _near_the_bound() -> bool:
+    """Whether this child's peak resident memory came near its address-space bound: then a
+    failure was most likely an allocation refused, whatever the library called it."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return bool(_limit) and peak > _limit // 2
+
+
 def main() -> None:
-    limit = int(sys.argv[1]) * 1024 * 1024
+    global _limit
+    limit = _limit = int(sys.argv[1]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print of a library must not corrupt the answers

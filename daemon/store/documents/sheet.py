@@ -12,12 +12,14 @@ from openpyxl.utils.exceptions import InvalidFileException
 
 from daemon.core.errors import DocumentError
 from daemon.store.documents.tables import markdown_table
+from daemon.store.documents.unzip import check_archive
 
 MAX_ROWS = 60
 MAX_COLS = 20
 
 
 def _open(path: str) -> Any:
+    check_archive(path, "a spreadsheet")
     try:
         return load_workbook(path, read_only=True, data_only=True)
     except (InvalidFileException, zipfile.BadZipFile, KeyError, ValueError) as exc:
