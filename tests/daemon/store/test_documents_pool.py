@@ -51,7 +51,8 @@ def test_a_zip_bomb_hits_the_memory_bound_and_the_next_file_is_read(
 
 def test_a_zip_bomb_that_declares_its_size_is_refused_unopened(
         pool: WorkerPool, files: dict[str, Path]) -> None:
-    with pytest.raises(DocumentError, match=r"unpacks to 2[0-9][0-9] MB in [0-9]+ parts, .* zip bomb"):
+    with pytest.raises(DocumentError,
+                       match=r"unpacks to 2[0-9][0-9] MB in [0-9]+ parts, .* zip bomb"):
         pool.call("docx_info", str(files["huge.docx"]))
 
 

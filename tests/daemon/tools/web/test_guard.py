@@ -55,7 +55,7 @@ async def test_an_address_written_in_the_url_is_refused_without_resolving(addres
 async def test_one_inside_address_among_public_ones_refuses_the_name() -> None:
     # A rebinding name answers with a public address and the metadata one: not fetched at all.
     guard = Guard(resolve=Resolver({"rebind.example": ["93.184.216.34", "169.254.169.254"]}))
-    with pytest.raises(WebRefused, match="169.254.169.254"):
+    with pytest.raises(WebRefused, match=r"169\.254\.169\.254"):
         await guard.addresses("rebind.example", 80)
 
 

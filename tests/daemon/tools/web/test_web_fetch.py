@@ -5,6 +5,7 @@ site's host is in web.allow_hosts). Every connection stays on loopback."""
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import pytest
 
 from daemon.tools.registry import Registry
@@ -32,7 +33,7 @@ async def test_an_article_comes_back_as_its_text_labelled_and_paged(
     assert "Page 3 of 3." in last.content and "Next:" not in last.content
     assert (await call("web_fetch", url=site.url + "/article", page=4)).content.startswith(
         "ERROR: ")
-    assert site.requests == [("127.0.0.1:%d" % site.port, "/article")]  # page 3 came from cache
+    assert site.requests == [(f"127.0.0.1:{site.port}", "/article")]  # page 3 came from cache
 
 
 async def test_a_redirect_chain_is_followed_and_a_loop_is_stopped(
