@@ -52,10 +52,16 @@ _limit = 0
 
 
 def _near_the_bound() -> bool:
-    """Whether this child's peak resident memory came near its address-space bound: then a
-    failure was most likely an allocation refused, whatever the library called it."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return bool(_limit) and peak > _limit // 2
+    """Whether this child's address space came near its bound: then a failure was most likely
+    an allocation refused, whatever the library called it. VmPeak, not ru_maxrss: that one
+    carries over the parent's peak across exec."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            peak = next((int(line.split()[1]) * 1024 for line in status
+                         if line.startswith("VmPeak:")), 0)
+    except (OSError, ValueError):
+        return False
+    return bool(_limit) and peak > _limit * 0.8
 
 
 def main() -> None:
