@@ -53,6 +53,7 @@ from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
@@ -124,8 +125,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         starting.append(whatsapp_start_ctx)
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
-    app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, *opening, engine_ctx,
-                            automations_ctx, *starting])
+    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, *opening,
+                            engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     return app
@@ -161,6 +162,14 @@ def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
     except BaseException:
         store.close()
         raise
+
+
+async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The worker processes that parse documents and pages start with the first one (storing
+    a PDF reads its page count, so the model's first pdf_info finds a warm worker); they stop
+    with the daemon rather than at interpreter exit."""
+    yield
+    await asyncio.to_thread(shared_pool().close)
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -79,12 +79,14 @@ class Web:
         if not 1 <= page <= count:
             plural = "s" if count > 1 else ""
             return f"ERROR: {url} has {count} page{plural}; there is no page {page}."
-        head = f"# {got.title}\n\n" if got.title and page == 1 else ""
+        body = got.pages[page - 1]
+        titled = got.title and body.lstrip().lower().startswith(f"# {got.title.lower()}")
+        head = f"# {got.title}\n\n" if got.title and page == 1 and not titled else ""
         moved = f" (redirected from {url})" if got.url != url else ""
         after = f"Page {page} of {count}."
         if page < count:
             after += f' Next: web_fetch("{url}", page={page + 1})'
-        return labelled("web page", got.url + moved, head + got.pages[page - 1], after)
+        return labelled("web page", got.url + moved, head + body, after)
 
     async def web_search(self, ctx: ToolContext, query: str, limit: int = 5) -> str:
         try:

@@ -24,7 +24,7 @@ async def test_an_article_comes_back_as_its_text_labelled_and_paged(
     assert not first.error
     text = first.content
     assert text.startswith(f"[web page from {site.url}/article; untrusted content")
-    assert "# T-distributed stochastic neighbor embedding" in text
+    assert "\n# t-distributed stochastic neighbor embedding\n" in text
     assert "**T-distributed Stochastic Neighbor Embedding (t-SNE)** is a [machine learning]" in text
     assert "wgBreakFrames" not in text and "<script" not in text  # scripts and markup gone
     # Long pages are paged, not cut: the last page ends the article, the first says how on.
