@@ -46,11 +46,15 @@ class _Child:
 
     def __init__(self, memory_mb: int) -> None:
         # No shell, our own interpreter, a fixed module; stderr dropped (pypdf warns a lot
-        # about damaged files, and those warnings are not ours to log).
+        # about damaged files, and those warnings are not ours to log). The environment is
+        # not passed on: it holds the channels' tokens, which a parser exploited by a hostile
+        # file must not find. Only where our modules are.
+        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LANG": "C.UTF-8",
+               "PATH": os.defpath}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daemon.store.documents.child", str(memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True)
+            close_fds=True, env=env, cwd="/")
         self.buffer = b""
 
     def call(self, job: str, args: list[Any], timeout: float) -> Any:
@@ -133,6 +137,11 @@ class WorkerPool:
     def warm(self) -> None:
         """Start one child ahead of the first document (the daemon calls it at start)."""
         self.call("ping")
+
+    def idle_pids(self) -> list[int]:
+        """Process ids of the workers waiting for a job."""
+        with self._lock:
+            return [child.proc.pid for child in self._idle]
 
     def close(self) -> None:
         with self._lock:

@@ -112,3 +112,17 @@ def test_an_attachment_that_breaks_its_reader_is_still_stored_with_a_note(
     assert stored.path.is_file()
     assert stored.to_doc()["note"].endswith(
         "; a PDF I could not read: it looks damaged; the reader failed with PdfReadError]")
+
+
+def test_a_worker_does_not_get_the_daemons_secrets(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.setenv("ROOST_TELEGRAM_TOKEN", "123:secret-token")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    pool = WorkerPool()
+    try:
+        assert pool.call("ping") == "pong"
+        (pid,) = pool.idle_pids()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    finally:
+        pool.close()
+    assert b"secret-token" not in environ and b"CREDENTIALS_DIRECTORY" not in environ
