@@ -31,8 +31,9 @@ async def test_an_article_comes_back_as_its_text_labelled_and_paged(
     assert "Page 1 of 3. Next: web_fetch(" in text
     last = await call("web_fetch", url=site.url + "/article", page=3)
     assert "Page 3 of 3." in last.content and "Next:" not in last.content
-    assert (await call("web_fetch", url=site.url + "/article", page=4)).content.startswith(
-        "ERROR: ")
+    for page in (4, 0, -1):
+        beyond = await call("web_fetch", url=site.url + "/article", page=page)
+        assert beyond.content == f"ERROR: {site.url}/article has 3 pages; there is no page {page}."
     assert site.requests == [(f"127.0.0.1:{site.port}", "/article")]  # page 3 came from cache
 
 
