@@ -43,7 +43,13 @@ from daemon.app.httpguard import (
 from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.core.config import Settings
-from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
+from daemon.core.errors import (
+    ChannelError,
+    ConfigError,
+    DeliveryError,
+    DocumentError,
+    StoreError,
+)
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
@@ -165,9 +171,8 @@ def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
 
 
 async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The worker processes that parse documents and pages start with the first one (storing
-    a PDF reads its page count, so the model's first pdf_info finds a warm worker); they stop
-    with the daemon rather than at interpreter exit."""
+    """The worker processes that parse documents and pages: `serve` starts one once the daemon
+    is up (else the first document starts it); they stop with the daemon, not at exit."""
     yield
     await asyncio.to_thread(shared_pool().close)
 
@@ -459,6 +464,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
+    # A document worker starts now, off the loop, so the first PDF sent is read by a warm one.
+    warming = asyncio.create_task(asyncio.to_thread(shared_pool().warm), name="roost-documents")
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
@@ -471,6 +478,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
     await app[ENGINE].drain(budget.drain)
+    try:
+        await warming
+    except DocumentError as exc:  # not fatal: the first document tries again
+        log.warning("the document worker did not start: %s", exc)
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()
