@@ -57,9 +57,9 @@ def test_a_zip_bomb_that_declares_its_size_is_refused_unopened(
 
 
 def test_a_parse_past_its_time_is_killed_with_a_clear_error(files: dict[str, Path]) -> None:
-    slow = WorkerPool(Limits(memory_mb=4096, timeout=0.2))  # three million paragraphs: slower
+    slow = WorkerPool(Limits(memory_mb=4096, timeout=1.0))  # three million paragraphs: slower
     try:
-        with pytest.raises(DocumentError, match=r"took longer than 0 s, so I stopped"):
+        with pytest.raises(DocumentError, match=r"took longer than 1 s, so I stopped"):
             slow.call("docx_info", str(files["bomb.docx"]))
         assert slow.call("ping", timeout=30) == "pong"  # a fresh worker
         assert slow.started == 2
