@@ -11,7 +11,7 @@ import pytest
 from daemon.tools.registry import Registry
 from daemon.tools.web.tools import PAGE_CHARS, split_pages
 from tests.daemon.tools.web.conftest import Call
-from tests.fakes.website import ARTICLE, FakeSite
+from tests.fakes.website import FakeSite
 
 Tools = Callable[..., tuple[Registry, Call]]
 LOOPBACK = {"allow_hosts": ["127.0.0.1"]}
@@ -125,7 +125,3 @@ def test_pages_split_between_paragraphs_and_lose_nothing() -> None:
     assert len(pages) > 1 and all(len(p) <= PAGE_CHARS for p in pages)
     assert all(p.startswith("Paragraph") for p in pages)
     assert " ".join(" ".join(pages).split()) == " ".join(text.split())
-
-
-def test_the_article_fixture_is_a_whole_page() -> None:
-    assert len(ARTICLE) > 100_000 and b"</html>" in ARTICLE
