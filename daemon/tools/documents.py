@@ -37,17 +37,17 @@ class Documents:
     async def _open(self, ctx: ToolContext, path: str, job: str, *args: Any) -> Any:
         target = await asyncio.to_thread(sent_file, ctx, path)
         if target is None:
-            raise _NotSent(f"ERROR: {path!r} is not a file the user sent; paths look like "
+            raise _Refusal(f"ERROR: {path!r} is not a file the user sent; paths look like "
                            "attachments/2026-12/<id>.pdf, as given in the file's note.")
         try:
             return await asyncio.to_thread(self.pool.call, job, str(target), *args)
         except DocumentError as exc:
-            raise _NotSent(f"ERROR: {path} could not be read: {exc}") from exc
+            raise _Refusal(f"ERROR: {path} could not be read: {exc}") from exc
 
     async def pdf_info(self, ctx: ToolContext, path: str) -> str:
         try:
             info = await self._open(ctx, path, "pdf_info")
-        except _NotSent as exc:
+        except _Refusal as exc:
             return str(exc)
         layer = ("has a text layer" if info["text_layer"] else
                  "has no text layer on its first pages (a scan): pdf_read finds no text")
@@ -61,7 +61,7 @@ class Documents:
         last = min(last, first + PAGES_PER_READ - 1)
         try:
             got = await self._open(ctx, path, "pdf_read", first, last, READ_CAP_CHARS)
-        except _NotSent as exc:
+        except _Refusal as exc:
             return str(exc)
         pages = got["pages"]
         if first > pages:
@@ -79,7 +79,7 @@ class Documents:
                          from_page: int = 1) -> str:
         try:
             got = await self._open(ctx, path, "pdf_search", query, from_page)
-        except _NotSent as exc:
+        except _Refusal as exc:
             return str(exc)
         hits = got["hits"]
         where = f"pages {max(from_page, 1)}-{got['searched_to']} of {got['pages']}"
@@ -98,7 +98,7 @@ class Documents:
         last = to_paragraph if to_paragraph >= first else first + BLOCKS_PER_READ - 1
         try:
             got = await self._open(ctx, path, "docx_read", first, last, READ_CAP_CHARS)
-        except _NotSent as exc:
+        except _Refusal as exc:
             return str(exc)
         if first > got["blocks"]:
             return f"ERROR: {path} has {got['blocks']} paragraphs; there is no {first}."
@@ -113,7 +113,7 @@ class Documents:
                         cells: str = "") -> str:
         try:
             got = await self._open(ctx, path, "xlsx_read", sheet, cells.strip())
-        except _NotSent as exc:
+        except _Refusal as exc:
             return str(exc)
         after = f'Sheet "{got["sheet"]}", cells {got["range"]}.'
         if got["more"]:
@@ -121,8 +121,8 @@ class Documents:
         return labelled("spreadsheet cells", path, got["table"] or "(empty)", after)
 
 
-class _NotSent(DocumentError):
-    """Control flow: the error result to return instead of reading."""
+class _Refusal(DocumentError):
+    """Control flow: the error result to return instead of what was read."""
 
 
 def _schema(properties: dict[str, dict[str, str]], *required: str) -> dict[str, Any]:
