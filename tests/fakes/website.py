@@ -1,5 +1,6 @@
 """A loopback web site for web_fetch: a real article, a redirect chain, a redirect loop, a
-20 MB page, a page that never answers, and redirects to places the guard must refuse.
+20 MB page (and one gzipped to 20 KB), a page that never answers, and redirects to places the
+guard must refuse.
 
 It listens on 127.0.0.1; `also_on("127.0.0.2")` starts a second listener on another loopback
 address, the "private service" a redirect must not reach (it records every request, so a
@@ -9,6 +10,7 @@ test can show that nothing arrived). Every request is recorded as (host, path).
 from __future__ import annotations
 
 import asyncio
+import gzip
 from pathlib import Path
 
 from aiohttp import web
@@ -39,6 +41,7 @@ class FakeSite:
         app.router.add_get("/hop/{n}", self._hop)
         app.router.add_get("/loop", self._loop)
         app.router.add_get("/big", self._big)
+        app.router.add_get("/bomb", self._bomb)
         app.router.add_get("/slow", self._slow)
         app.router.add_get("/missing", self._missing)
         app.router.add_get("/to/{where}", self._to)
@@ -108,6 +111,13 @@ class FakeSite:
         except (ConnectionResetError, RuntimeError):
             pass  # the client stopped reading at its cap, as it should
         return response
+
+    async def _bomb(self, request: web.Request) -> web.Response:
+        """20 MB of HTML in about 20 KB of gzip: the cap must count what it unpacks to."""
+        self._record(request)
+        body = gzip.compress(b"<p>" + b" " * BIG + b"</p>", compresslevel=9)
+        return web.Response(body=body, headers={"Content-Type": "text/html",
+                                                "Content-Encoding": "gzip"})
 
     async def _slow(self, request: web.Request) -> web.Response:
         self._record(request)

@@ -49,11 +49,12 @@ async def test_a_redirect_chain_is_followed_and_a_loop_is_stopped(
     assert [p for _, p in site.requests].count("/loop") == 6
 
 
+@pytest.mark.parametrize("path", ["/big", "/bomb"])
 async def test_a_20_mb_page_is_refused_at_the_cap_not_read_whole(
-        site: FakeSite, tools: Tools) -> None:
+        site: FakeSite, tools: Tools, path: str) -> None:
     _, call = tools(**LOOPBACK)
-    got = await call("web_fetch", url=site.url + "/big")
-    assert got.content == (f"ERROR: {site.url}/big was not fetched: the page is larger than "
+    got = await call("web_fetch", url=site.url + path)
+    assert got.content == (f"ERROR: {site.url}{path} was not fetched: the page is larger than "
                            "5 MB (web.max_mb), so it was not read")
 
 
