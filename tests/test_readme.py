@@ -19,6 +19,7 @@ from daemon.core.config import (
     DaemonSettings,
     ModelSettings,
     TelegramSettings,
+    WebSettings,
     WhatsAppSettings,
     load_settings,
 )
@@ -28,7 +29,8 @@ README = ROOT / "README.md"
 EXAMPLE = ROOT / "roost.example.toml"
 TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
           "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
-          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings}
+          "[attachments]": AttachmentSettings, "[web]": WebSettings,
+          "[[automations]]": AutomationSettings}
 RENAMED = {"listen_host": "listen", "listen_port": "listen"}
 
 

@@ -28,7 +28,9 @@ SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
 SECRETS: Mapping[str, Mapping[str, str]] = {
     "telegram": {"token": "ROOST_TELEGRAM_TOKEN", "secret": "ROOST_TELEGRAM_SECRET"},
     "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
-                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"}}
+                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"},
+    "web": {"ollama_api_key": "ROOST_OLLAMA_API_KEY"}}
+OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,24 @@ class AttachmentSettings:
 
 
 @dataclass(frozen=True)
+class WebSettings:
+    searxng_url: str | None = None  # a SearXNG instance for web_search (JSON format enabled)
+    ollama_search_url: str = OLLAMA_WEB_SEARCH  # used when ROOST_OLLAMA_API_KEY is set
+    allow_private: bool = False  # let web_fetch reach loopback, LAN and link-local addresses
+    allow_hosts: tuple[str, ...] = ()  # host names or addresses web_fetch may reach anyway
+    timeout: float = 20.0  # seconds for one fetch, redirects included
+    max_mb: int = 5  # a page larger than this is refused, not cut
+    ollama_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def search_backend(self) -> str | None:
+        """"searxng", "ollama" or None (then there is no web_search tool)."""
+        if self.searxng_url:
+            return "searxng"
+        return "ollama" if self.ollama_api_key else None
+
+
+@dataclass(frozen=True)
 class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
@@ -125,6 +145,7 @@ class Settings:
     # One person's chats on several channels: name -> chat keys (facts and recall are shared)
     identities: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    web: WebSettings = WebSettings()
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -201,6 +222,10 @@ def _seconds(text: str) -> float:
 def _is_url(text: str) -> bool:
     parts = urlsplit(text)
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _host_name(text: str) -> bool:
+    return re.fullmatch(r"[A-Za-z0-9.-]+|\[?[0-9A-Fa-f:.]+\]?", text) is not None
 
 
 def _valid_zone(name: str) -> bool:
@@ -331,6 +356,12 @@ _SPECS: Mapping[str, _Spec] = {
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
         "file_max_mb": _at_least(1)},
+    "web": {
+        "searxng_url": _BASE_URL, "ollama_search_url": _URL, "allow_private": _BOOL,
+        "allow_hosts": _array(_value(str, "a host name or address", _host_name,
+                                     "must be a bare host name or address (no scheme or port)",
+                                     lambda v: v.strip("[]").lower())),
+        "timeout": _PERIOD, "max_mb": _at_least(1)},
 }
 _AUTOMATION: _Spec = {
     "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
@@ -502,7 +533,8 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
         automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
-        identities=_identities(document.get("identities", {}), fail))
+        identities=_identities(document.get("identities", {}), fail),
+        web=WebSettings(**tables["web"], **secrets["web"]))
 
 
 # A person's own chat: a Telegram private chat (its id is the user's, positive), a WhatsApp

@@ -198,7 +198,7 @@ async def current_time(ctx: ToolContext) -> str:
 
 async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: int = 0) -> str:
     """Lines of a file the user sent (stored under attachments/), in a conversation in scope."""
-    target = await asyncio.to_thread(_sent_file, ctx, path)
+    target = await asyncio.to_thread(sent_file, ctx, path)
     if target is None:
         return (f"ERROR: {path!r} is not a file the user sent; paths look like "
                 "attachments/2026-12/<id>.txt, as given in the file's note.")
@@ -222,7 +222,7 @@ async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: in
     return "\n".join(out)
 
 
-def _sent_file(ctx: ToolContext, ref: str) -> Path | None:
+def sent_file(ctx: ToolContext, ref: str) -> Path | None:
     """The stored file `ref` names, if a message of a conversation in scope carries it; None
     alike for a malformed reference, a file that is not there and one of someone else."""
     if not is_ref(ref):

@@ -18,8 +18,10 @@ from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import register_builtin
+from daemon.tools.documents import register_documents
 from daemon.tools.facts import register_facts
 from daemon.tools.registry import Registry
+from daemon.tools.web.tools import register_web
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -54,6 +56,8 @@ class TurnParts:
             registry = Registry()
             register_builtin(registry)
             register_facts(registry)
+            register_web(registry, settings.web)
+            register_documents(registry)
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
         facts = FactsBook(store.files)
