@@ -15,6 +15,8 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound
 from daemon.engine.chat_commands import Commands
+from daemon.engine.memory_commands import MemoryCommands
+from daemon.store.facts import FactsBook
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
 from daemon.voice.hearing import Hearing
@@ -32,6 +34,9 @@ class Answering:
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
                                  folder=parts.folder, clock=parts.clock)
+        self.memory = MemoryCommands(settings=parts.settings,
+                                     facts=parts.facts or FactsBook(parts.store.files),
+                                     clock=parts.clock)
         self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working)
         self.parked: set[str] = set()
 
@@ -41,14 +46,16 @@ class Answering:
         `doing` is told which inbox items are being handled (quarantined if they fail)."""
         chat_key = items[0].chat_key
         command = items[0].command
-        if command in self.commands.names:
+        if command in self.commands.names or command in self.memory.names:
             doing([items[0].to_doc()])
-            reply = await self.commands.run(command, chat_key)
+            reply = (await self.memory.run(command, items[0].text, chat_key)
+                     if command in self.memory.names
+                     else await self.commands.run(command, chat_key))
             await self.notify(chat_key, reply)
             await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
             return
         handled = list(itertools.takewhile(
-            lambda i: i.command not in self.commands.names, items))
+            lambda i: i.command not in self.commands.names | self.memory.names, items))
         doing([i.to_doc() for i in handled])
         if self.voice is not None:
             handled = await self.voice.hear(handled, self.notify, self._working)

@@ -22,6 +22,8 @@ HELP = (
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
     "/transcript - what I heard in your last voice note\n"
+    "/remember TEXT - keep a fact about you for every conversation\n"
+    "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/help - this list"
 )
 GREETING = (
