@@ -130,7 +130,7 @@ def heading_over_table(markdown: str, first_cell: str) -> str:
 def test_the_chat_commands_have_their_own_heading() -> None:
     readme = README.read_text("utf-8")
     assert heading_over_table(readme, "`/new`") == "Chat commands"
-    assert heading_over_table(readme, "`roost run`") == "Commands"
+    assert heading_over_table(readme, "`roost init`") == "Commands"
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:
