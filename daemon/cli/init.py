@@ -131,7 +131,9 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         files.write_credentials(credentials, wanted)
         settings = load_settings(config, env={**env, "CREDENTIALS_DIRECTORY": str(credentials)})
         console.say(f"wrote {config} (0600) and {', '.join(wanted)} in {credentials} (0600)")
-        state_dir = args.state_dir or (files.SYSTEM_STATE if root
+        # The system unit's state is /var/lib/roost whatever root's own defaults say.
+        system = root and config == files.SYSTEM_CONFIG
+        state_dir = args.state_dir or (files.SYSTEM_STATE if system
                                        else settings.daemon.state_dir)
         paired = await _pair(bot, console, username, state_dir, args.pair_timeout)
     finally:

@@ -157,7 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "/etc/roost/credentials for root)")
     parser.add_argument("--state-dir", type=Path, metavar="PATH",
                         help="the state directory the pairing is written to (default: the "
-                             "config's; /var/lib/roost for root)")
+                             "config's; /var/lib/roost for /etc/roost/roost.toml)")
     parser.add_argument("--pair-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="how long to wait for /start (default 300; 0 skips pairing)")
     parser.add_argument("--no-service", action="store_true",

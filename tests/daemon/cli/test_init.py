@@ -277,3 +277,21 @@ async def test_an_api_base_that_answers_404_is_named_not_the_token(
                                         ROOST_TELEGRAM_TOKEN=fake_telegram.token)
     assert status == 78 and "answered 404" in err and "--telegram-api-base" in err
     assert fake_telegram.token not in err
+
+
+async def test_as_root_with_a_config_of_its_own_the_pairing_goes_to_that_config_s_state(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    fake_telegram.queue_update(start_update())
+    args = build_parser().parse_args([
+        "init", "--non-interactive", "--config", str(config_of(home)), "--credentials-dir",
+        str(credentials_of(home)), "--ollama-url", fake_ollama.url, "--telegram-api-base",
+        fake_telegram.api_base, "--pair-timeout", "30"])
+    out = io.StringIO()
+    status = await run_init(args, stdout=out, env={**home, "ROOST_TELEGRAM_TOKEN":
+                                                   fake_telegram.token}, root=True)
+    assert status == 0, out.getvalue()
+    assert PairingBook(Path(home["STATE_DIRECTORY"])).is_approved("telegram", str(OWNER))
+    # Root gets the system unit's commands to run, never a systemctl call of init's own.
+    assert "sudo systemctl daemon-reload && sudo systemctl enable --now roost" in out.getvalue()
+    assert "LoadCredential=ROOST_TELEGRAM_TOKEN:" in out.getvalue()
