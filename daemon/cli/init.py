@@ -32,7 +32,7 @@ from telegram import Bot
 from telegram.error import Conflict, InvalidToken, TelegramError
 
 from daemon.cli import init_files as files
-from daemon.core.config import load_settings
+from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, RoostError
 from daemon.intake.pairing import PairingBook
 
@@ -127,9 +127,9 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         phone_number_id = _whatsapp(args, console, env, wanted)
         answers = files.Answers(ollama_url, model, args.telegram_api_base, webhook_url,
                                 phone_number_id, wanted)
-        files.write_private(config, files.render_config(answers))
         files.write_credentials(credentials, wanted)
-        settings = load_settings(config, env={**env, "CREDENTIALS_DIRECTORY": str(credentials)})
+        settings = _write_config(config, files.render_config(answers),
+                                 {**env, "CREDENTIALS_DIRECTORY": str(credentials)})
         console.say(f"wrote {config} (0600) and {', '.join(wanted)} in {credentials} (0600)")
         # The system unit's state is /var/lib/roost whatever root's own defaults say.
         system = root and config == files.SYSTEM_CONFIG
@@ -140,6 +140,20 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         await bot.shutdown()
     _service(args, console, env, config, credentials, list(wanted), systemctl, root)
     return 0 if paired or args.pair_timeout <= 0 else EX_NOTPAIRED
+
+
+def _write_config(config: Path, text: str, env: Mapping[str, str]) -> Settings:
+    """Put the config in place only once roost itself accepts it (as `roost run` would read
+    it, with the credentials): a bad flag (`--webhook-url ftp://...`) leaves no broken file."""
+    draft = config.with_name(f".{config.name}.init")
+    files.write_private(draft, text)
+    try:
+        settings = load_settings(draft, env=env)
+    except ConfigError as exc:
+        draft.unlink()
+        raise InitFailed(f"config error: {exc}", EX_CONFIG) from None
+    draft.replace(config)
+    return settings
 
 
 # ---- Ollama -----------------------------------------------------------------------------------

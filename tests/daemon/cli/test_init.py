@@ -295,3 +295,14 @@ async def test_as_root_with_a_config_of_its_own_the_pairing_goes_to_that_config_
     # Root gets the system unit's commands to run, never a systemctl call of init's own.
     assert "sudo systemctl daemon-reload && sudo systemctl enable --now roost" in out.getvalue()
     assert "LoadCredential=ROOST_TELEGRAM_TOKEN:" in out.getvalue()
+
+
+async def test_a_webhook_url_roost_would_refuse_leaves_no_config(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    status, _, err = await init_process(home, *flags(fake_ollama, fake_telegram, "--webhook-url",
+                                                     "ftp://bot.example.org/hook"),
+                                        ROOST_TELEGRAM_TOKEN=fake_telegram.token)
+    assert status == 78 and "telegram.webhook_url" in err and "Traceback" not in err
+    assert not config_of(home).exists()
+    assert not any(p.name.startswith(".roost.toml") for p in config_of(home).parent.iterdir())
