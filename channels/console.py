@@ -35,7 +35,7 @@ class ConsoleChannel:
             self.out.flush()
             self._waiting = True
 
-    def _clear_waiting(self) -> None:
+    def clear_waiting(self) -> None:
         if self._waiting:
             self.out.write("\r\x1b[K")  # back to the line's start, erase it
             self._waiting = False
@@ -44,7 +44,7 @@ class ConsoleChannel:
         return contextlib.nullcontext()
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
-        self._clear_waiting()
+        self.clear_waiting()
         if not self._streamed:
             self.out.write("roost> ")
         self._streamed += delta
@@ -52,7 +52,7 @@ class ConsoleChannel:
         self.out.flush()
 
     async def send(self, outbound: Outbound) -> None:
-        self._clear_waiting()
+        self.clear_waiting()
         streamed, self._streamed = self._streamed, ""
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the

@@ -65,10 +65,10 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
     interactive = sys.stdin.isatty()
     shown = _Shown(ConsoleChannel(out, indicator=interactive))
     state_dir = settings.daemon.state_dir
+    if interactive:  # before anything can fail: the history saved at the end includes it
+        _load_history(state_dir / HISTORY_FILE)
     try:
         async with _session(settings, shown, err) as ask:
-            if interactive:
-                _load_history(state_dir / HISTORY_FILE)
             out.write(f"roost chat with {settings.model.name}. /help for commands, "
                       "Ctrl-D to leave.\n")
             out.flush()
@@ -98,6 +98,7 @@ async def _converse(ask: Ask, shown: _Shown, out: TextIO, interactive: bool) -> 
             shown.answered.clear()
             shown.console.show_waiting()
             await ask(line)
+            shown.console.clear_waiting()  # nothing came (the daemon stopped, say)
     except asyncio.CancelledError:
         out.write("\n")  # Ctrl-C: leave as cleanly as Ctrl-D
 

@@ -46,8 +46,8 @@ POLL = 10.0  # seconds one getUpdates long poll may wait
 Systemctl = Callable[[Sequence[str]], int]
 
 
-class InitFailed(RoostError):
-    """A step that cannot go on; carries the exit status."""
+class _Stop(RoostError):
+    """A step that cannot go on (control flow inside init); carries the exit status."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -79,7 +79,7 @@ class Console:
             self.stdout.flush()
             line = self.stdin.readline()
             if not line:
-                raise InitFailed("no answer (end of input); nothing was written", 1)
+                raise _Stop("no answer (end of input); nothing was written", 1)
             answer = line
         return answer.strip() or default
 
@@ -104,7 +104,7 @@ async def run_init(args: argparse.Namespace, *, stdin: TextIO = sys.stdin,
     console = Console(stdin, stdout, interactive=not args.non_interactive)
     try:
         return await _init(args, console, env, systemctl, root)
-    except InitFailed as failed:
+    except _Stop as failed:
         print(f"roost: {failed}", file=sys.stderr)
         return failed.status
 
@@ -113,7 +113,7 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
                 systemctl: Systemctl, root: bool) -> int:
     config = args.config or files.default_config(env, root)
     if config.exists() and not args.force:
-        raise InitFailed(f"{config} exists; roost init leaves it alone (--force replaces it)",
+        raise _Stop(f"{config} exists; roost init leaves it alone (--force replaces it)",
                          EX_CANTCREAT)
     credentials = args.credentials_dir or files.default_credentials(env, root)
     ollama_url, models = await _find_ollama(args, console)
@@ -151,7 +151,7 @@ def _write_config(config: Path, text: str, env: Mapping[str, str]) -> Settings:
         settings = load_settings(draft, env=env)
     except ConfigError as exc:
         draft.unlink()
-        raise InitFailed(f"config error: {exc}", EX_CONFIG) from None
+        raise _Stop(f"config error: {exc}", EX_CONFIG) from None
     draft.replace(config)
     return settings
 
@@ -169,13 +169,13 @@ async def _find_ollama(args: argparse.Namespace,
         except (httpx.HTTPError, ollama.ResponseError, OSError) as exc:
             problem = f"cannot reach Ollama at {url}: {exc or type(exc).__name__}"
             if not console.interactive or attempt == TRIES - 1:
-                raise InitFailed(f"{problem}; start it (ollama serve) or pass --ollama-url",
+                raise _Stop(f"{problem}; start it (ollama serve) or pass --ollama-url",
                                  EX_UNAVAILABLE) from None
             console.say(problem)
             url = console.ask("Ollama's address (start it with `ollama serve`)", url)
             continue
         if not models:
-            raise InitFailed(f"Ollama at {url} has no model pulled: `ollama pull qwen3:4b`, "
+            raise _Stop(f"Ollama at {url} has no model pulled: `ollama pull qwen3:4b`, "
                              "then roost init again", EX_CONFIG)
         return url, models
     raise AssertionError("unreachable")
@@ -202,7 +202,7 @@ def _pick_model(args: argparse.Namespace, console: Console, models: list[ModelCh
     names = [m.name for m in models]
     if args.model:
         if args.model not in names:
-            raise InitFailed(f"model {args.model!r} is not pulled (pulled: {', '.join(names)}); "
+            raise _Stop(f"model {args.model!r} is not pulled (pulled: {', '.join(names)}); "
                              f"`ollama pull {args.model}` or pick one of those", EX_CONFIG)
         return str(args.model)
     best = next((m.name for m in models if "tools" in m.capabilities), names[0])
@@ -219,7 +219,7 @@ def _pick_model(args: argparse.Namespace, console: Console, models: list[ModelCh
         if answer in names:
             return answer
         console.say(f"{answer!r} is not one of them")
-    raise InitFailed("no model chosen", 1)
+    raise _Stop("no model chosen", 1)
 
 
 # ---- Telegram ---------------------------------------------------------------------------------
@@ -230,11 +230,11 @@ async def _telegram_token(args: argparse.Namespace, console: Console,
         try:
             return str(args.token_file.read_text("utf-8").strip())
         except OSError as exc:
-            raise InitFailed(f"cannot read {args.token_file}: {exc.strerror}", EX_CONFIG) from None
+            raise _Stop(f"cannot read {args.token_file}: {exc.strerror}", EX_CONFIG) from None
     if env.get("ROOST_TELEGRAM_TOKEN"):
         return env["ROOST_TELEGRAM_TOKEN"].strip()
     if not console.interactive:
-        raise InitFailed("no bot token: set ROOST_TELEGRAM_TOKEN or pass --token-file "
+        raise _Stop("no bot token: set ROOST_TELEGRAM_TOKEN or pass --token-file "
                          "(from @BotFather)", EX_CONFIG)
     console.say("Make a bot with @BotFather in Telegram (/newbot); it gives you a token.")
     return console.ask("Bot token", hidden=True)
@@ -252,18 +252,18 @@ async def _connect_bot(args: argparse.Namespace, console: Console,
             answers = (exc, exc.__cause__, exc.__cause__ and exc.__cause__.__cause__)
             said = " ".join(e.message for e in answers if isinstance(e, TelegramError))
             if "not found" in said.lower():  # PTB calls a 404 a bad token too
-                raise InitFailed(f"the Bot API at {args.telegram_api_base} answered 404: it is "
+                raise _Stop(f"the Bot API at {args.telegram_api_base} answered 404: it is "
                                  "not the address the token follows (--telegram-api-base)",
                                  EX_CONFIG) from None
             if not console.interactive or attempt == TRIES - 1:
-                raise InitFailed("Telegram refused the bot token; copy it again from "
+                raise _Stop("Telegram refused the bot token; copy it again from "
                                  "@BotFather", EX_CONFIG) from None
             console.say("Telegram refused that token; copy it again from @BotFather.")
             token = console.ask("Bot token", hidden=True)
             continue
         except TelegramError as exc:
             await bot.shutdown()
-            raise InitFailed(f"cannot reach the Bot API at {args.telegram_api_base}: {exc}",
+            raise _Stop(f"cannot reach the Bot API at {args.telegram_api_base}: {exc}",
                              EX_UNAVAILABLE) from None
         console.say(f"Telegram: the token belongs to @{bot.bot.username}")
         return bot, str(bot.bot.username)
@@ -280,7 +280,7 @@ def _webhook_url(args: argparse.Namespace, console: Console) -> str | None:
         if not url or url.startswith("https://"):
             return url or None
         console.say("Telegram sends webhooks to https:// addresses only")
-    raise InitFailed("no usable webhook URL", 1)
+    raise _Stop("no usable webhook URL", 1)
 
 
 def _whatsapp(args: argparse.Namespace, console: Console, env: Mapping[str, str],
@@ -291,7 +291,7 @@ def _whatsapp(args: argparse.Namespace, console: Console, env: Mapping[str, str]
         if phone_number_id:
             missing = [name for name in names if not env.get(name)]
             if missing:
-                raise InitFailed(f"WhatsApp needs {', '.join(missing)} in the environment",
+                raise _Stop(f"WhatsApp needs {', '.join(missing)} in the environment",
                                  EX_CONFIG)
             wanted.update({name: env[name].strip() for name in names})
         return phone_number_id
@@ -340,7 +340,7 @@ async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,
                     "roost runs, write to the bot and `roost pairing approve CODE`.")
         return False
     except TelegramError as exc:
-        raise InitFailed(f"reading /start from Telegram failed: {exc}", EX_UNAVAILABLE) from None
+        raise _Stop(f"reading /start from Telegram failed: {exc}", EX_UNAVAILABLE) from None
     console.say(f"nobody sent /start within {timeout:g} s. Once roost runs, write to the bot "
                 "and approve the code it gives you: `roost pairing approve CODE`.")
     return False
