@@ -306,3 +306,43 @@ async def test_a_webhook_url_roost_would_refuse_leaves_no_config(
     assert status == 78 and "telegram.webhook_url" in err and "Traceback" not in err
     assert not config_of(home).exists()
     assert not any(p.name.startswith(".roost.toml") for p in config_of(home).parent.iterdir())
+
+
+async def test_a_registered_webhook_is_named_instead_of_waiting_for_start(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    fake_telegram.webhook = {"url": "https://bot.example.org/webhooks/telegram"}
+    status, out, err = await init_process(home, *flags(fake_ollama, fake_telegram),
+                                          ROOST_TELEGRAM_TOKEN=fake_telegram.token)
+    assert status == 1 and "A webhook is registered" in out and "Traceback" not in err
+    assert config_of(home).exists()
+
+
+async def test_an_ollama_without_models_names_the_pull(
+    home: dict[str, str], fake_telegram: FakeTelegram
+) -> None:
+    async with FakeOllama(models=[]) as empty:
+        status, _, err = await init_process(home, *flags(empty, fake_telegram),
+                                            ROOST_TELEGRAM_TOKEN=fake_telegram.token)
+    assert status == 78 and "no model pulled" in err and "ollama pull" in err
+    assert not config_of(home).exists()
+
+
+async def test_whatsapp_without_its_secrets_names_them(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    status, _, err = await init_process(
+        home, *flags(fake_ollama, fake_telegram, "--whatsapp-phone-number-id", "277321005464405"),
+        ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN="wa-token")
+    assert status == 78
+    assert "ROOST_WHATSAPP_APP_SECRET, ROOST_WHATSAPP_VERIFY_TOKEN" in err
+    assert not config_of(home).exists()
+    status, _, err = await init_process(
+        home, *flags(fake_ollama, fake_telegram, "--whatsapp-phone-number-id", "277321005464405",
+                     "--pair-timeout", "0"),
+        ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN="wa-token",
+        ROOST_WHATSAPP_APP_SECRET="app-secret", ROOST_WHATSAPP_VERIFY_TOKEN="verify")
+    assert status == 0, err
+    settings = load_settings(config_of(home), env={
+        **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
+    assert settings.whatsapp.enabled and settings.whatsapp.app_secret == "app-secret"
