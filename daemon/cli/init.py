@@ -31,8 +31,9 @@ import ollama
 from telegram import Bot
 from telegram.error import Conflict, InvalidToken, TelegramError
 
+from channels.whatsapp.api import GraphClient, GraphError
 from daemon.cli import init_files as files
-from daemon.core.config import Settings, load_settings
+from daemon.core.config import Settings, WhatsAppSettings, load_settings
 from daemon.core.errors import ConfigError, RoostError
 from daemon.intake.pairing import PairingBook
 
@@ -125,8 +126,10 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         if webhook_url:  # Telegram sends it back with every call; roost refuses calls without
             wanted["ROOST_TELEGRAM_SECRET"] = secrets.token_hex(32)
         phone_number_id = _whatsapp(args, console, env, wanted)
+        if phone_number_id:
+            await _check_whatsapp(args, console, phone_number_id, wanted)
         answers = files.Answers(ollama_url, model, args.telegram_api_base, webhook_url,
-                                phone_number_id, wanted)
+                                phone_number_id, args.whatsapp_api_base, wanted)
         files.write_credentials(credentials, wanted)
         settings = _write_config(config, files.render_config(answers),
                                  {**env, "CREDENTIALS_DIRECTORY": str(credentials)})
@@ -304,6 +307,33 @@ def _whatsapp(args: argparse.Namespace, console: Console, env: Mapping[str, str]
     wanted["ROOST_WHATSAPP_VERIFY_TOKEN"] = console.ask(
         "Verify token (enter it in Meta's webhook settings)", secrets.token_hex(16))
     return phone_number_id
+
+
+async def _check_whatsapp(args: argparse.Namespace, console: Console, phone_number_id: str,
+                          wanted: dict[str, str]) -> None:
+    """The access token is valid for the number (`GET /{phone_number_id}`, as doctor asks); a
+    refused one is asked again (interactive only)."""
+    for attempt in range(TRIES):
+        client = GraphClient(WhatsAppSettings(
+            enabled=True, phone_number_id=phone_number_id, api_base=args.whatsapp_api_base,
+            token=wanted["ROOST_WHATSAPP_TOKEN"]), timeout=10)
+        await client.start()
+        try:
+            number = await client.phone_number()
+        except GraphError as exc:
+            if exc.status >= 500:
+                raise _Stop(f"WhatsApp: {exc}", EX_UNAVAILABLE) from None
+            if not console.interactive or attempt == TRIES - 1:
+                raise _Stop(f"the Graph API refused the WhatsApp token for number id "
+                            f"{phone_number_id}: {exc}", EX_CONFIG) from None
+            console.say(f"The Graph API refused that token for {phone_number_id}: {exc}")
+            wanted["ROOST_WHATSAPP_TOKEN"] = console.ask("Permanent access token", hidden=True)
+            continue
+        finally:
+            await client.close()
+        console.say(f"WhatsApp: number {number.get('display_phone_number', '?')} "
+                    f"({number.get('verified_name', 'no verified name')})")
+        return
 
 
 async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,

@@ -20,6 +20,7 @@ from daemon.core.config import SYSTEM_CONFIG
 
 DEFAULT_OLLAMA = "http://127.0.0.1:11434"
 DEFAULT_API_BASE = "https://api.telegram.org/bot"
+DEFAULT_GRAPH = "https://graph.facebook.com"
 SYSTEM_CREDENTIALS = Path("/etc/roost/credentials")
 SYSTEM_STATE = Path("/var/lib/roost")  # the system unit's StateDirectory=roost
 
@@ -33,6 +34,7 @@ class Answers:
     api_base: str = DEFAULT_API_BASE
     webhook_url: str | None = None
     whatsapp_phone_number_id: str | None = None
+    whatsapp_api_base: str = DEFAULT_GRAPH
     secrets: Mapping[str, str] = field(default_factory=dict)  # variable name -> value
 
 
@@ -73,6 +75,8 @@ def render_config(answers: Answers) -> str:
     if answers.whatsapp_phone_number_id:
         lines += ["", "[whatsapp]", "enabled = true",
                   f"phone_number_id = {_quote(answers.whatsapp_phone_number_id)}"]
+        if answers.whatsapp_api_base != DEFAULT_GRAPH:
+            lines.append(f"api_base = {_quote(answers.whatsapp_api_base)}")
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--whatsapp-phone-number-id", metavar="ID",
                         help="set up WhatsApp too; its three secrets from $ROOST_WHATSAPP_TOKEN, "
                              "$ROOST_WHATSAPP_APP_SECRET and $ROOST_WHATSAPP_VERIFY_TOKEN")
+    parser.add_argument("--whatsapp-api-base", metavar="URL", default=DEFAULT_GRAPH,
+                        help="the Graph API's base URL")
     parser.add_argument("--credentials-dir", type=Path, metavar="PATH",
                         help="where the secrets go (default ~/.config/roost/credentials, "
                              "/etc/roost/credentials for root)")

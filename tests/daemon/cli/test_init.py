@@ -20,6 +20,7 @@ from daemon.cli.init import run_init
 from daemon.cli.main import build_parser
 from daemon.core.config import load_settings
 from daemon.intake.pairing import PairingBook
+from tests.fakes.graph import PHONE_NUMBER_ID, FakeGraph
 from tests.fakes.ollama import FakeModel, FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -147,24 +148,29 @@ async def test_interactive_lists_models_asks_again_for_a_refused_token_and_insta
     assert PairingBook(Path(home["STATE_DIRECTORY"])).is_approved("telegram", str(OWNER))
 
 
-async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_secrets(
+async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_checked_secrets(
     home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:
-    answers = "\n".join(["", fake_telegram.token, "http://plain.example",
-                         "https://bot.example.org/webhooks/telegram", "y", "277321005464405",
-                         "wa-token", "app-secret", ""]) + "\n"
-    status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
-                                    "--telegram-api-base", fake_telegram.api_base,
-                                    "--pair-timeout", "0", "--no-service")
+    async with FakeGraph() as graph:
+        answers = "\n".join(["", fake_telegram.token, "http://plain.example",
+                             "https://bot.example.org/webhooks/telegram", "y", PHONE_NUMBER_ID,
+                             "expired-token", "app-secret", "", graph.token]) + "\n"
+        status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
+                                        "--telegram-api-base", fake_telegram.api_base,
+                                        "--whatsapp-api-base", graph.url,
+                                        "--pair-timeout", "0", "--no-service")
     assert status == 0, out
     assert "https:// addresses only" in out
+    assert "The Graph API refused that token" in out and "WhatsApp: number 15550953877" in out
     credentials = credentials_of(home)
     settings = load_settings(config_of(home), env={**home,
                                                    "CREDENTIALS_DIRECTORY": str(credentials)})
     assert settings.telegram.mode == "webhook"
     assert settings.telegram.webhook_url == "https://bot.example.org/webhooks/telegram"
     assert len(settings.telegram.secret or "") == 64
-    assert settings.whatsapp.enabled and settings.whatsapp.phone_number_id == "277321005464405"
+    assert settings.whatsapp.enabled and settings.whatsapp.phone_number_id == PHONE_NUMBER_ID
+    assert settings.whatsapp.api_base == graph.url
+    assert settings.whatsapp.token == graph.token  # the one the Graph API took
     assert (credentials / "ROOST_WHATSAPP_APP_SECRET").read_text() == "app-secret"
     assert len((credentials / "ROOST_WHATSAPP_VERIFY_TOKEN").read_text()) == 32  # made up
     assert all(mode(f) == 0o600 for f in credentials.iterdir())
@@ -328,21 +334,30 @@ async def test_an_ollama_without_models_names_the_pull(
     assert not config_of(home).exists()
 
 
-async def test_whatsapp_without_its_secrets_names_them(
+async def test_whatsapp_without_its_secrets_or_with_a_refused_token_writes_nothing(
     home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:
-    status, _, err = await init_process(
-        home, *flags(fake_ollama, fake_telegram, "--whatsapp-phone-number-id", "277321005464405"),
-        ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN="wa-token")
-    assert status == 78
-    assert "ROOST_WHATSAPP_APP_SECRET, ROOST_WHATSAPP_VERIFY_TOKEN" in err
-    assert not config_of(home).exists()
-    status, _, err = await init_process(
-        home, *flags(fake_ollama, fake_telegram, "--whatsapp-phone-number-id", "277321005464405",
-                     "--pair-timeout", "0"),
-        ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN="wa-token",
-        ROOST_WHATSAPP_APP_SECRET="app-secret", ROOST_WHATSAPP_VERIFY_TOKEN="verify")
+    async with FakeGraph() as graph:
+        whatsapp = ["--whatsapp-phone-number-id", PHONE_NUMBER_ID, "--whatsapp-api-base",
+                    graph.url]
+        status, _, err = await init_process(
+            home, *flags(fake_ollama, fake_telegram, *whatsapp),
+            ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN=graph.token)
+        assert status == 78
+        assert "ROOST_WHATSAPP_APP_SECRET, ROOST_WHATSAPP_VERIFY_TOKEN" in err
+        secrets = {"ROOST_WHATSAPP_APP_SECRET": "app-secret",
+                   "ROOST_WHATSAPP_VERIFY_TOKEN": "verify"}
+        status, _, err = await init_process(
+            home, *flags(fake_ollama, fake_telegram, *whatsapp),
+            ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN="expired", **secrets)
+        assert status == 78 and "refused the WhatsApp token" in err and "expired" not in err
+        assert not config_of(home).exists()
+        status, out, err = await init_process(
+            home, *flags(fake_ollama, fake_telegram, *whatsapp, "--pair-timeout", "0"),
+            ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN=graph.token,
+            **secrets)
     assert status == 0, err
+    assert "WhatsApp: number 15550953877 (roost test)" in out
     settings = load_settings(config_of(home), env={
         **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
     assert settings.whatsapp.enabled and settings.whatsapp.app_secret == "app-secret"
