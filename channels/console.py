@@ -22,14 +22,29 @@ class ConsoleChannel:
 
     name = "console"
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, *, indicator: bool = False) -> None:
         self.out = out
+        self.indicator = indicator  # on a terminal: show that roost is at work until it answers
         self._streamed = ""  # what this reply showed so far, piece by piece
+        self._waiting = False  # the indicator is on screen
+
+    def show_waiting(self) -> None:
+        """Until the first piece of the answer: a line saying roost is at it (terminal only)."""
+        if self.indicator:
+            self.out.write("roost is thinking…")
+            self.out.flush()
+            self._waiting = True
+
+    def clear_waiting(self) -> None:
+        if self._waiting:
+            self.out.write("\r\x1b[K")  # back to the line's start, erase it
+            self._waiting = False
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
+        self.clear_waiting()
         if not self._streamed:
             self.out.write("roost> ")
         self._streamed += delta
@@ -37,6 +52,7 @@ class ConsoleChannel:
         self.out.flush()
 
     async def send(self, outbound: Outbound) -> None:
+        self.clear_waiting()
         streamed, self._streamed = self._streamed, ""
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the

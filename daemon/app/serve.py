@@ -31,6 +31,7 @@ from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
+from daemon.app.chat_socket import ChatSocket
 from daemon.app.health import HealthMonitor
 from daemon.app.httpguard import (
     GuardedSite,
@@ -93,6 +94,7 @@ WHATSAPP = web.AppKey("whatsapp", WhatsApp)
 WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
 ACCESS = web.AppKey("access", Access)
 AUTOMATIONS = web.AppKey("automations", Automations)
+CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
@@ -133,6 +135,10 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         starting.append(whatsapp_start_ctx)
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
+    if "console" not in counted:  # `roost chat` while the daemon runs: app/chat_socket.py
+        app[CHAT_SOCKET] = ChatSocket(settings.daemon.state_dir)
+        counted["console"] = _Counted(app[CHAT_SOCKET], metrics)
+        starting.append(chat_socket_ctx)
     app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, *opening,
                             engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
@@ -216,6 +222,18 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     await engine.stop(budget.drain, budget.unwind)
     await voice.close()
     log.info("engine stopped")
+
+
+async def chat_socket_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Listen for `roost chat` once the engine runs; stop before it stops."""
+    chat = app[CHAT_SOCKET]
+    try:
+        await chat.start(app[ENGINE])
+    except OSError as exc:  # a path too long for a socket, say: the daemon runs without it
+        log.warning("roost chat cannot reach this daemon: cannot listen on %s: %s", chat.path,
+                    exc.strerror or exc)
+    yield
+    await chat.stop()
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -363,7 +381,7 @@ class _CountedIntake:
 
 def channel_names(app: web.Application) -> list[str]:
     channels: dict[str, Channel] = app[CHANNELS]
-    return list(channels)
+    return [name for name in channels if name != "console"]  # the platforms, not the terminal
 
 
 def _status(app: web.Application) -> tuple[str, list[str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from daemon import __version__
+from daemon.cli import init_files
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
@@ -39,6 +40,7 @@ _HEAVY = {
     "chat": "daemon.cli.chat",
     "doctor": "daemon.cli.doctor",
     "automations": "automations.commands",
+    "init": "daemon.cli.init",
 }
 
 
@@ -63,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the daemon in the foreground: the HTTP server (webhooks, /healthz, "
                     "/metrics), the enabled channels, the automations. Stop it with Ctrl-C or "
                     "SIGTERM; systemd runs this command.")
+    init = commands.add_parser(
+        "init", parents=[common], help="set roost up: Ollama, the model, Telegram, pairing",
+        description="Set roost up: find Ollama and pick a pulled model, check the Telegram bot "
+                    "token, write the config (0600) and the secrets (credential files), approve "
+                    "you as the owner when you send /start to the bot, and install the user "
+                    "service. --non-interactive takes every answer from the flags.")
+    init_files.add_arguments(init)
     commands.add_parser(
         "chat", parents=[common], help="chat with the model in this terminal",
         description="Talk to the model in this terminal, as the chat console:local, with the "
@@ -130,6 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     make_private()  # before anything is written: files 0600, folders 0700, whatever the umask
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
+    if args.command == "init":  # it writes the config, so it cannot start by reading one
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        try:
+            return int(asyncio.run(_load("init").run_init(args)))
+        except KeyboardInterrupt:
+            return 130
     try:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
     except ConfigError as exc:

@@ -404,6 +404,15 @@ _AUTOMATION: _Spec = {
 _AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
 
 
+def config_keys() -> dict[str, frozenset[str]]:
+    """Every key the config file may hold, by table as the README heads it (`[model]`,
+    `[[automations]]`): tests/test_readme.py holds the README's key reference to it, both ways.
+    [variables] takes any key and is not listed."""
+    keys = {f"[{name}]": frozenset(spec) for name, spec in _SPECS.items()}
+    keys["[[automations]]"] = frozenset(_AUTOMATION)
+    return keys
+
+
 # --- loading -----------------------------------------------------------------------------------
 
 
