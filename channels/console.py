@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import TextIO
 
-from daemon.core.messages import Outbound
+from daemon.core.messages import Outbound, ReplySink
 
 CHAT_KEY = "console:local"
 
@@ -29,7 +29,13 @@ class ConsoleChannel:
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return contextlib.nullcontext(self)
+
+    def status(self, line: str) -> None:
+        """Not shown: the terminal shows the words as they come."""
+
+    def write(self, delta: str) -> None:
         if not self._streamed:
             self.out.write("roost> ")
         self._streamed += delta

@@ -28,7 +28,7 @@ import html
 import json
 import re
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ from telegram.warnings import PTBDeprecationWarning
 from channels.formatting import split_telegram, split_text
 from channels.media import attachment_limits
 from channels.progress import Progress
+from channels.telegram.drafts import Draft
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
@@ -58,7 +59,7 @@ from channels.working import kept_up
 from daemon.core.config import AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.logs import telegram_log as log
-from daemon.core.messages import Outbound
+from daemon.core.messages import UNSEEN, Outbound, ReplySink
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store
@@ -76,6 +77,8 @@ COMMANDS = (
     ("new", "Start a fresh conversation (the old one is kept)"),
     ("compact", "Fold the older part of this conversation into its summary"),
     ("status", "Model, window and the size of this conversation"),
+    ("stop", "Stop the reply being written"),
+    ("model", "List the models, or switch this chat: /model NAME"),
     ("help", "List the commands"),
 )
 
@@ -170,20 +173,45 @@ class TelegramChannel:
 
     name = "telegram"
 
-    def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0) -> None:
+    def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0,
+                 drafts: bool = True, draft_interval: float = 0.7) -> None:
         self.bot = bot
         self.store = store
         self.progress = Progress(store)
         self.typing_interval = typing_interval
+        self.drafts = drafts  # telegram.streaming = "draft"
+        self.draft_interval = draft_interval
+        self._no_drafts: set[int] = set()  # chats whose drafts Telegram refused outright
+        self._drafting: dict[str, Draft] = {}  # chat key -> its running turn's draft
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        """Ignored: a Telegram reply is sent whole (editing a message per token would run into
-        the flood limits); "typing…" shows that an answer is coming."""
+    @contextlib.asynccontextmanager
+    async def streaming(self, chat_key: str) -> AsyncIterator[ReplySink]:
+        """The reply as it is written, in a draft (channels/telegram/drafts.py) in private
+        chats and their topics. Groups keep "typing…": the Bot API takes drafts only in
+        private chats, and a preview message edited as it grows would be a second record of
+        the reply beside the outbox, orphaned by a crash mid-stream."""
+        chat_id, topic = address_of(chat_key)
+        if not self.drafts or chat_id < 0 or chat_id in self._no_drafts:
+            yield UNSEEN
+            return
+        draft = Draft(self.bot, chat_id, topic, interval=self.draft_interval,
+                      refused=lambda: self._no_drafts.add(chat_id))
+        draft.start()
+        self._drafting[chat_key] = draft
+        try:
+            yield draft
+        finally:
+            if self._drafting.get(chat_key) is draft:
+                del self._drafting[chat_key]
+            await draft.close()
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         chat_id, topic = address_of(chat_key)
 
         async def show() -> None:
+            draft = self._drafting.get(chat_key)
+            if draft is not None and draft.sent:
+                return  # the draft shows the reply coming: "typing…" would be one call more
             try:
                 await self.bot.send_chat_action(chat_id, ChatAction.TYPING,
                                                 message_thread_id=topic)
@@ -303,7 +331,9 @@ class Telegram:
         self.application = build_application(settings, self.tuning)
         self.bot = self.application.bot
         self.channel = TelegramChannel(self.bot, store,
-                                       typing_interval=self.tuning.typing_interval)
+                                       typing_interval=self.tuning.typing_interval,
+                                       drafts=settings.streaming == "draft",
+                                       draft_interval=settings.draft_interval)
         self.identity: BotIdentity | None = None
         self.intake: TelegramIntake | None = None
         self._polling = False

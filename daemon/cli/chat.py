@@ -1,13 +1,18 @@
 """`roost chat`: a conversation in the terminal through the same engine and store as the daemon.
 
-Replies stream token by token. Ctrl-D or Ctrl-C leaves; everything is already on disk, and a
-message interrupted mid-answer is answered at the next start.
+Replies stream token by token; Ctrl-C while one is written stops it (what it wrote is kept,
+marked "(stopped)"), like /stop. Ctrl-D or Ctrl-C at the prompt leaves; everything is
+already on disk, and a message interrupted mid-answer is answered at the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import TextIO
 
 from channels.console import CHAT_KEY, ConsoleChannel, read_line
@@ -60,7 +65,8 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
             if not line.strip():
                 continue
             await engine.submit(Inbound(chat_key=CHAT_KEY, text=line, received=engine.clock()))
-            await engine.wait_idle(CHAT_KEY)
+            with _ctrl_c_stops_the_reply(engine):
+                await engine.wait_idle(CHAT_KEY)
     except asyncio.CancelledError:
         out.write("\n")  # Ctrl-C: leave as cleanly as Ctrl-D
     finally:
@@ -70,6 +76,23 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
     out.write("Saved. Bye.\n")
     out.flush()
     return 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_the_reply(engine: Engine) -> Iterator[None]:
+    """While a reply is on its way, Ctrl-C stops it instead of the program (asyncio.run's own
+    handler, which cancels the chat, is put back afterwards)."""
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(engine.stop_reply, CHAT_KEY)
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _is_pulled(name: str, pulled: list[str]) -> bool:

@@ -7,6 +7,7 @@
     │   └── CorruptFile             (daemon.store.files) a state file that does not parse
     ├── AttachmentError             a photo or file refused; its message is for the user
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
+    ├── Stopped                     the user stopped the reply being written (/stop, Ctrl-C)
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
@@ -113,6 +114,11 @@ class ModelCrashed(LLMError):
 
 class Preempted(LLMError):
     """A background call (the fold) was cancelled so that a turn could use the model."""
+
+
+class Stopped(RoostError):
+    """The user stopped the reply being written (/stop, or Ctrl-C in `roost chat`); the turn
+    keeps what was written."""
 
 
 class ChannelError(RoostError):

@@ -1,4 +1,5 @@
-"""Chat commands every channel understands: /new, /compact, /status, /help (and /start)."""
+"""Chat commands every channel understands: /new, /compact, /status, /help (and /start);
+/stop and /model are answered by daemon/engine/answering.py (stopping and model_choice.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ HELP = (
     "/new - start a fresh conversation (the old one is kept and searchable)\n"
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
+    "/stop - stop the reply being written (what it wrote so far is kept)\n"
+    "/model - list the models; /model NAME - switch this chat to another one\n"
     "/help - this list"
 )
 GREETING = (
@@ -31,7 +34,7 @@ GREETING = (
 class Commands:
     """Runs a command for a chat and returns the text to send back."""
 
-    names = frozenset({"new", "compact", "status", "help", "start"})
+    names = frozenset({"new", "compact", "status", "help", "start", "stop", "model"})
 
     def __init__(
         self,
