@@ -47,7 +47,9 @@ class ConsoleChannel:
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the
             # answer was cut off, say) is still to show.
-            rest = outbound.text[len(streamed):] if outbound.text.startswith(streamed) else ""
+            # (A stopped reply ends where it was stopped, less trailing spaces, then its mark.)
+            shown = streamed.rstrip()
+            rest = outbound.text[len(shown):] if outbound.text.startswith(shown) else ""
             self.out.write(f"{rest}\n")
             self.out.flush()
             return

@@ -80,13 +80,18 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
 
 @contextlib.contextmanager
 def _ctrl_c_stops_the_reply(engine: Engine) -> Iterator[None]:
-    """While a reply is on its way, Ctrl-C stops it instead of the program (asyncio.run's own
-    handler, which cancels the chat, is put back afterwards)."""
+    """While a reply is being written, Ctrl-C stops it instead of the program; otherwise
+    asyncio.run's own handler runs (it cancels the chat: leave), and is put back after."""
     loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGINT)
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(engine.stop_reply, CHAT_KEY)
+        def stop_or_leave() -> None:
+            # Nothing being written (the reply is out, or not begun): Ctrl-C leaves, as always.
+            if not engine.stop_reply(CHAT_KEY) and callable(previous):
+                previous(signum, frame)
+
+        loop.call_soon_threadsafe(stop_or_leave)
 
     signal.signal(signal.SIGINT, stop)
     try:
