@@ -210,6 +210,8 @@ class FakeOllama:
         self.uncached_only = False  # prompt_eval_count without the cached part (0.30.x)
         self.version = VERSION  # what /api/version says ("0.30.1" with uncached_only)
         self.cancelled = 0  # streams the client closed before their end
+        # When each streamed answer wrote its first content: (time.monotonic(), the request).
+        self.first_content: list[tuple[float, dict[str, Any]]] = []
         self.streaming = 0  # answers being streamed now
         self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
         self._queue: deque[Reply] = deque()
@@ -401,14 +403,15 @@ class FakeOllama:
         objects = [
             {"model": name, "created_at": _now(), "message": p, "done": False} for p in pieces
         ]
-        return await self._stream(request, reply, [*objects, final], started)
+        return await self._stream(request, reply, [*objects, final], started, body)
 
     async def _stream(
-        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int
+        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         self.streaming += 1
         try:
-            return await self._stream_objects(request, reply, objects, started)
+            return await self._stream_objects(request, reply, objects, started, body)
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1  # the client went away mid-answer: nothing more is generated
             raise
@@ -416,10 +419,12 @@ class FakeOllama:
             self.streaming -= 1
 
     async def _stream_objects(
-        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int
+        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
+        written = False
         for sent, obj in enumerate(objects):
             if sent == reply.drop_after_chunks and request.transport is not None:
                 request.transport.close()  # the client sees the body end mid-stream
@@ -439,6 +444,9 @@ class FakeOllama:
             if obj["done"]:  # the final object's clock includes the streaming
                 obj |= {"created_at": _now(), "total_duration": time.monotonic_ns() - started}
             await response.write(_compact(obj).encode() + b"\n")
+            if not written and obj.get("message", {}).get("content"):
+                written = True
+                self.first_content.append((time.monotonic(), body))
         await response.write_eof()
         return response
 
