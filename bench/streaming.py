@@ -2,7 +2,8 @@
 
 roost's real app (in this process, on 127.0.0.1) against the loopback fake Bot API and the fake
 Ollama writing 400-token answers at 30 tokens a second (`--tps`, `--tokens`), first for one
-chat (`--replies` replies in a row), then for 10 chats at once (`--replies` rounds). The same
+chat (`--replies` replies in a row), then for 10 chats at once (`--rounds` rounds; one model
+slot, `model.concurrency = 1`, so they queue for it as they would on one GPU). The same
 runs with `telegram.streaming = "off"` are the baseline. Printed:
 
 * time from the model's first token (the fake's clock, when it wrote the first content) to the
@@ -14,7 +15,7 @@ runs with `telegram.streaming = "off"` are the baseline. Printed:
 * end-to-end turn time (the update posted -> the last part sent) with streaming over without
   (goal <= 1.05x).
 
-Run: `python bench/streaming.py` (about 3 minutes at the defaults).
+Run: `python bench/streaming.py` (about 6 minutes at the defaults).
 """
 
 from __future__ import annotations
@@ -159,16 +160,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tps", type=float, default=30.0)
     parser.add_argument("--tokens", type=int, default=400)
-    parser.add_argument("--replies", type=int, default=3)
+    parser.add_argument("--replies", type=int, default=5, help="replies in a row, one chat")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the 10 chats")
     args = parser.parse_args()
-    for chats in (1, 10):
+    for chats, rounds in ((1, args.replies), (10, args.rounds)):
         results = {}
         for streaming in ("draft", "off"):
             run = Run(streaming, args.tps, args.tokens)
-            await run.go(chats, args.replies)
+            await run.go(chats, rounds)
             results[streaming] = run
         on, off = results["draft"], results["off"]
-        print(f"{chats} chat{'s' if chats > 1 else ''} at once, {args.replies} replies each "
+        print(f"{chats} chat{'s' if chats > 1 else ''} at once, {rounds} replies each "
               f"({args.tokens} tokens at {args.tps:g} tokens/s, interval {INTERVAL} s):")
         print(f"  first token -> first draft: p50 {_p(on.latencies, 0.5):.3f} s, "
               f"p99 {_p(on.latencies, 0.99):.3f} s (goal <= 0.5 s, <= 1.5 s; "

@@ -17,6 +17,12 @@ unclosed fence or emphasis, so the HTML is always balanced), cut like the reply 
 4,096 characters, of which the draft shows the part being written; a line about the work in
 progress ("thinking…") after the text while no new text came. HTML that Telegram refuses goes
 again as plain text; refused as that too, the turn's drafts stop (the reply is not touched).
+
+A long answer: each part before the one being written is finished, and goes out as a message
+at once (`send_part`), so the answer is readable while it is written. Those messages are the
+reply's first parts: the channel records their ids (`keep`, a chat flag, so that a crash
+mid-stream leaves a record) and, once the turn has saved the reply, hands them to the reply's
+delivery, which sends only the parts after them (TelegramChannel.streaming and .send).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import contextlib
 import html
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from telegram import Bot
 from telegram.constants import ParseMode
@@ -51,12 +57,20 @@ class Draft:
     """One turn's draft in one private chat (see the module docstring); a `ReplySink`."""
 
     def __init__(self, bot: Bot, chat_id: int, topic: int | None, *, interval: float,
-                 refused: Callable[[], None]) -> None:
+                 refused: Callable[[], None],
+                 send_part: Callable[[str], Awaitable[str | None]] | None = None,
+                 keep: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         self.bot = bot
         self.chat_id = chat_id
         self.topic = topic
         self.interval = interval
         self.refused = refused  # the chat takes no drafts at all
+        self.send_part = send_part  # a finished part as a message: its id (None: refused)
+        self.keep = keep  # the ids of the parts sent so far, written down
+        self.parts: list[str] = []  # the finished parts sent as messages (HTML)
+        self.part_ids: list[str] = []
+        self._parts_refused = False
+        self._sending_part = False
         self.draft_id = next_draft_id()
         self.sent = 0  # drafts Telegram took
         self._text = ""
@@ -91,6 +105,10 @@ class Draft:
         if task is None:
             return
         done, _ = await asyncio.wait([task], timeout=CLOSE_WAIT)
+        while not done and self._sending_part:
+            # A part on its way as a message is waited for (PTB's timeouts bound it): cut
+            # off, it could reach the chat unrecorded.
+            done, _ = await asyncio.wait([task], timeout=CLOSE_WAIT)
         if not done:  # stuck in the rate limiter's wait: cancelled there, it never goes out
             task.cancel()
             await asyncio.wait([task])
@@ -104,7 +122,9 @@ class Draft:
             if self._closing.is_set():
                 return
             self._wake.clear()
-            if not await self._send(self.preview()):
+            parts = split_telegram(self._text) if self._text.strip() else []
+            await self._send_finished(parts[:-1])
+            if not await self._send(self.preview(parts)):
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
@@ -114,9 +134,26 @@ class Draft:
 
     # -- what is shown -----------------------------------------------------------------------
 
-    def preview(self) -> str:
+    async def _send_finished(self, finished: list[str]) -> None:
+        """The finished parts not sent yet, as messages, each recorded as it goes."""
+        if self.send_part is None or self._parts_refused:
+            return
+        for part in finished[len(self.parts):]:
+            self._sending_part = True
+            try:
+                sent = await self.send_part(part)
+            finally:
+                self._sending_part = False
+            if sent is None:  # refused: the reply's delivery sends it, and all after it
+                self._parts_refused = True
+                return
+            self.parts.append(part)
+            self.part_ids.append(sent)
+            if self.keep is not None:
+                await self.keep(list(self.part_ids))
+
+    def preview(self, parts: list[str]) -> str:
         """The HTML the draft shows now: the part being written, and the line about work."""
-        parts = split_telegram(self._text) if self._text.strip() else []
         shown = parts[-1] if parts else ""
         if self._line:
             line = f"<i>{html.escape(self._line)}</i>"

@@ -126,20 +126,43 @@ async def test_a_10000_character_answer_streams_and_arrives_whole_in_parts(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
     answer = paragraphs(40, words=30)
     assert len(answer) > 10_000
-    fake_ollama.script(Reply(content=answer, tokens_per_second=1500))
+    fake_ollama.script(Reply(content=answer, tokens_per_second=600))
     daemon = await start()
     assert await daemon.post(message(1, "a long one")) == 200
+    # The first part is finished long before the answer: it is there to read meanwhile.
+    await fake_telegram.wait_for("sendMessage", timeout=20)
+    assert fake_ollama.streaming == 1
     await wait_until(lambda: len(fake_telegram.sent_messages) >= 3, timeout=30)
     await daemon.settle()
     parts = texts(fake_telegram)
     assert len(parts) >= 3 and all(len(p) <= TELEGRAM_LIMIT for p in parts)
+    # Whole, and each part once: the parts sent early are the reply's first parts.
     assert " ".join(" ".join(parts).split()) == " ".join(answer.split())
-    # Every draft was taken (none over the limit), and the later ones show a later part.
+    # Every draft was taken (none over the limit), and the last shows the last part.
     drafts = fake_telegram.drafts
     assert len(drafts) == len(fake_telegram.calls_to("sendMessageDraft")) >= 2
     assert all(len(d["text"]) <= TELEGRAM_LIMIT for d in drafts)
-    assert "word39-" in drafts[-1]["text"] or "word3" in drafts[-1]["text"]
-    assert sent_after_the_last_draft(fake_telegram)
+    assert "word39-" in drafts[-1]["text"]
+    assert daemon.store.outbox_pending() == []
+    assert daemon.store.chat_flags(CHAT_KEY) == {}  # the early parts were handed over
+
+
+async def test_early_parts_of_a_turn_that_fails_are_deleted(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    answer = paragraphs(40, words=30)
+    fake_ollama.script(Reply(content=answer, tokens_per_second=600, error_after_chunks=2000,
+                             error="an error was encountered while running the model"),
+                       Reply(content=answer, tokens_per_second=600, error_after_chunks=2000,
+                             error="an error was encountered while running the model"))
+    daemon = await start()
+    assert await daemon.post(message(1, "a long one")) == 200
+    await fake_telegram.wait_for("deleteMessage", timeout=30)
+    await daemon.settle()
+    # The parts sent early are gone; the user has the notice, not half an answer.
+    assert fake_telegram.messages and all(
+        "word0-" not in m.get("text", "") for m in fake_telegram.messages.values())
+    assert "error" in texts(fake_telegram)[-1]
+    assert daemon.store.chat_flags(CHAT_KEY) == {}
 
 
 async def test_groups_get_typing_and_no_drafts(
