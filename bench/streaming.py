@@ -118,7 +118,7 @@ class Run:
                              headers={"Content-Type": "application/json",
                                       SECRET_HEADER: SECRET}) as reply:
             assert reply.status == 200
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(900):  # ten chats queue for one model slot
             # The fake's calls are plain state (no event to wait on).
             while not _answered(telegram, user, before):  # noqa: ASYNC110
                 await asyncio.sleep(0.02)

@@ -87,9 +87,7 @@ async def test_interrupt_at_the_prompt_leaves_cleanly(
     reply: see below)."""
     chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout
-    await read_until(chat.stdout, "Ctrl-D to leave")
-    chat.stdin.write(b"hello\n")
-    await read_until(chat.stdout, "echo: hello")
+    await read_until(chat.stdout, "Ctrl-D to leave")  # at the prompt: nothing being written
     chat.send_signal(signal.SIGINT)
     await read_until(chat.stdout, "Saved. Bye.")
     chat.stdin.close()  # the thread reading a pipe holds the process until the pipe ends
