@@ -174,7 +174,7 @@ class Draft:
             log.debug("draft to %d refused: %s", self.chat_id, exc.message)
             return False
         except BadRequest as exc:
-            if NOT_HERE in exc.message:
+            if NOT_HERE in exc.message.upper():  # PTB capitalises it: "Textdraft_peer_..."
                 self.refused()
                 return False
             if self._plain:

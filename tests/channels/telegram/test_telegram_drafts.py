@@ -270,3 +270,20 @@ async def test_switching_models_keeps_drafts_for_the_new_model(
     await daemon.settle()
     assert fake_ollama.chat_requests[-1]["model"] == "llama3.2:3b"
     assert fake_telegram.calls_to("sendMessageDraft")
+
+
+async def test_a_chat_that_takes_no_drafts_is_not_asked_again(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    fake_telegram.fail_next("sendMessageDraft", status=400,
+                            description="Bad Request: TEXTDRAFT_PEER_INVALID")
+    fake_ollama.script(Reply(content=paragraphs(2), tokens_per_second=200),
+                       Reply(content=paragraphs(2), tokens_per_second=200))
+    daemon = await start()
+    assert await daemon.post(message(1, "one")) == 200
+    await fake_telegram.wait_for("sendMessage", timeout=10)
+    await daemon.settle()
+    assert await daemon.post(message(2, "two")) == 200
+    await fake_telegram.wait_for("sendMessage", count=2, timeout=10)
+    await daemon.settle()
+    assert len(fake_telegram.calls_to("sendMessageDraft")) == 1
+    assert len(texts(fake_telegram)) == 2

@@ -428,3 +428,20 @@ def test_default_timezone_follows_tz(env: dict[str, str]) -> None:
     assert Settings.defaults(env | {"TZ": "Asia/Tokyo"}).daemon.timezone == "Asia/Tokyo"
     zone = Settings.defaults(env | {"TZ": "not/a-zone"}).daemon.tz  # falls back, never fails
     assert zone.key
+
+
+@pytest.mark.parametrize(("line", "key"), [
+    ('streaming = "yes"', "telegram.streaming"),
+    ('draft_interval = "10ms"', "telegram.draft_interval"),
+    ("draft_interval = 1", "telegram.draft_interval"),
+])
+def test_bad_streaming_settings_name_the_key(tmp_path: Path, line: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, f"[telegram]\n{line}\n"), env=SECRETS)
+    assert caught.value.key == key
+
+
+def test_streaming_settings_are_read(tmp_path: Path) -> None:
+    path = write(tmp_path, '[telegram]\nstreaming = "off"\ndraft_interval = "1.5s"\n')
+    telegram = load_settings(path, env=SECRETS).telegram
+    assert (telegram.streaming, telegram.draft_interval) == ("off", 1.5)
