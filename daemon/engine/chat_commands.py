@@ -10,6 +10,7 @@ from collections.abc import Callable
 from daemon.core.config import Settings
 from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.redact import redact_url
+from daemon.engine.model_choice import FLAG as MODEL_FLAG
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.turn.folder import Folder
@@ -79,17 +80,19 @@ class Commands:
 
     async def status(self, chat_key: str) -> str:
         model = self.settings.model
-        lines = [f"Model: {model.name} at {redact_url(model.host)}"]
+        name = (await asyncio.to_thread(self.store.chat_flags, chat_key)).get(MODEL_FLAG) \
+            or model.name  # the chat's /model
+        lines = [f"Model: {name} at {redact_url(model.host)}"]
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
         try:
-            num_ctx = await self.llm.num_ctx()
+            num_ctx = await self.llm.num_ctx(name)
         except LLMError as exc:
             lines.append(f"Window: unknown ({exc})")
             return "\n".join(lines)
         lines.append(f"Window: {num_ctx:,} tokens")
-        info = await self.llm.model_info()
+        info = await self.llm.model_info(name)
         if not info.tools:
-            lines.append(f"Tools: none ({model.name} has no tools capability, so no searches "
+            lines.append(f"Tools: none ({name} has no tools capability, so no searches "
                          "or files)")
         if info.thinks:
             lines.append("Thinking: " + ("on for replies (model.think)" if model.think
@@ -101,7 +104,7 @@ class Commands:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(conversation.created))
         lines.append(f"Conversation: {conversation.id}, {len(history)} messages, since {started}")
         try:
-            prepared = await self.prompting.prepare(conversation, history)
+            prepared = await self.prompting.prepare(conversation, history, model=name)
             lines.append(f"Next request: about {prepared.request.estimate:,} of "
                          f"{prepared.budget:,} tokens (calibration ratio "
                          f"{conversation.token_ratio:.2f})")

@@ -105,7 +105,7 @@ class TurnResult:
 
 
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
-# The channel's "working" context for a chat (typing..., later streaming), entered while a
+# The channel's "working" context for a chat (typing...), entered while a
 # call of the chat's turn holds the model, so it shows only for the chat being answered.
 Working = Callable[[str], AbstractAsyncContextManager[None]]
 
@@ -227,8 +227,9 @@ class TurnRunner:
     ) -> TurnResult:
         """Answer `items` (the chat's pending messages): one model call, or a few with tools.
 
-        `model` (an automation's own) is the model every call of the turn goes to, and the one
-        whose window and capabilities the request is fitted to; by default `model.name`."""
+        `model` (an automation's own, or the chat's /model) is the model every call of the turn
+        goes to, and the one whose window and capabilities the request is fitted to; by default
+        `model.name`."""
         # The sink is left before the worker sends the reply: no preview follows the reply.
         async with self.llm.turn(), self.streaming(chat_key) as sink:
             outage = _Outage(self.notify, chat_key, self.llm.host, announce_outage)

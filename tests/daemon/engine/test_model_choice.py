@@ -96,3 +96,14 @@ async def test_model_while_ollama_is_down_says_so(
         await say(engine, "/model llama3.2:3b")
     (answer,) = channel.texts()
     assert "cannot ask the Ollama server" in answer
+
+
+async def test_status_names_the_chats_model(
+        make_settings: SettingsFactory, fake_ollama: FakeOllama) -> None:
+    fake_ollama.models.append(SMALL)
+    channel = RecordingChannel()
+    async with engine_for(make_settings(model={"host": fake_ollama.url}), channel) as engine:
+        await say(engine, "/model llama3.2:3b")
+        await say(engine, "/status")
+    status = channel.texts()[-1]
+    assert status.startswith("Model: llama3.2:3b") and "Window: 4,096 tokens" in status
