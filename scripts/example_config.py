@@ -18,6 +18,7 @@ START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 HEADING = re.compile(r"^### `(\[\[?\w+\]\]?)`\s*$")
 ROW = re.compile(r"^\| `(\w+)` \| (.*?) \| (.*) \|\s*$")
 WIDTH = 96
+FREE_TABLES = ("[variables]", "[identities]")  # any key: prose and an example, no key table
 
 HEADER = """\
 # roost.example.toml: every key roost reads, each with what it does and its default.
@@ -74,13 +75,13 @@ def render(readme: str) -> str:
     for line in section.splitlines():
         if heading := HEADING.match(line):
             table, prose = heading[1], []
-            commented = table.startswith("[[") or table == "[variables]"
+            commented = table.startswith("[[") or table in FREE_TABLES
             out += ["", *(["#" + table] if commented else [table])]
             continue
         if table is None or line.startswith("###"):
             table = None if line.startswith("###") else table
             continue
-        if table == "[variables]":
+        if table in FREE_TABLES:
             if line.strip():
                 prose.append(line.strip())
             elif prose:

@@ -19,6 +19,7 @@ from daemon.core.config import (
     DaemonSettings,
     ModelSettings,
     TelegramSettings,
+    WebSettings,
     WhatsAppSettings,
     load_settings,
 )
@@ -28,7 +29,8 @@ README = ROOT / "README.md"
 EXAMPLE = ROOT / "roost.example.toml"
 TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
           "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
-          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings}
+          "[attachments]": AttachmentSettings, "[web]": WebSettings,
+          "[[automations]]": AutomationSettings}
 RENAMED = {"listen_host": "listen", "listen_port": "listen"}
 
 
@@ -103,6 +105,7 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
+    assert dict(full.identities) == {"owner": ("telegram:1111111", "whatsapp:972544401243")}
 
 
 def test_the_body_limits_the_readme_gives_are_the_channels() -> None:

@@ -81,6 +81,9 @@ COMMANDS = (
     ("status", "Model, window and the size of this conversation"),
     ("stop", "Stop the reply being written"),
     ("model", "List the models, or switch this chat: /model NAME"),
+    ("remember", "Keep a fact about you for every conversation"),
+    ("memory", "The facts roost keeps about you, numbered"),
+    ("forget", "Forget fact number N (see /memory)"),
     ("help", "List the commands"),
 )
 

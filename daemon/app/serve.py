@@ -43,7 +43,13 @@ from daemon.app.httpguard import (
 from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.core.config import Settings
-from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
+from daemon.core.errors import (
+    ChannelError,
+    ConfigError,
+    DeliveryError,
+    DocumentError,
+    StoreError,
+)
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
@@ -53,6 +59,7 @@ from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
@@ -124,8 +131,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         starting.append(whatsapp_start_ctx)
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
-    app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, *opening, engine_ctx,
-                            automations_ctx, *starting])
+    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, *opening,
+                            engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     return app
@@ -161,6 +168,13 @@ def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
     except BaseException:
         store.close()
         raise
+
+
+async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The worker processes that parse documents and pages: `serve` starts one once the daemon
+    is up (else the first document starts it); they stop with the daemon, not at exit."""
+    yield
+    await asyncio.to_thread(shared_pool().close)
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -450,6 +464,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
+    # A document worker starts now, off the loop, so the first PDF sent is read by a warm one.
+    warming = asyncio.create_task(asyncio.to_thread(shared_pool().warm), name="roost-documents")
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
@@ -462,6 +478,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
     await app[ENGINE].drain(budget.drain)
+    try:
+        await warming
+    except DocumentError as exc:  # not fatal: the first document tries again
+        log.warning("the document worker did not start: %s", exc)
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()

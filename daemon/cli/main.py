@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from daemon import __version__
+from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
@@ -27,7 +28,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
+    add_memory_parser(commands, common)
     return parser
 
 
@@ -159,6 +161,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
                                getattr(args, "code", None) or getattr(args, "sender", None))
     if args.command == "automations":
         return _automations(args, settings)
+    if args.command == "memory":
+        return memory_command(args, settings)
     return _conversations(args, settings)
 
 

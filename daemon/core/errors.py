@@ -4,8 +4,12 @@
     ├── ConfigError                 a bad config file or setting (exit status 78)
     ├── StoreError                  the state directory cannot be read or written
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
-    │   └── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   ├── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   └── FactError               (daemon.store.facts) a fact not kept or not found; for the user
     ├── AttachmentError             a photo or file refused; its message is for the user
+    ├── DocumentError               a PDF, DOCX, XLSX or page that cannot be read (bounded parse)
+    ├── WebError                    web_fetch or web_search could not get an answer
+    │   └── WebRefused              the address guard refused a URL (private, loopback, ...)
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── Stopped                     the user stopped the reply being written (/stop, Ctrl-C)
     ├── LLMError                    anything the model server answered badly
@@ -66,6 +70,20 @@ class AttachmentError(RoostError):
     def __init__(self, message: str, reason: str = "refused") -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class DocumentError(RoostError):
+    """A document could not be read: damaged, encrypted, too big, too slow or hostile. The
+    message is for the model (and through it the user) and says which."""
+
+
+class WebError(RoostError):
+    """A web page or search could not be fetched; the message says why, for the model."""
+
+
+class WebRefused(WebError):
+    """The address guard refused the URL: it leads to a private, loopback, link-local or
+    metadata address, or uses a scheme other than http and https."""
 
 
 class DoesNotFit(RoostError, ValueError):

@@ -17,7 +17,9 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
+from daemon.engine.memory_commands import MemoryCommands
 from daemon.engine.model_choice import ModelChoice
+from daemon.store.facts import FactsBook
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
 from daemon.turn.streaming import not_streamed
@@ -38,6 +40,9 @@ class Answering:
                                  folder=parts.folder, clock=parts.clock)
         self.models = ModelChoice(settings=parts.settings, store=parts.store, llm=parts.llm,
                                   router=parts.router, clock=parts.clock)
+        self.memory = MemoryCommands(settings=parts.settings,
+                                     facts=parts.facts or FactsBook(parts.store.files),
+                                     clock=parts.clock)
         self.turns = parts.runner(notify=notify, streaming=self._streaming,
                                   working=self._working)
         self.parked: set[str] = set()
@@ -49,15 +54,17 @@ class Answering:
         `doing` is told which inbox items are being handled (quarantined if they fail)."""
         chat_key = items[0].chat_key
         command = items[0].command
-        if command in self.commands.names:
+        if command in self.commands.names or command in self.memory.names:
             doing([items[0].to_doc()])
-            reply = await self._command(command, items[0])
+            reply = (await self.memory.run(command, items[0].text, chat_key)
+                     if command in self.memory.names
+                     else await self._command(command, items[0]))
             if reply:
                 await self.notify(chat_key, reply)
             await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
             return
         handled = list(itertools.takewhile(
-            lambda i: i.command not in self.commands.names, items))
+            lambda i: i.command not in self.commands.names | self.memory.names, items))
         doing([i.to_doc() for i in handled])
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,

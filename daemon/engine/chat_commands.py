@@ -24,6 +24,8 @@ HELP = (
     "/status - model, window and the size of this conversation\n"
     "/stop - stop the reply being written (what it wrote so far is kept)\n"
     "/model - list the models; /model NAME - switch this chat to another one\n"
+    "/remember TEXT - keep a fact about you for every conversation\n"
+    "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/help - this list"
 )
 GREETING = (

@@ -15,9 +15,13 @@ from daemon.core.config import Settings
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
+from daemon.store.facts import FactsBook
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import register_builtin
+from daemon.tools.documents import register_documents
+from daemon.tools.facts import register_facts
 from daemon.tools.registry import Registry
+from daemon.tools.web.tools import register_web
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -39,6 +43,7 @@ class TurnParts:
     prompting: Prompting
     folder: Folder
     clock: Callable[[], float]
+    facts: FactsBook | None = None
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
@@ -51,17 +56,21 @@ class TurnParts:
         if registry is None:
             registry = Registry()
             register_builtin(registry)
+            register_facts(registry)
+            register_web(registry, settings.web)
+            register_documents(registry)
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
+        facts = FactsBook(store.files)
         return cls(
             settings=settings, store=store, llm=llm,
             router=Router(store, settings.daemon.idle_rotation), records=records,
             registry=registry, index=index,
             prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
-                                clock=clock),
+                                clock=clock, facts=facts),
             folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
                           on_fold=index.mark_dirty),
-            clock=clock)
+            clock=clock, facts=facts)
 
     def runner(self, *, notify: Notify, streaming: Streaming = not_streamed,
                working: Working = not_shown, fold: bool = True) -> TurnRunner:
@@ -70,4 +79,5 @@ class TurnParts:
                           router=self.router, prompting=self.prompting, registry=self.registry,
                           index=self.index, records=self.records, notify=notify,
                           streaming=streaming, clock=self.clock,
-                          folder=self.folder if fold else None, working=working)
+                          folder=self.folder if fold else None, working=working,
+                          facts=self.facts)
