@@ -12,6 +12,7 @@
     ├── WebError                    web_fetch or web_search could not get an answer
     │   └── WebRefused              the address guard refused a URL (private, loopback, ...)
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
+    ├── Stopped                     the user stopped the reply being written (/stop, Ctrl-C)
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
@@ -143,6 +144,11 @@ class ModelCrashed(LLMError):
 
 class Preempted(LLMError):
     """A background call (the fold) was cancelled so that a turn could use the model."""
+
+
+class Stopped(RoostError):
+    """The user stopped the reply being written (/stop, or Ctrl-C in `roost chat`); the turn
+    keeps what was written."""
 
 
 class ChannelError(RoostError):

@@ -25,7 +25,8 @@ from daemon.tools.web.tools import register_web
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
-from daemon.turn.runner import Notify, StreamDelta, TurnRunner, Working, not_shown
+from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
+from daemon.turn.streaming import Streaming, not_streamed
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,12 @@ class TurnParts:
                           on_fold=index.mark_dirty),
             clock=clock, facts=facts)
 
-    def runner(self, *, notify: Notify, stream: StreamDelta | None = None,
+    def runner(self, *, notify: Notify, streaming: Streaming = not_streamed,
                working: Working = not_shown, fold: bool = True) -> TurnRunner:
         """A turn runner on these parts; `fold` lets its turns land a fold the request owes."""
         return TurnRunner(settings=self.settings, store=self.store, llm=self.llm,
                           router=self.router, prompting=self.prompting, registry=self.registry,
                           index=self.index, records=self.records, notify=notify,
-                          stream=stream or (lambda chat_key, delta: None), clock=self.clock,
+                          streaming=streaming, clock=self.clock,
                           folder=self.folder if fold else None, working=working,
                           facts=self.facts)

@@ -35,6 +35,7 @@ from daemon.llm.client import ChatResult
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, ToolCall
+from daemon.turn.streaming import tool_line
 
 MAX_CONTINUATIONS = 3
 TOOL_RESULT_SHARE = 6  # one tool result may take a sixth of the budget in memory
@@ -112,8 +113,10 @@ class ToolLoop:
         num_ctx: int,
         ratio: float,
         clock: Callable[[], float],
+        status: Callable[[str], None] | None = None,
     ) -> None:
         self.registry = registry
+        self.status = status  # the channel's progress line while a tool runs
         self.context = context
         self.records = records
         self.call = call
@@ -205,6 +208,8 @@ class ToolLoop:
                          "tool_calls": calls})  # type: ignore[dict-item]
         for raw in calls:
             call = ToolCall.from_ollama(raw)
+            if self.status is not None:
+                self.status(tool_line(call.name))
             outcome = await self.registry.run(call, self.context, self.context.active)
             # The model sees at most a sixth of the budget of one result, so the three newest
             # (which compaction never cuts) fit in half of it. The store keeps all of it, and
