@@ -200,6 +200,7 @@ async def _local(settings: Settings, shown: _Shown,
 
     try:
         await engine.start()
+        await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is shown first
         await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
         yield ask, lambda: engine.stop_reply(CHAT_KEY)
     finally:
