@@ -309,15 +309,7 @@ class ModelClient:
             return await self._background_call(call)
         if _scheduled.get():
             return await self._scheduled_call(call)
-        self.waiting += 1
-        try:
-            if self._gate.locked():
-                for task in list(self._background):
-                    task.cancel()
-            await self._gate.acquire()
-        finally:
-            self.waiting -= 1
-            self._poke()
+        await self._acquire_interactive()
         self.in_flight += 1
         try:
             async with while_held() if while_held is not None else contextlib.nullcontext():
@@ -348,23 +340,9 @@ class ModelClient:
         every turn. What runs in the slot is not a request to Ollama (`in_flight` does not
         count it)."""
         if _scheduled.get():
-            self.scheduled_waiting += 1
-            try:
-                while self._no_room_for_background() or self._gate.locked():
-                    await self._changed.wait()
-                await self._gate.acquire()
-            finally:
-                self.scheduled_waiting -= 1
+            await self._acquire_scheduled()
         else:
-            self.waiting += 1
-            try:
-                if self._gate.locked():
-                    for task in list(self._background):
-                        task.cancel()
-                await self._gate.acquire()
-            finally:
-                self.waiting -= 1
-                self._poke()
+            await self._acquire_interactive()
         try:
             yield
         finally:
@@ -376,7 +354,21 @@ class ModelClient:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def _scheduled_call(self, call: Call) -> ChatResult:
+    async def _acquire_interactive(self) -> None:
+        """A slot for a chat's call: ahead of folds (a running fold call is cancelled) and of
+        automations."""
+        self.waiting += 1
+        try:
+            if self._gate.locked():
+                for task in list(self._background):
+                    task.cancel()
+            await self._gate.acquire()
+        finally:
+            self.waiting -= 1
+            self._poke()
+
+    async def _acquire_scheduled(self) -> None:
+        """A slot for an automation's call: once no turn waits for or holds the model."""
         self.scheduled_waiting += 1
         try:
             while self._no_room_for_background() or self._gate.locked():
@@ -386,6 +378,9 @@ class ModelClient:
             await self._gate.acquire()
         finally:
             self.scheduled_waiting -= 1
+
+    async def _scheduled_call(self, call: Call) -> ChatResult:
+        await self._acquire_scheduled()
         self.in_flight += 1
         try:
             return await call()
