@@ -5,6 +5,7 @@
     ├── StoreError                  the state directory cannot be read or written
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
     │   └── CorruptFile             (daemon.store.files) a state file that does not parse
+    ├── McpError                    an MCP server is not running, or a call to it failed
     ├── AttachmentError             a photo or file refused; its message is for the user
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── LLMError                    anything the model server answered badly
@@ -113,6 +114,10 @@ class ModelCrashed(LLMError):
 
 class Preempted(LLMError):
     """A background call (the fold) was cancelled so that a turn could use the model."""
+
+
+class McpError(RoostError):
+    """An MCP server is not running (yet, or any more), or a call to it failed."""
 
 
 class ChannelError(RoostError):

@@ -16,6 +16,7 @@ telegram_log = logging.getLogger("roost.telegram")
 intake_log = logging.getLogger("roost.intake")
 whatsapp_log = logging.getLogger("roost.whatsapp")
 http_log = logging.getLogger("roost.http")
+mcp_log = logging.getLogger("roost.mcp")
 pairing_log = logging.getLogger("roost.pairing")
 automation_log = logging.getLogger("roost.automations")
 

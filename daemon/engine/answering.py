@@ -14,22 +14,24 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound
 from daemon.engine.chat_commands import Commands
+from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
-from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
+from daemon.turn.runner import MAX_BACKOFF, Outcome
 
 
 class Answering:
     """See the module docstring; `notify` sends a notice through the chat's outbox."""
 
     def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
-                 notify: Notify) -> None:
+                 notify: Ask) -> None:
         self.parts = parts
         self.channels = channels
         self.notify = notify
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
                                  folder=parts.folder, clock=parts.clock)
-        self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working)
+        self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working,
+                                  ask=notify)
         self.parked: set[str] = set()
 
     async def handle(self, items: list[Inbound],

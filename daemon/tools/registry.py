@@ -64,6 +64,9 @@ class Tool:
     parameters: Mapping[str, Any]
     handler: Handler
     timeout: float = DEFAULT_TIMEOUT
+    # Whether a call waits for the user's yes (daemon.turn.approvals): "never" (built-ins),
+    # "ask" (unless the person said "always" for it) or "always".
+    approve: str = "never"
 
     def schema(self) -> dict[str, Any]:
         """The tool as Ollama's `tools` field wants it (OpenAI-style function schema)."""
@@ -113,6 +116,16 @@ class Registry:
         if capability.name in self.capabilities:
             raise ValueError(f"capability {capability.name!r} is already registered")
         taken = {t.name for c in self.capabilities.values() for t in c.tools}
+        clash = taken & {t.name for t in capability.tools}
+        if clash:
+            raise ValueError(f"tool name(s) already registered: {', '.join(sorted(clash))}")
+        self.capabilities[capability.name] = capability
+
+    def replace(self, capability: Capability) -> None:
+        """Put a registered capability's new version in its place (an MCP server that listed
+        its tools anew); its tool names must not clash with another capability's."""
+        taken = {t.name for c in self.capabilities.values() if c.name != capability.name
+                 for t in c.tools}
         clash = taken & {t.name for t in capability.tools}
         if clash:
             raise ValueError(f"tool name(s) already registered: {', '.join(sorted(clash))}")

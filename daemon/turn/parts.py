@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from daemon.core.config import Settings
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.approvals import ApprovalBook
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import register_builtin
 from daemon.tools.registry import Registry
+from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -38,6 +40,7 @@ class TurnParts:
     prompting: Prompting
     folder: Folder
     clock: Callable[[], float]
+    approvals: Approvals
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
@@ -60,13 +63,18 @@ class TurnParts:
                                 clock=clock),
             folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
                           on_fold=index.mark_dirty),
-            clock=clock)
+            clock=clock,
+            approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
+                                clock))
 
     def runner(self, *, notify: Notify, stream: StreamDelta | None = None,
-               working: Working = not_shown, fold: bool = True) -> TurnRunner:
-        """A turn runner on these parts; `fold` lets its turns land a fold the request owes."""
+               working: Working = not_shown, fold: bool = True,
+               ask: Ask | None = None) -> TurnRunner:
+        """A turn runner on these parts; `fold` lets its turns land a fold the request owes;
+        `ask` lets its turns ask the user to approve a tool call."""
         return TurnRunner(settings=self.settings, store=self.store, llm=self.llm,
                           router=self.router, prompting=self.prompting, registry=self.registry,
                           index=self.index, records=self.records, notify=notify,
                           stream=stream or (lambda chat_key, delta: None), clock=self.clock,
-                          folder=self.folder if fold else None, working=working)
+                          folder=self.folder if fold else None, working=working,
+                          approvals=self.approvals, ask=ask)

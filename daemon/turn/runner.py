@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -59,6 +60,7 @@ from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry
 from daemon.tools.scope import recall_scope
+from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.router import Router
@@ -160,6 +162,16 @@ class _Outage:
                 "I will keep trying and answer when it is back."))
 
 
+def _person(chat_key: str, items: Sequence[Inbound]) -> str | None:
+    """Who may approve this turn's tool calls: the sender of its last message
+    (`<channel>:<id>`), or the chat itself where there is no sender (the console). An
+    automation's run has nobody to ask."""
+    if chat_key.startswith("automation:"):
+        return None
+    sender = items[-1].sender if items else None
+    return f"{chat_key.split(':', 1)[0]}:{sender}" if sender else chat_key
+
+
 class TurnRunner:
     """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
 
@@ -179,7 +191,13 @@ class TurnRunner:
         clock: Callable[[], float],
         folder: Folder | None = None,
         working: Working = not_shown,
+        approvals: Approvals | None = None,
+        ask: Ask | None = None,
     ) -> None:
+        """`ask` sends a question with buttons to a chat; without it (an automation's run)
+        a tool that needs the user's yes runs only on a standing "Always"."""
+        self.approvals = approvals
+        self.ask = ask
         self.settings = settings
         self.working = working
         self.folder = folder
@@ -257,6 +275,10 @@ class TurnRunner:
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
                 num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+                approve=functools.partial(
+                    self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
+                    ask=self.ask, released=self.llm.waiting_for_user)
+                if self.approvals is not None else None,
             )
             done = await loop.run(messages, first)
         except DoesNotFit as exc:

@@ -34,7 +34,7 @@ from daemon.context.replay import ChatMessage, shown_result
 from daemon.llm.client import ChatResult
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
-from daemon.tools.registry import Registry, ToolCall
+from daemon.tools.registry import Registry, Tool, ToolCall, ToolResult
 
 MAX_CONTINUATIONS = 3
 TOOL_RESULT_SHARE = 6  # one tool result may take a sixth of the budget in memory
@@ -54,6 +54,11 @@ CUT_OFF_NOTE = "\n\n[The answer was cut off; ask me to go on.]"
 
 Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
 Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
+# approve(tool, arguments) -> None to run it, else the result the model gets instead
+# (daemon.turn.approvals); None for the whole loop: nobody can be asked, so nothing that
+# needs a yes runs.
+Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]
+NOBODY_TO_ASK = "ERROR: {name} needs the user's approval, which cannot be asked here."
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,9 @@ class ToolLoop:
         num_ctx: int,
         ratio: float,
         clock: Callable[[], float],
+        approve: Approve | None = None,
     ) -> None:
+        self.approve = approve
         self.registry = registry
         self.context = context
         self.records = records
@@ -205,7 +212,9 @@ class ToolLoop:
                          "tool_calls": calls})  # type: ignore[dict-item]
         for raw in calls:
             call = ToolCall.from_ollama(raw)
-            outcome = await self.registry.run(call, self.context, self.context.active)
+            refused = await self._approval(call)
+            outcome = (ToolResult(call.name, refused, error=True) if refused is not None
+                       else await self.registry.run(call, self.context, self.context.active))
             # The model sees at most a sixth of the budget of one result, so the three newest
             # (which compaction never cuts) fit in half of it. The store keeps all of it, and
             # remembers the cap so that replay shows the same bytes on later turns.
@@ -218,6 +227,16 @@ class ToolLoop:
                        if shown else outcome.content)
             messages.append({"role": "tool", "content": content, "tool_name": call.name})
         return len(calls)
+
+    async def _approval(self, call: ToolCall) -> str | None:
+        """None when the call may run (or fails on its own: an unknown tool, bad arguments,
+        which nobody need approve); else the result that stands in for it."""
+        tool = self.registry.tool(call.name, self.context.active)
+        if tool is None or tool.approve == "never" or tool.check(call.arguments)[1]:
+            return None
+        if self.approve is None:
+            return NOBODY_TO_ASK.format(name=tool.name)
+        return await self.approve(tool, tool.check(call.arguments)[0])
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult

@@ -177,7 +177,8 @@ async def test_start_fixture_is_answered_with_the_greeting(
     assert fake_telegram.webhook is not None
     assert fake_telegram.webhook["url"] == HOOK_URL
     assert fake_telegram.webhook["secret_token"] == SECRET
-    assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message"]
+    assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message",
+                                                        "callback_query"]
     assert {c["command"] for c in fake_telegram.commands} == Commands.names
     assert {c for c, _ in COMMANDS} == Commands.names
 

@@ -1,0 +1,58 @@
+"""An MCP tool result as the text the model gets (pure).
+
+Text stays text; an embedded text resource becomes its text under its URI; binary parts (an
+image, audio, a blob) become a one-line note of what they were, so nothing undecodable enters a
+conversation; a server's error becomes an error line. The whole is capped at the configured
+size with a note of how much was left out: the model never gets more than the cap, and the turn
+shows it even less of a large one (daemon.turn.tool_loop), stubbing it on later turns like any
+tool result. The text is the server's, so untrusted: it goes in a tool message, never in the
+system message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from mcp import types
+
+ERROR_PREFIX = "ERROR: "
+
+
+def result_text(result: types.CallToolResult, cap: int) -> str:
+    parts = [_part(p) for p in result.content]
+    if not parts and result.structured_content is not None:
+        parts = [json.dumps(result.structured_content, ensure_ascii=False)]
+    text = "\n".join(p for p in parts if p) or "(the tool returned nothing)"
+    if result.is_error:
+        text = f"{ERROR_PREFIX}the tool reported an error: {text}"
+    if len(text) > cap:
+        text = (f"{text[:cap]}\n[{len(text) - cap:,} more characters of this result were left "
+                "out]")
+    return text
+
+
+def _part(part: object) -> str:
+    if isinstance(part, types.TextContent):
+        return part.text
+    if isinstance(part, types.ImageContent | types.AudioContent):
+        kind = "image" if isinstance(part, types.ImageContent) else "audio"
+        return f"[{kind}: {part.mime_type}, {_size(part.data)} bytes; not shown here]"
+    if isinstance(part, types.EmbeddedResource):
+        resource = part.resource
+        if isinstance(resource, types.TextResourceContents):
+            return f"[resource {resource.uri}]\n{resource.text}"
+        if isinstance(resource, types.BlobResourceContents):
+            return (f"[resource {resource.uri}: {resource.mime_type or 'binary'}, "
+                    f"{_size(resource.blob)} bytes; not shown here]")
+    if isinstance(part, types.ResourceLink):
+        return f"[link {part.name}: {part.uri}]"
+    return f"[a {type(part).__name__} part; not shown here]"
+
+
+def _size(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        return len(data)
