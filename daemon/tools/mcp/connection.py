@@ -68,6 +68,7 @@ class Connection:
         self.state = State.STARTING
         self.error = ""
         self.failures = 0  # failed starts since it was last up
+        self.starts = 0  # times it came up in this process
         self.up_since: float | None = None
         self.listing: Listing | None = None
         self._session: ClientSession | None = None
@@ -148,6 +149,7 @@ class Connection:
                     self.listing, self._session = listing, session
                     self.state, self.error, self.failures = State.UP, "", 0
                     self.up_since = time.time()
+                    self.starts += 1
                     backoff = BACKOFF_FIRST
                     log.info("MCP server %s is up with %d tools", self.name,
                              len(listing.tools))

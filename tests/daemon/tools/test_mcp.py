@@ -1,0 +1,182 @@
+"""MCP servers as capabilities, against real servers built with the SDK (tests/fakes/mcp_server.py)
+over stdio and over streamable HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.context.prefix import capability_index
+from daemon.core.config import ConfigError, McpServerSettings, McpSettings, load_settings
+from daemon.tools.builtin import ToolContext, tool_activate, tool_search
+from daemon.tools.mcp.connection import State
+from daemon.tools.mcp.schema import simplify
+from daemon.tools.mcp.servers import McpServers, with_servers
+from daemon.tools.registry import Registry, ToolCall
+from tests.conftest import wait_until
+
+SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
+
+
+def stdio(name: str = "fake", **extra: Any) -> McpServerSettings:
+    return McpServerSettings(name=name, command=sys.executable, args=(str(SERVER),), **extra)
+
+
+@pytest.fixture
+async def running(state_dir: Path) -> AsyncIterator[Any]:
+    started: list[McpServers] = []
+
+    async def run(*servers: McpServerSettings, **settings: Any) -> tuple[Registry, McpServers]:
+        registry, mcp = with_servers(McpSettings(servers=servers, **settings), state_dir)
+        await mcp.start()
+        started.append(mcp)
+        await asyncio.wait_for(mcp.wait_started(), 60)
+        return registry, mcp
+
+    yield run
+    for mcp in started:
+        await mcp.stop()
+
+
+def context(registry: Registry, active: list[str]) -> ToolContext:
+    return ToolContext(store=None, settings=None, registry=registry,  # type: ignore[arg-type]
+                       conversation_id="c", clock=lambda: 0.0, active=active)
+
+
+async def call(registry: Registry, name: str, active: list[str] | None = None,
+               **arguments: Any) -> str:
+    active = ["fake"] if active is None else active
+    result = await registry.run(ToolCall(name, arguments), context(registry, active), active)
+    return result.content
+
+
+async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(running: Any) -> None:
+    registry, _ = await running(stdio())
+    line = [c for c in registry.index([]) if c.name == "fake"]
+    assert [(c.description, c.loaded) for c in line] == [
+        ("Test tools: echo, sleep, fail, image and more. (8 tools)", False)]
+    assert "fake__echo" not in json.dumps(registry.schemas([]))  # nothing until activated
+    found = await tool_search(context(registry, []), "image")
+    assert "fake" in found and "fake__picture" in found
+    ctx = context(registry, [])
+    assert "fake__echo" in await tool_activate(ctx, "fake")
+    assert "fake__echo" in json.dumps(registry.schemas(ctx.active))
+    assert await call(registry, "fake__echo", text="hello") == "echo: hello"
+
+
+async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: Any) -> None:
+    registry, _ = await running(stdio(timeout=1.0), result_max_chars=1000)
+    assert (await call(registry, "fake__fail")).startswith("ERROR: the tool reported an error")
+    assert "timed out" in await call(registry, "fake__sleep", seconds=30)
+    assert "[image: image/png, 70 bytes" in await call(registry, "fake__picture")
+    assert "the resource's text" in await call(registry, "fake__resource")
+    long = await call(registry, "fake__long_text", n=5000)
+    assert long.startswith("x" * 1000) and "4,000 more characters" in long
+    assert "required" in await call(registry, "fake__address", where={"street": "a"})
+    assert "missing required" in await call(registry, "fake__echo")
+    # Still answering after all that.
+    assert await call(registry, "fake__echo", text="ok") == "echo: ok"
+
+
+async def test_a_server_that_exits_is_restarted(running: Any) -> None:
+    registry, mcp = await running(stdio())
+    answer = await call(registry, "fake__crash")
+    assert answer.startswith("ERROR:")
+    connection = mcp.connections["fake"]
+    await wait_until(lambda: connection.starts == 2 and connection.state is State.UP, 30)
+    assert await call(registry, "fake__echo", text="back") == "echo: back"
+
+
+async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
+    registry, mcp = await running(
+        McpServerSettings(name="broken", command="/nonexistent/mcp-server"), stdio())
+    status = {s.name: s for s in mcp.status()}
+    assert status["broken"].state == "down" and "not found" in status["broken"].error
+    assert status["fake"].state == "up" and status["fake"].tools == 8
+    assert [s.name for s in mcp.down()] == ["broken"]
+    answer = await call(registry, "fake__echo", ["fake", "broken"], text="still")
+    assert answer == "echo: still"
+
+
+async def test_the_index_keeps_its_bytes_across_a_restart_before_the_server_is_up(
+    running: Any, state_dir: Path
+) -> None:
+    registry, mcp = await running(stdio())
+    before = capability_index(registry.index([]))
+    await mcp.stop()
+    await wait_until(lambda: (state_dir / "mcp" / "catalog.json").exists(), 10)
+    again, _ = with_servers(McpSettings(servers=(stdio(),)), state_dir)  # not started
+    assert capability_index(again.index([])) == before
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def test_the_same_server_over_streamable_http(running: Any, http_server: str) -> None:
+    async def up() -> tuple[Registry, McpServers]:
+        for _ in range(60):  # the server process may still be starting: its first try fails
+            registry, mcp = await running(McpServerSettings(name="fake", url=http_server))
+            if mcp.connections["fake"].state is State.UP:
+                return registry, mcp
+            await mcp.stop()
+            await asyncio.sleep(0.5)
+        raise AssertionError("the HTTP server never came up")
+
+    registry, _ = await up()
+    assert await call(registry, "fake__echo", text="web") == "echo: web"
+    assert (await call(registry, "fake__fail")).startswith("ERROR:")
+
+
+def test_schemas_are_simplified_for_small_models() -> None:
+    schema = {"type": "object", "title": "x", "required": ["where"],
+              "$defs": {"A": {"type": "object", "title": "A", "required": ["city"],
+                              "properties": {"city": {"type": "string", "title": "City"}}}},
+              "properties": {"where": {"$ref": "#/$defs/A"},
+                             "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"]},
+                                                {"type": "integer"}, {"type": "null"}],
+                                      "default": None}}}
+    simple = simplify(schema)
+    text = json.dumps(simple)
+    assert "$ref" not in text and "anyOf" not in text and "title" not in text
+    assert simple["properties"]["where"]["properties"]["city"] == {"type": "string"}
+    assert simple["properties"]["mode"]["type"] == "string"
+    assert "integer" in simple["properties"]["mode"]["description"]
+
+
+def test_config_reads_servers_and_refuses_secrets_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "roost.toml"
+    path.write_text('[mcp.servers.gh]\ncommand = "gh-mcp"\nenv = { GITHUB_TOKEN = "${GH}" }\n'
+                    'approve = "always"\n', "utf-8")
+    server = load_settings(path, {"GH": "abc"}).mcp.servers[0]
+    assert (server.name, dict(server.env), server.approve, server.missing) == (
+        "gh", {"GITHUB_TOKEN": "abc"}, "always", ())
+    assert load_settings(path, {}).mcp.servers[0].missing == ("GH",)  # not a failed start
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\nenv = { GITHUB_TOKEN = "ghp_123" }\n',
+                    "utf-8")
+    with pytest.raises(ConfigError, match="mcp.servers.gh.env.GITHUB_TOKEN.*secrets"):
+        load_settings(path, {})
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\nurl = "http://127.0.0.1:1/mcp"\n', "utf-8")
+    with pytest.raises(ConfigError, match="either command"):
+        load_settings(path, {})
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\napprove = "sometimes"\n', "utf-8")
+    with pytest.raises(ConfigError, match="mcp.servers.gh.approve"):
+        load_settings(path, {})
