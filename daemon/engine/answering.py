@@ -29,7 +29,8 @@ class Answering:
         self.notify = notify
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
-                                 folder=parts.folder, clock=parts.clock)
+                                 folder=parts.folder, clock=parts.clock,
+                                 registry=parts.registry)
         self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working,
                                   ask=notify)
         self.parked: set[str] = set()

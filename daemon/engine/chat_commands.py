@@ -11,6 +11,7 @@ from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.redact import redact_url
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.tools.registry import Registry
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -43,7 +44,9 @@ class Commands:
         prompting: Prompting,
         folder: Folder,
         clock: Callable[[], float],
+        registry: Registry | None = None,
     ) -> None:
+        self.registry = registry
         self.settings = settings
         self.store = store
         self.router = router
@@ -88,6 +91,9 @@ class Commands:
         if not info.tools:
             lines.append(f"Tools: none ({model.name} has no tools capability, so no searches "
                          "or files)")
+        if self.registry is not None:
+            lines += [f"MCP server {name}: not working ({problem})"
+                      for name, problem in sorted(self.registry.problems.items())]
         if info.thinks:
             lines.append("Thinking: " + ("on for replies (model.think)" if model.think
                                          else "off (model.think = false)"))

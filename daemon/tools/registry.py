@@ -111,6 +111,8 @@ class Registry:
     """All capabilities known to this process, in registration order."""
 
     capabilities: dict[str, Capability] = field(default_factory=dict)
+    # Capabilities not working right now, with why (an MCP server that is down): /status.
+    problems: dict[str, str] = field(default_factory=dict)
 
     def register(self, capability: Capability) -> None:
         if capability.name in self.capabilities:

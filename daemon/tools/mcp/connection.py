@@ -59,7 +59,9 @@ class Connection:
     """The supervised session of one server; see the module docstring."""
 
     def __init__(self, settings: McpServerSettings, *, log_dir: Path, start_timeout: float,
-                 on_listed: Callable[[str, Listing], None] | None = None) -> None:
+                 on_listed: Callable[[str, Listing], None] | None = None,
+                 on_down: Callable[[str, str], None] | None = None) -> None:
+        self.on_down = on_down
         self.settings = settings
         self.name = settings.name
         self.log_dir = log_dir
@@ -168,6 +170,8 @@ class Connection:
             self.failures += 1
             self.state = State.DOWN
             self.up_since = None
+            if self.on_down is not None:
+                self.on_down(self.name, self.error or "it stopped")
             self._tried.set()
             log.warning("MCP server %s is down (%s); starting it again in %.0fs",
                         self.name, self.error or "it stopped", backoff)

@@ -58,7 +58,7 @@ class McpServers:
         self._listings: dict[str, Listing] = {}
         self.connections = {
             s.name: Connection(s, log_dir=state_dir / "logs", start_timeout=settings.start_timeout,
-                               on_listed=self._listed)
+                               on_listed=self._listed, on_down=self._down)
             for s in settings.servers}
         self._refused: dict[str, str] = {}  # servers whose name a built-in has
         self._writes: set[asyncio.Task[None]] = set()
@@ -76,8 +76,15 @@ class McpServers:
 
     async def start(self) -> None:
         for name, connection in self.connections.items():
-            if name not in self._refused:
-                connection.start()
+            if name in self._refused:
+                self.registry.problems[name] = self._refused[name]
+                continue
+            connection.start()
+            if connection.settings.enabled and connection.state is State.DISABLED:
+                self._down(name, connection.error)
+
+    def _down(self, name: str, error: str) -> None:
+        self.registry.problems[name] = error
 
     async def stop(self, unwind: float = 5.0) -> None:
         await asyncio.gather(*(c.stop(unwind) for c in self.connections.values()))
@@ -111,6 +118,7 @@ class McpServers:
     # ---- capabilities --------------------------------------------------------------------
 
     def _listed(self, name: str, listing: Listing) -> None:
+        self.registry.problems.pop(name, None)
         server = next(s for s in self.settings.servers if s.name == name)
         try:
             self.registry.replace(self._capability(server, listing))

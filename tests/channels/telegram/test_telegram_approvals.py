@@ -20,7 +20,7 @@ from daemon.app.serve import LLM, MCP
 from daemon.core.config import McpServerSettings
 from daemon.store.approvals import ApprovalBook
 from tests.channels.telegram.test_telegram import Daemon, Start, message
-from tests.channels.telegram.test_telegram import start as start  # noqa: F401 (fixture)
+from tests.channels.telegram.test_telegram import start as start
 from tests.conftest import wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram

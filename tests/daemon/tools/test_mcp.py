@@ -172,11 +172,50 @@ def test_config_reads_servers_and_refuses_secrets_in_the_file(tmp_path: Path) ->
     assert load_settings(path, {}).mcp.servers[0].missing == ("GH",)  # not a failed start
     path.write_text('[mcp.servers.gh]\ncommand = "x"\nenv = { GITHUB_TOKEN = "ghp_123" }\n',
                     "utf-8")
-    with pytest.raises(ConfigError, match="mcp.servers.gh.env.GITHUB_TOKEN.*secrets"):
+    with pytest.raises(ConfigError, match=r"mcp\.servers\.gh\.env\.GITHUB_TOKEN.*secrets"):
         load_settings(path, {})
     path.write_text('[mcp.servers.gh]\ncommand = "x"\nurl = "http://127.0.0.1:1/mcp"\n', "utf-8")
     with pytest.raises(ConfigError, match="either command"):
         load_settings(path, {})
     path.write_text('[mcp.servers.gh]\ncommand = "x"\napprove = "sometimes"\n', "utf-8")
-    with pytest.raises(ConfigError, match="mcp.servers.gh.approve"):
+    with pytest.raises(ConfigError, match=r"mcp\.servers\.gh\.approve"):
         load_settings(path, {})
+
+
+def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from daemon.cli.main import main  # the command line, as a user runs it
+
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[mcp.servers.fake]\ncommand = "{sys.executable}"\nargs = ["{SERVER}"]\n'
+                      'approve_tools = {{ echo = "never" }}\n'
+                      '[mcp.servers.broken]\ncommand = "/nonexistent/server"\n'.replace("{{", "{")
+                      .replace("}}", "}"), "utf-8")
+    assert main(["mcp", "list", "--config", str(config)]) == 1  # one server is down
+    shown = capsys.readouterr().out
+    assert "fake (stdio): up" in shown and "fake__echo [approve: never]" in shown
+    assert "broken (stdio): down - command not found" in shown
+    assert main(["mcp", "test", "fake", "--config", str(config)]) == 0
+    assert "fake__address" in capsys.readouterr().out
+    assert main(["mcp", "test", "nope", "--config", str(config)]) == 2
+    assert main(["doctor", "--config", str(config)]) == 1
+    report = capsys.readouterr().out
+    assert "ok   mcp fake: stdio, 8 tools" in report
+    assert "FAIL mcp broken: down: command not found" in report
+
+
+def test_roost_approvals_list_and_revoke(state_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from daemon.cli.main import main
+    from daemon.store.approvals import ApprovalBook
+
+    book = ApprovalBook(state_dir)
+    book.grant("telegram:1", "fake__echo", 0.0)
+    book.grant("telegram:2", "fake__echo", 0.0)
+    assert main(["approvals", "list"]) == 0
+    assert "telegram:1 fake__echo" in capsys.readouterr().out
+    assert main(["approvals", "revoke", "telegram:1"]) == 0
+    assert [s.person for s in book.standing()] == ["telegram:2"]
+    assert main(["approvals", "revoke", "telegram:9"]) == 1
+    assert main(["approvals", "revoke", "--tool", "fake__echo"]) == 0
+    assert book.standing() == []
