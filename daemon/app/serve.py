@@ -279,7 +279,8 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"))
+    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"),
+                              app[ENGINE].parts.approvals)
     yield
     await app[WHATSAPP].stop()
     log.info("whatsapp stopped")

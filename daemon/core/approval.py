@@ -30,6 +30,16 @@ LABELS = {Choice.ONCE: "Allow once", Choice.ALWAYS: "Always for this tool", Choi
 KEYS = {"y": Choice.ONCE, "a": Choice.ALWAYS, "n": Choice.DENY}
 
 
+# What the one who tapped is told.
+NOT_WAITING = ("This question is no longer waiting for an answer (answered, timed out or asked "
+               "again after a restart).")
+NOT_YOURS = "Only the person this chat belongs to can answer this."
+ANSWERED = {Choice.ONCE: "Allowed once.",
+            Choice.ALWAYS: "Allowed. I will not ask again for this tool.",
+            Choice.DENY: "Denied."}
+ACCEPTED = frozenset(ANSWERED.values())
+
+
 @dataclass(frozen=True)
 class Button:
     id: str

@@ -25,18 +25,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from daemon.core.approval import Answer, Button, Choice, buttons
+from daemon.core.approval import ANSWERED, NOT_WAITING, NOT_YOURS, Answer, Button, Choice, buttons
 from daemon.core.logs import turn_log as log
 from daemon.store.approvals import ApprovalBook
 from daemon.tools.registry import ERROR_PREFIX, Tool
 
 ARGUMENTS_SHOWN = 600  # characters of the arguments shown in the question
-NOT_WAITING = "This question is no longer waiting for an answer (answered, timed out or asked " \
-    "again after a restart)."
-NOT_YOURS = "Only the person this chat belongs to can answer this."
-ANSWERED = {Choice.ONCE: "Allowed once.",
-            Choice.ALWAYS: "Allowed. I will not ask again for this tool.",
-            Choice.DENY: "Denied."}
 
 
 class Ask(Protocol):
