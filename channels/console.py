@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import TextIO
 
+from daemon.core.approval import KEYS, parse
 from daemon.core.messages import Outbound
 
 CHAT_KEY = "console:local"
@@ -49,6 +50,10 @@ class ConsoleChannel:
             self.out.write("\n")  # a notice in the middle of a streamed reply
         prefix = "[roost] " if outbound.kind == "notice" else "roost> "
         self.out.write(f"{prefix}{outbound.text}\n")
+        if outbound.buttons:  # an approval question: answered on the next line (roost chat)
+            keys = {choice: key for key, choice in KEYS.items()}
+            self.out.write("  ".join(f"[{keys[parse(b.id)[1]]}] {b.label}"  # type: ignore[index]
+                                     for b in outbound.buttons if parse(b.id)) + "\n")
         self.out.flush()
 
 

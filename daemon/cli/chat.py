@@ -7,10 +7,12 @@ message interrupted mid-answer is answered at the next start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import TextIO
 
 from channels.console import CHAT_KEY, ConsoleChannel, read_line
+from daemon.cli.approving import wait_answering
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError, LLMUnavailable, StoreError
 from daemon.core.messages import Inbound
@@ -18,6 +20,8 @@ from daemon.core.redact import redact_url
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.tools.mcp.servers import with_servers
+from daemon.turn.parts import TurnParts
 
 EX_UNAVAILABLE = 69  # sysexits.h: a service this command needs is not available
 EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
@@ -48,11 +52,22 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
         err.write(f"roost: {exc}\n")
         return EX_CANTCREAT
     console = ConsoleChannel(out)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": console})
+    registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
+                                                settings.daemon.state_dir)
+    parts = TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": console},
+                    parts=parts)
     interactive = sys.stdin.isatty()
     try:
+        await servers.start()
+        # A terminal chat starts its MCP servers itself: wait for them (bounded), so that the
+        # first message finds their tools; one that does not come up is said once.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(servers.wait_started(), settings.mcp.start_timeout)
+        for down in servers.down():
+            err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
         await engine.start()
-        await engine.wait_idle(CHAT_KEY)
+        await wait_answering(engine, CHAT_KEY, read_line, interactive)
         out.write(f"roost chat with {settings.model.name}. /help for commands, "
                   "Ctrl-D to leave.\n")
         out.flush()
@@ -60,11 +75,12 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
             if not line.strip():
                 continue
             await engine.submit(Inbound(chat_key=CHAT_KEY, text=line, received=engine.clock()))
-            await engine.wait_idle(CHAT_KEY)
+            await wait_answering(engine, CHAT_KEY, read_line, interactive)
     except asyncio.CancelledError:
         out.write("\n")  # Ctrl-C: leave as cleanly as Ctrl-D
     finally:
         await engine.stop(grace=0)
+        await servers.stop()
         await llm.close()
         store.close()
     out.write("Saved. Bye.\n")

@@ -170,6 +170,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return int(asyncio.run(_load("run").serve(settings)))
     if args.command == "chat":
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        if not args.verbose:  # a server that stays down is said once, not at every retry
+            logging.getLogger("roost.mcp").setLevel(logging.ERROR)
         return int(asyncio.run(_load("chat").chat(settings)))
     if args.command == "doctor":  # its report is the output; log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)

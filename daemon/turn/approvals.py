@@ -60,8 +60,9 @@ class Approvals:
         self.changed = asyncio.Event()  # set whenever a question starts waiting (`roost chat`)
 
     def waiting_in(self, chat_key: str) -> list[str]:
-        """The ids of the questions waiting in a chat, oldest first."""
-        return [i for i, w in self._waiting.items() if w.chat_key == chat_key]
+        """The ids of the questions waiting for an answer in a chat, oldest first."""
+        return [i for i, w in self._waiting.items()
+                if w.chat_key == chat_key and not w.answer.done()]
 
     async def answer(self, answer: Answer) -> str:
         waiting = self._waiting.get(answer.approval_id)
