@@ -19,7 +19,7 @@ import pytest
 from daemon.app.serve import LLM, MCP
 from daemon.core.config import McpServerSettings
 from daemon.store.approvals import ApprovalBook
-from tests.channels.telegram.test_telegram import Daemon, Start, message
+from tests.channels.telegram.test_telegram import FAST, Daemon, Start, message, start_roost
 from tests.channels.telegram.test_telegram import start as start
 from tests.conftest import wait_until
 from tests.fakes.ollama import FakeOllama, Reply
@@ -169,3 +169,42 @@ async def test_approve_never_runs_without_asking(
                                  for m in fake_telegram.sent_messages), 30)
     assert "echo: free" in tool_results(fake_ollama)
     assert not any("reply_markup" in m for m in fake_telegram.messages.values())
+
+
+async def test_a_restart_while_a_question_waits_asks_again_and_runs_nothing_unapproved(
+    make_settings: Any, fake_telegram: FakeTelegram, fake_ollama: FakeOllama
+) -> None:
+    first = await start_roost(make_settings, fake_telegram, fake_ollama, FAST,
+                              telegram=POLLING, mcp=mcp())
+    await asyncio.wait_for(first.app[MCP].wait_started(), 60)
+    fake_ollama.script(*calls(("tool_activate", {"name": "fake"}),
+                              ("fake__echo", {"text": "before"})))
+    fake_telegram.queue_update(message(1, "echo before"))
+    await wait_until(lambda: any("reply_markup" in m for m in fake_telegram.messages.values()),
+                     30)
+    old = question(fake_telegram)
+    await first.stop()  # roost restarts with the question unanswered
+    assert first.store.inbox_pending() != []  # the message waits to be answered again
+
+    # The turn runs again from its message (its activation was not saved: no reply was).
+    fake_ollama.script(*calls(("tool_activate", {"name": "fake"}),
+                              ("fake__echo", {"text": "after"})), Reply("Echoed after all."))
+    second = await start_roost(make_settings, fake_telegram, fake_ollama, FAST,
+                               telegram=POLLING, mcp=mcp())
+    try:
+        await asyncio.wait_for(second.app[MCP].wait_started(), 60)
+        await wait_until(lambda: sum("reply_markup" in m
+                                     for m in fake_telegram.messages.values()) == 2, 30)
+        new = question(fake_telegram)
+        assert new["message_id"] != old["message_id"]
+        stale = fake_telegram.tap(USER, USER, old["message_id"], button(old, "Allow once"))
+        await wait_until(lambda: fake_telegram.callback_answers[stale] is not None, 20)
+        assert "no longer waiting" in fake_telegram.callback_answers[stale]["text"]  # type: ignore[index]
+        assert not any("echo:" in r for r in tool_results(fake_ollama))  # nothing ran
+        fake_telegram.tap(USER, USER, new["message_id"], button(new, "Allow once"))
+        await wait_until(lambda: any("Echoed after all." in str(m.get("text"))
+                                     for m in fake_telegram.sent_messages), 30)
+        results = tool_results(fake_ollama)
+        assert "echo: after" in results and "echo: before" not in results
+    finally:
+        await second.stop()
