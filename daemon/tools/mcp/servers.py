@@ -37,6 +37,7 @@ from daemon.tools.registry import Capability, Registry, Tool
 
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
+INDEX_CHARS = 80  # of a server's description in its index line: 20 servers stay ~300 tokens
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ class McpServers:
             log.warning("could not save the MCP catalog: %s", exc)
 
     def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
-        about = one_line(server.description or listing.description) or "an MCP server"
+        about = (one_line(server.description or listing.description, INDEX_CHARS)
+                 or "an MCP server")
         count = len(listing.tools)
         tools = tuple(self._tool(server, t) for t in listing.tools)
         return Capability(name=server.name, group=GROUP, tools=tools,
