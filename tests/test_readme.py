@@ -17,6 +17,8 @@ from daemon.core.config import (
     AttachmentSettings,
     AutomationSettings,
     DaemonSettings,
+    McpServerSettings,
+    McpSettings,
     ModelSettings,
     TelegramSettings,
     WhatsAppSettings,
@@ -28,8 +30,12 @@ README = ROOT / "README.md"
 EXAMPLE = ROOT / "roost.example.toml"
 TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
           "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
-          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings}
+          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings,
+          "[mcp]": McpSettings, "[mcp.servers.NAME]": McpServerSettings}
 RENAMED = {"listen_host": "listen", "listen_port": "listen"}
+# Fields that are no key of their table: the tables within it, the table's own name, and what
+# loading works out (the ${NAME}s not set).
+NOT_KEYS = {"servers", "name", "missing"}
 
 
 def generator() -> ModuleType:
@@ -75,7 +81,7 @@ def example_keys() -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {}
     table = ""
     for line in EXAMPLE.read_text("utf-8").splitlines():
-        if match := re.fullmatch(r"#?(\[\[?\w+\]\]?)", line):
+        if match := re.fullmatch(r"#?(\[\[?\w+(?:\.\w+)*\]\]?)", line):
             table = match[1]
             keys[table] = set()
         elif match := re.match(r"^#?(\w+) = ", line):
@@ -86,7 +92,9 @@ def example_keys() -> dict[str, set[str]]:
 def test_every_config_key_is_in_the_example() -> None:
     keys = example_keys()
     for table, cls in TABLES.items():
-        schema = {RENAMED.get(f.name, f.name) for f in dataclasses.fields(cls) if f.repr}
+        mcp = table.startswith("[mcp")  # env and headers hide their ${NAME}s, yet are keys
+        schema = {RENAMED.get(f.name, f.name) for f in dataclasses.fields(cls)
+                  if (f.repr or mcp) and not (mcp and f.name in NOT_KEYS)}
         assert schema - keys.get(table, set()) == set(), table  # secrets have repr=False
         assert keys[table] - schema == set(), table
 
@@ -99,10 +107,14 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     assert not settings.telegram.enabled and settings.automations == ()
 
     uncommented = tmp_path / "uncommented.toml"
-    uncommented.write_text(re.sub(r"^#(?=[\[\w])", "", text, flags=re.M), "utf-8")
+    # An MCP server is either a command or a url: the url line stays commented; NAME is named.
+    uncommented.write_text(re.sub(r"^#(?=[\[\w])(?!url = )", "", text, flags=re.M)
+                           .replace("[mcp.servers.NAME]", "[mcp.servers.github]"), "utf-8")
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
+    (server,) = full.mcp.servers
+    assert (server.name, server.command, server.approve) == ("github", "npx", "ask")
 
 
 def test_the_body_limits_the_readme_gives_are_the_channels() -> None:
