@@ -43,13 +43,23 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolOutput:
+    """What a handler may return instead of plain text: text with images (an MCP tool's),
+    which the turn stores and shows to a model that can see."""
+
+    text: str
+    images: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolResult:
     name: str
     content: str
     error: bool = False
+    images: tuple[bytes, ...] = ()
 
 
-Handler = Callable[..., Awaitable[str]]
+Handler = Callable[..., Awaitable[str | ToolOutput]]
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,8 @@ class Registry:
         except Exception as exc:  # the boundary of a tool: report to the model, keep the turn
             log.exception("tool %s failed", call.name)
             return ToolResult(call.name, f"{ERROR_PREFIX}{call.name} failed: {exc}", error=True)
+        if isinstance(content, ToolOutput):
+            return ToolResult(call.name, content.text, images=content.images)
         return ToolResult(call.name, content)
 
 

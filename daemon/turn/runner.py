@@ -275,6 +275,8 @@ class TurnRunner:
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
                 num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+                vision="vision" in (await self.llm.model_info(model)).capabilities,
+                attachments=self.store.state_dir / "attachments",
                 approve=functools.partial(
                     self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
                     ask=self.ask, released=self.llm.waiting_for_user)

@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
@@ -31,7 +32,9 @@ from daemon.context.compact import (
     state_messages,
 )
 from daemon.context.replay import ChatMessage, shown_result
+from daemon.core.errors import AttachmentError
 from daemon.llm.client import ChatResult
+from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, Tool, ToolCall, ToolResult
@@ -118,8 +121,14 @@ class ToolLoop:
         ratio: float,
         clock: Callable[[], float],
         approve: Approve | None = None,
+        vision: bool = False,
+        attachments: Path | None = None,
     ) -> None:
+        """`vision`: the model sees the images a tool returns (stored under `attachments`);
+        otherwise it gets a note that it cannot."""
         self.approve = approve
+        self.vision = vision
+        self.attachments = attachments
         self.registry = registry
         self.context = context
         self.records = records
@@ -222,11 +231,34 @@ class ToolLoop:
             shown = len(outcome.content) > cap
             meta = {**({"error": True} if outcome.error else {}),
                     **({"shown_chars": cap} if shown else {})}
-            seq = await self.save("tool", outcome.content, tool_name=call.name, meta=meta)
+            stored, note = await self._images(outcome)
+            seq = await self.save("tool", outcome.content + note, tool_name=call.name, meta=meta,
+                                  attachments=tuple(s.to_doc() for s in stored))
             content = (shown_result(self.context.conversation_id, seq, outcome.content, cap)
-                       if shown else outcome.content)
-            messages.append({"role": "tool", "content": content, "tool_name": call.name})
+                       if shown else outcome.content) + note
+            message: ChatMessage = {"role": "tool", "content": content, "tool_name": call.name}
+            if stored and self.vision and self.attachments is not None:
+                message["images"] = [  # type: ignore[typeddict-unknown-key]
+                    await asyncio.to_thread(read_image_base64, s.to_doc(), self.attachments)
+                    for s in stored]
+            messages.append(message)
         return len(calls)
+
+    async def _images(self, outcome: ToolResult) -> tuple[list[StoredImage], str]:
+        """A tool's images, checked and stored like a user's (Pillow, downscaled); and the
+        note the model gets when it cannot see them or one was refused."""
+        if not outcome.images or self.attachments is None:
+            return [], ""
+        stored: list[StoredImage] = []
+        notes: list[str] = []
+        for data in outcome.images:
+            try:
+                stored.append(await asyncio.to_thread(store_image, data, self.attachments))
+            except AttachmentError as exc:
+                notes.append(f"[an image of this result could not be used: {exc}]")
+        if stored and not self.vision:
+            notes.append("[this model cannot see images, so the image is not shown]")
+        return stored, "".join(f"\n{n}" for n in notes)
 
     async def _approval(self, call: ToolCall) -> str | None:
         """None when the call may run (or fails on its own: an unknown tool, bad arguments,

@@ -17,7 +17,25 @@ import json
 
 from mcp import types
 
+from daemon.tools.registry import ToolOutput
+
 ERROR_PREFIX = "ERROR: "
+
+
+MAX_IMAGES = 2  # images of one result passed on for a model that can see
+
+
+def result_output(result: types.CallToolResult, cap: int) -> ToolOutput:
+    """The text, and the images (decoded, at most MAX_IMAGES) for a model that can see."""
+    images: list[bytes] = []
+    for part in result.content:
+        if (isinstance(part, types.ImageContent) and len(images) < MAX_IMAGES
+                and part.mime_type.startswith("image/")):
+            try:
+                images.append(base64.b64decode(part.data, validate=True))
+            except (binascii.Error, ValueError):
+                continue
+    return ToolOutput(result_text(result, cap), tuple(images))
 
 
 def result_text(result: types.CallToolResult, cap: int) -> str:
@@ -38,7 +56,7 @@ def _part(part: object) -> str:
         return part.text
     if isinstance(part, types.ImageContent | types.AudioContent):
         kind = "image" if isinstance(part, types.ImageContent) else "audio"
-        return f"[{kind}: {part.mime_type}, {_size(part.data)} bytes; not shown here]"
+        return f"[{kind}: {part.mime_type}, {_size(part.data)} bytes]"
     if isinstance(part, types.EmbeddedResource):
         resource = part.resource
         if isinstance(resource, types.TextResourceContents):

@@ -31,9 +31,9 @@ from daemon.core.logs import mcp_log as log
 from daemon.tools.builtin import register_builtin
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
-from daemon.tools.mcp.results import ERROR_PREFIX, result_text
+from daemon.tools.mcp.results import ERROR_PREFIX, result_output
 from daemon.tools.mcp.schema import one_line, simplify, tool_name
-from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
@@ -158,7 +158,7 @@ class McpServers:
             approve=server.approve_tools.get(tool.name, server.approve))
 
     async def _call(self, server: str, tool: str, schema: Mapping[str, Any], context: object,
-                    **arguments: Any) -> str:
+                    **arguments: Any) -> str | ToolOutput:
         """One call: arguments checked against the server's own schema, the server's
         timeout, and every failure an error line for the model."""
         if problem := check_arguments(schema, arguments):
@@ -168,7 +168,7 @@ class McpServers:
             result = await connection.call(tool, arguments, connection.settings.timeout)
         except McpError as exc:
             return f"{ERROR_PREFIX}{exc}"
-        return result_text(result, self.settings.result_max_chars)
+        return result_output(result, self.settings.result_max_chars)
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
