@@ -117,3 +117,19 @@ def test_past_60_capabilities_the_index_collapses_mcp_servers_too(state_dir: Pat
     index = capability_index(registry.index([]))
     assert len(index.splitlines()) == 61
     assert "more (" in index.splitlines()[-1] and "mcp" in index.splitlines()[-1]
+
+
+async def test_an_old_mcp_result_is_stubbed_like_a_built_in_one(engine_with: Any) -> None:
+    async with FakeOllama() as fake:
+        engine, _ = await engine_with(fake, McpServerSettings(
+            name="fake", command=sys.executable, args=(str(SERVER),), approve="never"))
+        fake.script(*calls(("tool_activate", {"name": "fake"}), ("fake__long_text", {"n": 3000})),
+                    Reply("That was long."))
+        await say(engine, "a long one please")
+        assert any(m["content"].startswith("x" * 100) for m in tool_messages(fake))
+        for text in ("second", "third", "fourth"):
+            await say(engine, text)
+        shown = [m["content"] for m in tool_messages(fake) if m.get("tool_name") ==
+                 "fake__long_text"]
+        assert len(shown) == 1
+        assert shown[0].startswith("[result of fake__long_text: 3,000 characters")
