@@ -104,6 +104,8 @@ class Approvals:
                     choice = None
         finally:
             del self._waiting[approval_id]
+        log.info("approval %s for %s in %s: %s", approval_id, tool.name, chat_key,
+                 choice.value if choice is not None else "no answer (denied)")
         if choice is None:
             minutes = f"{self.timeout / 60:.0f} minutes" if self.timeout >= 60 \
                 else f"{self.timeout:.0f} seconds"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import anyio
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -130,7 +131,8 @@ class Connection:
                 raise McpError(f"the MCP server {self.name!r} went away during the call; "
                                "it is being restarted") from exc
             raise McpError(f"{self.name} answered with an error: {exc.error.message}") from exc
-        except (OSError, RuntimeError, ValueError) as exc:  # transport and SDK refusals
+        except (OSError, RuntimeError, ValueError, anyio.ClosedResourceError,
+                anyio.BrokenResourceError, anyio.EndOfStream) as exc:  # the transport gave out
             self._broken.set()
             raise McpError(f"calling {tool} on {self.name} failed: {exc}") from exc
         if not isinstance(result, types.CallToolResult):

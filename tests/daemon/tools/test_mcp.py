@@ -102,6 +102,10 @@ async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
     assert status["broken"].state == "down" and "not found" in status["broken"].error
     assert status["fake"].state == "up" and status["fake"].tools == 8
     assert [s.name for s in mcp.down()] == ["broken"]
+    ctx = context(registry, [])
+    refused = await tool_activate(ctx, "broken")
+    assert refused.startswith("ERROR: broken has no tools right now (command not found")
+    assert ctx.active == []
     answer = await call(registry, "fake__echo", ["fake", "broken"], text="still")
     assert answer == "echo: still"
 
