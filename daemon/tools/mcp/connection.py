@@ -44,8 +44,8 @@ MAX_PAGES = 20  # tools/list pages read at most
 class State(enum.Enum):
     STARTING = "starting"
     UP = "up"
-    DOWN = "down"  # failed; restarting after a backoff
-    DISABLED = "disabled"  # enabled = false, or a secret it names is not set
+    DOWN = "down"  # failed; restarting after a backoff (or never: a secret it names is unset)
+    DISABLED = "disabled"  # enabled = false
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Connection:
             return
         if self.settings.missing:
             names = ", ".join(self.settings.missing)
-            self.state, self.error = State.DISABLED, (
+            self.state, self.error = State.DOWN, (
                 f"needs {names} in the environment or $CREDENTIALS_DIRECTORY")
             self._tried.set()
             return

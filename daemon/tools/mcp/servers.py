@@ -81,7 +81,7 @@ class McpServers:
                 self.registry.problems[name] = self._refused[name]
                 continue
             connection.start()
-            if connection.settings.enabled and connection.state is State.DISABLED:
+            if connection.state is State.DOWN:  # a secret it names is not set
                 self._down(name, connection.error)
 
     def _down(self, name: str, error: str) -> None:

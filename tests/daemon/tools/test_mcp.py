@@ -193,7 +193,10 @@ def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
     config = tmp_path / "roost.toml"
     config.write_text(f'[mcp.servers.fake]\ncommand = "{sys.executable}"\nargs = ["{SERVER}"]\n'
                       'approve_tools = {{ echo = "never" }}\n'
-                      '[mcp.servers.broken]\ncommand = "/nonexistent/server"\n'.replace("{{", "{")
+                      '[mcp.servers.broken]\ncommand = "/nonexistent/server"\n'
+                      '[mcp.servers.secretive]\ncommand = "x"\n'
+                      'env = {{ API_KEY = "${{NOT_SET_HERE}}" }}\n'
+                      '[mcp.servers.off]\ncommand = "x"\nenabled = false\n'.replace("{{", "{")
                       .replace("}}", "}"), "utf-8")
     assert main(["mcp", "list", "--config", str(config)]) == 1  # one server is down
     shown = capsys.readouterr().out
@@ -206,6 +209,8 @@ def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
     report = capsys.readouterr().out
     assert "ok   mcp fake: stdio, 8 tools" in report
     assert "FAIL mcp broken: down: command not found" in report
+    assert "FAIL mcp secretive: down: needs NOT_SET_HERE in the environment" in report
+    assert "ok   mcp off: disabled" in report
 
 
 def test_roost_approvals_list_and_revoke(state_dir: Path,
