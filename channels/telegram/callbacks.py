@@ -3,7 +3,8 @@
 They are not messages: nothing is stored or queued. The button's data is an id roost chose
 (`daemon.core.approval`); the tap goes to the approver with the chat it was made in and who
 made it, and Telegram gets `answerCallbackQuery` with the approver's line (the client shows it
-as a toast and stops its spinner). Anything else gets a short "no longer in use".
+as a toast and stops its spinner). Once answered (or no longer waiting), the question loses its
+keyboard, so nobody taps it again. Anything else gets a short "no longer in use".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from telegram import Bot
 from telegram.error import TelegramError
 
 from channels.telegram.updates import chat_key
-from daemon.core.approval import Answer, Approver, parse
+from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver, parse
 from daemon.core.logs import telegram_log as log
 
 UNKNOWN = "This button is no longer in use."
@@ -49,3 +50,11 @@ class Callbacks:
             await self.bot.answer_callback_query(query_id, text=text[:ANSWER_LIMIT])
         except TelegramError as exc:  # the toast only: the answer itself is taken
             log.info("answerCallbackQuery failed: %s", exc)
+        if parsed is not None and (text in ACCEPTED or text == NOT_WAITING) \
+                and isinstance(message, dict) and isinstance(message.get("chat"), dict) \
+                and type(message.get("message_id")) is int:
+            try:
+                await self.bot.edit_message_reply_markup(message["chat"]["id"],
+                                                         message["message_id"])
+            except TelegramError as exc:  # cosmetic: the keyboard stays, a tap is answered
+                log.info("removing the answered question's keyboard failed: %s", exc)

@@ -45,7 +45,7 @@ from aiohttp import BodyPartReader, web
 METHODS = (  # the Bot API methods the fake answers
     "getMe setWebhook deleteWebhook getWebhookInfo getUpdates sendMessage editMessageText"
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
-    " answerCallbackQuery"
+    " answerCallbackQuery editMessageReplyMarkup"
 ).split()
 MESSAGE_LIMIT = 4096
 RAW_TEXT_LIMIT = 32768  # bytes of `text` as sent, checked before parse_mode is applied
@@ -454,6 +454,23 @@ class FakeTelegram:
         message |= {"text": text, "edit_date": int(time.time())}
         if markup is not None:
             message["reply_markup"] = markup
+        return message
+
+    async def _edit_message_reply_markup(self, call: Call) -> dict[str, Any]:
+        message = self._stored_message(call, "message to edit not found")
+        markup = call.params.get("reply_markup")
+        if isinstance(markup, dict) and markup.get("inline_keyboard"):
+            if message.get("reply_markup") == markup:
+                raise _bad("message is not modified: specified new message content and reply "
+                           "markup are exactly the same as a current content and reply markup "
+                           "of the message")
+            message["reply_markup"] = markup
+        elif "reply_markup" in message:
+            del message["reply_markup"]
+        else:
+            raise _bad("message is not modified: specified new message content and reply "
+                       "markup are exactly the same as a current content and reply markup of "
+                       "the message")
         return message
 
     async def _answer_callback_query(self, call: Call) -> bool:

@@ -91,6 +91,8 @@ async def test_allow_once_runs_the_tool_and_the_model_gets_its_result(
                                  for m in fake_telegram.sent_messages), 20)
     assert "echo: hi there" in tool_results(fake_ollama)
     assert ApprovalBook(daemon.store.state_dir).standing() == []  # once is not always
+    # Answered: the question keeps its text and loses its buttons.
+    assert "reply_markup" not in fake_telegram.messages[USER, asked["message_id"]]
 
 
 async def test_a_stranger_cannot_answer_and_deny_keeps_the_tool_from_running(
@@ -155,7 +157,7 @@ async def test_always_is_remembered_for_the_person_and_not_asked_again(
     await wait_until(lambda: any("Second." in str(m.get("text"))
                                  for m in fake_telegram.sent_messages), 20)
     assert "echo: two" in tool_results(fake_ollama)
-    assert sum("reply_markup" in m for m in fake_telegram.messages.values()) == 1
+    assert sum("reply_markup" in m for m in fake_telegram.sent_messages) == 1  # asked once
 
 
 async def test_approve_never_runs_without_asking(
