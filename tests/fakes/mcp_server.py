@@ -65,6 +65,11 @@ def resource() -> EmbeddedResource:
         uri="file:///notes.txt", mime_type="text/plain", text="the resource's text"))
 
 
+@server.tool(description="The names of the environment variables the server was given.")
+def environment() -> str:
+    return " ".join(sorted(os.environ))
+
+
 @server.tool(description="Return a long text of n characters.")
 def long_text(n: int) -> str:
     return "x" * n

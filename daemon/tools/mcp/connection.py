@@ -161,10 +161,10 @@ class Connection:
                         self.on_listed(self.name, listing)
                     self._tried.set()
                     await self._watch(session)
-            except TimeoutError:
-                self.error = f"did not answer within {self.start_timeout:.0f}s"
             except Exception as exc:  # the boundary of a server: whatever it did, retry later
-                self.error = _describe(exc)
+                # The start's timeout may come wrapped in the transport's exception group.
+                self.error = (f"did not answer within {self.start_timeout:.0f}s"
+                              if _innermost(exc, TimeoutError) else _describe(exc))
             finally:
                 self._session = None
             if self._stopping.is_set():
@@ -231,6 +231,13 @@ class Connection:
             except (MCPError, TimeoutError, OSError) as exc:
                 self.error = f"no answer to a ping ({_describe(exc)})"
                 return
+
+
+def _innermost(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `exc`, or the first of the exception groups it is wrapped in, is a `kind`."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return isinstance(exc, kind)
 
 
 def _describe(exc: BaseException) -> str:

@@ -62,7 +62,7 @@ async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(runni
     registry, _ = await running(stdio())
     line = [c for c in registry.index([]) if c.name == "fake"]
     assert [(c.description, c.loaded) for c in line] == [
-        ("Test tools: echo, sleep, fail, image and more. (8 tools)", False)]
+        ("Test tools: echo, sleep, fail, image and more. (9 tools)", False)]
     assert "fake__echo" not in json.dumps(registry.schemas([]))  # nothing until activated
     found = await tool_search(context(registry, []), "image")
     assert "fake" in found and "fake__picture" in found
@@ -100,7 +100,7 @@ async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
         McpServerSettings(name="broken", command="/nonexistent/mcp-server"), stdio())
     status = {s.name: s for s in mcp.status()}
     assert status["broken"].state == "down" and "not found" in status["broken"].error
-    assert status["fake"].state == "up" and status["fake"].tools == 8
+    assert status["fake"].state == "up" and status["fake"].tools == 9
     assert [s.name for s in mcp.down()] == ["broken"]
     ctx = context(registry, [])
     refused = await tool_activate(ctx, "broken")
@@ -119,6 +119,27 @@ async def test_the_index_keeps_its_bytes_across_a_restart_before_the_server_is_u
     await wait_until(lambda: (state_dir / "mcp" / "catalog.json").exists(), 10)
     again, _ = with_servers(McpSettings(servers=(stdio(),)), state_dir)  # not started
     assert capability_index(again.index([])) == before
+
+
+async def test_a_stdio_server_gets_none_of_roosts_secrets(
+    running: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROOST_TELEGRAM_TOKEN", "123:secret")
+    monkeypatch.setenv("ROOST_WHATSAPP_APP_SECRET", "shh")
+    registry, _ = await running(stdio(env={"GIVEN_TO_IT": "yes"}))
+    names = (await call(registry, "fake__environment")).split()
+    assert "GIVEN_TO_IT" in names and "PATH" in names
+    assert not any(name.startswith("ROOST_") for name in names)
+
+
+async def test_a_program_that_does_not_speak_mcp_is_down_not_a_crash(running: Any) -> None:
+    chatter = McpServerSettings(name="chatter", command=sys.executable, args=(
+        "-c", "import time\nprint('hello, not JSON-RPC', flush=True)\ntime.sleep(60)"))
+    registry, mcp = await running(chatter, stdio(), start_timeout=2.0)
+    status = {s.name: s for s in mcp.status()}
+    assert status["chatter"].state == "down"
+    assert "did not answer within 2s" in status["chatter"].error
+    assert await call(registry, "fake__echo", text="fine") == "echo: fine"
 
 
 @pytest.fixture
@@ -207,7 +228,7 @@ def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
     assert main(["mcp", "test", "nope", "--config", str(config)]) == 2
     assert main(["doctor", "--config", str(config)]) == 1
     report = capsys.readouterr().out
-    assert "ok   mcp fake: stdio, 8 tools" in report
+    assert "ok   mcp fake: stdio, 9 tools" in report
     assert "FAIL mcp broken: down: command not found" in report
     assert "FAIL mcp secretive: down: needs NOT_SET_HERE in the environment" in report
     assert "ok   mcp off: disabled" in report
