@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,23 @@ from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
 INDEX_CHARS = 80  # of a server's description in its index line: 20 servers stay ~300 tokens
+
+
+@dataclass(frozen=True)
+class McpTool(Tool):
+    """A server's tool: the model sees the simplified schema, the arguments are checked
+    against the server's own (which may allow more: `X | int` simplified to X)."""
+
+    original: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        problem = check_arguments(self.original, arguments)
+        if problem is None:
+            return dict(arguments), None
+        coerced, _ = super().check(arguments)  # "5" for an integer, as small models send it
+        if coerced and check_arguments(self.original, coerced) is None:
+            return coerced, None
+        return {}, problem
 
 
 @dataclass(frozen=True)
@@ -148,14 +165,15 @@ class McpServers:
                           description=f"{about} ({count} tool{'s' if count != 1 else ''})")
 
     def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
-        return Tool(
+        return McpTool(
             name=tool_name(server.name, tool.name),
             description=one_line(tool.description, 300) or tool.name,
             parameters=simplify(tool.input_schema),
             handler=functools.partial(self._call, server.name, tool.name,
                                       dict(tool.input_schema)),
             timeout=server.timeout + TIMEOUT_SLACK,
-            approve=server.approve_tools.get(tool.name, server.approve))
+            approve=server.approve_tools.get(tool.name, server.approve),
+            original=dict(tool.input_schema))
 
     async def _call(self, server: str, tool: str, schema: Mapping[str, Any], context: object,
                     **arguments: Any) -> str | ToolOutput:
@@ -181,7 +199,8 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
     if error is None:
         return None
     where = ".".join(str(p) for p in error.absolute_path)
-    return f"argument {where + ': ' if where else ''}{error.message}"[:300]
+    return (f"argument {where}: {error.message}" if where
+            else f"arguments: {error.message}")[:300]
 
 
 def with_servers(settings: McpSettings, state_dir: Path) -> tuple[Registry, McpServers]:
