@@ -169,18 +169,15 @@ class McpServers:
             name=tool_name(server.name, tool.name),
             description=one_line(tool.description, 300) or tool.name,
             parameters=simplify(tool.input_schema),
-            handler=functools.partial(self._call, server.name, tool.name,
-                                      dict(tool.input_schema)),
+            handler=functools.partial(self._call, server.name, tool.name),
             timeout=server.timeout + TIMEOUT_SLACK,
             approve=server.approve_tools.get(tool.name, server.approve),
             original=dict(tool.input_schema))
 
-    async def _call(self, server: str, tool: str, schema: Mapping[str, Any], context: object,
+    async def _call(self, server: str, tool: str, context: object,
                     **arguments: Any) -> str | ToolOutput:
-        """One call: arguments checked against the server's own schema, the server's
-        timeout, and every failure an error line for the model."""
-        if problem := check_arguments(schema, arguments):
-            return f"{ERROR_PREFIX}{problem}"
+        """One call (its arguments checked by `McpTool.check`, as the registry does before
+        every call): the server's timeout, and every failure an error line for the model."""
         connection = self.connections[server]
         try:
             result = await connection.call(tool, arguments, connection.settings.timeout)
