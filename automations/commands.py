@@ -25,7 +25,7 @@ from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.tools.mcp.servers import with_servers
-from daemon.turn.parts import TurnParts
+from daemon.turn.parts import TurnParts, builtin_registry
 
 EX_USAGE = 2
 TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local")
@@ -103,7 +103,8 @@ async def run_automation(settings: Settings, name: str) -> int:
         llm = ModelClient(settings.model)
         # The same tools as a scheduled run: the built-ins and the MCP servers, started here.
         registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
-                                                    settings.daemon.state_dir)
+                                                    settings.daemon.state_dir,
+                                                    builtin_registry(settings))
         engine = Engine(settings=settings, store=store, llm=llm, channels={},
                         parts=TurnParts.build(settings=settings, store=store, llm=llm,
                                               registry=registry))

@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TextIO
 
-from daemon.core.approval import KEYS, parse
+from daemon.core.approval import KEYS, Button, parse
 from daemon.core.messages import Outbound
 
 CHAT_KEY = "console:local"
@@ -23,14 +24,29 @@ class ConsoleChannel:
 
     name = "console"
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, *, indicator: bool = False) -> None:
         self.out = out
+        self.indicator = indicator  # on a terminal: show that roost is at work until it answers
         self._streamed = ""  # what this reply showed so far, piece by piece
+        self._waiting = False  # the indicator is on screen
+
+    def show_waiting(self) -> None:
+        """Until the first piece of the answer: a line saying roost is at it (terminal only)."""
+        if self.indicator:
+            self.out.write("roost is thinking…")
+            self.out.flush()
+            self._waiting = True
+
+    def clear_waiting(self) -> None:
+        if self._waiting:
+            self.out.write("\r\x1b[K")  # back to the line's start, erase it
+            self._waiting = False
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
     def stream_delta(self, chat_key: str, delta: str) -> None:
+        self.clear_waiting()
         if not self._streamed:
             self.out.write("roost> ")
         self._streamed += delta
@@ -38,6 +54,7 @@ class ConsoleChannel:
         self.out.flush()
 
     async def send(self, outbound: Outbound) -> None:
+        self.clear_waiting()
         streamed, self._streamed = self._streamed, ""
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the
@@ -51,10 +68,15 @@ class ConsoleChannel:
         prefix = "[roost] " if outbound.kind == "notice" else "roost> "
         self.out.write(f"{prefix}{outbound.text}\n")
         if outbound.buttons:  # an approval question: answered on the next line (roost chat)
-            keys = {choice: key for key, choice in KEYS.items()}
-            self.out.write("  ".join(f"[{keys[parse(b.id)[1]]}] {b.label}"  # type: ignore[index]
-                                     for b in outbound.buttons if parse(b.id)) + "\n")
+            self.out.write(keys_line(outbound.buttons) + "\n")
         self.out.flush()
+
+
+def keys_line(buttons: Sequence[Button]) -> str:
+    """An approval question's buttons as the terminal offers them: `[y] Allow once  ...`."""
+    keys = {choice: key for key, choice in KEYS.items()}
+    return "  ".join(f"[{keys[parsed[1]]}] {b.label}" for b in buttons
+                     if (parsed := parse(b.id)) is not None)
 
 
 async def read_line(prompt: str | None) -> str | None:

@@ -20,6 +20,7 @@ HEADING = re.compile(r"^### `(\[\[?\w+(?:\.\w+)*\]\]?)`\s*$")
 PER_NAME = re.compile(r"^\[mcp\.servers\.[\w-]+\]$")  # the example's one stands for NAME
 ROW = re.compile(r"^\| `(\w+)` \| (.*?) \| (.*) \|\s*$")
 WIDTH = 96
+FREE_TABLES = ("[variables]", "[identities]")  # any key: prose and an example, no key table
 
 HEADER = """\
 # roost.example.toml: every key roost reads, each with what it does and its default.
@@ -77,14 +78,14 @@ def render(readme: str) -> str:
     for line in section.splitlines():
         if heading := HEADING.match(line):
             table, prose = heading[1], []
-            commented = (table.startswith("[[") or table == "[variables]"
+            commented = (table.startswith("[[") or table in FREE_TABLES
                          or table.endswith(".NAME]"))
             out += ["", *(["#" + table] if commented else [table])]
             continue
         if table is None or line.startswith("###"):
             table = None if line.startswith("###") else table
             continue
-        if table == "[variables]":
+        if table in FREE_TABLES:
             if line.strip():
                 prose.append(line.strip())
             elif prose:

@@ -17,7 +17,7 @@ from daemon.cli.main import _HEAVY
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("daemon", "channels", "automations")
 
-_MIDDLE = {"core", "context", "store", "llm", "tools", "intake", "turn", "engine"}
+_MIDDLE = {"core", "context", "store", "llm", "tools", "intake", "turn", "voice", "engine"}
 # What each layer may import besides itself. Lowest first; "daemon" is the package root
 # (daemon/__init__.py: the version; daemon/__main__.py: `python -m daemon`).
 ALLOWED: dict[str, set[str]] = {
@@ -28,7 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"core", "context", "store"},
     "intake": {"core", "store"},
     "turn": {"core", "context", "store", "llm", "tools"},
-    "engine": {"core", "context", "store", "llm", "tools", "intake", "turn"},
+    # Transcription knows the store's attachments; the model's slot is handed to it.
+    "voice": {"core", "store"},
+    "engine": {"core", "context", "store", "llm", "tools", "intake", "turn", "voice"},
     # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
     "channels": {"core", "intake", "store"},
     "automations": _MIDDLE,

@@ -3,7 +3,7 @@ configuration reference (scripts/example_config.py)."""
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import importlib.util
 import itertools
 import re
@@ -11,31 +11,16 @@ from pathlib import Path
 from types import ModuleType
 
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
-from daemon.core.config import (
-    AccessSettings,
-    AttachmentSettings,
-    AutomationSettings,
-    DaemonSettings,
-    McpServerSettings,
-    McpSettings,
-    ModelSettings,
-    TelegramSettings,
-    WhatsAppSettings,
-    load_settings,
-)
+from daemon.cli.main import build_parser
+from daemon.core.config import config_keys, load_settings
+from daemon.engine.chat_commands import Commands
+from daemon.engine.memory_commands import MemoryCommands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE = ROOT / "roost.example.toml"
-TABLES = {"[daemon]": DaemonSettings, "[model]": ModelSettings, "[telegram]": TelegramSettings,
-          "[whatsapp]": WhatsAppSettings, "[access]": AccessSettings,
-          "[attachments]": AttachmentSettings, "[[automations]]": AutomationSettings,
-          "[mcp]": McpSettings, "[mcp.servers.NAME]": McpServerSettings}
-RENAMED = {"listen_host": "listen", "listen_port": "listen"}
-# Fields that are no key of their table: the tables within it, the table's own name, and what
-# loading works out (the ${NAME}s not set).
-NOT_KEYS = {"servers", "name", "missing"}
 
 
 def generator() -> ModuleType:
@@ -91,11 +76,8 @@ def example_keys() -> dict[str, set[str]]:
 
 def test_every_config_key_is_in_the_example() -> None:
     keys = example_keys()
-    for table, cls in TABLES.items():
-        mcp = table.startswith("[mcp")  # env and headers hide their ${NAME}s, yet are keys
-        schema = {RENAMED.get(f.name, f.name) for f in dataclasses.fields(cls)
-                  if (f.repr or mcp) and not (mcp and f.name in NOT_KEYS)}
-        assert schema - keys.get(table, set()) == set(), table  # secrets have repr=False
+    for table, schema in config_keys().items():
+        assert schema - keys.get(table, set()) == set(), table
         assert keys[table] - schema == set(), table
 
 
@@ -113,6 +95,7 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
+    assert dict(full.identities) == {"owner": ("telegram:1111111", "whatsapp:972544401243")}
     (server,) = full.mcp.servers
     assert (server.name, server.command, server.approve) == ("github", "npx", "ask")
 
@@ -142,7 +125,7 @@ def heading_over_table(markdown: str, first_cell: str) -> str:
 def test_the_chat_commands_have_their_own_heading() -> None:
     readme = README.read_text("utf-8")
     assert heading_over_table(readme, "`/new`") == "Chat commands"
-    assert heading_over_table(readme, "`roost run`") == "Commands"
+    assert heading_over_table(readme, "`roost init`") == "Commands"
 
 
 def test_every_metric_is_in_the_metrics_table() -> None:
@@ -166,3 +149,110 @@ def test_the_doctor_section_names_every_kind_of_check_doctor_prints() -> None:
     for name in ("the `whatsapp` line", "for each automation, its next run", "`quarantine/`"):
         assert name in section
     assert "no checks" not in section
+
+
+# ---- the README against the code, both ways ------------------------------------------------
+
+def tokens() -> list[Token]:
+    return MarkdownIt("commonmark").enable("table").parse(README.read_text("utf-8"))
+
+
+def tables_by_heading(parsed: list[Token]) -> list[tuple[str, list[list[str]]]]:
+    """Each table's body rows (cell texts) with the heading it sits under."""
+    found: list[tuple[str, list[list[str]]]] = []
+    heading = ""
+    rows: list[list[str]] = []
+    for index, token in enumerate(parsed):
+        if token.type == "heading_open":
+            heading = parsed[index + 1].content
+        elif token.type == "tbody_open":
+            rows = []
+            found.append((heading, rows))
+        elif token.type == "tr_open" and found and found[-1][1] is rows:
+            rows.append([])
+        elif token.type == "inline" and parsed[index - 1].type == "td_open" and rows:
+            rows[-1].append(token.content)
+        elif token.type == "tbody_close":
+            rows = []
+    return found
+
+
+def code_commands() -> set[str]:
+    """`roost` commands as they are typed: `run`, `pairing approve`, from the parser itself."""
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> set[str]:
+        names: set[str] = set()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    names |= walk(sub, f"{prefix}{name} ") or {prefix + name}
+        return names
+    return walk(build_parser(), "")
+
+
+def documented_commands() -> set[str]:
+    """The command words of each row of the Commands table (`roost pairing approve CODE`)."""
+    (rows,) = [rows for heading, rows in tables_by_heading(tokens()) if heading == "Commands"]
+    commands = set()
+    for row in rows:
+        words = re.fullmatch(r"`roost ([^`]*)`", row[0])
+        assert words, row[0]
+        commands.add(" ".join(itertools.takewhile(re.compile("[a-z][a-z-]*").fullmatch,
+                                                  words[1].split())))
+    return commands
+
+
+def test_every_command_and_subcommand_has_a_row_and_every_row_is_a_command() -> None:
+    code = code_commands()
+    assert {"run", "init", "pairing approve", "automations remind"} <= code  # the walk works
+    assert documented_commands() == code
+
+
+def test_every_chat_command_is_documented_and_every_documented_one_exists() -> None:
+    (rows,) = [rows for heading, rows in tables_by_heading(tokens())
+               if heading == "Chat commands"]
+    documented = {row[0].strip("`/").split()[0] for row in rows}  # `/forget N`: the word
+    names = Commands.names | MemoryCommands.names
+    assert documented - names == set()
+    readme = README.read_text("utf-8")
+    assert all(re.search(rf"`/{name}[` ]", readme) for name in names)  # /start: under Telegram
+
+
+def documented_keys() -> dict[str, set[str]]:
+    """The key tables of the configuration reference, by the table their heading names."""
+    section = README.read_text("utf-8").partition("<!-- config-reference:start -->")[2]
+    section = section.partition("<!-- config-reference:end -->")[0]
+    parsed = MarkdownIt("commonmark").enable("table").parse(section)
+    keys: dict[str, set[str]] = {}
+    for heading, rows in tables_by_heading(parsed):
+        table = re.fullmatch(r"`(\[\[?[\w.]+\]\]?)`", heading)
+        if table:
+            keys[table[1]] = {re.sub(r"^`|`$", "", row[0]) for row in rows}
+    return keys
+
+
+def test_every_config_key_is_documented_and_every_documented_key_exists() -> None:
+    code, documented = config_keys(), documented_keys()
+    assert "[model]" in code and "[[automations]]" in code
+    assert set(documented) == set(code)
+    for table, keys in code.items():
+        assert documented[table] == keys, table
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_inside_the_readme_and_to_docs_leads_somewhere() -> None:
+    parsed = tokens()
+    anchors = {slug(parsed[i + 1].content) for i, token in enumerate(parsed)
+               if token.type == "heading_open"}
+    links = [child.attrs["href"] for token in parsed if token.type == "inline"
+             for child in token.children or () if child.type == "link_open"]
+    assert links
+    for href in map(str, links):
+        if href.startswith("#"):
+            assert href[1:] in anchors, href
+        elif not re.match(r"[a-z]+:", href):  # a file of the repository
+            assert (ROOT / href.partition("#")[0]).exists(), href
+

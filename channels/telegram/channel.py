@@ -78,6 +78,10 @@ COMMANDS = (
     ("new", "Start a fresh conversation (the old one is kept)"),
     ("compact", "Fold the older part of this conversation into its summary"),
     ("status", "Model, window and the size of this conversation"),
+    ("transcript", "What I heard in your last voice note"),
+    ("remember", "Keep a fact about you for every conversation"),
+    ("memory", "The facts roost keeps about you, numbered"),
+    ("forget", "Forget fact number N (see /memory)"),
     ("help", "List the commands"),
 )
 

@@ -61,6 +61,14 @@ class Metrics:
             "roost_automation_runs",
             "Automation runs recorded, by automation and outcome (ok, undelivered, quiet, failed, "
             "skipped, missed)", ["automation", "outcome"], registry=r)
+        self.transcriptions = Counter(
+            "roost_transcriptions",
+            "Voice notes and audio files, by outcome (heard, off, too_long, unreadable, "
+            "unavailable, failed)", ["outcome"], registry=r)
+        self.transcription_seconds = Histogram(
+            "roost_transcription_seconds",
+            "Time the transcription backend took for one recording (queueing for the model's "
+            "slot not included)", buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120), registry=r)
         self._previous = ""
         # Gauges are read at each scrape by the route (on the event loop): name -> value.
         self.gauges: dict[str, float] = {}
@@ -79,6 +87,12 @@ class Metrics:
         self._previous = text
         # Ollama reuses its cache for the longest shared prefix; scaled from characters.
         self.uncached_tokens.inc(round(prompt * (1 - shared / len(text))) if text else prompt)
+
+    def transcription(self, outcome: str, seconds: float | None) -> None:
+        """The voice step's observer (daemon.voice.hearing): one recording, and what it took."""
+        self.transcriptions.labels(outcome).inc()
+        if seconds is not None:
+            self.transcription_seconds.observe(seconds)
 
     def turn_done(self, seconds: float) -> None:
         self.turn_seconds.observe(seconds)

@@ -31,6 +31,7 @@ from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
+from daemon.app.chat_socket import ChatSocket
 from daemon.app.health import HealthMonitor
 from daemon.app.httpguard import (
     GuardedSite,
@@ -43,7 +44,13 @@ from daemon.app.httpguard import (
 from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.core.config import Settings
-from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
+from daemon.core.errors import (
+    ChannelError,
+    ConfigError,
+    DeliveryError,
+    DocumentError,
+    StoreError,
+)
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
@@ -53,11 +60,14 @@ from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry
-from daemon.turn.parts import TurnParts
+from daemon.turn.parts import TurnParts, builtin_registry
+from daemon.voice.backends import build_backend
+from daemon.voice.hearing import Hearing, no_wait
 
 EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
 
@@ -88,6 +98,7 @@ ACCESS = web.AppKey("access", Access)
 AUTOMATIONS = web.AppKey("automations", Automations)
 MCP = web.AppKey("mcp", McpServers)
 REGISTRY = web.AppKey("registry", Registry)
+CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
@@ -128,9 +139,12 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         starting.append(whatsapp_start_ctx)
         app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
         app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
-    app.cleanup_ctx.extend([store_ctx, llm_ctx, health_ctx, access_ctx, mcp_ctx, *opening,
-                            engine_ctx,
-                            automations_ctx, *starting])
+    if "console" not in counted:  # `roost chat` while the daemon runs: app/chat_socket.py
+        app[CHAT_SOCKET] = ChatSocket(settings.daemon.state_dir)
+        counted["console"] = _Counted(app[CHAT_SOCKET], metrics)
+        starting.append(chat_socket_ctx)
+    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, mcp_ctx,
+                            *opening, engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     return app
@@ -168,6 +182,13 @@ def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
         raise
 
 
+async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The worker processes that parse documents and pages: `serve` starts one once the daemon
+    is up (else the first document starts it); they stop with the daemon, not at exit."""
+    yield
+    await asyncio.to_thread(shared_pool().close)
+
+
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
     app[LLM] = ModelClient(app[SETTINGS].model)
     app[LLM].observer = app[METRICS]
@@ -191,7 +212,8 @@ async def mcp_ctx(app: web.Application) -> AsyncIterator[None]:
     stop after the engine."""
     settings = app[SETTINGS]
     registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
-                                                settings.daemon.state_dir)
+                                                settings.daemon.state_dir,
+                                                builtin_registry(settings))
     app[REGISTRY], app[MCP] = registry, servers
     await servers.start()
     yield
@@ -206,15 +228,31 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
                             on_event=lambda kind: metrics.events.labels(kind).inc())
     # Filled before anything is sent: the automations add theirs right after the engine.
     hooks = app[DELIVERY_HOOKS] = DeliveryHooks()
+    voice = Hearing(settings.voice, store, build_backend(settings.voice),
+                    hold=llm.slot if settings.voice.queue_with_model else no_wait,
+                    observe=metrics.transcription)
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
-                    hooks=hooks)
+                    hooks=hooks, voice=voice)
     app[ENGINE] = engine
     await engine.start()
     yield
     budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
     # After serve() drained, this drains no more: the grace runs once.
     await engine.stop(budget.drain, budget.unwind)
+    await voice.close()
     log.info("engine stopped")
+
+
+async def chat_socket_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Listen for `roost chat` once the engine runs; stop before it stops."""
+    chat = app[CHAT_SOCKET]
+    try:
+        await chat.start(app[ENGINE])
+    except OSError as exc:  # a path too long for a socket, say: the daemon runs without it
+        log.warning("roost chat cannot reach this daemon: cannot listen on %s: %s", chat.path,
+                    exc.strerror or exc)
+    yield
+    await chat.stop()
 
 
 async def access_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -364,7 +402,7 @@ class _CountedIntake:
 
 def channel_names(app: web.Application) -> list[str]:
     channels: dict[str, Channel] = app[CHANNELS]
-    return list(channels)
+    return [name for name in channels if name != "console"]  # the platforms, not the terminal
 
 
 def _status(app: web.Application) -> tuple[str, list[str]]:
@@ -471,6 +509,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
+    # A document worker starts now, off the loop, so the first PDF sent is read by a warm one.
+    warming = asyncio.create_task(asyncio.to_thread(shared_pool().warm), name="roost-documents")
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await stop.wait()
@@ -483,6 +523,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
     await app[ENGINE].drain(budget.drain)
+    try:
+        await warming
+    except DocumentError as exc:  # not fatal: the first document tries again
+        log.warning("the document worker did not start: %s", exc)
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()

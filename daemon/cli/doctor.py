@@ -3,8 +3,9 @@
 Checks what `roost run` would refuse (config, secrets), the state directory (writable, private,
 not full, its files readable), Ollama (reachable, the model pulled, its context length and
 capabilities and what roost does about each, the loaded runner's num_ctx), the quarantine,
-Telegram (getMe, and getWebhookInfo against `telegram.webhook_url`) and WhatsApp (the token is
-valid for the phone number id). Nothing here prints a secret or a URL's
+Telegram (getMe, and getWebhookInfo against `telegram.webhook_url`), WhatsApp (the token is
+valid for the phone number id) and the voice backend (a test transcription, or its model
+loaded). Nothing here prints a secret or a URL's
 credentials.
 """
 
@@ -38,6 +39,7 @@ from daemon.core.filemodes import exposure
 from daemon.core.redact import redact_url
 from daemon.llm.client import OLLAMA_ERRORS, ModelClient
 from daemon.store import NoState, Store, quarantined_items
+from daemon.voice.backends import build_backend
 
 log = logging.getLogger("roost.doctor")
 
@@ -85,6 +87,8 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
         for check in await _guarded("whatsapp", _whatsapp_checks(settings)):
             say(check)
     for check in await _guarded("automations", asyncio.to_thread(_automation_checks, settings)):
+        say(check)
+    for check in await _guarded("voice", _voice_checks(settings)):
         say(check)
     for check in await _guarded("mcp", _mcp_checks(settings)):
         say(check)
@@ -334,6 +338,16 @@ def _automation_checks(settings: Settings) -> list[Check]:
                 f"uses {automation.model}, not {settings.model.name}: on one GPU each run "
                 "unloads the chat model and loads that one (slow, and the chat's cache is lost)")))
     return checks
+
+
+async def _voice_checks(settings: Settings) -> list[Check]:
+    """The transcription backend transcribes a short test recording, or loads its model."""
+    backend = build_backend(settings.voice)
+    if backend is None:
+        return [Check("voice", True, "transcription off: voice notes reach the model as "
+                                     "attachment notes (README, \"Voice notes\")")]
+    ready = await backend.check()
+    return [Check(f"voice ({settings.voice.backend})", ready.ok, ready.detail, ready.fix)]
 
 
 async def _whatsapp_checks(settings: Settings) -> list[Check]:

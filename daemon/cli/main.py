@@ -14,7 +14,9 @@ from pathlib import Path
 from types import ModuleType
 
 from daemon import __version__
+from daemon.cli import init_files
 from daemon.cli.approvals import approvals_command
+from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
@@ -29,8 +31,8 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "mcp",
-                        "approvals"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory",
+                        "mcp", "approvals"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -41,6 +43,7 @@ _HEAVY = {
     "chat": "daemon.cli.chat",
     "doctor": "daemon.cli.doctor",
     "automations": "automations.commands",
+    "init": "daemon.cli.init",
     "mcp": "daemon.cli.mcp",
 }
 
@@ -66,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the daemon in the foreground: the HTTP server (webhooks, /healthz, "
                     "/metrics), the enabled channels, the automations. Stop it with Ctrl-C or "
                     "SIGTERM; systemd runs this command.")
+    init = commands.add_parser(
+        "init", parents=[common], help="set roost up: Ollama, the model, Telegram, pairing",
+        description="Set roost up: find Ollama and pick a pulled model, check the Telegram bot "
+                    "token, write the config (0600) and the secrets (credential files), approve "
+                    "you as the owner when you send /start to the bot, and install the user "
+                    "service. --non-interactive takes every answer from the flags.")
+    init_files.add_arguments(init)
     commands.add_parser(
         "chat", parents=[common], help="chat with the model in this terminal",
         description="Talk to the model in this terminal, as the chat console:local, with the "
@@ -112,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
+    add_memory_parser(commands, common)
     mcp = commands.add_parser("mcp", parents=[common], help="the configured MCP servers")
     servers = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     servers.add_parser("list", parents=[common],
@@ -148,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     make_private()  # before anything is written: files 0600, folders 0700, whatever the umask
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
+    if args.command == "init":  # it writes the config, so it cannot start by reading one
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        try:
+            return int(asyncio.run(_load("init").run_init(args)))
+        except KeyboardInterrupt:
+            return 130
     try:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)
     except ConfigError as exc:
@@ -181,6 +198,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
                                getattr(args, "code", None) or getattr(args, "sender", None))
     if args.command == "automations":
         return _automations(args, settings)
+    if args.command == "memory":
+        return memory_command(args, settings)
     if args.command == "mcp":  # its report is the output; the servers' log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
         commands = _load("mcp")

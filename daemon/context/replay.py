@@ -6,6 +6,9 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
 * tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
   `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
 * only the newest message with images sends pixels, older images become a one-line note;
+* a user message that came after the person's facts changed carries the change as a line
+  (`meta["facts_note"]`, see `daemon.context.facts`), since the system message's block is
+  frozen until the next fold;
 * any older user or assistant message (a pasted text, a long answer) larger than its fair share of
   the budget (a quarter) is replayed as a head-and-tail excerpt naming the `conversation_read`
   call that returns it whole; the excerpt depends only on the budget, so its bytes repeat (tool
@@ -341,6 +344,11 @@ def _entries(
             images = ()
         text = content.strip()
         content = _with_attachment_notes(content, message)
+        facts_note = message.meta.get("facts_note") if message.role == "user" else None
+        if isinstance(facts_note, str) and facts_note:
+            # The user's facts changed since the system message's block was made: the line
+            # rides on the message it was noticed with, the same bytes on every later turn.
+            content = f"{content}\n\n{facts_note}"
         if message.seq == first_user:
             content += opening
         if tz is not None and message.role == "user":

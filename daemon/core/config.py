@@ -28,7 +28,10 @@ SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
 SECRETS: Mapping[str, Mapping[str, str]] = {
     "telegram": {"token": "ROOST_TELEGRAM_TOKEN", "secret": "ROOST_TELEGRAM_SECRET"},
     "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
-                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"}}
+                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"},
+    "voice": {"key": "ROOST_VOICE_KEY"},
+    "web": {"ollama_api_key": "ROOST_OLLAMA_API_KEY"}}
+OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,40 @@ class AttachmentSettings:
 
 
 @dataclass(frozen=True)
+class VoiceSettings:
+    """Transcription of voice notes and audio (daemon/voice/); off unless a backend is named."""
+
+    backend: str = "off"  # "http" (an OpenAI-compatible server) or "faster-whisper" (in-process)
+    url: str = "http://127.0.0.1:8000/v1/audio/transcriptions"  # the http backend's endpoint
+    model: str = "small"  # the server's model id, or faster-whisper's size name or directory
+    language: str | None = None  # e.g. "de"; None lets the model detect it
+    device: str = "auto"  # faster-whisper: "auto", "cpu" or "cuda"
+    compute_type: str = "default"  # faster-whisper: "int8", "float16", ...
+    max_duration: float = 600.0  # seconds; a longer recording is not transcribed
+    timeout: float = 120.0  # seconds one transcription may take
+    queue_with_model: bool = True  # wait for a model slot, as a model call does (one GPU)
+    key: str | None = field(default=None, repr=False)  # ROOST_VOICE_KEY, for the http backend
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    searxng_url: str | None = None  # a SearXNG instance for web_search (JSON format enabled)
+    ollama_search_url: str = OLLAMA_WEB_SEARCH  # used when ROOST_OLLAMA_API_KEY is set
+    allow_private: bool = False  # let web_fetch reach loopback, LAN and link-local addresses
+    allow_hosts: tuple[str, ...] = ()  # host names or addresses web_fetch may reach anyway
+    timeout: float = 20.0  # seconds for one fetch, redirects included
+    max_mb: int = 5  # a page larger than this is refused, not cut
+    ollama_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def search_backend(self) -> str | None:
+        """"searxng", "ollama" or None (then there is no web_search tool)."""
+        if self.searxng_url:
+            return "searxng"
+        return "ollama" if self.ollama_api_key else None
+
+
+@dataclass(frozen=True)
 class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
@@ -149,6 +186,11 @@ class Settings:
     automations: tuple[AutomationSettings, ...]
     variables: Mapping[str, str]
     source: Path | None  # the file loaded, or None for defaults
+    # One person's chats on several channels: name -> chat keys (facts and recall are shared)
+    identities: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    web: WebSettings = WebSettings()
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
 
     @classmethod
@@ -226,6 +268,10 @@ def _seconds(text: str) -> float:
 def _is_url(text: str) -> bool:
     parts = urlsplit(text)
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _host_name(text: str) -> bool:
+    return re.fullmatch(r"[A-Za-z0-9.-]+|\[?[0-9A-Fa-f:.]+\]?", text) is not None
 
 
 def _valid_zone(name: str) -> bool:
@@ -356,6 +402,17 @@ _SPECS: Mapping[str, _Spec] = {
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
         "file_max_mb": _at_least(1)},
+    "voice": {
+        "backend": _one_of("off", "http", "faster-whisper"), "url": _URL, "model": _STRING,
+        "language": _like("[a-z]{2,3}", "a language code such as 'en' or 'de'"),
+        "device": _one_of("auto", "cpu", "cuda"), "compute_type": _STRING,
+        "max_duration": _PERIOD, "timeout": _PERIOD, "queue_with_model": _BOOL},
+    "web": {
+        "searxng_url": _BASE_URL, "ollama_search_url": _URL, "allow_private": _BOOL,
+        "allow_hosts": _array(_value(str, "a host name or address", _host_name,
+                                     "must be a bare host name or address (no scheme or port)",
+                                     lambda v: v.strip("[]").lower())),
+        "timeout": _PERIOD, "max_mb": _at_least(1)},
 }
 _AUTOMATION: _Spec = {
     "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
@@ -386,6 +443,17 @@ _SERVER_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,29}")
 # A value the file gives literally under one of these names is a secret in the file.
 _SECRETISH = re.compile("(?i)token|secret|password|passwd|api_?key|authorization|cookie")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def config_keys() -> dict[str, frozenset[str]]:
+    """Every key the config file may hold, by table as the README heads it (`[model]`,
+    `[[automations]]`): tests/test_readme.py holds the README's key reference to it, both ways.
+    [variables] takes any key and is not listed."""
+    keys = {f"[{name}]": frozenset(spec) for name, spec in _SPECS.items()}
+    keys["[[automations]]"] = frozenset(_AUTOMATION)
+    keys["[mcp]"] = frozenset(_MCP)
+    keys["[mcp.servers.NAME]"] = frozenset(_MCP_SERVER)
+    return keys
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -489,7 +557,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         return values
 
     for name, value in document.items():
-        if name not in (*_SPECS, "automations", "variables", "mcp"):
+        if name not in (*_SPECS, "automations", "variables", "identities", "mcp"):
             raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
@@ -540,7 +608,44 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
-        automations=tuple(jobs), variables=MappingProxyType(variables), source=path)
+        automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
+        identities=_identities(document.get("identities", {}), fail),
+        web=WebSettings(**tables["web"], **secrets["web"]),
+        voice=VoiceSettings(**tables["voice"], **secrets["voice"]))
+
+
+# A person's own chat: a Telegram private chat (its id is the user's, positive), a WhatsApp
+# wa_id or the terminal. Groups and forum topics are nobody's, so they cannot be linked.
+_PERSON_CHAT = _like("telegram:[1-9][0-9]*|whatsapp:[0-9]+|console:local",
+                     "a person's chat ('telegram:<user id>', 'whatsapp:<wa_id>' or "
+                     "'console:local')")
+_IDENTITY_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,39}")
+
+
+def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
+                ) -> Mapping[str, tuple[str, ...]]:
+    """`[identities]`: name = [chat keys]; a chat belongs to one identity at most."""
+    if not isinstance(raw, dict):
+        raise fail("identities", "expected a table, got "
+                   f"{_TOML_TYPES.get(type(raw), 'date/time')}")
+    identities: dict[str, tuple[str, ...]] = {}
+    owner: dict[str, str] = {}
+    for name, chats in raw.items():
+        if not _IDENTITY_NAME.fullmatch(name):
+            raise fail(f"identities.{name}", "the name must be lowercase letters, digits, '-' "
+                       "and '_' (at most 40)")
+        try:
+            keys = _array(_PERSON_CHAT)(chats)
+        except _Bad as bad:
+            raise fail(f"identities.{name}{bad.where}", str(bad)) from None
+        if not keys:
+            raise fail(f"identities.{name}", "must name at least one chat")
+        for key in keys:
+            if key in owner:
+                raise fail(f"identities.{name}", f"{key} is already in identity {owner[key]!r}")
+            owner[key] = name
+        identities[name] = tuple(dict.fromkeys(keys))
+    return MappingProxyType(identities)
 
 
 def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],

@@ -4,9 +4,14 @@
     ├── ConfigError                 a bad config file or setting (exit status 78)
     ├── StoreError                  the state directory cannot be read or written
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
-    │   └── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   ├── CorruptFile             (daemon.store.files) a state file that does not parse
+    │   └── FactError               (daemon.store.facts) a fact not kept or not found; for the user
     ├── McpError                    an MCP server is not running, or a call to it failed
     ├── AttachmentError             a photo or file refused; its message is for the user
+    ├── VoiceError                  a recording not transcribed; its message is for the user
+    ├── DocumentError               a PDF, DOCX, XLSX or page that cannot be read (bounded parse)
+    ├── WebError                    web_fetch or web_search could not get an answer
+    │   └── WebRefused              the address guard refused a URL (private, loopback, ...)
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
@@ -66,6 +71,31 @@ class AttachmentError(RoostError):
     def __init__(self, message: str, reason: str = "refused") -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class VoiceError(RoostError):
+    """A voice note or audio file was not transcribed; the message is for the user and says why.
+
+    `reason` (for callers and /metrics, not the user): "off", "too_long", "unreadable",
+    "unavailable" (the backend is down or cannot load its model) or "failed" (it refused)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class DocumentError(RoostError):
+    """A document could not be read: damaged, encrypted, too big, too slow or hostile. The
+    message is for the model (and through it the user) and says which."""
+
+
+class WebError(RoostError):
+    """A web page or search could not be fetched; the message says why, for the model."""
+
+
+class WebRefused(WebError):
+    """The address guard refused the URL: it leads to a private, loopback, link-local or
+    metadata address, or uses a scheme other than http and https."""
 
 
 class DoesNotFit(RoostError, ValueError):

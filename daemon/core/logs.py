@@ -19,6 +19,7 @@ http_log = logging.getLogger("roost.http")
 mcp_log = logging.getLogger("roost.mcp")
 pairing_log = logging.getLogger("roost.pairing")
 automation_log = logging.getLogger("roost.automations")
+voice_log = logging.getLogger("roost.voice")
 
 
 def configure(level: int = logging.INFO) -> None:

@@ -1,6 +1,7 @@
 """What a chat's worker does with the messages pending in its inbox: run the leading chat
-command, or answer the messages before the next command in one turn, in the channel's
-"working" context (typing..., later streaming). A turn that found the model unreachable parks
+command, or answer the messages before the next command in one turn (their voice notes
+transcribed first, `daemon.voice.hearing`), in the channel's "working" context (typing...,
+later streaming). A turn that found the model unreachable parks
 the chat: the worker tries it again later, without telling the user again."""
 
 from __future__ import annotations
@@ -14,23 +15,30 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound
 from daemon.engine.chat_commands import Commands
+from daemon.engine.memory_commands import MemoryCommands
+from daemon.store.facts import FactsBook
 from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF, Outcome
+from daemon.voice.hearing import Hearing
 
 
 class Answering:
     """See the module docstring; `notify` sends a notice through the chat's outbox."""
 
     def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
-                 notify: Ask) -> None:
+                 notify: Ask, voice: Hearing | None = None) -> None:
         self.parts = parts
+        self.voice = voice  # transcribes voice notes before their turn
         self.channels = channels
         self.notify = notify
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
                                  folder=parts.folder, clock=parts.clock,
                                  registry=parts.registry)
+        self.memory = MemoryCommands(settings=parts.settings,
+                                     facts=parts.facts or FactsBook(parts.store.files),
+                                     clock=parts.clock)
         self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working,
                                   ask=notify)
         self.parked: set[str] = set()
@@ -41,15 +49,19 @@ class Answering:
         `doing` is told which inbox items are being handled (quarantined if they fail)."""
         chat_key = items[0].chat_key
         command = items[0].command
-        if command in self.commands.names:
+        if command in self.commands.names or command in self.memory.names:
             doing([items[0].to_doc()])
-            reply = await self.commands.run(command, chat_key)
+            reply = (await self.memory.run(command, items[0].text, chat_key)
+                     if command in self.memory.names
+                     else await self.commands.run(command, chat_key))
             await self.notify(chat_key, reply)
             await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
             return
         handled = list(itertools.takewhile(
-            lambda i: i.command not in self.commands.names, items))
+            lambda i: i.command not in self.commands.names | self.memory.names, items))
         doing([i.to_doc() for i in handled])
+        if self.voice is not None:
+            handled = await self.voice.hear(handled, self.notify, self._working)
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.

@@ -15,12 +15,16 @@ from daemon.tools.registry import Registry
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
+from daemon.voice.hearing import last_transcript
 
 HELP = (
     "Talk to me in plain words. Commands:\n"
     "/new - start a fresh conversation (the old one is kept and searchable)\n"
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
+    "/transcript - what I heard in your last voice note\n"
+    "/remember TEXT - keep a fact about you for every conversation\n"
+    "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/help - this list"
 )
 GREETING = (
@@ -32,7 +36,7 @@ GREETING = (
 class Commands:
     """Runs a command for a chat and returns the text to send back."""
 
-    names = frozenset({"new", "compact", "status", "help", "start"})
+    names = frozenset({"new", "compact", "status", "help", "start", "transcript"})
 
     def __init__(
         self,
@@ -65,6 +69,8 @@ class Commands:
             return await self.status(chat_key)
         if name == "start":
             return GREETING
+        if name == "transcript":
+            return await asyncio.to_thread(last_transcript, self.store, chat_key)
         return HELP
 
     async def compact(self, chat_key: str) -> str:

@@ -31,6 +31,7 @@ from daemon.store import Store
 from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF
+from daemon.voice.hearing import Hearing
 
 WORKER_IDLE_EXIT = 600.0
 UNWIND = 2.0  # seconds cancelled tasks get to finish at stop, per step
@@ -50,10 +51,12 @@ class Engine:
         parts: TurnParts | None = None,
         index: MemoryIndex | None = None,
         hooks: DeliveryHooks | None = None,
+        voice: Hearing | None = None,
     ) -> None:
         """`parts` are shared with the automations (built here when not given, on `index`);
-        `hooks` listen to the outbox (see DeliveryHooks). The index is filled at start() and
-        closed at stop(): an engine runs once."""
+        `hooks` listen to the outbox (see DeliveryHooks); `voice` transcribes recordings
+        before their turn (none: they reach the model as attachment notes). The index is
+        filled at start() and closed at stop(): an engine runs once."""
         self.settings = settings
         self.store = store
         self.channels = dict(channels)
@@ -63,7 +66,7 @@ class Engine:
         self.delivery = Delivery(settings=settings, store=store, records=self.parts.records,
                                  channels=self.channels, clock=clock, wake=self._kick,
                                  hooks=hooks)
-        self.answering = Answering(self.parts, self.channels, self.notify)
+        self.answering = Answering(self.parts, self.channels, self.notify, voice)
         self.upkeep = Upkeep(self.parts, lambda: {
             k for k in self._workers if k in self._in_turn or self._depth.get(k)})
         self._workers: dict[str, asyncio.Task[None]] = {}

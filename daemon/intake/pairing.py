@@ -111,6 +111,19 @@ class PairingBook:
                 self._write(data)
             return found
 
+    def admit(self, channel: str, sender: str, name: str, now: float) -> Approved:
+        """Approve a sender without a code: `roost init` for the owner who sent /start."""
+        with self._locked():
+            data = self._read(now)
+            data["approved"] = [a for a in data["approved"]
+                                if (a["channel"], a["sender"]) != (channel, sender)]
+            data["pending"] = [p for p in data["pending"]
+                               if (p["channel"], p["sender"]) != (channel, sender)]
+            made = Approved(channel, sender, name[:64], now)
+            data["approved"].append(asdict(made))
+            self._write(data)
+            return made
+
     def deny(self, code: str, now: float) -> PairingRequest | None:
         """Drop `code` (the sender may ask again later); None when no such code is waiting."""
         with self._locked():

@@ -329,6 +329,37 @@ class ModelClient:
         finally:
             _scheduled.reset(token)
 
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one of the model's request slots for other work on the same GPU (a
+        transcription), queued as the caller's own model call would be: from a chat, ahead of
+        folds (a running fold call is stopped) and of automations; inside `scheduled`, behind
+        every turn. What runs in the slot is not a request to Ollama (`in_flight` does not
+        count it)."""
+        if _scheduled.get():
+            self.scheduled_waiting += 1
+            try:
+                while self._no_room_for_background() or self._gate.locked():
+                    await self._changed.wait()
+                await self._gate.acquire()
+            finally:
+                self.scheduled_waiting -= 1
+        else:
+            self.waiting += 1
+            try:
+                if self._gate.locked():
+                    for task in list(self._background):
+                        task.cancel()
+                await self._gate.acquire()
+            finally:
+                self.waiting -= 1
+                self._poke()
+        try:
+            yield
+        finally:
+            self._gate.release()
+            self._poke()
+
     def _poke(self) -> None:
         """Wake the scheduled calls waiting for room; each looks again."""
         changed, self._changed = self._changed, asyncio.Event()

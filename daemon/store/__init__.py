@@ -398,6 +398,12 @@ class Store:
         return self.inbox.pending("received", chat_key)
 
     @_locked
+    def inbox_update(self, item_id: str, **fields: Any) -> None:
+        """Rewrite fields of a pending inbound message (its transcript, before its turn), so a
+        turn tried again after a restart or an outage does not do that work twice."""
+        self.inbox.update(item_id, fields)
+
+    @_locked
     def inbox_done(self, item_ids: list[str]) -> None:
         """Forget inbox items whose messages are now in their conversation (remembering their
         ids first, so that the same message submitted again is recognised)."""

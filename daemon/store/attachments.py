@@ -42,6 +42,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, id_time, new_id
 from daemon.store import atomic_write
+from daemon.store.documents.note import describe, kind_of
 
 FILE_KINDS = ("document", "voice", "audio", "video", "file")
 
@@ -111,6 +112,7 @@ class StoredFile:
     sha256: str
     line_count: int | None  # for UTF-8 / UTF-16 text, else None
     kind: str = "file"  # one of FILE_KINDS
+    detail: str | None = None  # a PDF, DOCX or XLSX: what it holds and the tools that read it
 
     @property
     def ref(self) -> str:
@@ -119,15 +121,19 @@ class StoredFile:
     def to_doc(self) -> dict[str, Any]:
         """A JSON-able entry for `Message.attachments`; `note` lets the pure request builder
         (daemon/context/replay.py) show the file to the model without touching the disk."""
-        return {"kind": self.kind, "path": self.ref, "name": self.name, "mime": self.mime,
-                "size": self.size, "sha256": self.sha256, "line_count": self.line_count,
-                "note": self.reference_note()}
+        doc = {"kind": self.kind, "path": self.ref, "name": self.name, "mime": self.mime,
+               "size": self.size, "sha256": self.sha256, "line_count": self.line_count,
+               "note": self.reference_note()}
+        if self.detail is not None:
+            doc["detail"] = self.detail
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any], attachments_dir: Path) -> StoredFile:
         return cls(path=_resolve(doc["path"], attachments_dir), name=doc["name"],
                    mime=doc["mime"], size=doc["size"], sha256=doc["sha256"],
-                   line_count=doc.get("line_count"), kind=doc["kind"])
+                   line_count=doc.get("line_count"), kind=doc["kind"],
+                   detail=doc.get("detail"))
 
     def reference_note(self) -> str:
         """A compact note for the model. The content is never injected: the model reads it with
@@ -136,6 +142,8 @@ class StoredFile:
         if self.line_count is not None:
             parts.append(f"{self.line_count} line" + ("" if self.line_count == 1 else "s"))
         note = f"[{self.kind}: {', '.join(parts)}, stored at {self.ref}"
+        if self.detail:
+            return note + f"; {self.detail}]"
         if self.line_count:
             return note + f'; read it with file_read("{self.ref}", 1, {min(100, self.line_count)})]'
         if self.line_count == 0:
@@ -172,7 +180,8 @@ def store_image(data: bytes, attachments_dir: Path, *,
 
 def store_file(data: bytes, attachments_dir: Path, *, name: str, mime: str | None,
                kind: str = "file", limits: AttachmentLimits = AttachmentLimits()) -> StoredFile:
-    """Store a document, voice note, audio or video file as sent, under a generated name."""
+    """Store a document, voice note, audio or video file as sent, under a generated name; a
+    PDF, DOCX or XLSX also gets what it holds in its note (`daemon.store.documents.note`)."""
     if kind not in FILE_KINDS:
         raise ValueError(f"unknown attachment kind {kind!r}; expected one of {FILE_KINDS}")
     clean = _clean_name(name) or kind
@@ -188,9 +197,10 @@ def store_file(data: bytes, attachments_dir: Path, *, name: str, mime: str | Non
         suffix = guessed if _SUFFIX.fullmatch(guessed) else ""
     mime = mime or "application/octet-stream"
     path = _write(attachments_dir, suffix, data)
+    document = kind_of(clean, mime) if kind in ("document", "file") else None
     return StoredFile(path=path, name=clean, mime=mime, size=len(data),
                       sha256=hashlib.sha256(data).hexdigest(), line_count=_count_lines(data),
-                      kind=kind)
+                      kind=kind, detail=describe(path, _ref(path), document) if document else None)
 
 
 def is_ref(text: str) -> bool:

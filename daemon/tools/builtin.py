@@ -24,6 +24,7 @@ from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
+from daemon.store.facts import FactsBook, Person, matching
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.scope import RecallScope, recall_scope
@@ -53,12 +54,16 @@ class ToolContext:
     active: list[str] = field(default_factory=list)  # capabilities activated in this conversation
     # Whose conversations recall may read; None: worked out from this conversation's record.
     scope: RecallScope | None = None
+    facts: FactsBook | None = None  # the facts files (daemon.tools.facts)
+    person: Person | None = None  # whose facts this conversation uses; None in a group
+    noted: list[str] = field(default_factory=list)  # "Noted: ..." lines the reply owes
 
     def recall_scope(self) -> RecallScope:
         """The scope (synchronous: it may read the store; call it in a thread)."""
         if self.scope is None:
             conversation = self.store.get_conversation(self.conversation_id)
-            self.scope = (recall_scope(conversation, self.settings.automations)
+            self.scope = (recall_scope(conversation, self.settings.automations,
+                                       self.settings.identities)
                           if conversation is not None
                           else RecallScope(frozenset(), frozenset({self.conversation_id})))
         return self.scope
@@ -73,6 +78,17 @@ def _visible(ctx: ToolContext, conversation_id: str) -> Conversation | None:
     if conversation is None or not ctx.recall_scope().covers(conversation):
         return None
     return conversation
+
+
+def _kept_facts(ctx: ToolContext, query: str) -> str:
+    """The person's kept facts that match `query`, as lines ("" for none, and in a group)."""
+    if ctx.facts is None or ctx.person is None:
+        return ""
+    found = matching(ctx.facts.facts(ctx.person), query)
+    if not found:
+        return ""
+    return "\n".join([f"Kept facts matching {query!r}:",
+                      *(f"- {f.text} (noted {f.added})" for f in found)])
 
 
 def _header(message: Message, tz: tzinfo) -> str:
@@ -122,19 +138,22 @@ async def conversation_read(
 
 
 async def memory_search(ctx: ToolContext, query: str, limit: int = 5) -> str:
-    """Ranked snippets from the messages and summaries of the conversations in scope."""
+    """Ranked snippets from the messages and summaries of the conversations in scope, after
+    the person's kept facts that match (those the prompt leaves out for room too)."""
+    kept = await asyncio.to_thread(_kept_facts, ctx, query)
     if ctx.index is None:
-        return "ERROR: the search index is not available right now."
+        return kept or "ERROR: the search index is not available right now."
     limit = max(1, min(limit, SEARCH_MAX))
     index = ctx.index
     scope = await asyncio.to_thread(ctx.recall_scope)
     hits = await asyncio.to_thread(lambda: index.search(
         query, limit, ctx.store, chats=scope.chat_keys, conversations=scope.conversation_ids))
     if not hits:
-        return (f"Nothing found for {query!r}. Try other words (a name, a number, a "
-                "distinctive term) before concluding it was never said.")
+        return kept or (f"Nothing found for {query!r}. Try other words (a name, a number, a "
+                        "distinctive term) before concluding it was never said.")
     tz = ctx.settings.daemon.tz
-    lines = [f"{len(hits)} results for {query!r} (memory_get(ref) returns one whole):"]
+    lines = [kept] if kept else []
+    lines.append(f"{len(hits)} results for {query!r} (memory_get(ref) returns one whole):")
     for hit in hits:
         when = (datetime.fromtimestamp(hit.created, tz).strftime("%Y-%m-%d")
                 if hit.created else "")
@@ -179,7 +198,7 @@ async def current_time(ctx: ToolContext) -> str:
 
 async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: int = 0) -> str:
     """Lines of a file the user sent (stored under attachments/), in a conversation in scope."""
-    target = await asyncio.to_thread(_sent_file, ctx, path)
+    target = await asyncio.to_thread(sent_file, ctx, path)
     if target is None:
         return (f"ERROR: {path!r} is not a file the user sent; paths look like "
                 "attachments/2026-12/<id>.txt, as given in the file's note.")
@@ -203,7 +222,7 @@ async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: in
     return "\n".join(out)
 
 
-def _sent_file(ctx: ToolContext, ref: str) -> Path | None:
+def sent_file(ctx: ToolContext, ref: str) -> Path | None:
     """The stored file `ref` names, if a message of a conversation in scope carries it; None
     alike for a malformed reference, a file that is not there and one of someone else."""
     if not is_ref(ref):

@@ -7,7 +7,9 @@ answer anything else exactly as they answer what does not exist.
 * A person's (or a group's) conversation recalls the conversations of that person's chats.
   Without a linked identity that is the one chat key (`telegram:<id>`, `whatsapp:<wa_id>`,
   `console:local`); a group, and each forum topic, is a chat of its own. `person_chats` is the
-  one place a link of identities (one person on several channels) widens it.
+  one place a link of identities (`[identities]`: one person on several channels) widens it.
+* The facts roost keeps (`person_of`) are a person's: the chats of an identity share them, a
+  group has none, and an automation's run uses those of the person it reports to.
 * An automation's run recalls its single owner's chats, when it has one: exactly one target in
   `deliver` besides `log` (a person or a group, who gets every report anyway). It does not
   recall its earlier runs: those may hold what an earlier owner's chats said (`deliver` can be
@@ -16,13 +18,17 @@ answer anything else exactly as they answer what does not exist.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from daemon.core.config import AutomationSettings
+from daemon.core.config import AutomationSettings, Settings
 from daemon.core.conversations import Conversation
+from daemon.store.facts import Person
 
 AUTOMATION_PREFIX = "automation:"
+Identities = Mapping[str, tuple[str, ...]]
+NO_IDENTITIES: Identities = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,45 @@ class RecallScope:
                 or conversation.id in self.conversation_ids)
 
 
-def person_chats(chat_key: str) -> frozenset[str]:
-    """Every chat of the person (or group) that `chat_key` belongs to: today its own. This is
-    where a link of identities across channels will add the person's other chat keys."""
+def person_chats(chat_key: str, identities: Identities = NO_IDENTITIES) -> frozenset[str]:
+    """Every chat of the person (or group) that `chat_key` belongs to: its own, and the other
+    chats of its identity when `[identities]` links it to some."""
+    for chats in identities.values():
+        if chat_key in chats:
+            return frozenset(chats)
     return frozenset({chat_key})
+
+
+def is_person_chat(chat_key: str) -> bool:
+    """A chat with one person: a Telegram private chat (positive id, no topic), a WhatsApp
+    wa_id, the terminal. Groups and forum topics are not."""
+    kind, _, rest = chat_key.partition(":")
+    if kind == "telegram":
+        return rest.isdigit() and not rest.startswith("0")
+    return (kind == "whatsapp" and rest.isdigit()) or chat_key == "console:local"
+
+
+def person_of(chat_key: str, settings: Settings) -> Person | None:
+    """Whose facts a conversation of `chat_key` uses: the person of a private chat (with the
+    chats of their identity), the person an automation reports to, None for a group (and an
+    automation that reports to a group, to several chats or to none)."""
+    if chat_key.startswith(AUTOMATION_PREFIX):
+        owner = automation_owner(chat_key.removeprefix(AUTOMATION_PREFIX), settings.automations)
+        return person_of(owner, settings) if owner else None
+    if not is_person_chat(chat_key):
+        return None
+    for name, chats in settings.identities.items():
+        if chat_key in chats:
+            return Person(name, chats)
+    return Person(chat_key, (chat_key,))
+
+
+def named_person(name: str, settings: Settings) -> Person | None:
+    """The person `roost memory --person NAME` means: an identity's name or a person's chat."""
+    if name in settings.identities:
+        return Person(name, settings.identities[name])
+    return person_of(name, settings) if ":" in name and not name.startswith(
+        AUTOMATION_PREFIX) else None
 
 
 def automation_owner(name: str, automations: Sequence[AutomationSettings]) -> str | None:
@@ -56,12 +97,12 @@ def automation_owner(name: str, automations: Sequence[AutomationSettings]) -> st
     return None
 
 
-def recall_scope(conversation: Conversation,
-                 automations: Sequence[AutomationSettings]) -> RecallScope:
+def recall_scope(conversation: Conversation, automations: Sequence[AutomationSettings],
+                 identities: Identities = NO_IDENTITIES) -> RecallScope:
     """What `conversation`'s tools may recall; see the module docstring."""
     own = frozenset({conversation.id})
     if conversation.chat_key.startswith(AUTOMATION_PREFIX):
         owner = automation_owner(conversation.chat_key.removeprefix(AUTOMATION_PREFIX),
                                  automations)
-        return RecallScope(person_chats(owner) if owner else frozenset(), own)
-    return RecallScope(person_chats(conversation.chat_key), own)
+        return RecallScope(person_chats(owner, identities) if owner else frozenset(), own)
+    return RecallScope(person_chats(conversation.chat_key, identities), own)

@@ -25,7 +25,16 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from daemon.core.approval import ANSWERED, NOT_WAITING, NOT_YOURS, Answer, Button, Choice, buttons
+from daemon.core.approval import (
+    ANSWERED,
+    KEYS,
+    NOT_WAITING,
+    NOT_YOURS,
+    Answer,
+    Button,
+    Choice,
+    buttons,
+)
 from daemon.core.logs import turn_log as log
 from daemon.store.approvals import ApprovalBook
 from daemon.tools.registry import ERROR_PREFIX, Tool
@@ -74,6 +83,17 @@ class Approvals:
             return NOT_YOURS
         waiting.answer.set_result(answer.choice)
         return ANSWERED[answer.choice]
+
+    async def answer_typed(self, chat_key: str, text: str) -> bool:
+        """`roost chat`: y (allow once), a (always) or n (deny) typed while a question waits
+        in the terminal's chat answers the oldest; False for anything else (a message)."""
+        waiting = self.waiting_in(chat_key)
+        word = text.strip().lower()
+        choice = KEYS.get({"yes": "y", "always": "a", "no": "n"}.get(word, word))
+        if not waiting or choice is None:
+            return False
+        await self.answer(Answer(waiting[0], choice, chat_key, chat_key))
+        return True
 
     async def check(self, tool: Tool, arguments: Mapping[str, Any], *, chat_key: str,
                     person: str | None, ask: Ask | None,

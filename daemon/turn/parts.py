@@ -16,14 +16,29 @@ from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.approvals import ApprovalBook
 from daemon.store.event_log import Records
+from daemon.store.facts import FactsBook
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import register_builtin
+from daemon.tools.documents import register_documents
+from daemon.tools.facts import register_facts
 from daemon.tools.registry import Registry
+from daemon.tools.web.tools import register_web
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.turn.runner import Notify, StreamDelta, TurnRunner, Working, not_shown
+
+
+def builtin_registry(settings: Settings) -> Registry:
+    """The tools every roost has, registered the way an extra would be (the daemon adds its
+    MCP servers' capabilities to it)."""
+    registry = Registry()
+    register_builtin(registry)
+    register_facts(registry)
+    register_web(registry, settings.web)
+    register_documents(registry)
+    return registry
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,8 @@ class TurnParts:
     prompting: Prompting
     folder: Folder
     clock: Callable[[], float]
-    approvals: Approvals
+    facts: FactsBook | None = None
+    approvals: Approvals | None = None  # asks before a tool that needs a yes runs
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
@@ -51,19 +67,19 @@ class TurnParts:
         with the store, so that a disk that cannot take it stops the start before anything
         else runs. `registry` holds the built-in tools unless one is given."""
         if registry is None:
-            registry = Registry()
-            register_builtin(registry)
+            registry = builtin_registry(settings)
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
+        facts = FactsBook(store.files)
         return cls(
             settings=settings, store=store, llm=llm,
             router=Router(store, settings.daemon.idle_rotation), records=records,
             registry=registry, index=index,
             prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
-                                clock=clock),
+                                clock=clock, facts=facts),
             folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
                           on_fold=index.mark_dirty),
-            clock=clock,
+            clock=clock, facts=facts,
             approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
                                 clock))
 
@@ -77,4 +93,4 @@ class TurnParts:
                           index=self.index, records=self.records, notify=notify,
                           stream=stream or (lambda chat_key, delta: None), clock=self.clock,
                           folder=self.folder if fold else None, working=working,
-                          approvals=self.approvals, ask=ask)
+                          facts=self.facts, approvals=self.approvals, ask=ask)

@@ -14,13 +14,18 @@ from datetime import date, datetime, time
 from typing import Any
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
+from daemon.context.facts import facts_block, with_facts
 from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
+from daemon.core.errors import StoreError
+from daemon.core.logs import turn_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.facts import FactsBook, FrozenFacts, Person
 from daemon.tools.registry import Registry
+from daemon.tools.scope import person_of
 
 BUDGET_MARGIN_SHARE = 50  # 2% of the budget
 BUDGET_MARGIN_MIN = 16
@@ -67,13 +72,14 @@ class Prompting:
 
     def __init__(
         self, *, settings: Settings, store: Store, llm: ModelClient, registry: Registry,
-        clock: Callable[[], float],
+        clock: Callable[[], float], facts: FactsBook | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.llm = llm
         self.registry = registry
         self.clock = clock
+        self.facts = facts
         self._memory: MemoryMap | None = None
 
     def today(self) -> datetime:
@@ -129,9 +135,11 @@ class Prompting:
         # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
         # off still inside the window Ollama would otherwise cut silently.
         budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
+        frozen = await self.frozen_facts(conversation, num_ctx)
         request = build_request(
             conversation_id=conversation.id,
-            prefix=await self.prefix(capabilities, tools=with_tools),
+            prefix=with_facts(await self.prefix(capabilities, tools=with_tools),
+                              frozen.block if frozen else ""),
             opening=channel_note(conversation.kind),
             history=history,
             budget=budget,
@@ -142,3 +150,40 @@ class Prompting:
         )
         return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
                         tool_tokens=tool_tokens, tools=tuple(tools))
+
+    async def frozen_facts(self, conversation: Conversation,
+                           num_ctx: int) -> FrozenFacts | None:
+        """The `<user_facts>` block of the conversation's system message, None in a group.
+
+        Made from the person's facts when the conversation first needs it, and again after a
+        fold (the request changes after the shared part then anyway); kept with the
+        conversation in between, so every turn, and a restart, sends the same bytes."""
+        person = person_of(conversation.chat_key, self.settings)
+        if self.facts is None or person is None:
+            return None
+        return await asyncio.to_thread(self._frozen, conversation, person, num_ctx)
+
+    def _frozen(self, conversation: Conversation, person: Person,
+                num_ctx: int) -> FrozenFacts | None:
+        assert self.facts is not None
+        frozen = self.facts.frozen(conversation.id)
+        fold = conversation.summary.fold_count
+        if frozen is not None and frozen.fold_count == fold and frozen.person == person.name:
+            return frozen
+        try:
+            facts = self.facts.facts(person)
+        except StoreError as exc:  # the conversation goes on, with the block it had if any
+            log.warning("facts of %s unreadable (%s)", person.name, exc)
+            return frozen
+        block = facts_block([(f.added, f.text) for f in facts], num_ctx,
+                            conversation.token_ratio)
+        frozen = FrozenFacts(block=block.text, known=tuple(f.text for f in facts),
+                             fold_count=fold, person=person.name, shown=block.shown,
+                             left_out=block.left_out, tokens=block.tokens, cap=block.cap)
+        try:
+            self.facts.freeze(conversation.id, frozen)
+        except StoreError as exc:  # a full disk: the block is sent all the same, and made
+            # again from the same facts next turn, so the bytes hold unless the facts change
+            log.warning("conversation %s: cannot keep its facts block (%s)", conversation.id,
+                        exc)
+        return frozen

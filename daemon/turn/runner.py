@@ -37,6 +37,7 @@ from daemon.context.budget import (
     recalibrate,
     request_budget,
 )
+from daemon.context.facts import facts_note
 from daemon.context.replay import ChatMessage
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message, Role
@@ -49,6 +50,7 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    StoreError,
 )
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Inbound, Outbound
@@ -56,10 +58,12 @@ from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.attachments import read_image_base64, store_file
 from daemon.store.event_log import Records
+from daemon.store.facts import FactsBook, FrozenFacts, same_fact
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import ToolContext
+from daemon.tools.facts import confirmed
 from daemon.tools.registry import Registry
-from daemon.tools.scope import recall_scope
+from daemon.tools.scope import person_of, recall_scope
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
@@ -191,6 +195,7 @@ class TurnRunner:
         clock: Callable[[], float],
         folder: Folder | None = None,
         working: Working = not_shown,
+        facts: FactsBook | None = None,
         approvals: Approvals | None = None,
         ask: Ask | None = None,
     ) -> None:
@@ -199,6 +204,7 @@ class TurnRunner:
         self.approvals = approvals
         self.ask = ask
         self.settings = settings
+        self.facts = facts
         self.working = working
         self.folder = folder
         self.store = store
@@ -261,7 +267,10 @@ class TurnRunner:
         context = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools),
-                              scope=recall_scope(conversation, self.settings.automations))
+                              scope=recall_scope(conversation, self.settings.automations,
+                                                 self.settings.identities),
+                              facts=self.facts,
+                              person=person_of(conversation.chat_key, self.settings))
         try:
             prepared = await self._prepare(chat_key, conversation, history, model, outage)
             first, prepared, messages = await self._answer(
@@ -299,14 +308,15 @@ class TurnRunner:
             return TurnResult(Outcome.PARKED, conversation.id)
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
-            return await self._fail(recorded, items, (
+            # A fact kept before the error is still said (nothing is saved silently).
+            return await self._fail(recorded, items, confirmed(
                 f"The model server answered with an error: {exc}. Your message is saved; "
-                "send another message to try again."))
+                "send another message to try again.", context.noted))
         ratio = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         await asyncio.to_thread(
-            self._save_reply, conversation, after, items, first, done.text, intro,
-            loop.prompt_tokens)
+            self._save_reply, conversation, after, items, first,
+            confirmed(done.text, context.noted), intro, loop.prompt_tokens)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
@@ -536,17 +546,29 @@ class TurnRunner:
         if answered:
             self.store.inbox_done(sorted(answered))
         items = [i for i in items if i.id not in answered]
+        appending = [i for i in items if i.id not in present]
+        note = self._facts_changed(conversation) if appending else None
         for item in items:
             if item.id in present:
                 continue
             meta = {**item.meta, "inbox_id": item.id,
                     **({"platform_id": item.platform_id} if item.platform_id else {})}
+            if note is not None and item is appending[-1]:
+                meta["facts_note"] = note[0]
             self.store.append_message(
                 conversation.id, "user", item.text, created=item.received,
                 channel_message_ids=(item.platform_id,) if item.platform_id else (),
                 attachments=(*item.attachments, *self._as_file(item.text, conversation)),
                 meta=meta,
             )
+        if note is not None and self.facts is not None:
+            # After the message that carries the line: a crash (or a write that fails) in
+            # between announces it again on the next message (harmless), never not at all.
+            try:
+                self.facts.freeze(conversation.id, note[1])
+            except StoreError as exc:
+                log.warning("conversation %s: cannot note the facts change (%s)",
+                            conversation.id, exc)
         if items:
             # Touched here, saved once per turn: with the reply (`_save_reply`), or when the
             # turn ends without one (`_fail`, parked). Until then the appended messages are
@@ -554,6 +576,27 @@ class TurnRunner:
             # in between rotates no sooner than if this had been saved.
             conversation = conversation.touched(now)
         return conversation, list(items)
+
+    def _facts_changed(self, conversation: Conversation) -> tuple[str, FrozenFacts] | None:
+        """The line announcing facts kept or forgotten since the conversation's block was
+        made, and the frozen facts that know of them; None when nothing changed (or the
+        conversation has no block yet: it is made from the facts as they are now)."""
+        person = person_of(conversation.chat_key, self.settings)
+        if self.facts is None or person is None:
+            return None
+        frozen = self.facts.frozen(conversation.id)
+        if frozen is None or frozen.person != person.name:
+            return None
+        try:
+            now = [f.text for f in self.facts.facts(person)]
+        except StoreError as exc:  # unreadable: the conversation goes on without the news
+            log.warning("facts of %s unreadable (%s)", person.name, exc)
+            return None
+        added = [t for t in now if not any(same_fact(t, k) for k in frozen.known)]
+        removed = [k for k in frozen.known if not any(same_fact(k, t) for t in now)]
+        if not added and not removed:
+            return None
+        return facts_note(added, removed), replace(frozen, known=tuple(now))
 
     def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:
         """A message too large for the whole window is also stored as a text file, so that the

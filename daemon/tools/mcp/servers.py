@@ -200,11 +200,13 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
             else f"arguments: {error.message}")[:300]
 
 
-def with_servers(settings: McpSettings, state_dir: Path) -> tuple[Registry, McpServers]:
-    """The registry of every roost process that runs turns: the built-in tools and one
-    capability per configured MCP server (started by `McpServers.start`)."""
-    registry = Registry()
-    register_builtin(registry)
+def with_servers(settings: McpSettings, state_dir: Path,
+                 registry: Registry | None = None) -> tuple[Registry, McpServers]:
+    """`registry` (else one of the core built-ins) with one capability per configured MCP
+    server (started by `McpServers.start`)."""
+    if registry is None:
+        registry = Registry()
+        register_builtin(registry)
     servers = McpServers(settings, state_dir, registry)
     servers.register()
     return registry, servers

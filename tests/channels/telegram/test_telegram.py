@@ -39,6 +39,7 @@ from daemon.core.conversations import Message
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.engine.chat_commands import GREETING, Commands
+from daemon.engine.memory_commands import MemoryCommands
 from daemon.engine.workers import Engine
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
@@ -179,8 +180,9 @@ async def test_start_fixture_is_answered_with_the_greeting(
     assert fake_telegram.webhook["secret_token"] == SECRET
     assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message",
                                                         "callback_query"]
-    assert {c["command"] for c in fake_telegram.commands} == Commands.names
-    assert {c for c, _ in COMMANDS} == Commands.names
+    every = Commands.names | MemoryCommands.names
+    assert {c["command"] for c in fake_telegram.commands} == every
+    assert {c for c, _ in COMMANDS} == every
 
     # The fixture predates `is_bot` and has no bot_command entity: still a /start command.
     assert await daemon.post(fixture("private_text_start.json")) == 200

@@ -178,7 +178,8 @@ def test_read_only_commands_need_no_channel_secrets(tmp_path: Path) -> None:
     assert "ROOST_TELEGRAM_TOKEN" in doctor.stdout
     chat = subprocess.run([sys.executable, "-m", "daemon", "chat", "--config", str(config)],
                           input="", capture_output=True, text=True, timeout=30)
-    assert chat.returncode == 69  # past the config: it stops at the unreachable Ollama
+    assert chat.returncode == 0  # past the config: it warns of the unreachable Ollama
+    assert "cannot reach Ollama" in chat.stderr
     refused = run("run", "--config", str(config))
     assert refused.returncode == 78 and "ROOST_TELEGRAM_TOKEN" in refused.stderr
 

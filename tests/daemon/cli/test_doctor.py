@@ -17,6 +17,7 @@ from daemon.store import Store
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.transcription import FakeTranscriber
 
 SECRET = "s3cret_-X"
 HOOK_URL = "https://bot.example.org/webhooks/telegram"
@@ -311,3 +312,35 @@ async def test_no_webhook_after_roost_has_run_still_fails(
     [line] = lines
     assert line.startswith(f"FAIL telegram webhook: Telegram has no webhook, the config says "
                            f"{HOOK_URL} -> fix: start `roost run`"), line
+
+
+async def test_the_voice_backend_is_checked_with_a_test_recording_and_a_fix_when_it_fails(
+        tmp_path: Path, fake_ollama: FakeOllama) -> None:
+    async with FakeTranscriber(key="sk-voice") as whisper:
+        config = write_config(tmp_path, fake_ollama.url)
+        config.write_text(config.read_text()
+                          + f'[voice]\nbackend = "http"\nurl = "{whisper.url}"\n')
+        status, out = await doctor(config, ROOST_VOICE_KEY="sk-voice")
+        assert status == 0, out
+        assert f"ok   voice (http): {whisper.url} transcribed a test recording" in out
+        status, out = await doctor(config)  # no key
+        (line,) = failed(out)
+        assert line.startswith("FAIL voice (http): the transcription server at")
+        assert "answered 401" in line and "-> fix: set ROOST_VOICE_KEY" in line
+    status, out = await doctor(config, ROOST_VOICE_KEY="sk-voice")  # the server is gone
+    (line,) = failed(out)
+    assert "is not answering -> fix: start the transcription server" in line
+    assert "sk-voice" not in out
+
+
+async def test_faster_whisper_that_cannot_load_is_a_doctor_failure_with_the_fix(
+        tmp_path: Path, fake_ollama: FakeOllama) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    config.write_text(config.read_text() + '[voice]\nbackend = "faster-whisper"\n'
+                      f'model = "{tmp_path / "no-such-model"}"\ndevice = "cpu"\n')
+    status, out = await doctor(config)
+    assert status == 1
+    (line,) = failed(out)
+    assert line.startswith("FAIL voice (faster-whisper): ")
+    assert ("faster-whisper is not installed -> fix: install the extra: pip install "
+            "'roost[voice]'" in line) or "could not load the model" in line, line

@@ -428,3 +428,30 @@ def test_default_timezone_follows_tz(env: dict[str, str]) -> None:
     assert Settings.defaults(env | {"TZ": "Asia/Tokyo"}).daemon.timezone == "Asia/Tokyo"
     zone = Settings.defaults(env | {"TZ": "not/a-zone"}).daemon.tz  # falls back, never fails
     assert zone.key
+
+
+def test_identities_link_a_persons_chats(tmp_path: Path, env: dict[str, str]) -> None:
+    settings = load_settings(write(tmp_path, '[identities]\nowner = ["telegram:1111111", '
+                                   '"whatsapp:972544401243", "console:local"]\n'), env=env)
+    assert dict(settings.identities) == {
+        "owner": ("telegram:1111111", "whatsapp:972544401243", "console:local")}
+    with pytest.raises(TypeError):
+        settings.identities["x"] = ()  # type: ignore[index]
+    assert dict(load_settings(env=env).identities) == {}
+
+
+@pytest.mark.parametrize(("text", "key", "problem"), [
+    ('owner = ["telegram:-1001234567890"]', "identities.owner[0]", "a person's chat"),
+    ('owner = ["telegram:1111111:5"]', "identities.owner[0]", "a person's chat"),
+    ('owner = ["log"]', "identities.owner[0]", "a person's chat"),
+    ('owner = "telegram:1111111"', "identities.owner", "expected an array"),
+    ("owner = []", "identities.owner", "at least one chat"),
+    ('Owner = ["telegram:1"]', "identities.Owner", "lowercase"),
+    ('a = ["telegram:1"]\nb = ["whatsapp:2", "telegram:1"]', "identities.b",
+     "telegram:1 is already in identity 'a'"),
+])
+def test_bad_identities_name_the_key(tmp_path: Path, env: dict[str, str], text: str, key: str,
+                                     problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, f"[identities]\n{text}\n"), env=env)
+    assert caught.value.key == key and problem in caught.value.problem

@@ -159,7 +159,7 @@ async def test_twelve_30kb_tool_results_in_one_turn_stay_within_the_budget(
         return pages[name]
 
     setup.engine.parts.registry.register(Capability(
-        name="web", core=True, description="fetch pages", tools=(Tool(
+        name="pages", core=True, description="fetch pages", tools=(Tool(
             "fetch_page", "Fetch a page by name.",
             {"type": "object", "properties": {"name": {"type": "string"}},
              "required": ["name"]}, fetch_page),)))
@@ -416,7 +416,7 @@ async def test_the_next_turn_shows_a_long_tool_result_exactly_as_the_turn_did(
     async def fetch(context: object) -> str:
         return page
 
-    setup.engine.parts.registry.register(Capability(name="web", core=True, description="pages",
+    setup.engine.parts.registry.register(Capability(name="pages", core=True, description="pages",
                                               tools=(Tool("fetch", "Fetch the page.",
                                                           {"type": "object", "properties": {}},
                                                           fetch),)))

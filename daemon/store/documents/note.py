@@ -1,0 +1,75 @@
+"""What the attachment note of a PDF, DOCX or XLSX says beyond name, type and size: its pages,
+paragraphs or sheets, and the tools that read it. Called while the file is stored (in a
+thread), so the parse runs in the bounded pool: a hostile file gets a note that says it could
+not be read, and the message it came with is still answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon.core.errors import DocumentError
+from daemon.core.logs import store_log as log
+from daemon.store.documents.pool import WorkerPool, shared_pool
+
+PDF = "pdf"
+DOCX = "docx"
+XLSX = "xlsx"
+_MIMES = {"application/pdf": PDF,
+          "application/vnd.openxmlformats-officedocument.wordprocessingml.document": DOCX,
+          "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet": XLSX}
+_SUFFIXES = {".pdf": PDF, ".docx": DOCX, ".xlsx": XLSX}
+ACTIVATE = 'tool_activate("documents") loads them'
+
+
+def kind_of(name: str, mime: str) -> str | None:
+    """"pdf", "docx", "xlsx" or None (then the plain note stays)."""
+    return _MIMES.get(mime) or _SUFFIXES.get(Path(name).suffix.lower())
+
+
+def describe(path: Path, ref: str, kind: str, pool: WorkerPool | None = None) -> str:
+    """The tail of the note for a stored document of `kind`."""
+    pool = pool or shared_pool()
+    try:
+        if kind == PDF:
+            return _pdf(pool.call("pdf_info", str(path)), ref)
+        if kind == DOCX:
+            return _docx(pool.call("docx_info", str(path)), ref)
+        return _xlsx(pool.call("xlsx_info", str(path)), ref)
+    except DocumentError as exc:
+        log.info("a stored %s could not be read: %s", kind, exc)
+        return f"a {kind.upper()} I could not read: {exc}"
+
+
+def _titled(title: object) -> str:
+    return f' titled "{title}"' if title else ""
+
+
+def _pdf(info: dict[str, object], ref: str) -> str:
+    pages = int(str(info["pages"]))
+    plural = "" if pages == 1 else "s"
+    head = f"a PDF of {pages} page{plural}{_titled(info.get('title'))}"
+    if not info.get("text_layer"):
+        return (f"{head} with no text layer (a scan or images): pdf_read finds no text in it; "
+                "if you can see images, ask the user to send the pages you need as photos")
+    return (f'{head}: pdf_info("{ref}"), pdf_read("{ref}", 1, {min(pages, 5)}) and '
+            f'pdf_search("{ref}", "words") read it a page range at a time ({ACTIVATE})')
+
+
+def _docx(info: dict[str, object], ref: str) -> str:
+    blocks = int(str(info["blocks"]))
+    tables = int(str(info["tables"]))
+    extra = f", {tables} table" + ("" if tables == 1 else "s") if tables else ""
+    return (f"a Word document{_titled(info.get('title'))} of {info['words']} words in {blocks} "
+            f'paragraphs{extra}: docx_read("{ref}", 1, {min(blocks, 40) or 1}) reads them by '
+            f"paragraph range ({ACTIVATE})")
+
+
+def _xlsx(info: dict[str, object], ref: str) -> str:
+    sheets = info["sheets"]
+    assert isinstance(sheets, list)
+    listed = ", ".join(f'"{s["name"]}" ({s["rows"]} rows x {s["cols"]} columns)'
+                       for s in sheets[:10])
+    more = f" and {len(sheets) - 10} more" if len(sheets) > 10 else ""
+    first = sheets[0]["name"] if sheets else ""
+    return (f"a spreadsheet with sheets {listed}{more}: xlsx_read(\"{ref}\", \"{first}\", "
+            f'"A1:H30") shows a range as a table ({ACTIVATE})')

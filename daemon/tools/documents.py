@@ -1,0 +1,160 @@
+"""The `documents` capability: PDF, DOCX and XLSX files the user sent, read a range at a time.
+
+A tool opens only a file whose reference is on a message of a conversation in scope
+(`builtin.sent_file`, the check `file_read` uses): never a path the model makes up. The parse
+runs in the bounded worker pool (`daemon.store.documents.pool`), through a thread so the event
+loop never waits; a damaged, encrypted or hostile file is an error result that says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from daemon.core.errors import DocumentError
+from daemon.store.documents.pool import WorkerPool, shared_pool
+from daemon.tools.builtin import ToolContext, sent_file
+from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.untrusted import labelled
+
+READ_CAP_CHARS = 8_000
+PAGES_PER_READ = 10
+BLOCKS_PER_READ = 60
+# The pool kills a job after its own time; this only bounds the wait for a free worker too.
+TOOL_TIMEOUT = 60.0
+
+
+class Documents:
+    """The handlers, over one worker pool."""
+
+    def __init__(self, pool: WorkerPool | None = None) -> None:
+        self._pool = pool
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self._pool or shared_pool()
+
+    async def _open(self, ctx: ToolContext, path: str, job: str, *args: Any) -> Any:
+        target = await asyncio.to_thread(sent_file, ctx, path)
+        if target is None:
+            raise _Refusal(f"ERROR: {path!r} is not a file the user sent; paths look like "
+                           "attachments/2026-12/<id>.pdf, as given in the file's note.")
+        try:
+            return await asyncio.to_thread(self.pool.call, job, str(target), *args)
+        except DocumentError as exc:
+            raise _Refusal(f"ERROR: {path} could not be read: {exc}") from exc
+
+    async def pdf_info(self, ctx: ToolContext, path: str) -> str:
+        try:
+            info = await self._open(ctx, path, "pdf_info")
+        except _Refusal as exc:
+            return str(exc)
+        layer = ("has a text layer" if info["text_layer"] else
+                 "has no text layer on its first pages (a scan): pdf_read finds no text")
+        title = f', titled "{info["title"]}"' if info["title"] else ""
+        return labelled("PDF details", path, f"{info['pages']} pages{title}; it {layer}.")
+
+    async def pdf_read(self, ctx: ToolContext, path: str, from_page: int = 1,
+                       to_page: int = 0) -> str:
+        first = max(from_page, 1)
+        last = to_page if to_page >= first else first + 4
+        last = min(last, first + PAGES_PER_READ - 1)
+        try:
+            got = await self._open(ctx, path, "pdf_read", first, last, READ_CAP_CHARS)
+        except _Refusal as exc:
+            return str(exc)
+        pages = got["pages"]
+        if first > pages:
+            return f"ERROR: {path} has {pages} pages; there is no page {first}."
+        body = "\n".join(f"--- page {n} ---\n{text or '(no text on this page)'}"
+                         for n, text in got["texts"])
+        shown = got["texts"][-1][0] if got["texts"] else first
+        after = f"Pages {first}-{shown} of {pages}."
+        wanted = min(pages, to_page if to_page >= first else pages)
+        if shown < wanted:
+            after += f' More: pdf_read("{path}", {got["next"] or shown + 1}, {wanted})'
+        return labelled("PDF text", path, body, after)
+
+    async def pdf_search(self, ctx: ToolContext, path: str, query: str,
+                         from_page: int = 1) -> str:
+        try:
+            got = await self._open(ctx, path, "pdf_search", query, from_page)
+        except _Refusal as exc:
+            return str(exc)
+        hits = got["hits"]
+        where = f"pages {max(from_page, 1)}-{got['searched_to']} of {got['pages']}"
+        more = (f' The rest: pdf_search("{path}", "{query}", {got["next"]})'
+                if got["next"] else "")
+        if not hits:
+            return f"No page of {path} ({where}) holds all of {query!r}.{more}"
+        body = "\n".join(f"page {n}: {line}" for n, line in hits)
+        return labelled("PDF search results", path, body,
+                        f"{len(hits)} pages matched in {where}; pdf_read(path, page, page) "
+                        f"reads one.{more}")
+
+    async def docx_read(self, ctx: ToolContext, path: str, from_paragraph: int = 1,
+                        to_paragraph: int = 0) -> str:
+        first = max(from_paragraph, 1)
+        last = to_paragraph if to_paragraph >= first else first + BLOCKS_PER_READ - 1
+        try:
+            got = await self._open(ctx, path, "docx_read", first, last, READ_CAP_CHARS)
+        except _Refusal as exc:
+            return str(exc)
+        if first > got["blocks"]:
+            return f"ERROR: {path} has {got['blocks']} paragraphs; there is no {first}."
+        body = "\n\n".join(text for _, text in got["items"])
+        shown = got["items"][-1][0] if got["items"] else first
+        after = f"Paragraphs {first}-{shown} of {got['blocks']}."
+        if got["next"] or shown < got["blocks"]:
+            after += f' More: docx_read("{path}", {got["next"] or shown + 1})'
+        return labelled("Word document text", path, body, after)
+
+    async def xlsx_read(self, ctx: ToolContext, path: str, sheet: str = "",
+                        cells: str = "") -> str:
+        try:
+            got = await self._open(ctx, path, "xlsx_read", sheet, cells.strip())
+        except _Refusal as exc:
+            return str(exc)
+        after = f'Sheet "{got["sheet"]}", cells {got["range"]}.'
+        if got["more"]:
+            after += f' More: xlsx_read("{path}", "{got["sheet"]}", "{got["more"]}")'
+        return labelled("spreadsheet cells", path, got["table"] or "(empty)", after)
+
+
+class _Refusal(DocumentError):
+    """Control flow: the error result to return instead of what was read."""
+
+
+def _schema(properties: dict[str, dict[str, str]], *required: str) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
+_PATH = {"type": "string", "description": "the attachments/... path from the file's note"}
+
+
+def register_documents(registry: Registry, pool: WorkerPool | None = None) -> Documents:
+    """The `documents` capability, loaded on demand."""
+    docs = Documents(pool)
+    registry.register(Capability(
+        name="documents", group="files",
+        description="read PDF, Word (.docx) and Excel (.xlsx) files the user sent",
+        tools=(
+            Tool("pdf_info", "Page count, title and whether a PDF has a text layer.",
+                 _schema({"path": _PATH}, "path"), docs.pdf_info, TOOL_TIMEOUT),
+            Tool("pdf_read", f"Text of a PDF's pages from_page..to_page (at most "
+                 f"{PAGES_PER_READ} pages a call).",
+                 _schema({"path": _PATH, "from_page": {"type": "integer"},
+                          "to_page": {"type": "integer"}}, "path"), docs.pdf_read, TOOL_TIMEOUT),
+            Tool("pdf_search", "Pages of a PDF holding all the words, with a line of context.",
+                 _schema({"path": _PATH, "query": {"type": "string"},
+                          "from_page": {"type": "integer"}}, "path", "query"),
+                 docs.pdf_search, TOOL_TIMEOUT),
+            Tool("docx_read", "Paragraphs (tables as Markdown) of a Word document by range.",
+                 _schema({"path": _PATH, "from_paragraph": {"type": "integer"},
+                          "to_paragraph": {"type": "integer"}}, "path"),
+                 docs.docx_read, TOOL_TIMEOUT),
+            Tool("xlsx_read", "A sheet or a range (like A1:F40) of a spreadsheet as a table.",
+                 _schema({"path": _PATH, "sheet": {"type": "string"},
+                          "cells": {"type": "string"}}, "path"), docs.xlsx_read, TOOL_TIMEOUT),
+        )))
+    return docs

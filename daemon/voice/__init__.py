@@ -1,0 +1,1 @@
+"""Voice notes and audio files transcribed before their turn (README, "Voice notes")."""

@@ -1,0 +1,84 @@
+"""The address guard refuses private, loopback, link-local and metadata addresses at the
+resolution step: a resolver the test controls hands out the addresses, and the check runs on
+exactly what it returned. Nothing here opens a connection: were the guard wrong, the test
+fails on the returned addresses instead of sending traffic anywhere."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from daemon.core.errors import WebRefused
+from daemon.tools.web.guard import Guard, GuardedResolver
+
+REFUSED = ["10.0.0.5", "10.255.1.1", "172.16.0.1", "172.31.255.254", "192.168.1.1",
+           "169.254.169.254", "169.254.1.1", "127.0.0.1", "127.0.0.2", "0.0.0.0",
+           "100.64.0.1", "224.0.0.1", "::1", "fc00::1", "fd00:ec2::254", "fe80::1",
+           "::ffff:10.0.0.1", "::ffff:169.254.169.254", "::"]
+PUBLIC = ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"]
+
+
+class Resolver:
+    """Names to addresses, as the test says; records what was asked."""
+
+    def __init__(self, table: dict[str, list[str]]) -> None:
+        self.table = table
+        self.asked: list[str] = []
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        self.asked.append(host)
+        return self.table[host.lower().rstrip(".")]
+
+
+@pytest.mark.parametrize("address", REFUSED)
+async def test_a_name_that_resolves_inside_is_refused(address: str) -> None:
+    resolve = Resolver({"innocent.example": [address]})
+    guard = Guard(resolve=resolve)
+    with pytest.raises(WebRefused, match="private, loopback, link-local or reserved"):
+        await guard.addresses("innocent.example", 80)
+    # And through the resolver aiohttp connects with: nothing to connect to comes back.
+    with pytest.raises(WebRefused):
+        await GuardedResolver(guard).resolve("innocent.example", 80)
+    assert resolve.asked == ["innocent.example", "innocent.example"]
+
+
+@pytest.mark.parametrize("address", REFUSED)
+async def test_an_address_written_in_the_url_is_refused_without_resolving(address: str) -> None:
+    resolve = Resolver({})
+    guard = Guard(resolve=resolve)
+    with pytest.raises(WebRefused):
+        await guard.addresses(f"[{address}]" if ":" in address else address, 443)
+    assert resolve.asked == []
+
+
+async def test_one_inside_address_among_public_ones_refuses_the_name() -> None:
+    # A rebinding name answers with a public address and the metadata one: not fetched at all.
+    guard = Guard(resolve=Resolver({"rebind.example": ["93.184.216.34", "169.254.169.254"]}))
+    with pytest.raises(WebRefused, match=r"169\.254\.169\.254"):
+        await guard.addresses("rebind.example", 80)
+
+
+async def test_public_addresses_pass_and_are_exactly_what_the_connection_uses() -> None:
+    guard = Guard(resolve=Resolver({"example.org": PUBLIC}))
+    assert await guard.addresses("example.org", 443) == PUBLIC
+    results = await GuardedResolver(guard).resolve("example.org", 443)
+    assert [(r["host"], r["port"], r["hostname"]) for r in results] == [
+        (a, 443, "example.org") for a in PUBLIC]
+    assert [r["family"] for r in results] == [socket.AF_INET, socket.AF_INET, socket.AF_INET6]
+
+
+async def test_allow_private_and_allow_hosts_let_inside_addresses_through() -> None:
+    table = {"nas.lan": ["192.168.1.20"], "printer.lan": ["192.168.1.30"]}
+    assert await Guard(allow_private=True, resolve=Resolver(table)).addresses(
+        "printer.lan", 80) == ["192.168.1.30"]
+    only_nas = Guard(allow_hosts=frozenset({"nas.lan"}), resolve=Resolver(table))
+    assert await only_nas.addresses("nas.lan", 80) == ["192.168.1.20"]
+    assert await only_nas.addresses("NAS.lan.", 80) == ["192.168.1.20"]
+    with pytest.raises(WebRefused):
+        await only_nas.addresses("printer.lan", 80)
+
+
+async def test_a_name_without_addresses_is_refused() -> None:
+    with pytest.raises(WebRefused, match="no address"):
+        await Guard(resolve=Resolver({"void.example": []})).addresses("void.example", 80)
