@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from daemon.core.approval import KEYS, Button, parse
-from daemon.core.messages import Outbound
+from daemon.core.messages import Outbound, ReplySink
 
 CHAT_KEY = "console:local"
 
@@ -45,7 +45,13 @@ class ConsoleChannel:
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return contextlib.nullcontext(self)
+
+    def status(self, line: str) -> None:
+        """Not shown: the terminal shows the words as they come."""
+
+    def write(self, delta: str) -> None:
         self.clear_waiting()
         if not self._streamed:
             self.out.write("roost> ")
@@ -59,7 +65,9 @@ class ConsoleChannel:
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the
             # answer was cut off, say) is still to show.
-            rest = outbound.text[len(streamed):] if outbound.text.startswith(streamed) else ""
+            # (A stopped reply ends where it was stopped, less trailing spaces, then its mark.)
+            shown = streamed.rstrip()
+            rest = outbound.text[len(shown):] if outbound.text.startswith(shown) else ""
             self.out.write(f"{rest}\n")
             self.out.flush()
             return

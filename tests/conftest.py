@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from daemon.core.config import Settings
-from daemon.core.messages import Outbound
+from daemon.core.messages import Outbound, ReplySink
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -72,9 +72,16 @@ class RecordingChannel:
         self.name = name
         self.sent: list[Outbound] = []
         self.deltas: list[str] = []
+        self.statuses: list[str] = []
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return contextlib.nullcontext(self)
+
+    def write(self, delta: str) -> None:
         self.deltas.append(delta)
+
+    def status(self, line: str) -> None:
+        self.statuses.append(line)
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()

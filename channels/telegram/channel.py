@@ -28,7 +28,7 @@ import html
 import json
 import re
 import warnings
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from channels.formatting import split_telegram, split_text
 from channels.media import attachment_limits
 from channels.progress import Progress
 from channels.telegram.callbacks import Callbacks
+from channels.telegram.drafts import Draft
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
@@ -60,7 +61,7 @@ from daemon.core.approval import Approver
 from daemon.core.config import AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.logs import telegram_log as log
-from daemon.core.messages import Outbound
+from daemon.core.messages import UNSEEN, Outbound, ReplySink
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store
@@ -71,6 +72,8 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secret_token
 _TAG = re.compile(r"<[^>]*>")
 SMALLER_PIECE = 1024  # characters: the last try for a part Telegram refused whole
+# A chat flag: ids of a reply's parts sent while it was written, until its delivery takes them.
+STREAMED_FLAG = "streamed_parts"
 
 # Shown in Telegram's command menu; the engine runs them (daemon/engine/chat_commands.py).
 COMMANDS = (
@@ -79,6 +82,8 @@ COMMANDS = (
     ("compact", "Fold the older part of this conversation into its summary"),
     ("status", "Model, window and the size of this conversation"),
     ("transcript", "What I heard in your last voice note"),
+    ("stop", "Stop the reply being written"),
+    ("model", "List the models, or switch this chat: /model NAME"),
     ("remember", "Keep a fact about you for every conversation"),
     ("memory", "The facts roost keeps about you, numbered"),
     ("forget", "Forget fact number N (see /memory)"),
@@ -176,20 +181,94 @@ class TelegramChannel:
 
     name = "telegram"
 
-    def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0) -> None:
+    def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0,
+                 drafts: bool = True, draft_interval: float = 0.7) -> None:
         self.bot = bot
         self.store = store
         self.progress = Progress(store)
         self.typing_interval = typing_interval
+        self.drafts = drafts  # telegram.streaming = "draft"
+        self.draft_interval = draft_interval
+        self._no_drafts: set[int] = set()  # chats whose drafts Telegram refused outright
+        self._drafting: dict[str, Draft] = {}  # chat key -> its running turn's draft
+        self._streamed: dict[str, list[str]] = {}  # reply id -> its parts sent while written
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        """Ignored: a Telegram reply is sent whole (editing a message per token would run into
-        the flood limits); "typing…" shows that an answer is coming."""
+    @contextlib.asynccontextmanager
+    async def streaming(self, chat_key: str) -> AsyncIterator[ReplySink]:
+        """The reply as it is written, in a draft (channels/telegram/drafts.py) in private
+        chats and their topics. Groups keep "typing…": the Bot API takes drafts only in
+        private chats, and a preview message edited as it grows would be a second record of
+        the reply beside the outbox, orphaned by a crash mid-stream."""
+        chat_id, topic = address_of(chat_key)
+        if not self.drafts or chat_id < 0 or chat_id in self._no_drafts:
+            yield UNSEEN
+            return
+        where = _Destination(chat_id, topic, None)
+
+        async def send_part(part: str) -> str | None:
+            try:
+                return await self._send_whole(where, part, chat_key)
+            except TelegramError as exc:  # the reply's delivery sends it, and tells of errors
+                log.info("a finished part for %s did not go out early: %s", chat_key, exc)
+                return None
+
+        async def keep(ids: list[str]) -> None:
+            await asyncio.to_thread(self.store.set_chat_flag, chat_key, STREAMED_FLAG, ids)
+
+        draft = Draft(self.bot, chat_id, topic, interval=self.draft_interval,
+                      refused=lambda: self._no_drafts.add(chat_id), send_part=send_part,
+                      keep=keep)
+        draft.start()
+        self._drafting[chat_key] = draft
+        try:
+            yield draft
+        finally:
+            if self._drafting.get(chat_key) is draft:
+                del self._drafting[chat_key]
+            await draft.close()
+            if draft.part_ids:
+                await self._hand_over(chat_key, draft.parts, draft.part_ids)
+
+    async def _hand_over(self, chat_key: str, parts: list[str], ids: list[str]) -> None:
+        """The parts sent while the reply was written become its first parts, when the turn
+        saved a reply that begins with them (its delivery then sends only the rest); else
+        (the turn failed, or the reply renders differently) they are deleted, and the reply,
+        if any, goes out whole."""
+        pending = await asyncio.to_thread(self.store.outbox_pending, chat_key)
+        for doc in reversed(pending):
+            reply = Outbound.from_doc(doc)
+            if reply.kind == "reply" and reply.parts_sent == 0 and \
+                    split_telegram(reply.text)[:len(parts)] == parts:
+                self._streamed[reply.id] = ids
+                return
+        await self._delete(chat_key, ids)
+
+    async def _delete(self, chat_key: str, ids: list[str]) -> None:
+        chat_id, _ = address_of(chat_key)
+        for message_id in ids:
+            try:
+                await self.bot.delete_message(chat_id, int(message_id))
+            except TelegramError as exc:  # too old, or gone: nothing more to do about it
+                log.info("could not delete an early part in %s: %s", chat_key, exc)
+        await asyncio.to_thread(self.store.set_chat_flag, chat_key, STREAMED_FLAG, None)
+
+    async def clear_orphans(self) -> None:
+        """At start: parts a crash left sent while their reply was written, and not handed to
+        a reply's delivery (their ids are in no outbox item), are deleted: the reply, written
+        again or resumed from the outbox, goes out whole."""
+        flagged = await asyncio.to_thread(self.store.chats_with_flag, STREAMED_FLAG)
+        for chat_key, ids in flagged.items():
+            pending = await asyncio.to_thread(self.store.outbox_pending, chat_key)
+            recorded = {i for doc in pending for i in doc.get("platform_ids", ())}
+            await self._delete(chat_key, [i for i in ids if i not in recorded])
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         chat_id, topic = address_of(chat_key)
 
         async def show() -> None:
+            draft = self._drafting.get(chat_key)
+            if draft is not None and draft.sent:
+                return  # the draft shows the reply coming: "typing…" would be one call more
             try:
                 await self.bot.send_chat_action(chat_id, ChatAction.TYPING,
                                                 message_thread_id=topic)
@@ -203,6 +282,12 @@ class TelegramChannel:
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
         done, ids = self.progress.start(outbound)
+        streamed = self._streamed.pop(outbound.id, None)
+        if streamed and not done:  # its first parts went out while it was written
+            done, ids = len(streamed), list(streamed)
+            await self.progress.record(outbound, done, ids, more=done < len(parts))
+            await asyncio.to_thread(self.store.set_chat_flag, outbound.chat_key, STREAMED_FLAG,
+                                    None)
         for index in range(done, len(parts)):
             # In a group the answer quotes the message that asked, so everyone sees whom it
             # answers; sent anyway when that message has been deleted meanwhile.
@@ -315,7 +400,9 @@ class Telegram:
         self.application = build_application(settings, self.tuning)
         self.bot = self.application.bot
         self.channel = TelegramChannel(self.bot, store,
-                                       typing_interval=self.tuning.typing_interval)
+                                       typing_interval=self.tuning.typing_interval,
+                                       drafts=settings.streaming == "draft",
+                                       draft_interval=settings.draft_interval)
         self.identity: BotIdentity | None = None
         self.intake: TelegramIntake | None = None
         self._polling = False
@@ -362,6 +449,7 @@ class Telegram:
                                      access=self.access,
                                      callbacks=Callbacks(self.bot, approver))
         await self.intake.resume()
+        await self.channel.clear_orphans()
         try:
             await self.bot.set_my_commands([BotCommand(c, d) for c, d in COMMANDS])
         except TelegramError as exc:  # only the command menu is missing: not worth stopping for

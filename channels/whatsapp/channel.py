@@ -27,7 +27,7 @@ import hmac
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,7 +64,7 @@ from daemon.core.config import AttachmentSettings, WhatsAppSettings
 from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.core.logs import whatsapp_log as log
-from daemon.core.messages import Inbound, Outbound
+from daemon.core.messages import UNSEEN, Inbound, Outbound, ReplySink
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access, Gate
 from daemon.store import Store
@@ -144,11 +144,43 @@ class WhatsAppChannel:
         self.last_inbound: dict[str, float] = {}  # chat key -> when the user last wrote
         self.inbound_stored: dict[str, float] = {}  # chat key -> that time as last stored
         self.sent: OrderedDict[str, _Sent] = OrderedDict()  # wamid -> what it carried
+        # The "typing…" of each chat's running turn, and the chats where it shows already.
+        self._turn_typing: dict[str, contextlib.AsyncExitStack] = {}
+        self._typing_shown: set[str] = set()
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        """Ignored: WhatsApp messages cannot be edited as they grow."""
+    @contextlib.asynccontextmanager
+    async def streaming(self, chat_key: str) -> AsyncIterator[ReplySink]:
+        """WhatsApp has no drafts (and its messages cannot grow): the turn shows "typing…"
+        instead, kept up from its first model call to its end (see `working`), tools and
+        later calls included; leaving here stops it, before the reply is sent."""
+        typing = contextlib.AsyncExitStack()
+        self._turn_typing[chat_key] = typing
+        try:
+            yield UNSEEN
+        finally:
+            if self._turn_typing.get(chat_key) is typing:
+                del self._turn_typing[chat_key]
+            await typing.aclose()
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """"typing…" from the first time a turn holds the model (not while it waits for it)
+        to the turn's end, refreshed before WhatsApp drops it after 25 seconds; outside a
+        turn's `streaming`, for as long as the call holds the model."""
+        typing = self._turn_typing.get(chat_key)
+        if typing is None:
+            return self._typing(chat_key)
+        return self._typing_for_turn(chat_key, typing)
+
+    @contextlib.asynccontextmanager
+    async def _typing_for_turn(self, chat_key: str, typing: contextlib.AsyncExitStack
+                               ) -> AsyncIterator[None]:
+        if chat_key not in self._typing_shown:
+            self._typing_shown.add(chat_key)
+            typing.callback(self._typing_shown.discard, chat_key)
+            await typing.enter_async_context(self._typing(chat_key))
+        yield
+
+    def _typing(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         async def show() -> None:
             wamid = self.last_received.get(chat_key)
             if wamid is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from channels.console import CHAT_KEY, keys_line
-from daemon.core.messages import Inbound, Outbound
+from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.engine.workers import Engine
 
 SOCKET_NAME = "chat.sock"
@@ -49,8 +49,14 @@ class ChatSocket:
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return contextlib.nullcontext(self)
+
+    def write(self, delta: str) -> None:
         self._write({"delta": delta})
+
+    def status(self, line: str) -> None:
+        """Not shown: the terminal shows the words as they come, as `roost chat` alone does."""
 
     async def send(self, outbound: Outbound) -> None:
         # With no terminal connected the reply is in the conversation already (`roost

@@ -53,7 +53,7 @@ from daemon.core.errors import (
 )
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
-from daemon.core.messages import Channel, Inbound, Outbound
+from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
@@ -361,8 +361,8 @@ class _Counted:
         self.name = channel.name
         self.metrics = metrics
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        self.channel.stream_delta(chat_key, delta)
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return self.channel.streaming(chat_key)
 
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self.channel.working(chat_key)

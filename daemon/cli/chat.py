@@ -6,8 +6,9 @@ the store and runs the same engine itself. Either way replies stream token by to
 indicator shows (on a terminal) until the first one, a `/command` roost does not know is
 answered here and never reaches the model, and the prompt comes back when the model is down:
 the message is kept and answered once Ollama is back. Line editing and history come from
-readline, the history in the state directory (0600). Ctrl-D or Ctrl-C leaves; everything is on
-disk already.
+readline, the history in the state directory (0600). Ctrl-C while a reply is written stops it
+(what it wrote is kept, marked "(stopped)"), like /stop; Ctrl-D or Ctrl-C at the prompt leaves.
+Everything is on disk already, and a message interrupted mid-answer is answered at the next start.
 """
 
 from __future__ import annotations
@@ -16,18 +17,21 @@ import asyncio
 import contextlib
 import json
 import readline  # imported for its effect: input() gets line editing, and its prompt on stdout
+import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from channels.console import CHAT_KEY, ConsoleChannel, read_line
 from daemon.app.chat_socket import SOCKET_NAME
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError, LLMUnavailable, StoreError
-from daemon.core.messages import Inbound, Outbound
+from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.core.redact import redact_url
 from daemon.engine.chat_commands import Commands
+from daemon.engine.memory_commands import MemoryCommands
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -40,6 +44,9 @@ HISTORY_LENGTH = 1000
 # Send one line; return once the chat is idle or an answer was shown (so a model outage, told
 # in a notice, gives the prompt back while the message waits).
 Ask = Callable[[str], Awaitable[None]]
+# Stop the reply being written; False when none is (then Ctrl-C leaves).
+StopReply = Callable[[], bool]
+COMMANDS = Commands.names | MemoryCommands.names
 
 
 class _Shown:
@@ -54,8 +61,8 @@ class _Shown:
     def working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        self.console.stream_delta(chat_key, delta)
+    def streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
+        return self.console.streaming(chat_key)
 
     async def send(self, outbound: Outbound) -> None:
         await self.console.send(outbound)
@@ -70,11 +77,11 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
     if interactive:  # before anything can fail: the history saved at the end includes it
         _load_history(state_dir / HISTORY_FILE)
     try:
-        async with _session(settings, shown, err) as ask:
+        async with _session(settings, shown, err) as (ask, stop_reply):
             out.write(f"roost chat with {settings.model.name}. /help for commands, "
                       "Ctrl-D to leave.\n")
             out.flush()
-            await _converse(ask, shown, out, interactive)
+            await _converse(ask, stop_reply, shown, out, interactive)
     except StoreError as exc:
         err.write(f"roost: {exc}\n")
         return EX_CANTCREAT
@@ -86,41 +93,44 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
     return 0
 
 
-async def _converse(ask: Ask, shown: _Shown, out: TextIO, interactive: bool) -> None:
+async def _converse(ask: Ask, stop_reply: StopReply, shown: _Shown, out: TextIO,
+                    interactive: bool) -> None:
     try:
         while (line := await read_line("you> " if interactive else None)) is not None:
             if not line.strip():
                 continue
             command = Inbound(chat_key=CHAT_KEY, text=line, received=0).command
-            if command is not None and command not in Commands.names:
+            if command is not None and command not in COMMANDS:
                 out.write(f"[roost] /{command} is not a command; /help lists them. Nothing "
                           "was sent to the model.\n")
                 out.flush()
                 continue
             shown.answered.clear()
             shown.console.show_waiting()
-            await ask(line)
+            with _ctrl_c_stops_the_reply(stop_reply):
+                await ask(line)
             shown.console.clear_waiting()  # nothing came (the daemon stopped, say)
     except asyncio.CancelledError:
         out.write("\n")  # Ctrl-C: leave as cleanly as Ctrl-D
 
 
 @contextlib.asynccontextmanager
-async def _session(settings: Settings, shown: _Shown, err: TextIO) -> AsyncIterator[Ask]:
+async def _session(settings: Settings, shown: _Shown,
+                   err: TextIO) -> AsyncIterator[tuple[Ask, StopReply]]:
     path = settings.daemon.state_dir / SOCKET_NAME
     try:
         reader, writer = await asyncio.open_unix_connection(path, limit=1 << 20)
     except OSError:  # no daemon (no socket, or one left by a daemon that died): run it here
-        async with _local(settings, shown, err) as ask:
-            yield ask
+        async with _local(settings, shown, err) as session:
+            yield session
         return
-    async with _remote(reader, writer, shown) as ask:
-        yield ask
+    async with _remote(reader, writer, shown) as session:
+        yield session
 
 
 @contextlib.asynccontextmanager
 async def _remote(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  shown: _Shown) -> AsyncIterator[Ask]:
+                  shown: _Shown) -> AsyncIterator[tuple[Ask, StopReply]]:
     try:
         hello = json.loads(await asyncio.wait_for(reader.readline(), 10) or b"{}")
     except (TimeoutError, ValueError, OSError):
@@ -135,7 +145,7 @@ async def _remote(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         while line := await reader.readline():
             message = json.loads(line)
             if "delta" in message:
-                shown.stream_delta(CHAT_KEY, str(message["delta"]))
+                shown.console.write(str(message["delta"]))
             elif "send" in message:
                 sent = message["send"]
                 await shown.send(Outbound(chat_key=CHAT_KEY, text=str(sent["text"]), created=0,
@@ -154,8 +164,16 @@ async def _remote(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         await writer.drain()
         await _first(idle.wait(), shown.answered.wait(), receiving)
 
+    def stop_reply() -> bool:
+        # The daemon's engine acts on /stop the moment it arrives (and says nothing more when
+        # it stopped a reply), so Ctrl-C is the same as typing /stop.
+        if receiving.done():
+            return False
+        writer.write(json.dumps({"text": "/stop"}).encode() + b"\n")
+        return True
+
     try:
-        yield ask
+        yield ask, stop_reply
     finally:
         receiving.cancel()
         writer.close()
@@ -164,7 +182,8 @@ async def _remote(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 @contextlib.asynccontextmanager
-async def _local(settings: Settings, shown: _Shown, err: TextIO) -> AsyncIterator[Ask]:
+async def _local(settings: Settings, shown: _Shown,
+                 err: TextIO) -> AsyncIterator[tuple[Ask, StopReply]]:
     llm = ModelClient(settings.model)
     try:
         await _check_model(llm, settings, err)
@@ -198,7 +217,7 @@ async def _local(settings: Settings, shown: _Shown, err: TextIO) -> AsyncIterato
             err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
         await engine.start()
         await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
-        yield ask
+        yield ask, lambda: engine.stop_reply(CHAT_KEY)
     finally:
         await engine.stop(grace=0)
         await servers.stop()
@@ -249,3 +268,25 @@ def _save_history(path: Path) -> None:
         path.chmod(0o600)
     except OSError as exc:
         print(f"roost: cannot save the chat history to {path}: {exc.strerror}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_the_reply(stop_reply: StopReply) -> Iterator[None]:
+    """While a reply is being written, Ctrl-C stops it instead of the program; otherwise
+    asyncio.run's own handler runs (it cancels the chat: leave), and is put back after."""
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        def stop_or_leave() -> None:
+            # Nothing being written (the reply is out, or not begun): Ctrl-C leaves, as always.
+            if not stop_reply() and callable(previous):
+                previous(signum, frame)
+
+        loop.call_soon_threadsafe(stop_or_leave)
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -71,6 +71,8 @@ class TelegramSettings:
     api_base: str = "https://api.telegram.org/bot"
     file_base: str = "https://api.telegram.org/file/bot"
     allow: tuple[int, ...] = ()  # user ids
+    streaming: str = "draft"  # or "off": replies shown as they are written (sendMessageDraft)
+    draft_interval: float = 0.7  # seconds between two draft updates of one chat
     token: str | None = field(default=None, repr=False)
     secret: str | None = field(default=None, repr=False)
 
@@ -393,7 +395,11 @@ _SPECS: Mapping[str, _Spec] = {
         "max_calls": _at_least(1), "think": _BOOL},
     "telegram": {
         "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
-        "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id"))},
+        "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id")),
+        "streaming": _one_of("draft", "off"),
+        "draft_interval": _value(str, "a duration string such as '700ms'",
+                                 lambda v: 0.1 <= _seconds(v) <= 60, "must be 100ms to 60s",
+                                 _seconds)},
     "whatsapp": {
         "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
         "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),

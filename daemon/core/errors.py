@@ -13,6 +13,7 @@
     ├── WebError                    web_fetch or web_search could not get an answer
     │   └── WebRefused              the address guard refused a URL (private, loopback, ...)
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
+    ├── Stopped                     the user stopped the reply being written (/stop, Ctrl-C)
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
@@ -148,6 +149,11 @@ class Preempted(LLMError):
 
 class McpError(RoostError):
     """An MCP server is not running (yet, or any more), or a call to it failed."""
+
+
+class Stopped(RoostError):
+    """The user stopped the reply being written (/stop, or Ctrl-C in `roost chat`); the turn
+    keeps what was written."""
 
 
 class ChannelError(RoostError):

@@ -105,6 +105,34 @@ class Outbound:
         return cls(**known)
 
 
+class ReplySink(Protocol):
+    """One turn's reply as the model writes it, shown by the channel while the turn runs (a
+    Telegram draft, the terminal). What it shows is a preview: the reply itself still goes out
+    through the outbox once the turn has saved it."""
+
+    def write(self, delta: str) -> None:
+        """The next piece of the reply's text."""
+        ...
+
+    def status(self, line: str) -> None:
+        """What the model does instead of writing ("thinking...", "searching your
+        conversations..."), shown until more text comes."""
+        ...
+
+
+class _Unseen:
+    """The sink of a chat whose channel shows nothing while the reply is written."""
+
+    def write(self, delta: str) -> None:
+        pass
+
+    def status(self, line: str) -> None:
+        pass
+
+
+UNSEEN: ReplySink = _Unseen()
+
+
 class Channel(Protocol):
     """A messaging platform as the engine sees it."""
 
@@ -117,8 +145,10 @@ class Channel(Protocol):
         `platform_ids`: the platform's ids of what it sent)."""
         ...
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
-        """Show a piece of a reply as it is generated; channels that cannot stream ignore it."""
+    def streaming(self, chat_key: str) -> AbstractAsyncContextManager[ReplySink]:
+        """Held for a whole turn of the chat: the sink shows the reply as it is written
+        (channels that cannot show it ignore what they are given). Leaving it must stop
+        whatever it started, before the turn's reply is sent."""
         ...
 
     def working(self, chat_key: str) -> AbstractAsyncContextManager[None]:

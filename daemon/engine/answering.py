@@ -1,8 +1,11 @@
 """What a chat's worker does with the messages pending in its inbox: run the leading chat
 command, or answer the messages before the next command in one turn (their voice notes
-transcribed first, `daemon.voice.hearing`), in the channel's "working" context (typing...,
-later streaming). A turn that found the model unreachable parks
-the chat: the worker tries it again later, without telling the user again."""
+transcribed first, `daemon.voice.hearing`), in the channel's
+"working" context (typing...) and its streaming sink (the reply as it is written). /stop is
+acted on when it arrives (`stop`, from the engine's submit), not in its place in the queue,
+which the running turn holds; in its place it only says whether it found anything. A turn that
+found the model unreachable parks the chat: the worker tries it again later, without telling
+the user again."""
 
 from __future__ import annotations
 
@@ -13,14 +16,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from daemon.core.conversations import kind_of
-from daemon.core.messages import Channel, Inbound
+from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
 from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.model_choice import ModelChoice
 from daemon.store.facts import FactsBook
 from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF, Outcome
+from daemon.turn.streaming import not_streamed
 from daemon.voice.hearing import Hearing
+
+NOTHING_TO_STOP = "Nothing to stop: no reply is being written."
 
 
 class Answering:
@@ -36,12 +43,15 @@ class Answering:
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
                                  folder=parts.folder, clock=parts.clock,
                                  registry=parts.registry)
+        self.models = ModelChoice(settings=parts.settings, store=parts.store, llm=parts.llm,
+                                  router=parts.router, clock=parts.clock)
         self.memory = MemoryCommands(settings=parts.settings,
                                      facts=parts.facts or FactsBook(parts.store.files),
                                      clock=parts.clock)
-        self.turns = parts.runner(notify=notify, stream=self._stream, working=self._working,
-                                  ask=notify)
+        self.turns = parts.runner(notify=notify, streaming=self._streaming,
+                                  working=self._working, ask=notify)
         self.parked: set[str] = set()
+        self._stops: set[str] = set()  # ids of /stop messages that stopped a reply
 
     async def handle(self, items: list[Inbound],
                      doing: Callable[[list[dict[str, Any]]], None]) -> None:
@@ -53,8 +63,9 @@ class Answering:
             doing([items[0].to_doc()])
             reply = (await self.memory.run(command, items[0].text, chat_key)
                      if command in self.memory.names
-                     else await self.commands.run(command, chat_key))
-            await self.notify(chat_key, reply)
+                     else await self._command(command, items[0]))
+            if reply:
+                await self.notify(chat_key, reply)
             await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
             return
         handled = list(itertools.takewhile(
@@ -66,7 +77,8 @@ class Answering:
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.
         announce = chat_key not in self.parked
-        result = await self.turns.run(chat_key, handled, announce_outage=announce)
+        result = await self.turns.run(chat_key, handled, announce_outage=announce,
+                                      model=await self.models.model_of(chat_key))
         if result.outcome is Outcome.ANSWERED and result.conversation_id:
             self.parts.folder.schedule(result.conversation_id, urgent=result.crowded)
         if result.outcome is Outcome.PARKED:
@@ -79,10 +91,28 @@ class Answering:
         model = self.parts.settings.model
         return min(model.retry_backoff * 2**model.retry_attempts, MAX_BACKOFF)
 
-    def _stream(self, chat_key: str, delta: str) -> None:
+    def stop(self, inbound: Inbound) -> bool:
+        """/stop arrived: stop the reply being written in its chat, now; False when none is."""
+        if not self.turns.stops.stop(inbound.chat_key):
+            return False
+        self._stops.add(inbound.id)
+        return True
+
+    async def _command(self, command: str, inbound: Inbound) -> str:
+        """The answer to a command; empty for a /stop that stopped a reply (the reply,
+        marked stopped, says it)."""
+        if command == "stop":
+            if inbound.id in self._stops:
+                self._stops.discard(inbound.id)
+                return ""
+            return NOTHING_TO_STOP
+        if command == "model":
+            return await self.models.run(inbound.chat_key, inbound.text)
+        return await self.commands.run(command, inbound.chat_key)
+
+    def _streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:
         channel = self.channels.get(kind_of(chat_key))
-        if channel is not None:
-            channel.stream_delta(chat_key, delta)
+        return channel.streaming(chat_key) if channel is not None else not_streamed(chat_key)
 
     def _working(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[None]:
         channel = self.channels.get(kind_of(chat_key))

@@ -1,4 +1,5 @@
-"""Chat commands every channel understands: /new, /compact, /status, /help (and /start)."""
+"""Chat commands every channel understands: /new, /compact, /status, /help (and /start);
+/stop and /model are answered by daemon/engine/answering.py (stopping and model_choice.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from daemon.core.config import Settings
 from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.redact import redact_url
+from daemon.engine.model_choice import FLAG as MODEL_FLAG
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.tools.registry import Registry
@@ -23,6 +25,8 @@ HELP = (
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
     "/transcript - what I heard in your last voice note\n"
+    "/stop - stop the reply being written (what it wrote so far is kept)\n"
+    "/model - list the models; /model NAME - switch this chat to another one\n"
     "/remember TEXT - keep a fact about you for every conversation\n"
     "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/help - this list"
@@ -36,7 +40,8 @@ GREETING = (
 class Commands:
     """Runs a command for a chat and returns the text to send back."""
 
-    names = frozenset({"new", "compact", "status", "help", "start", "transcript"})
+    names = frozenset({"new", "compact", "status", "help", "start", "stop", "model",
+                       "transcript"})
 
     def __init__(
         self,
@@ -85,17 +90,19 @@ class Commands:
 
     async def status(self, chat_key: str) -> str:
         model = self.settings.model
-        lines = [f"Model: {model.name} at {redact_url(model.host)}"]
+        name = (await asyncio.to_thread(self.store.chat_flags, chat_key)).get(MODEL_FLAG) \
+            or model.name  # the chat's /model
+        lines = [f"Model: {name} at {redact_url(model.host)}"]
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
         try:
-            num_ctx = await self.llm.num_ctx()
+            num_ctx = await self.llm.num_ctx(name)
         except LLMError as exc:
             lines.append(f"Window: unknown ({exc})")
             return "\n".join(lines)
         lines.append(f"Window: {num_ctx:,} tokens")
-        info = await self.llm.model_info()
+        info = await self.llm.model_info(name)
         if not info.tools:
-            lines.append(f"Tools: none ({model.name} has no tools capability, so no searches "
+            lines.append(f"Tools: none ({name} has no tools capability, so no searches "
                          "or files)")
         if self.registry is not None:
             lines += [f"MCP server {name}: not working ({problem})"
@@ -110,7 +117,7 @@ class Commands:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(conversation.created))
         lines.append(f"Conversation: {conversation.id}, {len(history)} messages, since {started}")
         try:
-            prepared = await self.prompting.prepare(conversation, history)
+            prepared = await self.prompting.prepare(conversation, history, model=name)
             lines.append(f"Next request: about {prepared.request.estimate:,} of "
                          f"{prepared.budget:,} tokens (calibration ratio "
                          f"{conversation.token_ratio:.2f})")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,10 @@ from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF
 from daemon.voice.hearing import Hearing
 
+# The chat whose worker the current task is, or works for (a turn's stoppable part runs in a
+# task of its own, which inherits this): a notice from there goes out at once.
+_working_for: contextvars.ContextVar[str | None] = contextvars.ContextVar("roost_working_for",
+                                                                         default=None)
 WORKER_IDLE_EXIT = 600.0
 UNWIND = 2.0  # seconds cancelled tasks get to finish at stop, per step
 
@@ -135,9 +140,15 @@ class Engine:
         if not self._accepting:
             return False
         if await asyncio.to_thread(self.store.inbox_add, inbound.to_doc()):
+            if inbound.command == "stop":  # now: the chat's queue waits behind the reply
+                self.answering.stop(inbound)
             self._depth[inbound.chat_key] = self._depth.get(inbound.chat_key, 0) + 1
             self._kick(inbound.chat_key)
         return True
+
+    def stop_reply(self, chat_key: str) -> bool:
+        """Stop the reply being written in the chat (Ctrl-C in `roost chat`); False if none."""
+        return self.answering.turns.stops.stop(chat_key)
 
     def queue_depths(self) -> dict[str, int]:
         """Pending inbound messages per chat (for /healthz)."""
@@ -157,7 +168,7 @@ class Engine:
         outbound = Outbound(chat_key=chat_key, text=text, created=self.clock(), kind="notice",
                             buttons=buttons)
         await asyncio.to_thread(self.store.outbox_add, outbound.to_doc())
-        if asyncio.current_task() is self._workers.get(chat_key):
+        if _working_for.get() == chat_key:
             await self._flush_outbox(chat_key)
         else:
             self._kick(chat_key)
@@ -179,6 +190,7 @@ class Engine:
                                                           name=f"roost-chat-{chat_key}")
 
     async def _worker(self, chat_key: str) -> None:
+        _working_for.set(chat_key)  # the turn's own tasks (its stoppable part) inherit it
         wake, idle = self._wake[chat_key], self._idle[chat_key]
         failures = errors = 0
         while True:

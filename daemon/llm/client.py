@@ -62,6 +62,8 @@ OLLAMA_ERRORS: tuple[type[Exception], ...] = (
     ollama.ResponseError, ollama.RequestError, httpx.HTTPError, OSError, ValueError)
 
 Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
+# A call's (on_delta, on_thinking): where its pieces of content and of thinking go.
+_Callbacks = tuple[Callable[[str], None] | None, Callable[[str], None] | None]
 
 
 @dataclass
@@ -227,6 +229,12 @@ class ModelClient:
                  name, info.context_length, ",".join(info.capabilities) or "-")
         return info
 
+    async def model_info_anew(self, model: str) -> ModelInfo:
+        """`/api/show` asked again, not from the cache: a chat switches to the model (/model),
+        which may have been pulled anew since it was last asked about."""
+        self._info.pop(model, None)
+        return await self.model_info(model)
+
     async def counts_whole_prompt(self) -> bool:
         """Whether the server's `prompt_eval_count` counts the whole prompt, cached tokens
         included. Ollama 0.30.x counted only what it evaluated anew (ollama/ollama#16414, fixed
@@ -261,12 +269,15 @@ class ModelClient:
         model: str | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         on_delta: Callable[[str], None] | None = None,
+        on_thinking: Callable[[str], None] | None = None,
         num_predict: int | None = None,
         background: bool = False,
         think: bool | None = None,
         while_held: Callable[[], contextlib.AbstractAsyncContextManager[None]] | None = None,
     ) -> ChatResult:
-        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive.
+        """One streamed chat call through the gate; deltas go to `on_delta` as they arrive,
+        pieces of thinking to `on_thinking`. Cancelling the call closes its HTTP request, which
+        stops Ollama generating, and frees the model for the next call.
         `while_held` is entered once the call holds the model (not while it waits for it).
 
         roost decides thinking: a background call never thinks, a turn thinks only with
@@ -293,7 +304,7 @@ class ModelClient:
         # Made only once the call may go: a coroutine made earlier and cancelled while it
         # queued would never be awaited.
         call = functools.partial(self._observed, name, num_ctx, options, messages, tools,
-                                 on_delta, background, think)
+                                 (on_delta, on_thinking), background, think)
         if background:
             return await self._background_call(call)
         if _scheduled.get():
@@ -431,13 +442,12 @@ class ModelClient:
         options: Mapping[str, Any],
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
-        on_delta: Callable[[str], None] | None,
+        on: _Callbacks,
         background: bool,
         think: bool | None,
     ) -> ChatResult:
         """The call, told to the observer (daemon.app.metrics) once it finished."""
-        result = await self._stream_adapting(name, num_ctx, options, messages, tools, on_delta,
-                                             think)
+        result = await self._stream_adapting(name, num_ctx, options, messages, tools, on, think)
         if self.observer is not None:
             self.observer.model_call(messages, result, background)
         return result
@@ -476,7 +486,7 @@ class ModelClient:
         options: Mapping[str, Any],
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
-        on_delta: Callable[[str], None] | None,
+        on: _Callbacks,
         think: bool | None,
     ) -> ChatResult:
         """Some chat templates accept a system message only at the start: resend with later
@@ -484,14 +494,14 @@ class ModelClient:
         if name in self._system_only_first:
             messages = _late_system_as_user(messages)
         try:
-            return await self._stream(name, num_ctx, options, messages, tools, on_delta, think)
+            return await self._stream(name, num_ctx, options, messages, tools, on, think)
         except LLMError as exc:
             if SYSTEM_FIRST_TEXT not in str(exc) or name in self._system_only_first:
                 raise
             log.info("model %s wants its system message first only; adapting", name)
             self._system_only_first.add(name)
             return await self._stream(name, num_ctx, options, _late_system_as_user(messages),
-                                      tools, on_delta, think)
+                                      tools, on, think)
 
     async def _stream(
         self,
@@ -500,9 +510,10 @@ class ModelClient:
         options: Mapping[str, Any],
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
-        on_delta: Callable[[str], None] | None,
+        on: _Callbacks,
         think: bool | None,
     ) -> ChatResult:
+        on_delta, on_thinking = on
         content: list[str] = []
         thinking: list[str] = []
         tool_calls: list[Mapping[str, Any]] = []
@@ -533,6 +544,8 @@ class ModelClient:
                             on_delta(piece)
                     if part.message.thinking:
                         thinking.append(part.message.thinking)
+                        if on_thinking is not None:
+                            on_thinking(part.message.thinking)
                     for call in part.message.tool_calls or ():
                         tool_calls.append(call.model_dump(exclude_none=True))
                     if part.done:

@@ -530,6 +530,11 @@ class Store:
         return self.flags.get(chat_key)
 
     @_locked
+    def chats_with_flag(self, flag: str) -> dict[str, Any]:
+        """Each chat that has `flag`, with its value."""
+        return self.flags.having(flag)
+
+    @_locked
     def chats_flagged(self, flag: str) -> int:
         """How many chats have `flag` now (e.g. undeliverable, for /metrics)."""
         return self.flags.count(flag)

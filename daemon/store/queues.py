@@ -259,6 +259,9 @@ class ChatFlags:
         doc = self.db.get(Query().chat_key == chat_key)
         return {k: v for k, v in dict(doc or {}).items() if k != "chat_key"}  # type: ignore[arg-type]
 
+    def having(self, flag: str) -> dict[str, Any]:
+        return {doc["chat_key"]: doc[flag] for doc in self.db.search(Query()[flag].exists())}
+
     def count(self, flag: str) -> int:
         return self.db.count(Query()[flag].exists())
 

@@ -27,7 +27,8 @@ from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
-from daemon.turn.runner import Notify, StreamDelta, TurnRunner, Working, not_shown
+from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
+from daemon.turn.streaming import Streaming, not_streamed
 
 
 def builtin_registry(settings: Settings) -> Registry:
@@ -83,7 +84,7 @@ class TurnParts:
             approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
                                 clock))
 
-    def runner(self, *, notify: Notify, stream: StreamDelta | None = None,
+    def runner(self, *, notify: Notify, streaming: Streaming = not_streamed,
                working: Working = not_shown, fold: bool = True,
                ask: Ask | None = None) -> TurnRunner:
         """A turn runner on these parts; `fold` lets its turns land a fold the request owes;
@@ -91,6 +92,6 @@ class TurnParts:
         return TurnRunner(settings=self.settings, store=self.store, llm=self.llm,
                           router=self.router, prompting=self.prompting, registry=self.registry,
                           index=self.index, records=self.records, notify=notify,
-                          stream=stream or (lambda chat_key, delta: None), clock=self.clock,
+                          streaming=streaming, clock=self.clock,
                           folder=self.folder if fold else None, working=working,
                           facts=self.facts, approvals=self.approvals, ask=ask)

@@ -8,14 +8,17 @@ The turn is a thin coordinator over the store, the pure context functions and th
 2. if the last request reached its budget and no background fold landed since, fold first, as
    the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
    preamble + tail, fitted to the budget);
-3. call Ollama, streaming deltas to the channel, retrying with backoff while it is unreachable
-   (a refused connection, or a 502/503/504), once more after a 500; an overflow rejection
-   (before anything streamed) recalibrates, refits and retries once;
+3. call Ollama, streaming the reply to the channel's sink for the turn (with a line about
+   thinking and tools), in a part of the turn that /stop can cancel, retrying with backoff
+   while it is unreachable (a refused connection, or a 502/503/504), once more after a 500;
+   an overflow rejection (before anything streamed) recalibrates, refits and retries once;
 4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
 5. save the reply, put it in the outbox and only then clear the inbox items.
 
-A crash between any two steps is finished on the next start: inbox items stay pending until a
-reply that names them is saved, and a saved reply whose outbox item is missing is queued again.
+A stopped turn (/stop) keeps what was written as its reply, marked "(stopped)", saved and
+queued like any other. A crash between any two steps is finished on the next start: inbox items
+stay pending until a reply that names them is saved, and a saved reply whose outbox item is
+missing is queued again.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    Stopped,
     StoreError,
 )
 from daemon.core.logs import turn_log as log
-from daemon.core.messages import Inbound, Outbound
+from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.attachments import read_image_base64, store_file
@@ -68,7 +72,14 @@ from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.router import Router
-from daemon.turn.tool_loop import ToolLoop, could_become_text_tool_call, looks_like_text_tool_call
+from daemon.turn.stopping import Stops
+from daemon.turn.streaming import STOPPED_MARK, THINKING, Streaming, not_streamed
+from daemon.turn.tool_loop import (
+    LoopResult,
+    ToolLoop,
+    could_become_text_tool_call,
+    looks_like_text_tool_call,
+)
 
 MAX_BACKOFF = 60.0
 RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
@@ -100,8 +111,7 @@ class TurnResult:
 
 
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
-StreamDelta = Callable[[str, str], None]  # (chat_key, delta)
-# The channel's "working" context for a chat (typing..., later streaming), entered while a
+# The channel's "working" context for a chat (typing...), entered while a
 # call of the chat's turn holds the model, so it shows only for the chat being answered.
 Working = Callable[[str], AbstractAsyncContextManager[None]]
 
@@ -111,24 +121,39 @@ def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
 
 
 class _Stream:
-    """Reply pieces on their way to the channel: the intro line goes first, once, and a reply
-    that may be a tool call written as text is held back until it is clearly not one."""
+    """Reply pieces on their way to the channel's sink: the intro line goes first, once, and a
+    reply that may be a tool call written as text is held back until it is clearly not one.
+    Keeps what it showed: a stopped turn keeps that as its reply."""
 
-    def __init__(self, emit: StreamDelta, chat_key: str, intro: str) -> None:
-        self.emit = emit
-        self.chat_key = chat_key
+    def __init__(self, sink: ReplySink, intro: str) -> None:
+        self.sink = sink
         self.intro = intro
         self.held: list[str] = []
         self.passing = False
+        self.thought = False
+        self.written: list[str] = []  # what was shown of the model's words (not the intro)
 
     def _show(self, text: str) -> None:
         if self.intro:
-            self.emit(self.chat_key, self.intro)
+            self.sink.write(self.intro)
             self.intro = ""
-        self.emit(self.chat_key, text)
+        self.written.append(text)
+        self.sink.write(text)
 
     def begin(self) -> None:
-        self.held, self.passing = [], False
+        self.held, self.passing, self.thought = [], False, False
+
+    def thinking(self, piece: str) -> None:
+        if not self.thought:  # one line for the whole thought, not one per piece
+            self.thought = True
+            self.sink.status(THINKING)
+
+    def kept(self, tool_names: list[str]) -> str:
+        """What the user saw written, and what was held back unless it is a tool call."""
+        held = "".join(self.held)
+        if not self.passing and held.strip() and not looks_like_text_tool_call(held, tool_names):
+            return "".join(self.written) + held
+        return "".join(self.written)
 
     def delta(self, piece: str) -> None:
         if self.passing:
@@ -177,7 +202,8 @@ def _person(chat_key: str, items: Sequence[Inbound]) -> str | None:
 
 
 class TurnRunner:
-    """Runs turns; `notify` sends a notice to a chat, `stream` shows reply pieces as they come."""
+    """Runs turns; `notify` sends a notice to a chat, `streaming` gives the channel's sink that
+    shows the reply as it comes; `stops.stop(chat_key)` stops the chat's running turn."""
 
     def __init__(
         self,
@@ -191,8 +217,8 @@ class TurnRunner:
         index: MemoryIndex | None,
         records: Records,
         notify: Notify,
-        stream: StreamDelta,
         clock: Callable[[], float],
+        streaming: Streaming = not_streamed,
         folder: Folder | None = None,
         working: Working = not_shown,
         facts: FactsBook | None = None,
@@ -215,8 +241,9 @@ class TurnRunner:
         self.index = index
         self.records = records
         self.notify = notify
-        self.stream = stream
+        self.streaming = streaming
         self.clock = clock
+        self.stops = Stops()
 
     async def run(
         self, chat_key: str, items: Sequence[Inbound], *, announce_outage: bool = True,
@@ -224,14 +251,18 @@ class TurnRunner:
     ) -> TurnResult:
         """Answer `items` (the chat's pending messages): one model call, or a few with tools.
 
-        `model` (an automation's own) is the model every call of the turn goes to, and the one
-        whose window and capabilities the request is fitted to; by default `model.name`."""
-        async with self.llm.turn():
+        `model` (an automation's own, or the chat's /model) is the model every call of the turn
+        goes to, and the one whose window and capabilities the request is fitted to; by default
+        `model.name`."""
+        # The sink is left before the worker sends the reply: no preview follows the reply.
+        async with self.llm.turn(), self.streaming(chat_key) as sink:
             outage = _Outage(self.notify, chat_key, self.llm.host, announce_outage)
-            return await self._run(chat_key, items, outage, model or self.settings.model.name)
+            return await self._run(chat_key, items, outage, model or self.settings.model.name,
+                                   sink)
 
     async def _run(
-        self, chat_key: str, items: Sequence[Inbound], outage: _Outage, model: str
+        self, chat_key: str, items: Sequence[Inbound], outage: _Outage, model: str,
+        sink: ReplySink,
     ) -> TurnResult:
         conversation, items = await asyncio.to_thread(
             self._record_user_messages, chat_key, items
@@ -248,7 +279,7 @@ class TurnRunner:
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
-        stream = _Stream(self.stream, chat_key, intro)
+        stream = _Stream(sink, intro)
         answering = {i.id for i in items}
         # The newest photo stays in every later request (as pixels, or as a note for a model
         # that cannot see): the user hears that it cannot be seen once, on the turn it came.
@@ -271,7 +302,8 @@ class TurnRunner:
                                                  self.settings.identities),
                               facts=self.facts,
                               person=person_of(conversation.chat_key, self.settings))
-        try:
+
+        async def answer() -> tuple[Prepared, ChatResult, ToolLoop, LoopResult]:
             prepared = await self._prepare(chat_key, conversation, history, model, outage)
             first, prepared, messages = await self._answer(
                 chat_key, conversation, history, prepared, stream, outage, model,
@@ -284,6 +316,7 @@ class TurnRunner:
                     conversation.id, role, content, **fields),
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
                 num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+                status=sink.status,
                 vision="vision" in (await self.llm.model_info(model)).capabilities,
                 attachments=self.store.state_dir / "attachments",
                 approve=functools.partial(
@@ -291,7 +324,22 @@ class TurnRunner:
                     ask=self.ask, released=self.llm.waiting_for_user)
                 if self.approvals is not None else None,
             )
-            done = await loop.run(messages, first)
+            return prepared, first, loop, await loop.run(messages, first)
+
+        try:
+            prepared, first, loop, done = await self.stops.run(chat_key, answer())
+        except Stopped:
+            kept = stream.kept([t.name for c in self.registry.capabilities.values()
+                                for t in c.tools])
+            after = replace(conversation, active_tools=tuple(context.active))
+            await asyncio.to_thread(
+                self._save_reply, conversation, after, items, ChatResult(content=kept),
+                f"{kept.rstrip()}\n\n{STOPPED_MARK}" if kept.strip() else STOPPED_MARK,
+                intro, 0)
+            await asyncio.to_thread(self.records.event, self.clock(), "stopped",
+                                    conversation.id, f"stopped after {len(kept)} characters")
+            log.info("turn for %s stopped by the user", conversation.id)
+            return TurnResult(Outcome.ANSWERED, conversation.id)
         except DoesNotFit as exc:
             # Messages are excerpted to fit, so only the fixed part can be too large: a window
             # too small for the setup, not a message too long.
@@ -376,7 +424,7 @@ class TurnRunner:
             stream.begin()
             try:
                 result = await self.llm.chat(messages, model=name, tools=tools,
-                                             on_delta=stream.delta,
+                                             on_delta=stream.delta, on_thinking=stream.thinking,
                                              while_held=lambda: self.working(chat_key))
             except ModelCrashed as exc:
                 if crashed:

@@ -38,6 +38,7 @@ from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, Tool, ToolCall, ToolResult
+from daemon.turn.streaming import tool_line
 
 MAX_CONTINUATIONS = 3
 TOOL_RESULT_SHARE = 6  # one tool result may take a sixth of the budget in memory
@@ -120,6 +121,7 @@ class ToolLoop:
         num_ctx: int,
         ratio: float,
         clock: Callable[[], float],
+        status: Callable[[str], None] | None = None,
         approve: Approve | None = None,
         vision: bool = False,
         attachments: Path | None = None,
@@ -130,6 +132,7 @@ class ToolLoop:
         self.vision = vision
         self.attachments = attachments
         self.registry = registry
+        self.status = status  # the channel's progress line while a tool runs
         self.context = context
         self.records = records
         self.call = call
@@ -221,6 +224,8 @@ class ToolLoop:
                          "tool_calls": calls})  # type: ignore[dict-item]
         for raw in calls:
             call = ToolCall.from_ollama(raw)
+            if self.status is not None:
+                self.status(tool_line(call.name))
             refused = await self._approval(call)
             outcome = (ToolResult(call.name, refused, error=True) if refused is not None
                        else await self.registry.run(call, self.context, self.context.active))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
@@ -79,26 +80,18 @@ async def test_status_and_help(fake_ollama: FakeOllama, tmp_path: Path) -> None:
     assert fake_ollama.chat_requests == []  # commands never reach the model
 
 
-async def test_interrupt_leaves_cleanly_and_the_message_is_answered_next_time(
+async def test_interrupt_at_the_prompt_leaves_cleanly(
     fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path, fake_ollama.url)
-    fake_ollama.script(Reply(content="too late", delay=5))
-    chat = await start_chat(config)
+    """Ctrl-C with no reply on its way leaves, as Ctrl-D does (during a reply it stops the
+    reply: see below)."""
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout
-    await read_until(chat.stdout, "Ctrl-D to leave")
-    chat.stdin.write(b"a question that takes long\n")
-    await fake_ollama.wait_for_chats(1, timeout=10)
-    chat.send_signal(2)  # Ctrl-C
-    rest = await asyncio.wait_for(chat.stdout.read(), 10)
-    assert b"Saved. Bye." in rest
-    assert await chat.wait() == 0
-    # Started again, it answers the interrupted message before anything else.
-    again = await start_chat(config)
-    assert again.stdin and again.stdout
-    await read_until(again.stdout, "echo: a question that takes long")
-    again.stdin.close()
-    assert await asyncio.wait_for(again.wait(), 10) == 0
+    await read_until(chat.stdout, "Ctrl-D to leave")  # at the prompt: nothing being written
+    chat.send_signal(signal.SIGINT)
+    await read_until(chat.stdout, "Saved. Bye.")
+    chat.stdin.close()  # the thread reading a pipe holds the process until the pipe ends
+    assert await asyncio.wait_for(chat.wait(), 10) == 0
 
 
 async def test_unreachable_ollama_is_one_line_naming_the_host_and_the_chat_starts(
@@ -140,4 +133,25 @@ async def test_a_message_while_ollama_is_down_after_the_banner_is_told_and_answe
     assert "not answering" in told and "saved" in told
     chat.stdin.close()
     await asyncio.wait_for(chat.stdout.read(), 10)
+    assert await asyncio.wait_for(chat.wait(), 10) == 0
+
+
+async def test_ctrl_c_during_a_reply_stops_the_reply_not_the_chat(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    answer = " ".join(f"word{i}" for i in range(2000))  # minutes at this pace
+    fake_ollama.script(Reply(content=answer, tokens_per_second=40))
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout and chat.stderr
+    await read_until(chat.stdout, "Ctrl-D to leave")
+    chat.stdin.write(b"write a lot\n")
+    await read_until(chat.stdout, "roost> word0 word1")
+    chat.send_signal(signal.SIGINT)
+    await read_until(chat.stdout, "(stopped)")
+    assert fake_ollama.cancelled == 1  # the request to Ollama was closed
+    chat.stdin.write(b"still there?\n")  # the chat goes on, and the model is free
+    await read_until(chat.stdout, "echo: still there?")
+    chat.stdin.close()
+    rest = await asyncio.wait_for(chat.stdout.read(), 10)
+    assert b"Saved. Bye." in rest
     assert await asyncio.wait_for(chat.wait(), 10) == 0

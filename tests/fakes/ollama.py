@@ -47,7 +47,10 @@ Failures: ``refuse_connections`` (nothing listens), ``hang`` (requests accepted,
 and per ``Reply``: a status before streaming, or after some streamed pieces a dropped connection
 (``drop_after_chunks``), an in-stream ``{"error": ...}`` line (``error_after_chunks``, as
 ``streamResponse`` in ``server/routes.go`` writes once the 200 is out) or silence
-(``stall_after_chunks``).
+(``stall_after_chunks``). ``Reply.tokens_per_second`` paces the content a token at a time, as
+a GPU writes it; a client that closes the stream early (roost's /stop) ends it there, as it ends
+generation in Ollama, and is counted in ``cancelled`` (``streaming`` is how many answers are
+being streamed now).
 
 Order inside ``/api/chat``: record, 503 while ``busy``, wait while ``hang``, 404 for an unknown
 model, 400 for tools or thinking the model lacks, load the model (``/api/ps``, ``reloads``), cut
@@ -58,6 +61,7 @@ or refuse the prompt, then take the next scripted reply (so a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import math
@@ -109,6 +113,9 @@ class Reply:
     # final object, as Ollama's streamResponse does when the runner fails mid-answer.
     error_after_chunks: int | None = None
     stall_after_chunks: int | None = None  # after this many pieces, send nothing more (a hang)
+    # Pace the content like a GPU: one token (3 bytes, the fake's tokenizer) per piece, this
+    # many pieces a second (`chunks` and `chunk_delay` are then ignored).
+    tokens_per_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,10 @@ class FakeOllama:
         self.report_cached = False  # send prompt_eval_cached_count (Ollama after #17943)
         self.uncached_only = False  # prompt_eval_count without the cached part (0.30.x)
         self.version = VERSION  # what /api/version says ("0.30.1" with uncached_only)
+        self.cancelled = 0  # streams the client closed before their end
+        # When each streamed answer wrote its first content: (time.monotonic(), the request).
+        self.first_content: list[tuple[float, dict[str, Any]]] = []
+        self.streaming = 0  # answers being streamed now
         self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
         self._queue: deque[Reply] = deque()
         self._released = asyncio.Event()  # set while not hanging
@@ -381,19 +392,39 @@ class FakeOllama:
             final["message"] = _message(content, thinking, reply.tool_calls)
             return _json(final)
         pieces = [_message("", thinking, None)] if thinking else []
-        pieces += [_message(p, None, None) for p in _split(reply.content, reply.chunks)]
+        if reply.tokens_per_second:
+            content_pieces = [reply.content[i:i + 3] for i in range(0, len(reply.content), 3)]
+            reply = dataclasses.replace(reply, chunk_delay=1 / reply.tokens_per_second)
+        else:
+            content_pieces = _split(reply.content, reply.chunks)
+        pieces += [_message(p, None, None) for p in content_pieces]
         if reply.tool_calls:
             pieces.append(_message("", None, reply.tool_calls))
         objects = [
             {"model": name, "created_at": _now(), "message": p, "done": False} for p in pieces
         ]
-        return await self._stream(request, reply, [*objects, final], started)
+        return await self._stream(request, reply, [*objects, final], started, body)
 
     async def _stream(
-        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int
+        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        self.streaming += 1
+        try:
+            return await self._stream_objects(request, reply, objects, started, body)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1  # the client went away mid-answer: nothing more is generated
+            raise
+        finally:
+            self.streaming -= 1
+
+    async def _stream_objects(
+        self, request: web.Request, reply: Reply, objects: list[dict[str, Any]], started: int,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
+        written = False
         for sent, obj in enumerate(objects):
             if sent == reply.drop_after_chunks and request.transport is not None:
                 request.transport.close()  # the client sees the body end mid-stream
@@ -413,6 +444,9 @@ class FakeOllama:
             if obj["done"]:  # the final object's clock includes the streaming
                 obj |= {"created_at": _now(), "total_duration": time.monotonic_ns() - started}
             await response.write(_compact(obj).encode() + b"\n")
+            if not written and obj.get("message", {}).get("content"):
+                written = True
+                self.first_content.append((time.monotonic(), body))
         await response.write_eof()
         return response
 

@@ -24,6 +24,13 @@ by the user" after a block (python-telegram-bot raises ``telegram.error.Forbidde
 The fake knows who started it from ``started`` (given at construction or by ``start_chat``, for a
 test that posts updates to roost's webhook itself) and from the sender of every update it
 queues; ``block`` and ``unblock`` stand for the user's buttons. Groups are always open.
+
+``sendMessageDraft`` (Bot API 9.5: every bot may stream a draft, an ephemeral preview of a
+message being written) is answered for private chats only, topics included: in a group Telegram
+answers 400 ``TEXTDRAFT_PEER_INVALID`` (the wording bots meet in the wild); a ``draft_id`` of 0
+(or none) and a text over 4,096 characters (after parsing, as for a message) are 400s too. An
+empty text is allowed (the client shows "Thinking..."). Each draft taken is kept in ``drafts``
+(the chat's current draft text per ``draft_id``); a draft is never a message.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from aiohttp import BodyPartReader, web
 METHODS = (  # the Bot API methods the fake answers
     "getMe setWebhook deleteWebhook getWebhookInfo getUpdates sendMessage editMessageText"
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
-    " answerCallbackQuery editMessageReplyMarkup"
+    " answerCallbackQuery editMessageReplyMarkup sendMessageDraft"
 ).split()
 MESSAGE_LIMIT = 4096
 RAW_TEXT_LIMIT = 32768  # bytes of `text` as sent, checked before parse_mode is applied
@@ -127,6 +134,7 @@ class FakeTelegram:
         self.long_poll_cap = 1.0  # getUpdates waits at most this long, whatever its timeout
         self.calls: list[Call] = []
         self.sent_messages: list[dict[str, Any]] = []
+        self.drafts: list[dict[str, Any]] = []  # the drafts taken: chat_id, draft_id, text, ...
         self.webhook: dict[str, Any] | None = None
         # The last failed delivery to the webhook, as getWebhookInfo reports it (None: none).
         self.webhook_error: str | None = None
@@ -440,6 +448,19 @@ class FakeTelegram:
         message = self._new_message(chat, call.params, **fields)
         self.sent_messages.append(call.params)
         return message
+
+    async def _send_message_draft(self, call: Call) -> bool:
+        chat = self._chat(call)
+        if chat["type"] != "private":
+            raise _bad("TEXTDRAFT_PEER_INVALID")
+        draft_id = call.params.get("draft_id")
+        if not isinstance(draft_id, int) or isinstance(draft_id, bool) or draft_id == 0:
+            raise _bad("draft_id must be non-zero")
+        text = _plain_text(call.params, "text", MESSAGE_LIMIT)
+        self.drafts.append({"chat_id": chat["id"], "draft_id": draft_id, "text": text,
+                            "message_thread_id": call.params.get("message_thread_id"),
+                            "time": call.time})
+        return True
 
     async def _edit_message_text(self, call: Call) -> dict[str, Any]:
         message = self._stored_message(call, "message to edit not found")

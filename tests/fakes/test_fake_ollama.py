@@ -13,6 +13,7 @@ import httpx
 import ollama
 import pytest
 
+from tests.conftest import wait_until
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 USER_HI = [{"role": "user", "content": "hi"}]
@@ -325,3 +326,20 @@ async def test_busy_server_answers_503(fake: FakeOllama, client: ollama.AsyncCli
     with pytest.raises(ollama.ResponseError) as busy:
         await client.chat(model="qwen3:4b", messages=USER_HI)
     assert busy.value.status_code == 503 and "server busy" in busy.value.error
+
+
+async def test_a_paced_stream_comes_a_token_at_a_time_and_can_be_cancelled(
+        fake: FakeOllama) -> None:
+    fake.script(Reply(content="abcdefghijkl" * 50, tokens_per_second=50))  # 200 tokens: 4 s
+    client = ollama.AsyncClient(host=fake.url)
+    stream = await client.chat(model="qwen3:4b", messages=USER_HI, stream=True, think=False)
+    pieces = []
+    async for part in stream:
+        pieces.append(part.message.content)
+        if len(pieces) == 3:
+            break
+    assert pieces == ["abc", "def", "ghi"]  # one token (3 bytes) a piece
+    assert fake.first_content and fake.first_content[0][1]["messages"] == USER_HI
+    await stream.aclose()  # closes the HTTP response, as roost's /stop does
+    await wait_until(lambda: fake.cancelled == 1 and fake.streaming == 0)
+    await client._client.aclose()

@@ -342,3 +342,36 @@ async def test_an_application_polls_and_replies(tg: FakeTelegram) -> None:
         await app.stop()
     assert tg.sent_messages == [{"chat_id": CHAT, "text": "<i>/start</i>", "parse_mode": "HTML"}]
     assert [c.method for c in tg.calls[:3]] == ["getMe", "deleteWebhook", "getUpdates"]
+
+
+async def test_send_message_draft_is_taken_in_a_private_chat_and_its_topics(
+        tg: FakeTelegram, bot: Bot) -> None:
+    assert await bot.send_message_draft(CHAT, 7, "<b>half</b> an answer",
+                                        parse_mode=ParseMode.HTML) is True
+    assert await bot.send_message_draft(CHAT, 7, "in a topic", message_thread_id=3) is True
+    assert await bot.send_message_draft(CHAT, 7, "") is True  # "Thinking..."
+    assert [(d["draft_id"], d["text"]) for d in tg.drafts] == [
+        (7, "half an answer"), (7, "in a topic"), (7, "")]
+    assert tg.drafts[1]["message_thread_id"] == 3
+    assert tg.sent_messages == [] and tg.messages == {}  # a draft is no message
+
+
+@pytest.mark.parametrize(("chat", "draft_id", "text", "description"), [
+    (-100123, 1, "hi", "TEXTDRAFT_PEER_INVALID"),
+    (-123, 1, "hi", "TEXTDRAFT_PEER_INVALID"),
+    (CHAT, 0, "hi", "draft_id must be non-zero"),
+    (CHAT, 1, "x" * 4097, "Message is too long"),
+    (CHAT, 1, "<b>open", "Can't parse entities"),
+])
+async def test_send_message_draft_refusals(tg: FakeTelegram, bot: Bot, chat: int,
+                                           draft_id: int, text: str, description: str) -> None:
+    with pytest.raises(BadRequest, match=f"(?i){description}"):
+        await bot.send_message_draft(chat, draft_id, text,
+                                     parse_mode=ParseMode.HTML if "<" in text else None)
+    assert tg.drafts == []
+
+
+async def test_send_message_draft_to_a_user_who_never_started_the_bot_is_403(
+        tg: FakeTelegram, bot: Bot) -> None:
+    with pytest.raises(Forbidden):
+        await bot.send_message_draft(2222222, 1, "hi")

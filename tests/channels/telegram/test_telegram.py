@@ -919,7 +919,9 @@ async def test_a_link_heavy_answer_is_split_under_the_byte_limit_and_delivered(
 async def test_a_disk_that_refuses_the_progress_record_does_not_resend_the_reply(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    daemon = await start()
+    # Every part from the outbox, one record each (streamed, the finished parts would go
+    # out early and be taken over in one record).
+    daemon = await start(telegram={"streaming": "off"})
     fake_ollama.script("\n\n".join(f"Part {i}. " + "word " * 700 for i in range(3)))
     real = daemon.store.outbox_update
     refusals = [StoreError("cannot write outbox/x.json: No space left on device")] * 3

@@ -196,3 +196,31 @@ async def test_chat_talks_to_the_running_daemon_over_its_socket(
         (conversation,) = store.list_conversations(chat_key="console:local")
         assert [m.content for m in store.messages(conversation.id)] == [
             "hi daemon", "streamed through the daemon", "and again", "echo: and again"]
+
+
+async def test_ctrl_c_stops_the_daemons_reply_and_the_chat_goes_on(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    daemon = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "run", "--config", str(config),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await wait_until((tmp_path / "state" / "chat.sock").exists, timeout=30)
+        answer = " ".join(f"word{i}" for i in range(2000))  # minutes at this pace
+        fake_ollama.script(Reply(content=answer, tokens_per_second=40))
+        chat = await pipe_chat(config)
+        assert chat.stdin and chat.stdout
+        chat.stdin.write(b"write a lot\n")
+        await read_until(chat.stdout, "roost> word0 word1")
+        chat.send_signal(signal.SIGINT)  # the daemon's reply stops, not the terminal
+        await read_until(chat.stdout, "(stopped)")
+        await wait_until(lambda: fake_ollama.cancelled == 1, timeout=15)
+        chat.stdin.write(b"still there?\n")
+        await read_until(chat.stdout, "echo: still there?")
+        chat.stdin.close()
+        assert b"Saved. Bye." in await asyncio.wait_for(chat.stdout.read(), 15)
+        assert await asyncio.wait_for(chat.wait(), 15) == 0
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 30) == 0

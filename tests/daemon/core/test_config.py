@@ -430,6 +430,23 @@ def test_default_timezone_follows_tz(env: dict[str, str]) -> None:
     assert zone.key
 
 
+@pytest.mark.parametrize(("line", "key"), [
+    ('streaming = "yes"', "telegram.streaming"),
+    ('draft_interval = "10ms"', "telegram.draft_interval"),
+    ("draft_interval = 1", "telegram.draft_interval"),
+])
+def test_bad_streaming_settings_name_the_key(tmp_path: Path, line: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, f"[telegram]\n{line}\n"), env=SECRETS)
+    assert caught.value.key == key
+
+
+def test_streaming_settings_are_read(tmp_path: Path) -> None:
+    path = write(tmp_path, '[telegram]\nstreaming = "off"\ndraft_interval = "1.5s"\n')
+    telegram = load_settings(path, env=SECRETS).telegram
+    assert (telegram.streaming, telegram.draft_interval) == ("off", 1.5)
+
+
 def test_identities_link_a_persons_chats(tmp_path: Path, env: dict[str, str]) -> None:
     settings = load_settings(write(tmp_path, '[identities]\nowner = ["telegram:1111111", '
                                    '"whatsapp:972544401243", "console:local"]\n'), env=env)

@@ -56,7 +56,7 @@ async def test_the_ollama_clients_own_errors_are_still_translated(
 class BrokenPreview(RecordingChannel):
     """A channel whose streaming preview has a bug."""
 
-    def stream_delta(self, chat_key: str, delta: str) -> None:
+    def write(self, delta: str) -> None:
         broken_callback(delta)
 
 

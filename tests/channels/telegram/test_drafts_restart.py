@@ -1,0 +1,146 @@
+"""`roost run` killed with SIGKILL while a reply streams into a draft, then started again: the
+reply is the outbox's, sent once, and nothing of the first attempt is left in the chat (a
+draft is no message; a part sent early is deleted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from daemon.store import Store
+from tests.channels.test_restart import start_daemon, wait_for_nothing_left
+from tests.conftest import wait_until
+from tests.daemon.app.test_app import free_port
+from tests.fakes.ollama import FakeOllama, Reply
+from tests.fakes.telegram import FakeTelegram
+
+SECRET = "restart-secret_1"
+USER = 1111111
+ANSWER = " ".join(f"word{i}" for i in range(150))  # ~1,000 bytes: seconds at 100 tokens/s
+
+
+async def test_killed_mid_stream_and_restarted_sends_the_reply_once(
+        fake_telegram: FakeTelegram, fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    def paced(body: dict[str, Any]) -> Reply:
+        return Reply(content=ANSWER, tokens_per_second=100)
+
+    fake_ollama.default_reply = paced
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'shutdown_grace = "2s"\n\n'
+        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
+        f'[telegram]\nenabled = true\nmode = "webhook"\n'
+        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f'allow = [{USER}]\nstreaming = "draft"\ndraft_interval = "200ms"\n')
+    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+               ROOST_TELEGRAM_SECRET=SECRET)
+    update = {"update_id": 500, "message": {
+        "message_id": 7, "date": int(time.time()), "text": "stream and crash",
+        "chat": {"id": USER, "type": "private", "first_name": "Test"},
+        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+
+    first = await start_daemon(config, env, url)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                url + WEBHOOK_PATH, data=json.dumps(update),
+                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+            assert reply.status == 200
+        await fake_telegram.wait_for("sendMessageDraft", timeout=10)
+        first.send_signal(signal.SIGKILL)  # in the middle of the stream
+        await first.wait()
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+    assert first.returncode == -signal.SIGKILL
+    assert fake_telegram.sent_messages == []  # only drafts so far: they vanish by themselves
+
+    second = await start_daemon(config, env, url)
+    try:
+        await fake_telegram.wait_for("sendMessage", timeout=20)
+        await wait_for_nothing_left(tmp_path / "state", "telegram")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        await second.communicate()
+    assert [m["text"] for m in fake_telegram.sent_messages] == [ANSWER]
+    finals = fake_telegram.calls_to("sendMessage")
+    assert all(d.time <= finals[0].time for d in fake_telegram.calls_to("sendMessageDraft"))
+
+
+async def test_killed_after_an_early_part_leaves_no_orphan_and_no_duplicate(
+        fake_telegram: FakeTelegram, fake_ollama: FakeOllama, tmp_path: Path) -> None:
+    """A long answer sends its finished parts while it is written; killed then, the restarted
+    roost deletes them (they were recorded) and sends the answer written again, whole."""
+    long_answer = "\n\n".join(" ".join(f"w{p}-{i}" for i in range(40)) for p in range(60))
+
+    def paced(body: dict[str, Any]) -> Reply:
+        return Reply(content=long_answer, tokens_per_second=600)
+
+    fake_ollama.default_reply = paced
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'shutdown_grace = "2s"\n\n'
+        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
+        f'[telegram]\nenabled = true\nmode = "webhook"\n'
+        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f'allow = [{USER}]\ndraft_interval = "200ms"\n')
+    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+               ROOST_TELEGRAM_SECRET=SECRET)
+    update = {"update_id": 501, "message": {
+        "message_id": 8, "date": int(time.time()), "text": "a long one, then crash",
+        "chat": {"id": USER, "type": "private", "first_name": "Test"},
+        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+
+    first = await start_daemon(config, env, url)
+    try:
+        async with aiohttp.ClientSession() as http, http.post(
+                url + WEBHOOK_PATH, data=json.dumps(update),
+                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+            assert reply.status == 200
+        await fake_telegram.wait_for("sendMessage", timeout=20)  # an early part
+        assert fake_ollama.streaming == 1
+        # The part's record is written just after Telegram's answer: wait for it.
+        await wait_until(lambda: "streamed_parts" in flags(tmp_path / "state"))
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+    early = list(fake_telegram.messages.values())
+    assert early
+
+    second = await start_daemon(config, env, url)
+    try:
+        await fake_telegram.wait_for("deleteMessage", timeout=20)
+        await wait_until(lambda: len(fake_telegram.messages) >= 3, timeout=30)
+        await wait_for_nothing_left(tmp_path / "state", "telegram")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        await second.communicate()
+    shown = [m["text"] for m in sorted(fake_telegram.messages.values(),
+                                       key=lambda m: m["message_id"])]
+    assert len(shown) == len(set(shown))  # no part twice in the chat
+    assert " ".join(" ".join(shown).split()) == " ".join(long_answer.split())
+    assert all(m["message_id"] not in {e["message_id"] for e in early}
+               for m in fake_telegram.messages.values())
+
+
+def flags(state_dir: Path) -> dict[str, Any]:
+    with Store.open(state_dir, read_only=True) as store:
+        return store.chat_flags(f"telegram:{USER}")
