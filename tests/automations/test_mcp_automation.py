@@ -14,6 +14,7 @@ from automations.commands import run_automation
 from daemon.core.config import McpServerSettings, McpSettings
 from tests.automations.conftest import automation
 from tests.conftest import SettingsFactory
+from tests.fakes.mcp_results import unlabelled
 from tests.fakes.ollama import FakeOllama, Reply
 
 SERVER = Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py"
@@ -36,7 +37,7 @@ async def test_a_run_uses_never_tools_and_refuses_the_ones_that_ask(
                        Reply("Report: all quiet."))
     assert await run_automation(settings, "brief") == 0
     assert "Report: all quiet." in capsys.readouterr().out
-    tools = [m["content"] for m in fake_ollama.chat_requests[-1]["messages"]
+    tools = [unlabelled(m["content"]) for m in fake_ollama.chat_requests[-1]["messages"]
              if m["role"] == "tool"]
     assert "echo: hourly" in tools
     assert any("fake__fail needs the user's approval" in t and "not run" in t for t in tools)

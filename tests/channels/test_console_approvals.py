@@ -8,6 +8,7 @@ from pathlib import Path
 from daemon.store import Store
 from daemon.store.approvals import ApprovalBook
 from tests.channels.test_console import read_until, start_chat
+from tests.fakes.mcp_results import unlabelled
 from tests.fakes.ollama import FakeOllama, Reply
 
 SERVER = Path(__file__).resolve().parents[1] / "fakes" / "mcp_server.py"
@@ -54,7 +55,7 @@ async def test_y_allows_once_a_always_and_n_denies(
     errors = (await chat.stderr.read()).decode()
     assert "MCP server gone is not available: command not found" in errors
 
-    tools = [m["content"] for r in fake_ollama.chat_requests for m in r["messages"]
+    tools = [unlabelled(m["content"]) for r in fake_ollama.chat_requests for m in r["messages"]
              if m["role"] == "tool"]
     assert "echo: one" in tools and "echo: three" in tools
     assert not any(t == "echo: two" for t in tools)

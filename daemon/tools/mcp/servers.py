@@ -183,7 +183,8 @@ class McpServers:
             result = await connection.call(tool, arguments, connection.settings.timeout)
         except McpError as exc:
             return f"{ERROR_PREFIX}{exc}"
-        return result_output(result, self.settings.result_max_chars)
+        return result_output(result, self.settings.result_max_chars,
+                             f"the MCP server {server} ({tool})")
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:

@@ -22,6 +22,7 @@ from daemon.store.approvals import ApprovalBook
 from tests.channels.telegram.test_telegram import FAST, Daemon, Start, message, start_roost
 from tests.channels.telegram.test_telegram import start as start
 from tests.conftest import wait_until
+from tests.fakes.mcp_results import unlabelled
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram
 
@@ -66,7 +67,7 @@ def button(question: dict[str, Any], label: str) -> str:
 
 def tool_results(fake_ollama: FakeOllama) -> list[str]:
     last = fake_ollama.chat_requests[-1]["messages"]
-    return [m["content"] for m in last if m["role"] == "tool"]
+    return [unlabelled(m["content"]) for m in last if m["role"] == "tool"]
 
 
 async def test_allow_once_runs_the_tool_and_the_model_gets_its_result(

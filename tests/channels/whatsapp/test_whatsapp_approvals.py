@@ -15,6 +15,7 @@ from tests.channels.whatsapp.test_whatsapp import graph as graph  # a fixture
 from tests.channels.whatsapp.test_whatsapp import start as start  # a fixture
 from tests.conftest import wait_until
 from tests.fakes.graph import FakeGraph, button_reply, text_message, webhook
+from tests.fakes.mcp_results import unlabelled
 from tests.fakes.ollama import FakeOllama, Reply
 
 SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
@@ -46,7 +47,7 @@ async def test_a_button_reply_answers_the_question_and_a_strangers_does_not(
     assert await daemon.post(webhook(button_reply("wamid.tap", USER, allow, "Allow once"))) \
         == 200
     await wait_until(lambda: "All done." in graph.texts(USER), 30)
-    tools = [m["content"] for m in fake_ollama.chat_requests[-1]["messages"]
+    tools = [unlabelled(m["content"]) for m in fake_ollama.chat_requests[-1]["messages"]
              if m["role"] == "tool"]
     assert "echo: from whatsapp" in tools
     users = [m["content"] for m in fake_ollama.chat_requests[-1]["messages"]

@@ -22,6 +22,7 @@ from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry, ToolCall
 from tests.conftest import wait_until
+from tests.fakes.mcp_results import unlabelled
 
 SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
 
@@ -55,7 +56,7 @@ async def call(registry: Registry, name: str, active: list[str] | None = None,
                **arguments: Any) -> str:
     active = ["fake"] if active is None else active
     result = await registry.run(ToolCall(name, arguments), context(registry, active), active)
-    return result.content
+    return unlabelled(result.content)
 
 
 async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(running: Any) -> None:
@@ -70,16 +71,23 @@ async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(runni
     assert "fake__echo" in await tool_activate(ctx, "fake")
     assert "fake__echo" in json.dumps(registry.schemas(ctx.active))
     assert await call(registry, "fake__echo", text="hello") == "echo: hello"
+    labelled = (await registry.run(ToolCall("fake__echo", {"text": "x"}), ctx, ctx.active)).content
+    assert labelled.splitlines()[0].startswith("[tool result from the MCP server fake (echo); "
+                                               "untrusted content")
 
 
 async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: Any) -> None:
     registry, _ = await running(stdio(timeout=1.0), result_max_chars=1000)
-    assert (await call(registry, "fake__fail")).startswith("ERROR: the tool reported an error")
+    failed = await call(registry, "fake__fail")
+    assert failed.startswith("ERROR: the tool reported an error") and "Error executing" in failed
     assert "timed out" in await call(registry, "fake__sleep", seconds=30)
     assert "[image: image/png, 70 bytes" in await call(registry, "fake__picture")
     assert "the resource's text" in await call(registry, "fake__resource")
     long = await call(registry, "fake__long_text", n=5000)
-    assert long.startswith("x" * 1000) and "4,000 more characters" in long
+    assert long == "x" * 1000
+    shown = (await registry.run(ToolCall("fake__long_text", {"n": 5000}), context(registry,
+             ["fake"]), ["fake"])).content
+    assert shown.endswith("[4,000 more characters of it were left out]")
     assert "required" in await call(registry, "fake__address", where={"street": "a"})
     # The model's schema says string for `mode`; the server's own allows an integer too.
     assert await call(registry, "fake__address", where={"street": "a", "city": "b"},

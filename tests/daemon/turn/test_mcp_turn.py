@@ -23,6 +23,7 @@ from daemon.tools.mcp.connection import Listing
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.turn.parts import TurnParts
 from tests.conftest import RecordingChannel, SettingsFactory
+from tests.fakes.mcp_results import unlabelled
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
@@ -126,10 +127,10 @@ async def test_an_old_mcp_result_is_stubbed_like_a_built_in_one(engine_with: Any
         fake.script(*calls(("tool_activate", {"name": "fake"}), ("fake__long_text", {"n": 3000})),
                     Reply("That was long."))
         await say(engine, "a long one please")
-        assert any(m["content"].startswith("x" * 100) for m in tool_messages(fake))
+        assert any(unlabelled(m["content"]).startswith("x" * 100) for m in tool_messages(fake))
         for text in ("second", "third", "fourth"):
             await say(engine, text)
         shown = [m["content"] for m in tool_messages(fake) if m.get("tool_name") ==
                  "fake__long_text"]
         assert len(shown) == 1
-        assert shown[0].startswith("[result of fake__long_text: 3,000 characters")
+        assert shown[0].startswith("[result of fake__long_text: 3,156 characters")  # label too
