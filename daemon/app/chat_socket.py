@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from channels.console import CHAT_KEY, keys_line
+from daemon.core.errors import DeliveryError
 from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.engine.workers import Engine
 
@@ -59,8 +60,10 @@ class ChatSocket:
         """Not shown: the terminal shows the words as they come, as `roost chat` alone does."""
 
     async def send(self, outbound: Outbound) -> None:
-        # With no terminal connected the reply is in the conversation already (`roost
-        # conversations show console:local`); there is nobody to show it to now.
+        if self._writer is None or self._writer.is_closing():
+            # Nobody to show it to (an automation's report to console:local, say): it waits in
+            # the outbox, across restarts too, and is shown when a terminal connects.
+            raise DeliveryError("no roost chat is connected", window_closed=True)
         text = outbound.text
         if outbound.buttons:  # an approval question: y, a or n typed next answers it
             text += "\n" + keys_line(outbound.buttons)
@@ -95,6 +98,8 @@ class ChatSocket:
             return
         self._writer = writer
         self._write({"ready": True})
+        assert self.engine is not None
+        await self.engine.release(CHAT_KEY)  # what waited for a terminal is shown first
         try:
             while line := await reader.readline():
                 try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import readline  # imported for its effect: input() gets line editing, and its prompt on stdout
 import signal
 import sys
@@ -47,6 +48,7 @@ Ask = Callable[[str], Awaitable[None]]
 # Stop the reply being written; False when none is (then Ctrl-C leaves).
 StopReply = Callable[[], bool]
 COMMANDS = Commands.names | MemoryCommands.names
+COMMAND_WORD = re.compile(r"[a-z0-9_]{1,32}")
 
 
 class _Shown:
@@ -100,7 +102,8 @@ async def _converse(ask: Ask, stop_reply: StopReply, shown: _Shown, out: TextIO,
             if not line.strip():
                 continue
             command = Inbound(chat_key=CHAT_KEY, text=line, received=0).command
-            if command is not None and command not in COMMANDS:
+            # Only what reads as a command (`/bogus`, Telegram's syntax); "/etc/hosts?" is words.
+            if command is not None and COMMAND_WORD.fullmatch(command) and command not in COMMANDS:
                 out.write(f"[roost] /{command} is not a command; /help lists them. Nothing "
                           "was sent to the model.\n")
                 out.flush()
@@ -216,6 +219,7 @@ async def _local(settings: Settings, shown: _Shown,
         for down in servers.down():
             err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
         await engine.start()
+        await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is shown first
         await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
         yield ask, lambda: engine.stop_reply(CHAT_KEY)
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from daemon.core.config import DaemonSettings
+from daemon.core.config import SECRETS, DaemonSettings
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 
@@ -71,6 +71,16 @@ def test_units_ask_for_what_the_daemon_does() -> None:
                      "StateDirectoryMode=0700", "UMask=0077", "Restart=on-failure",
                      "RestartPreventExitStatus=78", "LimitNOFILE=", "LoadCredential="):
             assert line in text, f"{unit} lacks {line}"
+
+
+def test_both_units_name_every_secret_roost_reads() -> None:
+    """Each secret has its LoadCredential= line (commented until used) in both units, so
+    uncommenting is all a user (or `roost init`) has to do."""
+    names = {name for table in SECRETS.values() for name in table.values()}
+    for unit in ("roost.service", "roost-user.service"):
+        lines = re.findall(r"(?m)^#?LoadCredential=(\w+):\S*/\1$",
+                           (UNITS / unit).read_text())
+        assert set(lines) == names, unit
 
 
 @pytest.fixture

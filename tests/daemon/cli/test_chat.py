@@ -126,14 +126,15 @@ async def test_an_unknown_command_is_answered_here_and_never_reaches_the_model(
 ) -> None:
     chat = await pipe_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout
-    chat.stdin.write(b"/bogus do things\n/help\n")
+    chat.stdin.write(b"/bogus do things\n/help\n/etc/hosts has what?\n")
     chat.stdin.close()
     out = (await asyncio.wait_for(chat.stdout.read(), 15)).decode()
     assert await chat.wait() == 0
     assert "/bogus is not a command; /help lists them" in out
+    assert "echo: /etc/hosts has what?" in out  # a path is words for the model, not a command
     assert "/new - start a fresh conversation" in out  # a known one still works
     assert "thinking" not in out  # no indicator through a pipe
-    assert fake_ollama.chat_requests == []
+    assert len(fake_ollama.chat_requests) == 1  # the path only
 
 
 async def test_the_prompt_stays_while_ollama_is_down_and_the_messages_are_answered_after(
