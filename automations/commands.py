@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 import time
@@ -23,6 +24,8 @@ from daemon.engine.workers import Engine
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.tools.mcp.servers import with_servers
+from daemon.turn.parts import TurnParts, builtin_registry
 
 EX_USAGE = 2
 TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local")
@@ -98,12 +101,22 @@ async def run_automation(settings: Settings, name: str) -> int:
         result = await _ask_the_daemon(settings, automation)
     else:
         llm = ModelClient(settings.model)
-        engine = Engine(settings=settings, store=store, llm=llm, channels={})
+        # The same tools as a scheduled run: the built-ins and the MCP servers, started here.
+        registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
+                                                    settings.daemon.state_dir,
+                                                    builtin_registry(settings))
+        engine = Engine(settings=settings, store=store, llm=llm, channels={},
+                        parts=TurnParts.build(settings=settings, store=store, llm=llm,
+                                              registry=registry))
         automations = Automations(engine.parts, engine)
         try:
+            await servers.start()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(servers.wait_started(), settings.mcp.start_timeout)
             result = await automations.runner.run(automation, None, deliver=False)
         finally:
             await automations.stop()
+            await servers.stop()
             engine.parts.index.close()
             await llm.close()
             store.close()

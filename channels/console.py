@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TextIO
 
+from daemon.core.approval import KEYS, Button, parse
 from daemon.core.messages import Outbound, ReplySink
 
 CHAT_KEY = "console:local"
@@ -73,7 +75,16 @@ class ConsoleChannel:
             self.out.write("\n")  # a notice in the middle of a streamed reply
         prefix = "[roost] " if outbound.kind == "notice" else "roost> "
         self.out.write(f"{prefix}{outbound.text}\n")
+        if outbound.buttons:  # an approval question: answered on the next line (roost chat)
+            self.out.write(keys_line(outbound.buttons) + "\n")
         self.out.flush()
+
+
+def keys_line(buttons: Sequence[Button]) -> str:
+    """An approval question's buttons as the terminal offers them: `[y] Allow once  ...`."""
+    keys = {choice: key for key, choice in KEYS.items()}
+    return "  ".join(f"[{keys[parsed[1]]}] {b.label}" for b in buttons
+                     if (parsed := parse(b.id)) is not None)
 
 
 async def read_line(prompt: str | None) -> str | None:

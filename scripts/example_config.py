@@ -15,7 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-HEADING = re.compile(r"^### `(\[\[?\w+\]\]?)`\s*$")
+# `[name]`, `[[name]]` and a dotted table of one per name, such as `[mcp.servers.NAME]`.
+HEADING = re.compile(r"^### `(\[\[?\w+(?:\.\w+)*\]\]?)`\s*$")
+PER_NAME = re.compile(r"^\[mcp\.servers\.[\w-]+\]$")  # the example's one stands for NAME
 ROW = re.compile(r"^\| `(\w+)` \| (.*?) \| (.*) \|\s*$")
 WIDTH = 96
 FREE_TABLES = ("[variables]", "[identities]")  # any key: prose and an example, no key table
@@ -55,6 +57,7 @@ def _example_values(section: str) -> dict[str, dict[str, str]]:
     for line in example.splitlines():
         if line.startswith("["):
             table = line.split("#")[0].strip()
+            table = "[mcp.servers.NAME]" if PER_NAME.match(table) else table
             values.setdefault(table, {})
         elif match := re.match(r"^(\w+) = (.*?)(\s+#.*)?$", line):
             values[table].setdefault(match[1], match[2])
@@ -75,7 +78,8 @@ def render(readme: str) -> str:
     for line in section.splitlines():
         if heading := HEADING.match(line):
             table, prose = heading[1], []
-            commented = table.startswith("[[") or table in FREE_TABLES
+            commented = (table.startswith("[[") or table in FREE_TABLES
+                         or table.endswith(".NAME]"))
             out += ["", *(["#" + table] if commented else [table])]
             continue
         if table is None or line.startswith("###"):
@@ -96,7 +100,7 @@ def render(readme: str) -> str:
         value = _literal(default)
         if value is None:
             out += _comment(f"Default: {_plain(default)}.")
-        if value is not None and not table.startswith("[["):
+        if value is not None and not table.startswith("[[") and not table.endswith(".NAME]"):
             out.append(f"{key} = {value}")
         else:
             out.append(f"#{key} = {value if value is not None else examples[table][key]}")

@@ -66,7 +66,7 @@ def example_keys() -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {}
     table = ""
     for line in EXAMPLE.read_text("utf-8").splitlines():
-        if match := re.fullmatch(r"#?(\[\[?\w+\]\]?)", line):
+        if match := re.fullmatch(r"#?(\[\[?\w+(?:\.\w+)*\]\]?)", line):
             table = match[1]
             keys[table] = set()
         elif match := re.match(r"^#?(\w+) = ", line):
@@ -89,11 +89,15 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     assert not settings.telegram.enabled and settings.automations == ()
 
     uncommented = tmp_path / "uncommented.toml"
-    uncommented.write_text(re.sub(r"^#(?=[\[\w])", "", text, flags=re.M), "utf-8")
+    # An MCP server is either a command or a url: the url line stays commented; NAME is named.
+    uncommented.write_text(re.sub(r"^#(?=[\[\w])(?!url = )", "", text, flags=re.M)
+                           .replace("[mcp.servers.NAME]", "[mcp.servers.github]"), "utf-8")
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
     assert dict(full.identities) == {"owner": ("telegram:1111111", "whatsapp:972544401243")}
+    (server,) = full.mcp.servers
+    assert (server.name, server.command, server.approve) == ("github", "npx", "ask")
 
 
 def test_the_body_limits_the_readme_gives_are_the_channels() -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from telegram import Bot, BotCommand, ReplyParameters
+from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import (
     BadRequest,
@@ -50,12 +50,14 @@ from telegram.warnings import PTBDeprecationWarning
 from channels.formatting import split_telegram, split_text
 from channels.media import attachment_limits
 from channels.progress import Progress
+from channels.telegram.callbacks import Callbacks
 from channels.telegram.drafts import Draft
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
 from channels.webhooks import read_at_most
 from channels.working import kept_up
+from daemon.core.approval import Approver
 from daemon.core.config import AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.logs import telegram_log as log
@@ -291,7 +293,11 @@ class TelegramChannel:
             # answers; sent anyway when that message has been deleted meanwhile.
             reply = (ReplyParameters(int(outbound.reply_to), allow_sending_without_reply=True)
                      if index == 0 and chat_id < 0 and outbound.reply_to else None)
-            where = _Destination(chat_id, topic, reply)
+            # An approval question's buttons go under its last part.
+            markup = (InlineKeyboardMarkup([[InlineKeyboardButton(b.label, callback_data=b.id)]
+                                            for b in outbound.buttons])
+                      if outbound.buttons and index + 1 == len(parts) else None)
+            where = _Destination(chat_id, topic, reply, markup)
             await self.progress.attempt(outbound, index)
             more = index + 1 < len(parts)
             with _delivery_errors():
@@ -340,7 +346,8 @@ class TelegramChannel:
     async def _send(self, where: _Destination, text: str, parse_mode: str | None) -> str:
         message = await self.bot.send_message(where.chat_id, text, parse_mode=parse_mode,
                                               message_thread_id=where.topic,
-                                              reply_parameters=where.reply)
+                                              reply_parameters=where.reply,
+                                              reply_markup=where.markup)
         return str(message.message_id)
 
 
@@ -349,6 +356,7 @@ class _Destination:
     chat_id: int
     topic: int | None  # a forum topic's message_thread_id
     reply: ReplyParameters | None
+    markup: InlineKeyboardMarkup | None = None
 
 
 @contextlib.contextmanager
@@ -428,8 +436,9 @@ class Telegram:
         self.identity = BotIdentity(id=self.bot.id, username=self.bot.username)
         log.info("Telegram bot @%s (%s mode)", self.identity.username, self.settings.mode)
 
-    async def start(self, engine: Submitter) -> None:
-        """Process what an earlier run left, then start receiving (webhook or polling)."""
+    async def start(self, engine: Submitter, approver: Approver | None = None) -> None:
+        """Process what an earlier run left, then start receiving (webhook or polling);
+        taps on approval buttons go to `approver`."""
         assert self.identity is not None, "open() first"
         media = MediaFetcher(self.bot, self.store.state_dir / "attachments", limits=self.limits,
                              download_limit=self.tuning.download_limit,
@@ -437,7 +446,8 @@ class Telegram:
         self.intake = TelegramIntake(store=self.store, engine=engine, media=media,
                                      identity=self.identity, allow=self.settings.allow,
                                      album_window=self.tuning.album_window,
-                                     access=self.access)
+                                     access=self.access,
+                                     callbacks=Callbacks(self.bot, approver))
         await self.intake.resume()
         await self.channel.clear_orphans()
         try:

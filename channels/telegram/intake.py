@@ -27,6 +27,7 @@ from typing import Any
 
 from telegram import Update
 
+from channels.telegram.callbacks import Callbacks
 from channels.telegram.media import UNSUPPORTED, MediaFetcher
 from channels.telegram.updates import (
     MAX_DEPTH,
@@ -72,7 +73,9 @@ class TelegramIntake:
         album_window: float,
         clock: Callable[[], float] = time.time,
         access: Access | None = None,
+        callbacks: Callbacks | None = None,
     ) -> None:
+        self.callbacks = callbacks
         self.store = store
         self.engine = engine
         self.media = media
@@ -94,6 +97,10 @@ class TelegramIntake:
         if too_deep(payload, MAX_DEPTH):
             log.warning("update %s is nested more than %d levels deep; dropped",
                         payload.get("update_id"), MAX_DEPTH)
+            return False
+        if isinstance(payload.get("callback_query"), dict):  # a tap on a button: no message
+            if self.callbacks is not None:
+                await self.callbacks.handle(payload["callback_query"])
             return False
         envelope = envelope_of(payload)
         if envelope is None:

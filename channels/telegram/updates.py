@@ -30,7 +30,7 @@ from daemon.core.errors import ChannelError
 
 MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
 # The update kinds roost handles, given to setWebhook / getUpdates as `allowed_updates`.
-UPDATE_KINDS = ("message", "edited_message")
+UPDATE_KINDS = ("message", "edited_message", "callback_query")  # taps: telegram.callbacks
 CHAT_PREFIX = "telegram:"
 QUOTE_CLIP = 200  # characters of a replied-to message the model sees; the rest is elsewhere
 

@@ -37,7 +37,13 @@ from channels.formatting import WHATSAPP_LIMIT, split_text, to_whatsapp
 from channels.media import attachment_limits
 from channels.progress import Progress
 from channels.webhooks import read_at_most, too_deep
-from channels.whatsapp.api import REENGAGEMENT, Failure, GraphClient, GraphError
+from channels.whatsapp.api import (
+    BUTTONS_BODY_LIMIT,
+    REENGAGEMENT,
+    Failure,
+    GraphClient,
+    GraphError,
+)
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.payloads import (
     SIGNATURE_HEADER,
@@ -45,6 +51,7 @@ from channels.whatsapp.payloads import (
     Signature,
     WaMessage,
     WaStatus,
+    approval_reply,
     chat_key,
     check_signature,
     describe,
@@ -52,6 +59,7 @@ from channels.whatsapp.payloads import (
     wa_id_of,
 )
 from channels.working import kept_up
+from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver
 from daemon.core.config import AttachmentSettings, WhatsAppSettings
 from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.ids import inbound_id
@@ -224,11 +232,17 @@ class WhatsAppChannel:
             # back to `WhatsApp._record_status`.)
             raise self._window_closed("more than 24 hours since the user last wrote")
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
+        if outbound.buttons and len(parts[-1]) > BUTTONS_BODY_LIMIT:
+            parts.append("Your answer:")  # the buttons' message takes a shorter body
         done, ids = self.progress.start(outbound)
         for index in range(done, len(parts)):
             await self.progress.attempt(outbound, index)
             try:
-                wamid = await self.client.send_text(to, parts[index])
+                if outbound.buttons and index + 1 == len(parts):  # an approval question
+                    wamid = await self.client.send_buttons(
+                        to, parts[index], [(b.id, b.label) for b in outbound.buttons])
+                else:
+                    wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
                 raise self._delivery_error(exc) from exc
             self._remember(wamid, _Sent(outbound, parts[index]))
@@ -292,7 +306,9 @@ class WhatsAppIntake:
 
     def __init__(self, *, store: Store, engine: Engine, channel: WhatsAppChannel,
                  media: WhatsAppMedia, allow: Collection[str], access: Access | None = None,
-                 clock: Callable[[], float] = time.time, max_age: float = MAX_AGE) -> None:
+                 clock: Callable[[], float] = time.time, max_age: float = MAX_AGE,
+                 approver: Approver | None = None) -> None:
+        self.approver = approver
         self.store = store
         self.engine = engine
         self.channel = channel
@@ -319,6 +335,16 @@ class WhatsAppIntake:
             return False
         if not await self.gate.door(message.sender, message.chat_key,
                                     message.profile_name or ""):
+            return False
+        if (choice := approval_reply(message.body)) is not None:
+            # A tap on an approval question's button: an answer for the waiting turn, never
+            # a message for the model (payloads.describe would read it as one).
+            said = NOT_WAITING
+            if self.approver is not None:
+                said = await self.approver.answer(Answer(
+                    choice[0], choice[1], message.chat_key, f"{CHANNEL}:{message.sender}"))
+            if said not in ACCEPTED:
+                await self.engine.notify(message.chat_key, said)
             return False
         payload = {"message": dict(message.body), "profile_name": message.profile_name,
                    "business_number": message.business_number}
@@ -402,10 +428,12 @@ class WhatsApp:
     async def open(self) -> None:
         await self.client.start()
 
-    async def start(self, engine: Engine) -> None:
+    async def start(self, engine: Engine, approver: Approver | None = None) -> None:
+        """Resume, then take messages; approval button replies go to `approver`."""
         self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
                                      media=self.media, allow=self.settings.allow,
-                                     access=self.access, max_age=self.tuning.max_age)
+                                     access=self.access, max_age=self.tuning.max_age,
+                                     approver=approver)
         await self.intake.intake.resume()
 
     async def stop(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from daemon.core.approval import Choice, parse
 from daemon.core.errors import ChannelError
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
@@ -248,3 +249,12 @@ def _contacts_note(contacts: Sequence[Mapping[str, Any]]) -> str:
 
 def _join(context: str, text: str) -> str:
     return "\n".join(part for part in (context, text.strip()) if part)
+
+
+def approval_reply(body: Mapping[str, Any]) -> tuple[str, Choice] | None:
+    """(approval id, choice) when the message is a tap on one of roost's approval buttons
+    (an interactive button_reply whose id roost chose); None for anything else."""
+    interactive = body.get("interactive") if body.get("type") == "interactive" else None
+    reply = interactive.get("button_reply") if isinstance(interactive, dict) else None
+    button_id = reply.get("id") if isinstance(reply, dict) else None
+    return parse(button_id) if isinstance(button_id, str) else None

@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from channels.console import CHAT_KEY
+from channels.console import CHAT_KEY, keys_line
 from daemon.core.errors import DeliveryError
 from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.engine.workers import Engine
@@ -64,7 +64,10 @@ class ChatSocket:
             # Nobody to show it to (an automation's report to console:local, say): it waits in
             # the outbox, across restarts too, and is shown when a terminal connects.
             raise DeliveryError("no roost chat is connected", window_closed=True)
-        self._write({"send": {"kind": outbound.kind, "text": outbound.text}})
+        text = outbound.text
+        if outbound.buttons:  # an approval question: y, a or n typed next answers it
+            text += "\n" + keys_line(outbound.buttons)
+        self._write({"send": {"kind": outbound.kind, "text": text}})
 
     # ---- the socket -------------------------------------------------------------------------
 
@@ -114,8 +117,11 @@ class ChatSocket:
     async def _submit(self, text: str) -> None:
         assert self.engine is not None
         engine = self.engine
-        if not await engine.submit(Inbound(chat_key=CHAT_KEY, text=text,
-                                           received=engine.clock())):
+        approvals = engine.parts.approvals
+        if approvals is not None and await approvals.answer_typed(CHAT_KEY, text):
+            pass  # y, a or n to the approval question waiting in this chat: not a message
+        elif not await engine.submit(Inbound(chat_key=CHAT_KEY, text=text,
+                                             received=engine.clock())):
             self._write({"send": {"kind": "notice", "text": "roost is stopping; try again "
                                                             "once it runs"}})
             self._write({"idle": True})

@@ -63,7 +63,9 @@ from daemon.store import Store
 from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
-from daemon.turn.parts import TurnParts
+from daemon.tools.mcp.servers import McpServers, with_servers
+from daemon.tools.registry import Registry
+from daemon.turn.parts import TurnParts, builtin_registry
 from daemon.voice.backends import build_backend
 from daemon.voice.hearing import Hearing, no_wait
 
@@ -94,6 +96,8 @@ WHATSAPP = web.AppKey("whatsapp", WhatsApp)
 WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
 ACCESS = web.AppKey("access", Access)
 AUTOMATIONS = web.AppKey("automations", Automations)
+MCP = web.AppKey("mcp", McpServers)
+REGISTRY = web.AppKey("registry", Registry)
 CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
@@ -139,8 +143,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         app[CHAT_SOCKET] = ChatSocket(settings.daemon.state_dir)
         counted["console"] = _Counted(app[CHAT_SOCKET], metrics)
         starting.append(chat_socket_ctx)
-    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, *opening,
-                            engine_ctx, automations_ctx, *starting])
+    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, mcp_ctx,
+                            *opening, engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     return app
@@ -202,10 +206,25 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     await monitor.stop()
 
 
+async def mcp_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The tool registry with the MCP servers' capabilities; the servers start in the
+    background (a broken one is a line in /status, never a daemon that does not start) and
+    stop after the engine."""
+    settings = app[SETTINGS]
+    registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
+                                                settings.daemon.state_dir,
+                                                builtin_registry(settings))
+    app[REGISTRY], app[MCP] = registry, servers
+    await servers.start()
+    yield
+    await servers.stop()
+
+
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     channels: dict[str, Channel] = app[CHANNELS]
     settings, store, llm, metrics = app[SETTINGS], app[STORE], app[LLM], app[METRICS]
     parts = TurnParts.build(settings=settings, store=store, llm=llm, index=app[INDEX],
+                            registry=app[REGISTRY],
                             on_event=lambda kind: metrics.events.labels(kind).inc())
     # Filled before anything is sent: the automations add theirs right after the engine.
     hooks = app[DELIVERY_HOOKS] = DeliveryHooks()
@@ -273,7 +292,8 @@ async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"))
+    await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"),
+                              app[ENGINE].parts.approvals)
     yield
     await app[TELEGRAM].stop()
     log.info("telegram stopped")
@@ -297,7 +317,8 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"))
+    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"),
+                              app[ENGINE].parts.approvals)
     yield
     await app[WHATSAPP].stop()
     log.info("whatsapp stopped")

@@ -32,6 +32,7 @@ from automations.schedule import build_trigger, next_fire
 from channels.telegram.channel import check_settings
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.app.health import MIN_FREE_BYTES, disk_state
+from daemon.cli.mcp import doctor_checks as mcp_doctor_checks
 from daemon.core.config import Settings, missing_secrets
 from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.core.filemodes import exposure
@@ -89,11 +90,17 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
         say(check)
     for check in await _guarded("voice", _voice_checks(settings)):
         say(check)
+    for check in await _guarded("mcp", _mcp_checks(settings)):
+        say(check)
     if as_json:
         json.dump({"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]},
                   out, indent=2)
         out.write("\n")
     return 0 if all(c.ok for c in checks) else 1
+
+
+async def _mcp_checks(settings: Settings) -> list[Check]:
+    return [Check(*c) for c in await mcp_doctor_checks(settings)]
 
 
 async def _guarded(name: str, checks: Awaitable[list[Check]]) -> list[Check]:

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from daemon import __version__
 from daemon.cli import init_files
+from daemon.cli.approvals import approvals_command
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
@@ -23,13 +24,15 @@ from daemon.core.filemodes import make_private
 from daemon.core.logs import configure as configure_logging
 from daemon.intake.pairing import PairingBook
 from daemon.store import NoState, Store
+from daemon.store.approvals import ApprovalBook
 
 EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
 EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
-_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory"})
+_READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory",
+                        "mcp", "approvals"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -41,6 +44,7 @@ _HEAVY = {
     "doctor": "daemon.cli.doctor",
     "automations": "automations.commands",
     "init": "daemon.cli.init",
+    "mcp": "daemon.cli.mcp",
 }
 
 
@@ -119,6 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
     add_memory_parser(commands, common)
+    mcp = commands.add_parser("mcp", parents=[common], help="the configured MCP servers")
+    servers = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
+    servers.add_parser("list", parents=[common],
+                       help="start each server, show its state and tools, stop it")
+    test = servers.add_parser("test", parents=[common],
+                              help="start one server and list its tools; calls nothing")
+    test.add_argument("name", help="the server's name, as in [mcp.servers.NAME]")
+    approvals = commands.add_parser("approvals", parents=[common],
+                                    help="tools people allowed for good (Always for this tool)")
+    standing = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
+    standing.add_parser("list", parents=[common], help="one line per person and tool")
+    revoke_always = standing.add_parser("revoke", parents=[common],
+                                        help="ask again: for one person, one tool, or both")
+    revoke_always.add_argument("person", nargs="?", default=None,
+                               help="as `approvals list` shows it, e.g. telegram:1111111")
+    revoke_always.add_argument("--tool", default=None, help="only this tool (server__tool)")
     return parser
 
 
@@ -167,6 +187,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return int(asyncio.run(_load("run").serve(settings)))
     if args.command == "chat":
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        if not args.verbose:  # a server that stays down is said once, not at every retry
+            logging.getLogger("roost.mcp").setLevel(logging.ERROR)
         return int(asyncio.run(_load("chat").chat(settings)))
     if args.command == "doctor":  # its report is the output; log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
@@ -178,6 +200,18 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return _automations(args, settings)
     if args.command == "memory":
         return memory_command(args, settings)
+    if args.command == "mcp":  # its report is the output; the servers' log lines only with -v
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+        commands = _load("mcp")
+        if args.action == "list":
+            return int(asyncio.run(commands.mcp_list(settings)))
+        return int(asyncio.run(commands.mcp_test(settings, args.name)))
+    if args.command == "approvals":
+        if args.action == "revoke" and args.person is None and args.tool is None:
+            print("roost: name a person, --tool, or both", file=sys.stderr)
+            return EX_USAGE
+        return approvals_command(ApprovalBook(settings.daemon.state_dir), args.action,
+                                 getattr(args, "person", None), getattr(args, "tool", None))
     return _conversations(args, settings)
 
 

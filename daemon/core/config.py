@@ -151,6 +151,33 @@ class AutomationSettings:
 
 
 @dataclass(frozen=True)
+class McpServerSettings:
+    """One `[mcp.servers.NAME]`: a stdio server (`command`) or a streamable HTTP one (`url`)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # ${NAME}s resolved
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # likewise
+    description: str | None = None  # the index line; else the server's own, cut to one line
+    approve: str = "ask"  # "never" | "ask" | "always", for every tool of the server
+    approve_tools: Mapping[str, str] = field(default_factory=dict)  # per tool, over `approve`
+    timeout: float = 60.0  # seconds one call may take
+    enabled: bool = True
+    missing: tuple[str, ...] = ()  # ${NAME}s with no value: the server cannot start
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    servers: tuple[McpServerSettings, ...] = ()
+    approve_timeout: float = 600.0  # no answer within this counts as Deny
+    start_timeout: float = 30.0  # a server not listing its tools by then failed this start
+    result_max_chars: int = 20_000  # what is kept of one result; the model sees less of it
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonSettings
     model: ModelSettings
@@ -166,6 +193,7 @@ class Settings:
         default_factory=lambda: MappingProxyType({}))
     web: WebSettings = WebSettings()
     voice: VoiceSettings = field(default_factory=VoiceSettings)
+    mcp: McpSettings = field(default_factory=McpSettings)
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -408,6 +436,19 @@ _AUTOMATION: _Spec = {
     "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
                       "must be at least 1s", _seconds)}
 _AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
+_APPROVE = _one_of("never", "ask", "always")
+_MCP: _Spec = {"approve_timeout": _PERIOD, "start_timeout": _PERIOD,
+               "result_max_chars": _at_least(1000)}
+_MCP_SERVER: _Spec = {
+    "command": _STRING, "args": _array(_TEXT), "env": _value(dict, "a table of strings"),
+    "cwd": _STRING, "url": _URL, "headers": _value(dict, "a table of strings"),
+    "description": _STRING, "approve": _APPROVE,
+    "approve_tools": _value(dict, "a table of tool name = 'never', 'ask' or 'always'"),
+    "timeout": _PERIOD, "enabled": _BOOL}
+_SERVER_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,29}")
+# A value the file gives literally under one of these names is a secret in the file.
+_SECRETISH = re.compile("(?i)token|secret|password|passwd|api_?key|authorization|cookie")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def config_keys() -> dict[str, frozenset[str]]:
@@ -416,6 +457,8 @@ def config_keys() -> dict[str, frozenset[str]]:
     [variables] takes any key and is not listed."""
     keys = {f"[{name}]": frozenset(spec) for name, spec in _SPECS.items()}
     keys["[[automations]]"] = frozenset(_AUTOMATION)
+    keys["[mcp]"] = frozenset(_MCP)
+    keys["[mcp.servers.NAME]"] = frozenset(_MCP_SERVER)
     return keys
 
 
@@ -520,7 +563,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         return values
 
     for name, value in document.items():
-        if name not in (*_SPECS, "automations", "variables", "identities"):
+        if name not in (*_SPECS, "automations", "variables", "identities", "mcp"):
             raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
@@ -566,8 +609,9 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     # [variables] takes any key; read() still checks that it is a table of strings.
     raw = document.get("variables", {})
     variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))
+    mcp = _mcp(document.get("mcp", {}), read, fail, env)
     return Settings(
-        daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
+        mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
         automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
@@ -608,6 +652,49 @@ def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
             owner[key] = name
         identities[name] = tuple(dict.fromkeys(keys))
     return MappingProxyType(identities)
+
+
+def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
+         fail: Callable[[str, str], ConfigError], env: Mapping[str, str]) -> McpSettings:
+    """`[mcp]` and its `[mcp.servers.NAME]` tables. Values of `env` and `headers` may name
+    secrets as `${NAME}` (from the environment or $CREDENTIALS_DIRECTORY/NAME); one that is
+    not set leaves the server unable to start (doctor says so), not the daemon."""
+    servers_table = table.get("servers", {}) if isinstance(table, dict) else {}
+    top = read({k: v for k, v in table.items() if k != "servers"}
+               if isinstance(table, dict) else table, "mcp", _MCP)
+    if not isinstance(servers_table, dict):
+        raise fail("mcp.servers", "expected a table of [mcp.servers.NAME] tables")
+    servers = []
+    for name, raw in servers_table.items():
+        where = f"mcp.servers.{name}"
+        if not _SERVER_NAME.fullmatch(name):
+            raise fail(where, "the name must be lowercase letters, digits, '-' and '_' "
+                       "(at most 30), starting with a letter or digit")
+        values = read(raw, where, _MCP_SERVER)
+        if ("command" in values) == ("url" in values):
+            raise fail(where, "needs either command (a stdio server) or url (streamable HTTP)")
+        missing: list[str] = []
+        for key in ("env", "headers"):
+            resolved = {}
+            for item, value in values.get(key, {}).items():
+                if not isinstance(value, str):
+                    raise fail(f"{where}.{key}.{item}", "expected a string")
+                if _SECRETISH.search(item) and not _REFERENCE.search(value):
+                    raise fail(f"{where}.{key}.{item}", "secrets do not belong in the config "
+                               "file; write \"${NAME}\" and set NAME in the environment or "
+                               "$CREDENTIALS_DIRECTORY/NAME")
+                missing += [n for n in _REFERENCE.findall(value) if not read_secret(n, env)]
+                resolved[item] = _REFERENCE.sub(lambda m: read_secret(m.group(1), env) or "",
+                                                value)
+            values[key] = MappingProxyType(resolved)
+        for tool, policy in values.get("approve_tools", {}).items():
+            try:
+                _APPROVE(policy)
+            except _Bad as bad:
+                raise fail(f"{where}.approve_tools.{tool}", str(bad)) from None
+        values["approve_tools"] = MappingProxyType(dict(values.get("approve_tools", {})))
+        servers.append(McpServerSettings(name=name, missing=tuple(missing), **values))
+    return McpSettings(servers=tuple(servers), **top)
 
 
 def _home(env: Mapping[str, str]) -> Path:

@@ -6,6 +6,7 @@
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
     │   ├── CorruptFile             (daemon.store.files) a state file that does not parse
     │   └── FactError               (daemon.store.facts) a fact not kept or not found; for the user
+    ├── McpError                    an MCP server is not running, or a call to it failed
     ├── AttachmentError             a photo or file refused; its message is for the user
     ├── VoiceError                  a recording not transcribed; its message is for the user
     ├── DocumentError               a PDF, DOCX, XLSX or page that cannot be read (bounded parse)
@@ -144,6 +145,10 @@ class ModelCrashed(LLMError):
 
 class Preempted(LLMError):
     """A background call (the fold) was cancelled so that a turn could use the model."""
+
+
+class McpError(RoostError):
+    """An MCP server is not running (yet, or any more), or a call to it failed."""
 
 
 class Stopped(RoostError):

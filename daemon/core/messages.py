@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from daemon.core.approval import Button
 from daemon.core.ids import new_id
 
 OutboundKind = Literal["reply", "notice"]
@@ -85,6 +86,9 @@ class Outbound:
     # may have reached the chat already (delivery is at least once; see channels.progress).
     attempting: int | None = None
     origin: str | None = None  # what queued it, when someone asks after it (an automation run)
+    # Answers offered under the message (an approval question); a channel that cannot show
+    # buttons lists them (channels.console).
+    buttons: tuple[Button, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -97,6 +101,7 @@ class Outbound:
     def from_doc(cls, doc: Mapping[str, Any]) -> Outbound:
         known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
         known["platform_ids"] = tuple(known.get("platform_ids", ()))  # a list in JSON
+        known["buttons"] = tuple(Button(**b) for b in known.get("buttons", ()))
         return cls(**known)
 
 

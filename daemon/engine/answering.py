@@ -21,8 +21,9 @@ from daemon.engine.chat_commands import Commands
 from daemon.engine.memory_commands import MemoryCommands
 from daemon.engine.model_choice import ModelChoice
 from daemon.store.facts import FactsBook
+from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
-from daemon.turn.runner import MAX_BACKOFF, Notify, Outcome
+from daemon.turn.runner import MAX_BACKOFF, Outcome
 from daemon.turn.streaming import not_streamed
 from daemon.voice.hearing import Hearing
 
@@ -33,21 +34,22 @@ class Answering:
     """See the module docstring; `notify` sends a notice through the chat's outbox."""
 
     def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
-                 notify: Notify, voice: Hearing | None = None) -> None:
+                 notify: Ask, voice: Hearing | None = None) -> None:
         self.parts = parts
         self.voice = voice  # transcribes voice notes before their turn
         self.channels = channels
         self.notify = notify
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
-                                 folder=parts.folder, clock=parts.clock)
+                                 folder=parts.folder, clock=parts.clock,
+                                 registry=parts.registry)
         self.models = ModelChoice(settings=parts.settings, store=parts.store, llm=parts.llm,
                                   router=parts.router, clock=parts.clock)
         self.memory = MemoryCommands(settings=parts.settings,
                                      facts=parts.facts or FactsBook(parts.store.files),
                                      clock=parts.clock)
         self.turns = parts.runner(notify=notify, streaming=self._streaming,
-                                  working=self._working)
+                                  working=self._working, ask=notify)
         self.parked: set[str] = set()
         self._stops: set[str] = set()  # ids of /stop messages that stopped a reply
 

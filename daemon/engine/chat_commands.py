@@ -13,6 +13,7 @@ from daemon.core.redact import redact_url
 from daemon.engine.model_choice import FLAG as MODEL_FLAG
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.tools.registry import Registry
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -52,7 +53,9 @@ class Commands:
         prompting: Prompting,
         folder: Folder,
         clock: Callable[[], float],
+        registry: Registry | None = None,
     ) -> None:
+        self.registry = registry
         self.settings = settings
         self.store = store
         self.router = router
@@ -101,6 +104,9 @@ class Commands:
         if not info.tools:
             lines.append(f"Tools: none ({name} has no tools capability, so no searches "
                          "or files)")
+        if self.registry is not None:
+            lines += [f"MCP server {name}: not working ({problem})"
+                      for name, problem in sorted(self.registry.problems.items())]
         if info.thinks:
             lines.append("Thinking: " + ("on for replies (model.think)" if model.think
                                          else "off (model.think = false)"))

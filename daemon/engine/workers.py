@@ -17,6 +17,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 
+from daemon.core.approval import Button
 from daemon.core.config import Settings
 from daemon.core.errors import StoreError
 from daemon.core.logs import turn_log as log
@@ -159,12 +160,13 @@ class Engine:
         if idle is not None:
             await idle.wait()
 
-    async def notify(self, chat_key: str, text: str) -> None:
+    async def notify(self, chat_key: str, text: str, *, buttons: tuple[Button, ...] = ()) -> None:
         """Send a notice (not part of the conversation) through the outbox. Only the chat's
         worker sends its outbox, so replies and notices never race: called from the worker (a
         turn), the notice goes out at once; from anywhere else (a channel telling the user
         about a broken photo), the worker is woken to send it."""
-        outbound = Outbound(chat_key=chat_key, text=text, created=self.clock(), kind="notice")
+        outbound = Outbound(chat_key=chat_key, text=text, created=self.clock(), kind="notice",
+                            buttons=buttons)
         await asyncio.to_thread(self.store.outbox_add, outbound.to_doc())
         if _working_for.get() == chat_key:
             await self._flush_outbox(chat_key)

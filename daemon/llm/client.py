@@ -413,6 +413,23 @@ class ModelClient:
             if self.observer is not None:
                 self.observer.turn_done(time.monotonic() - started)
 
+    @contextlib.asynccontextmanager
+    async def waiting_for_user(self) -> AsyncIterator[None]:
+        """Inside a turn, while it waits for the user (an approval): the turn gives up its
+        claim on the model, so a background fold may use it meanwhile; taken back after."""
+        if _scheduled.get():
+            yield
+            return
+        self.turns_active -= 1
+        self._poke()
+        try:
+            yield
+        finally:
+            self.turns_active += 1
+            if self._no_room_for_background():
+                for task in list(self._background):
+                    task.cancel()
+
     async def _observed(
         self,
         name: str,

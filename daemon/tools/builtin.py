@@ -277,6 +277,10 @@ async def tool_activate(ctx: ToolContext, name: str) -> str:
         return f"ERROR: no capability {name!r}; tool_search lists them."
     if capability.core or name in ctx.active:
         return f"{name} is already loaded."
+    if not capability.tools:  # an MCP server that has not listed any (yet)
+        problem = ctx.registry.problems.get(name)
+        return (f"ERROR: {name} has no tools right now"
+                f"{f' ({problem})' if problem else ''}; it was not loaded. Try again later.")
     ctx.active.append(name)
     tools = ", ".join(t.name for t in capability.tools)
     return f"Loaded {name}: you can call {tools} now."

@@ -43,13 +43,23 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolOutput:
+    """What a handler may return instead of plain text: text with images (an MCP tool's),
+    which the turn stores and shows to a model that can see."""
+
+    text: str
+    images: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolResult:
     name: str
     content: str
     error: bool = False
+    images: tuple[bytes, ...] = ()
 
 
-Handler = Callable[..., Awaitable[str]]
+Handler = Callable[..., Awaitable[str | ToolOutput]]
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,9 @@ class Tool:
     parameters: Mapping[str, Any]
     handler: Handler
     timeout: float = DEFAULT_TIMEOUT
+    # Whether a call waits for the user's yes (daemon.turn.approvals): "never" (built-ins),
+    # "ask" (unless the person said "always" for it) or "always".
+    approve: str = "never"
 
     def schema(self) -> dict[str, Any]:
         """The tool as Ollama's `tools` field wants it (OpenAI-style function schema)."""
@@ -108,11 +121,23 @@ class Registry:
     """All capabilities known to this process, in registration order."""
 
     capabilities: dict[str, Capability] = field(default_factory=dict)
+    # Capabilities not working right now, with why (an MCP server that is down): /status.
+    problems: dict[str, str] = field(default_factory=dict)
 
     def register(self, capability: Capability) -> None:
         if capability.name in self.capabilities:
             raise ValueError(f"capability {capability.name!r} is already registered")
         taken = {t.name for c in self.capabilities.values() for t in c.tools}
+        clash = taken & {t.name for t in capability.tools}
+        if clash:
+            raise ValueError(f"tool name(s) already registered: {', '.join(sorted(clash))}")
+        self.capabilities[capability.name] = capability
+
+    def replace(self, capability: Capability) -> None:
+        """Put a registered capability's new version in its place (an MCP server that listed
+        its tools anew); its tool names must not clash with another capability's."""
+        taken = {t.name for c in self.capabilities.values() if c.name != capability.name
+                 for t in c.tools}
         clash = taken & {t.name for t in capability.tools}
         if clash:
             raise ValueError(f"tool name(s) already registered: {', '.join(sorted(clash))}")
@@ -174,6 +199,8 @@ class Registry:
         except Exception as exc:  # the boundary of a tool: report to the model, keep the turn
             log.exception("tool %s failed", call.name)
             return ToolResult(call.name, f"{ERROR_PREFIX}{call.name} failed: {exc}", error=True)
+        if isinstance(content, ToolOutput):
+            return ToolResult(call.name, content.text, images=content.images)
         return ToolResult(call.name, content)
 
 

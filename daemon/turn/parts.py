@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from daemon.core.config import Settings
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.approvals import ApprovalBook
 from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
 from daemon.store.memory_index import MemoryIndex
@@ -22,11 +23,23 @@ from daemon.tools.documents import register_documents
 from daemon.tools.facts import register_facts
 from daemon.tools.registry import Registry
 from daemon.tools.web.tools import register_web
+from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
 from daemon.turn.streaming import Streaming, not_streamed
+
+
+def builtin_registry(settings: Settings) -> Registry:
+    """The tools every roost has, registered the way an extra would be (the daemon adds its
+    MCP servers' capabilities to it)."""
+    registry = Registry()
+    register_builtin(registry)
+    register_facts(registry)
+    register_web(registry, settings.web)
+    register_documents(registry)
+    return registry
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class TurnParts:
     folder: Folder
     clock: Callable[[], float]
     facts: FactsBook | None = None
+    approvals: Approvals | None = None  # asks before a tool that needs a yes runs
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
@@ -54,11 +68,7 @@ class TurnParts:
         with the store, so that a disk that cannot take it stops the start before anything
         else runs. `registry` holds the built-in tools unless one is given."""
         if registry is None:
-            registry = Registry()
-            register_builtin(registry)
-            register_facts(registry)
-            register_web(registry, settings.web)
-            register_documents(registry)
+            registry = builtin_registry(settings)
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
         facts = FactsBook(store.files)
@@ -70,14 +80,18 @@ class TurnParts:
                                 clock=clock, facts=facts),
             folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
                           on_fold=index.mark_dirty),
-            clock=clock, facts=facts)
+            clock=clock, facts=facts,
+            approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
+                                clock))
 
     def runner(self, *, notify: Notify, streaming: Streaming = not_streamed,
-               working: Working = not_shown, fold: bool = True) -> TurnRunner:
-        """A turn runner on these parts; `fold` lets its turns land a fold the request owes."""
+               working: Working = not_shown, fold: bool = True,
+               ask: Ask | None = None) -> TurnRunner:
+        """A turn runner on these parts; `fold` lets its turns land a fold the request owes;
+        `ask` lets its turns ask the user to approve a tool call."""
         return TurnRunner(settings=self.settings, store=self.store, llm=self.llm,
                           router=self.router, prompting=self.prompting, registry=self.registry,
                           index=self.index, records=self.records, notify=notify,
                           streaming=streaming, clock=self.clock,
                           folder=self.folder if fold else None, working=working,
-                          facts=self.facts)
+                          facts=self.facts, approvals=self.approvals, ask=ask)

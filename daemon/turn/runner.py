@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -67,6 +68,7 @@ from daemon.tools.builtin import ToolContext
 from daemon.tools.facts import confirmed
 from daemon.tools.registry import Registry
 from daemon.tools.scope import person_of, recall_scope
+from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.router import Router
@@ -189,6 +191,16 @@ class _Outage:
                 "I will keep trying and answer when it is back."))
 
 
+def _person(chat_key: str, items: Sequence[Inbound]) -> str | None:
+    """Who may approve this turn's tool calls: the sender of its last message
+    (`<channel>:<id>`), or the chat itself where there is no sender (the console). An
+    automation's run has nobody to ask."""
+    if chat_key.startswith("automation:"):
+        return None
+    sender = items[-1].sender if items else None
+    return f"{chat_key.split(':', 1)[0]}:{sender}" if sender else chat_key
+
+
 class TurnRunner:
     """Runs turns; `notify` sends a notice to a chat, `streaming` gives the channel's sink that
     shows the reply as it comes; `stops.stop(chat_key)` stops the chat's running turn."""
@@ -210,7 +222,13 @@ class TurnRunner:
         folder: Folder | None = None,
         working: Working = not_shown,
         facts: FactsBook | None = None,
+        approvals: Approvals | None = None,
+        ask: Ask | None = None,
     ) -> None:
+        """`ask` sends a question with buttons to a chat; without it (an automation's run)
+        a tool that needs the user's yes runs only on a standing "Always"."""
+        self.approvals = approvals
+        self.ask = ask
         self.settings = settings
         self.facts = facts
         self.working = working
@@ -299,6 +317,12 @@ class TurnRunner:
                 max_calls=self.settings.model.max_calls, budget=prepared.budget,
                 num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
                 status=sink.status,
+                vision="vision" in (await self.llm.model_info(model)).capabilities,
+                attachments=self.store.state_dir / "attachments",
+                approve=functools.partial(
+                    self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
+                    ask=self.ask, released=self.llm.waiting_for_user)
+                if self.approvals is not None else None,
             )
             return prepared, first, loop, await loop.run(messages, first)
 

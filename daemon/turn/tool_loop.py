@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
@@ -31,10 +32,12 @@ from daemon.context.compact import (
     state_messages,
 )
 from daemon.context.replay import ChatMessage, shown_result
+from daemon.core.errors import AttachmentError
 from daemon.llm.client import ChatResult
+from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
-from daemon.tools.registry import Registry, ToolCall
+from daemon.tools.registry import Registry, Tool, ToolCall, ToolResult
 from daemon.turn.streaming import tool_line
 
 MAX_CONTINUATIONS = 3
@@ -55,6 +58,11 @@ CUT_OFF_NOTE = "\n\n[The answer was cut off; ask me to go on.]"
 
 Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
 Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
+# approve(tool, arguments) -> None to run it, else the result the model gets instead
+# (daemon.turn.approvals); None for the whole loop: nobody can be asked, so nothing that
+# needs a yes runs.
+Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]
+NOBODY_TO_ASK = "ERROR: {name} needs the user's approval, which cannot be asked here."
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,15 @@ class ToolLoop:
         ratio: float,
         clock: Callable[[], float],
         status: Callable[[str], None] | None = None,
+        approve: Approve | None = None,
+        vision: bool = False,
+        attachments: Path | None = None,
     ) -> None:
+        """`vision`: the model sees the images a tool returns (stored under `attachments`);
+        otherwise it gets a note that it cannot."""
+        self.approve = approve
+        self.vision = vision
+        self.attachments = attachments
         self.registry = registry
         self.status = status  # the channel's progress line while a tool runs
         self.context = context
@@ -210,7 +226,9 @@ class ToolLoop:
             call = ToolCall.from_ollama(raw)
             if self.status is not None:
                 self.status(tool_line(call.name))
-            outcome = await self.registry.run(call, self.context, self.context.active)
+            refused = await self._approval(call)
+            outcome = (ToolResult(call.name, refused, error=True) if refused is not None
+                       else await self.registry.run(call, self.context, self.context.active))
             # The model sees at most a sixth of the budget of one result, so the three newest
             # (which compaction never cuts) fit in half of it. The store keeps all of it, and
             # remembers the cap so that replay shows the same bytes on later turns.
@@ -218,11 +236,44 @@ class ToolLoop:
             shown = len(outcome.content) > cap
             meta = {**({"error": True} if outcome.error else {}),
                     **({"shown_chars": cap} if shown else {})}
-            seq = await self.save("tool", outcome.content, tool_name=call.name, meta=meta)
+            stored, note = await self._images(outcome)
+            seq = await self.save("tool", outcome.content + note, tool_name=call.name, meta=meta,
+                                  attachments=tuple(s.to_doc() for s in stored))
             content = (shown_result(self.context.conversation_id, seq, outcome.content, cap)
-                       if shown else outcome.content)
-            messages.append({"role": "tool", "content": content, "tool_name": call.name})
+                       if shown else outcome.content) + note
+            message: ChatMessage = {"role": "tool", "content": content, "tool_name": call.name}
+            if stored and self.vision and self.attachments is not None:
+                message["images"] = [  # type: ignore[typeddict-unknown-key]
+                    await asyncio.to_thread(read_image_base64, s.to_doc(), self.attachments)
+                    for s in stored]
+            messages.append(message)
         return len(calls)
+
+    async def _images(self, outcome: ToolResult) -> tuple[list[StoredImage], str]:
+        """A tool's images, checked and stored like a user's (Pillow, downscaled); and the
+        note the model gets when it cannot see them or one was refused."""
+        if not outcome.images or self.attachments is None:
+            return [], ""
+        stored: list[StoredImage] = []
+        notes: list[str] = []
+        for data in outcome.images:
+            try:
+                stored.append(await asyncio.to_thread(store_image, data, self.attachments))
+            except AttachmentError as exc:
+                notes.append(f"[an image of this result could not be used: {exc}]")
+        if stored and not self.vision:
+            notes.append("[this model cannot see images, so the image is not shown]")
+        return stored, "".join(f"\n{n}" for n in notes)
+
+    async def _approval(self, call: ToolCall) -> str | None:
+        """None when the call may run (or fails on its own: an unknown tool, bad arguments,
+        which nobody need approve); else the result that stands in for it."""
+        tool = self.registry.tool(call.name, self.context.active)
+        if tool is None or tool.approve == "never" or tool.check(call.arguments)[1]:
+            return None
+        if self.approve is None:
+            return NOBODY_TO_ASK.format(name=tool.name)
+        return await self.approve(tool, tool.check(call.arguments)[0])
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult

@@ -97,7 +97,15 @@ class FakeGraph:
         return [c for c in self.calls if c.kind == "send" and c.accepted]
 
     def texts(self, to: str | None = None) -> list[str]:
-        return [c.body["text"]["body"] for c in self.sent if to is None or c.body["to"] == to]
+        """The text of each accepted message (an interactive one's body)."""
+        return [c.body["interactive"]["body"]["text"] if c.body.get("type") == "interactive"
+                else c.body["text"]["body"] for c in self.sent if to is None or c.body["to"] == to]
+
+    def buttons(self, to: str | None = None) -> list[list[dict[str, str]]]:
+        """The reply buttons ({id, title}) of each accepted interactive message."""
+        return [[b["reply"] for b in c.body["interactive"]["action"]["buttons"]]
+                for c in self.sent if c.body.get("type") == "interactive"
+                and (to is None or c.body["to"] == to)]
 
     def calls_of(self, kind: str) -> list[Call]:
         return [c for c in self.calls if c.kind == kind]
@@ -191,6 +199,10 @@ class FakeGraph:
                 return error(100, "Invalid parameter")
             return web.json_response({"success": True})
         text = (body.get("text") or {}).get("body") if body.get("type") == "text" else None
+        if body.get("type") == "interactive":
+            if problem := _interactive_problem(body.get("interactive")):
+                return error(131009, f"Parameter value is not valid: {problem}", 400)
+            text = body["interactive"]["body"]["text"]
         if not isinstance(text, str) or not text.strip() or not body.get("to"):
             return error(100, "Invalid parameter")
         if len(text) > TEXT_LIMIT:
@@ -257,6 +269,44 @@ def webhook(*messages: dict[str, Any], statuses: tuple[dict[str, Any], ...] = ()
             "entry": [{"id": "264937493375603", "changes": [{"value": value,
                                                                "field": "messages"}]}]}
     return json.dumps(body).encode()
+
+
+def _interactive_problem(interactive: object) -> str:
+    """What Meta refuses in a reply-buttons message (body up to 1,024 characters, one to
+    three buttons with unique ids up to 256 characters and titles up to 20); "" when fine."""
+    if not isinstance(interactive, dict) or interactive.get("type") != "button":
+        return "interactive.type must be button"
+    body = interactive.get("body")
+    if not isinstance(body, dict) or not str(body.get("text") or "").strip():
+        return "body.text is required"
+    if len(body["text"]) > 1024:
+        return "body.text is longer than 1024 characters"
+    buttons = (interactive.get("action") or {}).get("buttons")
+    if not isinstance(buttons, list) or not 1 <= len(buttons) <= 3:
+        return "action.buttons must hold 1 to 3 buttons"
+    replies = [b.get("reply") if isinstance(b, dict) and b.get("type") == "reply" else None
+               for b in buttons]
+    if not all(isinstance(r, dict) for r in replies):
+        return "each button must be of type reply"
+    ids = [str(r["id"]) for r in replies]  # type: ignore[index]
+    if len(set(ids)) != len(ids) or any(not i or len(i) > 256 for i in ids):
+        return "button ids must be unique, 1-256 characters"
+    if any(not str(r.get("title") or "") or len(str(r["title"])) > 20  # type: ignore[union-attr,index]
+           for r in replies):
+        return "button titles must be 1-20 characters"
+    return ""
+
+
+def button_reply(wamid: str, sender: str, button_id: str, title: str,
+                 context: str = "") -> dict[str, Any]:
+    """A tap on a reply button, as Meta sends it (type interactive, button_reply)."""
+    message: dict[str, Any] = {"from": sender, "id": wamid, "timestamp": sent_now(),
+                               "type": "interactive", "interactive": {
+                                   "type": "button_reply",
+                                   "button_reply": {"id": button_id, "title": title}}}
+    if context:
+        message["context"] = {"from": DISPLAY_NUMBER, "id": context}
+    return message
 
 
 def sent_now() -> str:

@@ -52,7 +52,7 @@ from aiohttp import BodyPartReader, web
 METHODS = (  # the Bot API methods the fake answers
     "getMe setWebhook deleteWebhook getWebhookInfo getUpdates sendMessage editMessageText"
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
-    " sendMessageDraft"
+    " answerCallbackQuery editMessageReplyMarkup sendMessageDraft"
 ).split()
 MESSAGE_LIMIT = 4096
 RAW_TEXT_LIMIT = 32768  # bytes of `text` as sent, checked before parse_mode is applied
@@ -141,6 +141,8 @@ class FakeTelegram:
         self.commands: list[dict[str, Any]] = []
         self.files: dict[str, _File] = {}
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}  # (chat id, message id)
+        # Callback queries made by tap(), by id: None until answerCallbackQuery answers one.
+        self.callback_answers: dict[str, dict[str, Any] | None] = {}
         self._updates: list[dict[str, Any]] = []  # not yet confirmed by an offset
         self._next_update_id = 1
         self._allowed_updates: frozenset[str] = frozenset()
@@ -260,6 +262,18 @@ class FakeTelegram:
         self._next_update_id = max(self._next_update_id, update["update_id"] + 1)
         self._updates.append(update)
         self._update_queued.set()
+
+    def tap(self, user_id: int, chat_id: int, message_id: int, data: str) -> str:
+        """A user taps an inline keyboard button of the bot's message: queues the
+        callback_query update Telegram sends (the whole message with its keyboard, the
+        button's callback_data); returns the query's id."""
+        query_id = f"{len(self.callback_answers) + 1}{user_id}"
+        self.callback_answers[query_id] = None
+        self.queue_update({"callback_query": {
+            "id": query_id, "from": {"id": user_id, "is_bot": False, "first_name": "Tapper"},
+            "message": copy.deepcopy(self.messages[chat_id, message_id]),
+            "chat_instance": f"-{abs(chat_id)}77", "data": data}})
+        return query_id
 
     def add_file(self, file_id: str, content: bytes, file_path: str | None = None) -> None:
         """Make a file known to getFile and downloadable at its file_path."""
@@ -462,6 +476,32 @@ class FakeTelegram:
         if markup is not None:
             message["reply_markup"] = markup
         return message
+
+    async def _edit_message_reply_markup(self, call: Call) -> dict[str, Any]:
+        message = self._stored_message(call, "message to edit not found")
+        markup = call.params.get("reply_markup")
+        if isinstance(markup, dict) and markup.get("inline_keyboard"):
+            if message.get("reply_markup") == markup:
+                raise _bad("message is not modified: specified new message content and reply "
+                           "markup are exactly the same as a current content and reply markup "
+                           "of the message")
+            message["reply_markup"] = markup
+        elif "reply_markup" in message:
+            del message["reply_markup"]
+        else:
+            raise _bad("message is not modified: specified new message content and reply "
+                       "markup are exactly the same as a current content and reply markup of "
+                       "the message")
+        return message
+
+    async def _answer_callback_query(self, call: Call) -> bool:
+        query_id = str(call.params.get("callback_query_id", ""))
+        if query_id not in self.callback_answers or self.callback_answers[query_id] is not None:
+            raise _bad("query is too old and response timeout expired or query ID is invalid")
+        if len(str(call.params.get("text", ""))) > 200:
+            raise _bad("MESSAGE_TOO_LONG")
+        self.callback_answers[query_id] = call.params
+        return True
 
     async def _delete_message(self, call: Call) -> bool:
         message = self._stored_message(call, "message to delete not found")

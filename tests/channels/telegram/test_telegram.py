@@ -178,7 +178,8 @@ async def test_start_fixture_is_answered_with_the_greeting(
     assert fake_telegram.webhook is not None
     assert fake_telegram.webhook["url"] == HOOK_URL
     assert fake_telegram.webhook["secret_token"] == SECRET
-    assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message"]
+    assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message",
+                                                        "callback_query"]
     every = Commands.names | MemoryCommands.names
     assert {c["command"] for c in fake_telegram.commands} == every
     assert {c for c, _ in COMMANDS} == every

@@ -1,0 +1,1 @@
+"""MCP servers as capabilities: each configured server is one capability of the registry."""

@@ -1,0 +1,213 @@
+"""The configured MCP servers as capabilities of the registry.
+
+Servers start with the daemon, in the background: the index line of a server names its tool
+count and `tool_search` needs its tools' names, and a cold start (an `npx` download) should not
+fall on the user's first activation. Nothing waits for them: a server that is slow or broken
+makes its calls fail (as error results), a doctor FAIL and a line in /status, never a daemon
+that will not start.
+
+Each server is one capability named after it; its tools are `server__tool`, with simplified
+schemas (`daemon.tools.mcp.schema`), the server's timeout and its approval policy. Until a
+server has listed its tools in this process, its capability is what it listed last time
+(`catalog`), so the prefix keeps its bytes across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import referencing.exceptions
+from mcp import types
+
+from daemon.core.config import McpServerSettings, McpSettings
+from daemon.core.errors import McpError, StoreError
+from daemon.core.logs import mcp_log as log
+from daemon.tools.builtin import register_builtin
+from daemon.tools.mcp.catalog import Catalog
+from daemon.tools.mcp.connection import Connection, Listing, State
+from daemon.tools.mcp.results import ERROR_PREFIX, result_output
+from daemon.tools.mcp.schema import one_line, simplify, tool_name
+from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
+
+GROUP = "mcp"
+TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
+INDEX_CHARS = 80  # of a server's description in its index line: 20 servers stay ~300 tokens
+
+
+@dataclass(frozen=True)
+class McpTool(Tool):
+    """A server's tool: the model sees the simplified schema, the arguments are checked
+    against the server's own (which may allow more: `X | int` simplified to X)."""
+
+    original: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        problem = check_arguments(self.original, arguments)
+        if problem is None:
+            return dict(arguments), None
+        coerced, _ = super().check(arguments)  # "5" for an integer, as small models send it
+        if coerced and check_arguments(self.original, coerced) is None:
+            return coerced, None
+        return {}, problem
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    name: str
+    state: str
+    tools: int
+    error: str
+    transport: str  # "stdio" or "http"
+
+
+class McpServers:
+    """See the module docstring. `register()` before the first turn, `start()`, `stop()`."""
+
+    def __init__(self, settings: McpSettings, state_dir: Path, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.catalog = Catalog(state_dir)
+        self._listings: dict[str, Listing] = {}
+        self.connections = {
+            s.name: Connection(s, log_dir=state_dir / "logs", start_timeout=settings.start_timeout,
+                               on_listed=self._listed, on_down=self._down)
+            for s in settings.servers}
+        self._refused: dict[str, str] = {}  # servers whose name a built-in has
+        self._writes: set[asyncio.Task[None]] = set()
+
+    def register(self) -> None:
+        """One capability per server, from the catalog (or empty until it lists its tools)."""
+        self._listings = self.catalog.read()
+        for server in self.settings.servers:
+            listing = self._listings.get(server.name, Listing("", ()))
+            try:
+                self.registry.register(self._capability(server, listing))
+            except ValueError as exc:
+                self._refused[server.name] = f"cannot be registered: {exc}"
+                log.error("MCP server %s %s", server.name, self._refused[server.name])
+
+    async def start(self) -> None:
+        for name, connection in self.connections.items():
+            if name in self._refused:
+                self.registry.problems[name] = self._refused[name]
+                continue
+            connection.start()
+            if connection.state is State.DOWN:  # a secret it names is not set
+                self._down(name, connection.error)
+
+    def _down(self, name: str, error: str) -> None:
+        self.registry.problems[name] = error
+
+    async def stop(self, unwind: float = 5.0) -> None:
+        await asyncio.gather(*(c.stop(unwind) for c in self.connections.values()))
+        if self._writes:
+            await asyncio.wait(self._writes, timeout=unwind)
+
+    async def wait_started(self) -> None:
+        """Until every server's first start worked or failed (for `roost mcp`, the tests)."""
+        await asyncio.gather(*(c.first_attempt() for n, c in self.connections.items()
+                               if n not in self._refused))
+
+    def status(self) -> list[ServerStatus]:
+        out = []
+        for server in self.settings.servers:
+            connection = self.connections[server.name]
+            capability = self.registry.capabilities.get(server.name)
+            refused = self._refused.get(server.name, "")
+            out.append(ServerStatus(
+                name=server.name, state="failed" if refused else connection.state.value,
+                tools=len(capability.tools) if capability and not refused else 0,
+                error=refused or connection.error,
+                transport="stdio" if server.command else "http"))
+        return out
+
+    def down(self) -> list[ServerStatus]:
+        """The servers that are enabled and not up (for /status and doctor)."""
+        return [s for s in self.status() if s.state not in (State.UP.value,
+                                                            State.STARTING.value)
+                or (s.state == State.STARTING.value and s.error)]
+
+    # ---- capabilities --------------------------------------------------------------------
+
+    def _listed(self, name: str, listing: Listing) -> None:
+        self.registry.problems.pop(name, None)
+        server = next(s for s in self.settings.servers if s.name == name)
+        try:
+            self.registry.replace(self._capability(server, listing))
+        except ValueError as exc:
+            log.error("MCP server %s listed tools that cannot be registered: %s", name, exc)
+            return
+        if self._listings.get(name) != listing:
+            self._listings[name] = listing
+            snapshot = dict(self._listings)
+            task = asyncio.create_task(self._save(snapshot), name="roost-mcp-catalog")
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    async def _save(self, listings: dict[str, Listing]) -> None:
+        try:
+            await asyncio.to_thread(self.catalog.write, listings)
+        except StoreError as exc:  # the next start lists the tools again: nothing is lost
+            log.warning("could not save the MCP catalog: %s", exc)
+
+    def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
+        about = (one_line(server.description or listing.description, INDEX_CHARS)
+                 or "an MCP server")
+        count = len(listing.tools)
+        tools = tuple(self._tool(server, t) for t in listing.tools)
+        return Capability(name=server.name, group=GROUP, tools=tools,
+                          description=f"{about} ({count} tool{'s' if count != 1 else ''})")
+
+    def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
+        return McpTool(
+            name=tool_name(server.name, tool.name),
+            description=one_line(tool.description, 300) or tool.name,
+            parameters=simplify(tool.input_schema),
+            handler=functools.partial(self._call, server.name, tool.name),
+            timeout=server.timeout + TIMEOUT_SLACK,
+            approve=server.approve_tools.get(tool.name, server.approve),
+            original=dict(tool.input_schema))
+
+    async def _call(self, server: str, tool: str, context: object,
+                    **arguments: Any) -> str | ToolOutput:
+        """One call (its arguments checked by `McpTool.check`, as the registry does before
+        every call): the server's timeout, and every failure an error line for the model."""
+        connection = self.connections[server]
+        try:
+            result = await connection.call(tool, arguments, connection.settings.timeout)
+        except McpError as exc:
+            return f"{ERROR_PREFIX}{exc}"
+        return result_output(result, self.settings.result_max_chars,
+                             f"the MCP server {server} ({tool})")
+
+
+def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """The first way `arguments` break the tool's schema, in words; None when they fit."""
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable):
+        return None  # a schema the validator cannot use: the server checks for itself
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path)
+    return (f"argument {where}: {error.message}" if where
+            else f"arguments: {error.message}")[:300]
+
+
+def with_servers(settings: McpSettings, state_dir: Path,
+                 registry: Registry | None = None) -> tuple[Registry, McpServers]:
+    """`registry` (else one of the core built-ins) with one capability per configured MCP
+    server (started by `McpServers.start`)."""
+    if registry is None:
+        registry = Registry()
+        register_builtin(registry)
+    servers = McpServers(settings, state_dir, registry)
+    servers.register()
+    return registry, servers

@@ -1,0 +1,150 @@
+"""Asking the user before a tool that acts on the world runs.
+
+A tool's `approve` policy (MCP tools: `approve` of its server, per tool `approve_tools`;
+default "ask") decides: "never" runs it, "ask" asks unless the person said "Always for this
+tool" before (remembered in `approvals.json`), "always" asks every time and offers no
+"Always". The question goes to the chat as a notice with three buttons (Allow once / Always
+for this tool / Deny); the turn waits for the answer with the model released (a fold may use
+it meanwhile), at most `mcp.approve_timeout`: no answer counts as Deny. The model gets a result
+that says what the user decided.
+
+Only the person the chat belongs to may answer: in a private chat its owner, in a group the
+one whose message started the turn. A tap by anyone else is refused and logged. The waiting
+questions live in this process only: after a restart the interrupted turn runs again (its
+messages are still in the inbox), the model calls the tool again and the user is asked again;
+a tap on the old question's buttons is answered "no longer waiting". Nothing runs unapproved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from daemon.core.approval import (
+    ANSWERED,
+    KEYS,
+    NOT_WAITING,
+    NOT_YOURS,
+    Answer,
+    Button,
+    Choice,
+    buttons,
+)
+from daemon.core.logs import turn_log as log
+from daemon.store.approvals import ApprovalBook
+from daemon.tools.registry import ERROR_PREFIX, Tool
+
+ARGUMENTS_SHOWN = 600  # characters of the arguments shown in the question
+
+
+class Ask(Protocol):
+    """Send a notice with buttons to a chat (the engine's `notify`)."""
+
+    async def __call__(self, chat_key: str, text: str, *,
+                       buttons: tuple[Button, ...] = ()) -> None: ...
+
+
+@dataclass
+class _Waiting:
+    chat_key: str
+    person: str
+    tool: str
+    answer: asyncio.Future[Choice] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Approvals:
+    """The questions waiting for an answer, and the standing yeses; see the module docstring."""
+
+    def __init__(self, book: ApprovalBook, timeout: float, clock: Callable[[], float]) -> None:
+        self.book = book
+        self.timeout = timeout
+        self.clock = clock
+        self._waiting: dict[str, _Waiting] = {}
+        self.changed = asyncio.Event()  # set whenever a question starts waiting (`roost chat`)
+
+    def waiting_in(self, chat_key: str) -> list[str]:
+        """The ids of the questions waiting for an answer in a chat, oldest first."""
+        return [i for i, w in self._waiting.items()
+                if w.chat_key == chat_key and not w.answer.done()]
+
+    async def answer(self, answer: Answer) -> str:
+        waiting = self._waiting.get(answer.approval_id)
+        if waiting is None or waiting.answer.done():
+            return NOT_WAITING
+        if (answer.chat_key, answer.person) != (waiting.chat_key, waiting.person):
+            log.warning("approval %s in %s answered by %s in %s, who may not; refused",
+                        answer.approval_id, waiting.chat_key, answer.person, answer.chat_key)
+            return NOT_YOURS
+        waiting.answer.set_result(answer.choice)
+        return ANSWERED[answer.choice]
+
+    async def answer_typed(self, chat_key: str, text: str) -> bool:
+        """`roost chat`: y (allow once), a (always) or n (deny) typed while a question waits
+        in the terminal's chat answers the oldest; False for anything else (a message)."""
+        waiting = self.waiting_in(chat_key)
+        word = text.strip().lower()
+        choice = KEYS.get({"yes": "y", "always": "a", "no": "n"}.get(word, word))
+        if not waiting or choice is None:
+            return False
+        await self.answer(Answer(waiting[0], choice, chat_key, chat_key))
+        return True
+
+    async def check(self, tool: Tool, arguments: Mapping[str, Any], *, chat_key: str,
+                    person: str | None, ask: Ask | None,
+                    released: Callable[[], AbstractAsyncContextManager[None]]) -> str | None:
+        """None when the call may run; else the result the model gets instead."""
+        if tool.approve == "never":
+            return None
+        if (tool.approve == "ask" and person is not None
+                and await asyncio.to_thread(self.book.allows, person, tool.name)):
+            return None
+        if ask is None or person is None:
+            return (f"{ERROR_PREFIX}{tool.name} needs the user's approval, which cannot be "
+                    "asked here (a scheduled run); it was not run.")
+        approval_id = secrets.token_hex(6)
+        waiting = _Waiting(chat_key, person, tool.name)
+        self._waiting[approval_id] = waiting
+        self.changed.set()
+        self.changed = asyncio.Event()
+        try:
+            await ask(chat_key, question(tool, arguments),
+                      buttons=buttons(approval_id, always=tool.approve == "ask"))
+            log.info("asked %s to approve %s (%s)", chat_key, tool.name, approval_id)
+            async with released():
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        choice = await waiting.answer
+                except TimeoutError:
+                    choice = None
+        finally:
+            del self._waiting[approval_id]
+        log.info("approval %s for %s in %s: %s", approval_id, tool.name, chat_key,
+                 choice.value if choice is not None else "no answer (denied)")
+        if choice is None:
+            minutes = f"{self.timeout / 60:.0f} minutes" if self.timeout >= 60 \
+                else f"{self.timeout:.0f} seconds"
+            await ask(chat_key, f"No answer within {minutes}: {tool.name} was not run.")
+            return (f"{ERROR_PREFIX}the user did not answer the approval request for "
+                    f"{tool.name} within {minutes}, so it was not run.")
+        if choice is Choice.DENY:
+            return (f"{ERROR_PREFIX}the user denied this call of {tool.name}; it was not run. "
+                    "Do not call it again unless the user asks.")
+        if choice is Choice.ALWAYS:
+            await asyncio.to_thread(self.book.grant, person, tool.name, self.clock())
+        return None
+
+
+def question(tool: Tool, arguments: Mapping[str, Any]) -> str:
+    shown = json.dumps(dict(arguments), ensure_ascii=False, indent=1)
+    if len(shown) > ARGUMENTS_SHOWN:
+        shown = shown[:ARGUMENTS_SHOWN] + " …"
+    return (f"May I run **{tool.name}**?\n{tool.description}\n\n```\n{shown}\n```")
+
+
+Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]

@@ -1,0 +1,263 @@
+"""MCP servers as capabilities, against real servers built with the SDK (tests/fakes/mcp_server.py)
+over stdio and over streamable HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.context.prefix import capability_index
+from daemon.core.config import ConfigError, McpServerSettings, McpSettings, load_settings
+from daemon.tools.builtin import ToolContext, tool_activate, tool_search
+from daemon.tools.mcp.connection import State
+from daemon.tools.mcp.schema import simplify
+from daemon.tools.mcp.servers import McpServers, with_servers
+from daemon.tools.registry import Registry, ToolCall
+from tests.conftest import wait_until
+from tests.fakes.mcp_results import unlabelled
+
+SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
+
+
+def stdio(name: str = "fake", **extra: Any) -> McpServerSettings:
+    return McpServerSettings(name=name, command=sys.executable, args=(str(SERVER),), **extra)
+
+
+@pytest.fixture
+async def running(state_dir: Path) -> AsyncIterator[Any]:
+    started: list[McpServers] = []
+
+    async def run(*servers: McpServerSettings, **settings: Any) -> tuple[Registry, McpServers]:
+        registry, mcp = with_servers(McpSettings(servers=servers, **settings), state_dir)
+        await mcp.start()
+        started.append(mcp)
+        await asyncio.wait_for(mcp.wait_started(), 60)
+        return registry, mcp
+
+    yield run
+    for mcp in started:
+        await mcp.stop()
+
+
+def context(registry: Registry, active: list[str]) -> ToolContext:
+    return ToolContext(store=None, settings=None, registry=registry,  # type: ignore[arg-type]
+                       conversation_id="c", clock=lambda: 0.0, active=active)
+
+
+async def call(registry: Registry, name: str, active: list[str] | None = None,
+               **arguments: Any) -> str:
+    active = ["fake"] if active is None else active
+    result = await registry.run(ToolCall(name, arguments), context(registry, active), active)
+    return unlabelled(result.content)
+
+
+async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(running: Any) -> None:
+    registry, _ = await running(stdio())
+    line = [c for c in registry.index([]) if c.name == "fake"]
+    assert [(c.description, c.loaded) for c in line] == [
+        ("Test tools: echo, sleep, fail, image and more. (9 tools)", False)]
+    assert "fake__echo" not in json.dumps(registry.schemas([]))  # nothing until activated
+    found = await tool_search(context(registry, []), "image")
+    assert "fake" in found and "fake__picture" in found
+    ctx = context(registry, [])
+    assert "fake__echo" in await tool_activate(ctx, "fake")
+    assert "fake__echo" in json.dumps(registry.schemas(ctx.active))
+    assert await call(registry, "fake__echo", text="hello") == "echo: hello"
+    labelled = (await registry.run(ToolCall("fake__echo", {"text": "x"}), ctx, ctx.active)).content
+    assert labelled.splitlines()[0].startswith("[tool result from the MCP server fake (echo); "
+                                               "untrusted content")
+
+
+async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: Any) -> None:
+    registry, _ = await running(stdio(timeout=1.0), result_max_chars=1000)
+    failed = await call(registry, "fake__fail")
+    assert failed.startswith("ERROR: the tool reported an error") and "Error executing" in failed
+    assert "timed out" in await call(registry, "fake__sleep", seconds=30)
+    assert "[image: image/png, 70 bytes" in await call(registry, "fake__picture")
+    assert "the resource's text" in await call(registry, "fake__resource")
+    long = await call(registry, "fake__long_text", n=5000)
+    assert long == "x" * 1000
+    shown = (await registry.run(ToolCall("fake__long_text", {"n": 5000}), context(registry,
+             ["fake"]), ["fake"])).content
+    assert shown.endswith("[4,000 more characters of it were left out]")
+    assert "required" in await call(registry, "fake__address", where={"street": "a"})
+    # The model's schema says string for `mode`; the server's own allows an integer too.
+    assert await call(registry, "fake__address", where={"street": "a", "city": "b"},
+                      mode=5) == "a, b (5)"
+    assert await call(registry, "fake__sleep", seconds="0") == "slept"  # "0" taken as 0
+    assert "'text' is a required property" in await call(registry, "fake__echo")
+    # Still answering after all that.
+    assert await call(registry, "fake__echo", text="ok") == "echo: ok"
+
+
+async def test_a_server_that_exits_is_restarted(running: Any) -> None:
+    registry, mcp = await running(stdio())
+    answer = await call(registry, "fake__crash")
+    assert answer.startswith("ERROR:")
+    connection = mcp.connections["fake"]
+    await wait_until(lambda: connection.starts == 2 and connection.state is State.UP, 30)
+    assert await call(registry, "fake__echo", text="back") == "echo: back"
+
+
+async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
+    registry, mcp = await running(
+        McpServerSettings(name="broken", command="/nonexistent/mcp-server"), stdio())
+    status = {s.name: s for s in mcp.status()}
+    assert status["broken"].state == "down" and "not found" in status["broken"].error
+    assert status["fake"].state == "up" and status["fake"].tools == 9
+    assert [s.name for s in mcp.down()] == ["broken"]
+    ctx = context(registry, [])
+    refused = await tool_activate(ctx, "broken")
+    assert refused.startswith("ERROR: broken has no tools right now (command not found")
+    assert ctx.active == []
+    answer = await call(registry, "fake__echo", ["fake", "broken"], text="still")
+    assert answer == "echo: still"
+
+
+async def test_the_index_keeps_its_bytes_across_a_restart_before_the_server_is_up(
+    running: Any, state_dir: Path
+) -> None:
+    registry, mcp = await running(stdio())
+    before = capability_index(registry.index([]))
+    await mcp.stop()
+    await wait_until(lambda: (state_dir / "mcp" / "catalog.json").exists(), 10)
+    again, _ = with_servers(McpSettings(servers=(stdio(),)), state_dir)  # not started
+    assert capability_index(again.index([])) == before
+
+
+async def test_a_stdio_server_gets_none_of_roosts_secrets(
+    running: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROOST_TELEGRAM_TOKEN", "123:secret")
+    monkeypatch.setenv("ROOST_WHATSAPP_APP_SECRET", "shh")
+    registry, _ = await running(stdio(env={"GIVEN_TO_IT": "yes"}))
+    names = (await call(registry, "fake__environment")).split()
+    assert "GIVEN_TO_IT" in names and "PATH" in names
+    assert not any(name.startswith("ROOST_") for name in names)
+
+
+async def test_a_program_that_does_not_speak_mcp_is_down_not_a_crash(running: Any) -> None:
+    chatter = McpServerSettings(name="chatter", command=sys.executable, args=(
+        "-c", "import time\nprint('hello, not JSON-RPC', flush=True)\ntime.sleep(60)"))
+    registry, mcp = await running(chatter, stdio(), start_timeout=2.0)
+    status = {s.name: s for s in mcp.status()}
+    assert status["chatter"].state == "down"
+    assert "did not answer within 2s" in status["chatter"].error
+    assert await call(registry, "fake__echo", text="fine") == "echo: fine"
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+async def test_the_same_server_over_streamable_http(running: Any, http_server: str) -> None:
+    async def up() -> tuple[Registry, McpServers]:
+        for _ in range(60):  # the server process may still be starting: its first try fails
+            registry, mcp = await running(McpServerSettings(name="fake", url=http_server))
+            if mcp.connections["fake"].state is State.UP:
+                return registry, mcp
+            await mcp.stop()
+            await asyncio.sleep(0.5)
+        raise AssertionError("the HTTP server never came up")
+
+    registry, _ = await up()
+    assert await call(registry, "fake__echo", text="web") == "echo: web"
+    assert (await call(registry, "fake__fail")).startswith("ERROR:")
+
+
+def test_schemas_are_simplified_for_small_models() -> None:
+    schema = {"type": "object", "title": "x", "required": ["where"],
+              "$defs": {"A": {"type": "object", "title": "A", "required": ["city"],
+                              "properties": {"city": {"type": "string", "title": "City"}}}},
+              "properties": {"where": {"$ref": "#/$defs/A"},
+                             "mode": {"anyOf": [{"type": "string", "enum": ["a", "b"]},
+                                                {"type": "integer"}, {"type": "null"}],
+                                      "default": None}}}
+    simple = simplify(schema)
+    text = json.dumps(simple)
+    assert "$ref" not in text and "anyOf" not in text and "title" not in text
+    assert simple["properties"]["where"]["properties"]["city"] == {"type": "string"}
+    assert simple["properties"]["mode"]["type"] == "string"
+    assert "integer" in simple["properties"]["mode"]["description"]
+
+
+def test_config_reads_servers_and_refuses_secrets_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "roost.toml"
+    path.write_text('[mcp.servers.gh]\ncommand = "gh-mcp"\nenv = { GITHUB_TOKEN = "${GH}" }\n'
+                    'approve = "always"\n', "utf-8")
+    server = load_settings(path, {"GH": "abc"}).mcp.servers[0]
+    assert (server.name, dict(server.env), server.approve, server.missing) == (
+        "gh", {"GITHUB_TOKEN": "abc"}, "always", ())
+    assert load_settings(path, {}).mcp.servers[0].missing == ("GH",)  # not a failed start
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\nenv = { GITHUB_TOKEN = "ghp_123" }\n',
+                    "utf-8")
+    with pytest.raises(ConfigError, match=r"mcp\.servers\.gh\.env\.GITHUB_TOKEN.*secrets"):
+        load_settings(path, {})
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\nurl = "http://127.0.0.1:1/mcp"\n', "utf-8")
+    with pytest.raises(ConfigError, match="either command"):
+        load_settings(path, {})
+    path.write_text('[mcp.servers.gh]\ncommand = "x"\napprove = "sometimes"\n', "utf-8")
+    with pytest.raises(ConfigError, match=r"mcp\.servers\.gh\.approve"):
+        load_settings(path, {})
+
+
+def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from daemon.cli.main import main  # the command line, as a user runs it
+
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[mcp.servers.fake]\ncommand = "{sys.executable}"\nargs = ["{SERVER}"]\n'
+                      'approve_tools = {{ echo = "never" }}\n'
+                      '[mcp.servers.broken]\ncommand = "/nonexistent/server"\n'
+                      '[mcp.servers.secretive]\ncommand = "x"\n'
+                      'env = {{ API_KEY = "${{NOT_SET_HERE}}" }}\n'
+                      '[mcp.servers.off]\ncommand = "x"\nenabled = false\n'.replace("{{", "{")
+                      .replace("}}", "}"), "utf-8")
+    assert main(["mcp", "list", "--config", str(config)]) == 1  # one server is down
+    shown = capsys.readouterr().out
+    assert "fake (stdio): up" in shown and "fake__echo [approve: never]" in shown
+    assert "broken (stdio): down - command not found" in shown
+    assert main(["mcp", "test", "fake", "--config", str(config)]) == 0
+    assert "fake__address" in capsys.readouterr().out
+    assert main(["mcp", "test", "nope", "--config", str(config)]) == 2
+    assert main(["doctor", "--config", str(config)]) == 1
+    report = capsys.readouterr().out
+    assert "ok   mcp fake: stdio, 9 tools" in report
+    assert "FAIL mcp broken: down: command not found" in report
+    assert "FAIL mcp secretive: down: needs NOT_SET_HERE in the environment" in report
+    assert "ok   mcp off: disabled" in report
+
+
+def test_roost_approvals_list_and_revoke(state_dir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from daemon.cli.main import main
+    from daemon.store.approvals import ApprovalBook
+
+    book = ApprovalBook(state_dir)
+    book.grant("telegram:1", "fake__echo", 0.0)
+    book.grant("telegram:2", "fake__echo", 0.0)
+    assert main(["approvals", "list"]) == 0
+    assert "telegram:1 fake__echo" in capsys.readouterr().out
+    assert main(["approvals", "revoke", "telegram:1"]) == 0
+    assert [s.person for s in book.standing()] == ["telegram:2"]
+    assert main(["approvals", "revoke", "telegram:9"]) == 1
+    assert main(["approvals", "revoke", "--tool", "fake__echo"]) == 0
+    assert book.standing() == []
