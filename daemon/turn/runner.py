@@ -71,15 +71,11 @@ from daemon.tools.scope import person_of, recall_scope
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prepared, Prompting
+from daemon.turn.reply_stream import ReplyStream
 from daemon.turn.router import Router
 from daemon.turn.stopping import Stops
-from daemon.turn.streaming import STOPPED_MARK, THINKING, Streaming, not_streamed
-from daemon.turn.tool_loop import (
-    LoopResult,
-    ToolLoop,
-    could_become_text_tool_call,
-    looks_like_text_tool_call,
-)
+from daemon.turn.streaming import STOPPED_MARK, Streaming, not_streamed
+from daemon.turn.tool_loop import LoopResult, ToolLoop
 
 MAX_BACKOFF = 60.0
 RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
@@ -118,58 +114,6 @@ Working = Callable[[str], AbstractAsyncContextManager[None]]
 
 def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
     return contextlib.nullcontext()
-
-
-class _Stream:
-    """Reply pieces on their way to the channel's sink: the intro line goes first, once, and a
-    reply that may be a tool call written as text is held back until it is clearly not one.
-    Keeps what it showed: a stopped turn keeps that as its reply."""
-
-    def __init__(self, sink: ReplySink, intro: str) -> None:
-        self.sink = sink
-        self.intro = intro
-        self.held: list[str] = []
-        self.passing = False
-        self.thought = False
-        self.written: list[str] = []  # what was shown of the model's words (not the intro)
-
-    def _show(self, text: str) -> None:
-        if self.intro:
-            self.sink.write(self.intro)
-            self.intro = ""
-        self.written.append(text)
-        self.sink.write(text)
-
-    def begin(self) -> None:
-        self.held, self.passing, self.thought = [], False, False
-
-    def thinking(self, piece: str) -> None:
-        if not self.thought:  # one line for the whole thought, not one per piece
-            self.thought = True
-            self.sink.status(THINKING)
-
-    def kept(self, tool_names: list[str]) -> str:
-        """What the user saw written, and what was held back unless it is a tool call."""
-        held = "".join(self.held)
-        if not self.passing and held.strip() and not looks_like_text_tool_call(held, tool_names):
-            return "".join(self.written) + held
-        return "".join(self.written)
-
-    def delta(self, piece: str) -> None:
-        if self.passing:
-            self._show(piece)
-            return
-        self.held.append(piece)
-        text = "".join(self.held)
-        if not could_become_text_tool_call(text):
-            self.passing = True
-            self._show(text)
-
-    def end(self, result: ChatResult, tool_names: list[str]) -> None:
-        held = "".join(self.held)
-        if not self.passing and held.strip() and not result.tool_calls \
-                and not looks_like_text_tool_call(held, tool_names):
-            self._show(held)
 
 
 class _Outage:
@@ -279,7 +223,7 @@ class TurnRunner:
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
-        stream = _Stream(sink, intro)
+        stream = ReplyStream(sink, intro)
         answering = {i.id for i in items}
         # The newest photo stays in every later request (as pixels, or as a note for a model
         # that cannot see): the user hears that it cannot be seen once, on the turn it came.
@@ -381,7 +325,7 @@ class TurnRunner:
 
     async def _answer(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: _Stream, outage: _Outage, model: str,
+        prepared: Prepared, stream: ReplyStream, outage: _Outage, model: str,
         new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
@@ -413,7 +357,7 @@ class TurnRunner:
 
     async def _call_model(
         self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-        stream: _Stream, outage: _Outage, name: str,
+        stream: ReplyStream, outage: _Outage, name: str,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
