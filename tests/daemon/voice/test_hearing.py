@@ -162,9 +162,11 @@ async def test_the_cap_is_configurable(store: Store, whisper: FakeTranscriber) -
 async def test_the_transcription_waits_for_the_slot_it_is_given(
         store: Store, whisper: FakeTranscriber) -> None:
     slot = asyncio.Lock()
+    asked = asyncio.Event()
 
     @contextlib.asynccontextmanager
     async def hold() -> AsyncIterator[None]:
+        asked.set()
         async with slot:
             yield
 
@@ -173,7 +175,7 @@ async def test_the_transcription_waits_for_the_slot_it_is_given(
     item = voice_item(store, OPUS.read_bytes())
     async with slot:  # a model call holds the GPU
         task = asyncio.create_task(voice.hear([item], Told()))
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(asked.wait(), 10)  # it waits for the slot: nothing sent yet
         assert whisper.requests == [] and not task.done()
     (heard,) = await asyncio.wait_for(task, 10)
     await voice.close()
