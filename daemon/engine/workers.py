@@ -112,11 +112,26 @@ class Engine:
             wake.set()
         left = self._drain_until - loop.time()
         if self._in_turn and left > 0:
-            busy = [self._idle[k].wait() for k in self._in_turn]
-            log.info("waiting up to %.1fs for %d turns in flight", left, len(busy))
+            log.info("waiting up to %.1fs for %d turns in flight", left, len(self._in_turn))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
-                    await asyncio.gather(*busy)
+                    await self._turns_settled(set(self._in_turn))
+
+    async def _turns_settled(self, chats: set[str]) -> None:
+        """Until each of these chats is idle or its turn waits for the user to answer an
+        approval question: such a turn is cancelled by the stop and asked again after the
+        start, so waiting for the answer would only hold the stop for the whole grace."""
+        approvals = self.parts.approvals
+        while busy := [k for k in chats if not self._idle[k].is_set()
+                       and (approvals is None or not approvals.waiting_in(k))]:
+            waits = [asyncio.ensure_future(self._idle[k].wait()) for k in busy]
+            if approvals is not None:
+                waits.append(asyncio.ensure_future(approvals.changed.wait()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     async def stop(self, grace: float, unwind: float = UNWIND) -> None:
         """Drain (once: see drain), then cancel what is left and close the index. A cancelled

@@ -177,8 +177,10 @@ async def test_approve_never_runs_without_asking(
 async def test_a_restart_while_a_question_waits_asks_again_and_runs_nothing_unapproved(
     make_settings: Any, fake_telegram: FakeTelegram, fake_ollama: FakeOllama
 ) -> None:
+    # A grace far longer than the stop may take: a turn waiting for the user's answer is not
+    # waited for (it is asked again after the start), so the stop ends well within it.
     first = await start_roost(make_settings, fake_telegram, fake_ollama, FAST,
-                              telegram=POLLING, mcp=mcp())
+                              telegram=POLLING, mcp=mcp(), daemon={"shutdown_grace": 600.0})
     await asyncio.wait_for(first.app[MCP].wait_started(), 60)
     fake_ollama.script(*calls(("tool_activate", {"name": "fake"}),
                               ("fake__echo", {"text": "before"})))
@@ -186,7 +188,7 @@ async def test_a_restart_while_a_question_waits_asks_again_and_runs_nothing_unap
     await wait_until(lambda: any("reply_markup" in m for m in fake_telegram.messages.values()),
                      30)
     old = question(fake_telegram)
-    await first.stop()  # roost restarts with the question unanswered
+    await asyncio.wait_for(first.stop(), 60)  # roost restarts with the question unanswered
     assert first.store.inbox_pending() != []  # the message waits to be answered again
 
     # The turn runs again from its message (its activation was not saved: no reply was).
