@@ -25,9 +25,9 @@ async def start_chat(config: Path) -> asyncio.subprocess.Process:
     )
 
 
-async def read_until(stream: asyncio.StreamReader, marker: str) -> str:
+async def read_until(stream: asyncio.StreamReader, marker: str, timeout: float = 10) -> str:  # noqa: ASYNC109
     seen = ""
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(timeout):
         while marker not in seen:
             chunk = await stream.read(256)
             if not chunk:

@@ -46,6 +46,38 @@ async def start_daemon(config: Path, env: dict[str, str],
     raise AssertionError(f"roost did not come up: {err.decode()}")
 
 
+def telegram_config(tmp_path: Path, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+                    port: int, extra: str = "") -> tuple[Path, dict[str, str]]:
+    """A webhook config for `roost run` against the fakes (`extra`: more [telegram] lines),
+    and the environment with its secrets."""
+    config = tmp_path / "roost.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
+        f'shutdown_grace = "2s"\n\n'
+        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
+        f'[telegram]\nenabled = true\nmode = "webhook"\n'
+        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
+        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
+        f"allow = [{USER}]\n{extra}")
+    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+               ROOST_TELEGRAM_SECRET=SECRET)
+    return config, env
+
+
+def private_text(update_id: int, message_id: int, text: str) -> dict[str, Any]:
+    """A Telegram update: `text` from USER in their private chat."""
+    return {"update_id": update_id, "message": {
+        "message_id": message_id, "date": int(time.time()), "text": text,
+        "chat": {"id": USER, "type": "private", "first_name": "Test"},
+        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+
+
+def post_update(http: aiohttp.ClientSession, url: str, update: dict[str, Any]) -> Any:
+    """POST `update` to roost's Telegram webhook at `url`, with the secret header."""
+    return http.post(url + WEBHOOK_PATH, data=json.dumps(update),
+                     headers={"Content-Type": "application/json", SECRET_HEADER: SECRET})
+
+
 def nothing_left(state_dir: Path, channel: str) -> bool:
     """No update, message or reply is left for the daemon to act on."""
     with Store.open(state_dir, read_only=True) as store:
@@ -72,27 +104,12 @@ async def test_killed_after_the_200_and_restarted_answers_once(
     fake_ollama.default_reply = slow_echo
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "roost.toml"
-    config.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
-        f'shutdown_grace = "2s"\n\n'
-        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
-        f'[telegram]\nenabled = true\nmode = "webhook"\n'
-        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
-        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
-        f"allow = [{USER}]\n")
-    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
-               ROOST_TELEGRAM_SECRET=SECRET)
-    update = {"update_id": 500, "message": {
-        "message_id": 7, "date": int(time.time()), "text": "survive the crash",
-        "chat": {"id": USER, "type": "private", "first_name": "Test"},
-        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+    config, env = telegram_config(tmp_path, fake_telegram, fake_ollama, port)
+    update = private_text(500, 7, "survive the crash")
 
     first = await start_daemon(config, env, url)
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-                url + WEBHOOK_PATH, data=json.dumps(update),
-                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+        async with aiohttp.ClientSession() as http, post_update(http, url, update) as reply:
             status = reply.status
             first.send_signal(signal.SIGKILL)  # at once: processing has only just begun
         await first.wait()

@@ -4,18 +4,20 @@ draft is no message; a part sent early is deleted)."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from daemon.store import Store
-from tests.channels.test_restart import start_daemon, wait_for_nothing_left
+from tests.channels.test_restart import (
+    post_update,
+    private_text,
+    start_daemon,
+    telegram_config,
+    wait_for_nothing_left,
+)
 from tests.conftest import wait_until
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama, Reply
@@ -34,27 +36,13 @@ async def test_killed_mid_stream_and_restarted_sends_the_reply_once(
     fake_ollama.default_reply = paced
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "roost.toml"
-    config.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
-        f'shutdown_grace = "2s"\n\n'
-        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
-        f'[telegram]\nenabled = true\nmode = "webhook"\n'
-        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
-        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
-        f'allow = [{USER}]\nstreaming = "draft"\ndraft_interval = "200ms"\n')
-    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
-               ROOST_TELEGRAM_SECRET=SECRET)
-    update = {"update_id": 500, "message": {
-        "message_id": 7, "date": int(time.time()), "text": "stream and crash",
-        "chat": {"id": USER, "type": "private", "first_name": "Test"},
-        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+    config, env = telegram_config(tmp_path, fake_telegram, fake_ollama, port,
+                                  'streaming = "draft"\ndraft_interval = "200ms"\n')
+    update = private_text(500, 7, "stream and crash")
 
     first = await start_daemon(config, env, url)
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-                url + WEBHOOK_PATH, data=json.dumps(update),
-                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+        async with aiohttp.ClientSession() as http, post_update(http, url, update) as reply:
             assert reply.status == 200
         await fake_telegram.wait_for("sendMessageDraft", timeout=10)
         first.send_signal(signal.SIGKILL)  # in the middle of the stream
@@ -90,27 +78,13 @@ async def test_killed_after_an_early_part_leaves_no_orphan_and_no_duplicate(
     fake_ollama.default_reply = paced
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "roost.toml"
-    config.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:{port}"\n'
-        f'shutdown_grace = "2s"\n\n'
-        f'[model]\nhost = "{fake_ollama.url}"\nretry_backoff = "50ms"\n\n'
-        f'[telegram]\nenabled = true\nmode = "webhook"\n'
-        f'webhook_url = "https://bot.example.org{WEBHOOK_PATH}"\n'
-        f'api_base = "{fake_telegram.api_base}"\nfile_base = "{fake_telegram.file_base}"\n'
-        f'allow = [{USER}]\ndraft_interval = "200ms"\n')
-    env = dict(os.environ, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
-               ROOST_TELEGRAM_SECRET=SECRET)
-    update = {"update_id": 501, "message": {
-        "message_id": 8, "date": int(time.time()), "text": "a long one, then crash",
-        "chat": {"id": USER, "type": "private", "first_name": "Test"},
-        "from": {"id": USER, "is_bot": False, "first_name": "Test"}}}
+    config, env = telegram_config(tmp_path, fake_telegram, fake_ollama, port,
+                                  'draft_interval = "200ms"\n')
+    update = private_text(501, 8, "a long one, then crash")
 
     first = await start_daemon(config, env, url)
     try:
-        async with aiohttp.ClientSession() as http, http.post(
-                url + WEBHOOK_PATH, data=json.dumps(update),
-                headers={"Content-Type": "application/json", SECRET_HEADER: SECRET}) as reply:
+        async with aiohttp.ClientSession() as http, post_update(http, url, update) as reply:
             assert reply.status == 200
         await fake_telegram.wait_for("sendMessage", timeout=20)  # an early part
         assert fake_ollama.streaming == 1

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from daemon.store import Store
+from tests.channels.test_console import read_until, start_chat
 from tests.conftest import wait_until
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama, Reply
@@ -102,29 +103,10 @@ async def test_arrow_keys_edit_the_line_and_up_brings_back_the_history(
         assert [m.content for m in store.messages(conversation.id)][::2] == ["hello", "hello"]
 
 
-async def pipe_chat(config: Path) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "chat", "--config", str(config),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-
-
-async def read_until(stream: asyncio.StreamReader, marker: str, timeout: float = 15) -> str:  # noqa: ASYNC109
-    seen = ""
-    async with asyncio.timeout(timeout):
-        while marker not in seen:
-            chunk = await stream.read(256)
-            if not chunk:
-                break
-            seen += chunk.decode()
-    assert marker in seen, seen
-    return seen
-
-
 async def test_an_unknown_command_is_answered_here_and_never_reaches_the_model(
     fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
-    chat = await pipe_chat(write_config(tmp_path, fake_ollama.url))
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout
     chat.stdin.write(b"/bogus do things\n/help\n/etc/hosts has what?\n")
     chat.stdin.close()
@@ -141,15 +123,15 @@ async def test_the_prompt_stays_while_ollama_is_down_and_the_messages_are_answer
     fake_ollama: FakeOllama, tmp_path: Path
 ) -> None:
     await fake_ollama.refuse_connections()
-    chat = await pipe_chat(write_config(tmp_path, fake_ollama.url))
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout and chat.stderr
-    await read_until(chat.stdout, "Ctrl-D to leave")  # it starts anyway
+    await read_until(chat.stdout, "Ctrl-D to leave", timeout=15)  # it starts anyway
     chat.stdin.write(b"are you there?\n")
-    await read_until(chat.stdout, "[roost] The model server")
+    await read_until(chat.stdout, "[roost] The model server", timeout=15)
     # Back at the prompt while the message waits: a command is answered at once, and a
     # second message is taken.
     chat.stdin.write(b"/bogus\nstill there?\n")
-    await read_until(chat.stdout, "/bogus is not a command")
+    await read_until(chat.stdout, "/bogus is not a command", timeout=15)
     await fake_ollama.accept_connections()
     await read_until(chat.stdout, "echo: still there?", timeout=60)  # after the retry's pause
     chat.stdin.close()
@@ -176,12 +158,12 @@ async def test_chat_talks_to_the_running_daemon_over_its_socket(
         assert stat.S_IMODE(socket.stat().st_mode) == 0o600
         assert stat.S_IMODE(socket.parent.stat().st_mode) == 0o700
         fake_ollama.script(Reply(content="streamed through the daemon", chunks=4))
-        chat = await pipe_chat(config)
+        chat = await start_chat(config)
         assert chat.stdin and chat.stdout and chat.stderr
         chat.stdin.write(b"hi daemon\n")
-        await read_until(chat.stdout, "roost> streamed through the daemon")
+        await read_until(chat.stdout, "roost> streamed through the daemon", timeout=15)
         # One terminal at a time: a second is told so (and the first goes on).
-        second = await pipe_chat(config)
+        second = await start_chat(config)
         _, second_err = await asyncio.wait_for(second.communicate(b"hello\n"), 15)
         assert second.returncode == 73 and b"another roost chat is connected" in second_err
         chat.stdin.write(b"/bogus\nand again\n")
@@ -210,15 +192,15 @@ async def test_ctrl_c_stops_the_daemons_reply_and_the_chat_goes_on(
         await wait_until((tmp_path / "state" / "chat.sock").exists, timeout=30)
         answer = " ".join(f"word{i}" for i in range(2000))  # minutes at this pace
         fake_ollama.script(Reply(content=answer, tokens_per_second=40))
-        chat = await pipe_chat(config)
+        chat = await start_chat(config)
         assert chat.stdin and chat.stdout
         chat.stdin.write(b"write a lot\n")
-        await read_until(chat.stdout, "roost> word0 word1")
+        await read_until(chat.stdout, "roost> word0 word1", timeout=15)
         chat.send_signal(signal.SIGINT)  # the daemon's reply stops, not the terminal
-        await read_until(chat.stdout, "(stopped)")
+        await read_until(chat.stdout, "(stopped)", timeout=15)
         await wait_until(lambda: fake_ollama.cancelled == 1, timeout=15)
         chat.stdin.write(b"still there?\n")
-        await read_until(chat.stdout, "echo: still there?")
+        await read_until(chat.stdout, "echo: still there?", timeout=15)
         chat.stdin.close()
         assert b"Saved. Bye." in await asyncio.wait_for(chat.stdout.read(), 15)
         assert await asyncio.wait_for(chat.wait(), 15) == 0
