@@ -12,16 +12,15 @@ lasting entries.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from daemon.core.errors import StoreError
+from daemon.store.files import exclusive
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L or U: read aloud safely
 CODE_LENGTH = 8
@@ -154,21 +153,8 @@ class PairingBook:
                 return PairingRequest(**data["pending"].pop(i))
         return None
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            owner = self.path.parent.stat()
-            if os.geteuid() == 0 and owner.st_uid != 0:  # see _write
-                os.fchown(fd, owner.st_uid, owner.st_gid)
-        except OSError as exc:
-            raise StoreError(f"cannot use {self._lock_path}: {exc.strerror or exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive(self._lock_path)
 
     def _read(self, now: float | None) -> dict[str, list[dict[str, Any]]]:
         """The book, without codes that expired by `now` (None: keep them all)."""

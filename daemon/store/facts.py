@@ -22,8 +22,6 @@ fold or when the chat rotates to a new conversation (see `daemon.turn.prompting`
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -34,7 +32,7 @@ from typing import Any
 from daemon.core.errors import StoreError
 from daemon.core.ids import is_id
 from daemon.core.logs import store_log as log
-from daemon.store.files import CorruptFile, DiskFiles, Files, dumps, file_name
+from daemon.store.files import CorruptFile, DiskFiles, Files, dumps, exclusive, file_name
 
 FACT_MAX_CHARS = 300  # one fact is a sentence or two, not a document
 FACTS_MAX = 200  # per person; past it the oldest must be forgotten before more are kept
@@ -250,16 +248,8 @@ class FactsBook:
             if not isinstance(self.files, DiskFiles):
                 yield
                 return
-            try:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError as exc:
-                raise StoreError(f"cannot use {self.folder}: {exc.strerror or exc}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            with exclusive(self.folder / ".lock"):
                 yield
-            finally:
-                os.close(fd)
 
     def _read(self, path: Path) -> list[Fact]:
         try:

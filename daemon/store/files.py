@@ -11,12 +11,14 @@ so a test can run a whole `Store` with nothing written to disk.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -345,3 +347,24 @@ class FilesStorage(Storage):
 
     def close(self) -> None:
         self._data = None
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an flock on `lock_path` (made 0600 when missing), so that roost's commands and the
+    daemon change a shared file one at a time. Made by root (a command run with sudo next to
+    the system service), it is given the owner of its folder, or the service could not take
+    it any more."""
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        owner = lock_path.parent.stat()
+        if os.geteuid() == 0 and owner.st_uid != 0:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+    except OSError as exc:
+        raise StoreError(f"cannot use {lock_path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
