@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import logging
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.automation_prefix import rendered, shared_bytes
 from daemon.context.facts import facts_block, with_facts
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
@@ -57,21 +57,6 @@ FACTS = [
     "Remind me to water the fig tree on Sundays",
 ]
 NEW_FACT = "My dentist is Dr. Huber, phone 0316 424242"
-
-
-def rendered(body: dict[str, Any]) -> bytes:
-    parts = [json.dumps(body.get("tools") or [], sort_keys=True)]
-    parts += [f"<|{m['role']}|>\n{m.get('content') or ''}\n" for m in body["messages"]]
-    return "".join(parts).encode("utf-8")
-
-
-def shared_bytes(a: bytes, b: bytes) -> int:
-    same = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        same += 1
-    return same
 
 
 async def say(engine: Engine, fake: FakeOllama, chat: str, text: str) -> list[dict[str, Any]]:
