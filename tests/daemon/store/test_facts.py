@@ -3,6 +3,8 @@ a chat that joins an identity brings its facts; a failed write changes nothing."
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,16 @@ def test_a_frozen_block_round_trips_and_a_broken_one_is_made_again(state_dir: Pa
     assert book.frozen(CONVERSATION) is None
     with pytest.raises(ValueError, match="not a conversation id"):
         book.frozen("../../etc")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_facts_lock_root_makes_beside_the_service_stays_the_services(state_dir: Path) -> None:
+    """`sudo roost memory add` next to the system service: the lock file root creates belongs
+    to the state directory's owner, or the service could not take it (and keep no fact)."""
+    service = 61234  # a DynamicUser-like uid owning the state directory
+    folder = state_dir / "facts"
+    folder.mkdir(parents=True)
+    os.chown(folder, service, service)
+    FactsBook.at(state_dir).add(ALICE, "My locker code is 4417.", "2026-12-01")
+    lock = folder / ".lock"
+    assert (lock.stat().st_uid, stat.S_IMODE(lock.stat().st_mode)) == (service, 0o600)
