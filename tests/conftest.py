@@ -27,6 +27,8 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("STATE_DIRECTORY", str(path))
     monkeypatch.delenv("ROOST_CONFIG", raising=False)
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    # Secrets default to ~/.config/roost/credentials: never the developer's own.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
     return path
 
 

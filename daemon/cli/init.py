@@ -18,6 +18,7 @@ import asyncio
 import getpass
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from telegram.error import Conflict, InvalidToken, TelegramError
 
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.cli import init_files as files
-from daemon.core.config import Settings, WhatsAppSettings, load_settings
+from daemon.core.config import Settings, WhatsAppSettings, credentials_dir, load_settings
 from daemon.core.errors import ConfigError, RoostError
 from daemon.intake.pairing import PairingBook
 
@@ -381,7 +382,10 @@ async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,
 def _service(args: argparse.Namespace, console: Console, env: Mapping[str, str], config: Path,
              credentials: Path, names: list[str], systemctl: Systemctl, root: bool) -> None:
     console.say("Run it in the foreground now (Ctrl-C stops it):")
-    console.say(f"  CREDENTIALS_DIRECTORY={credentials} roost run --config {config}")
+    # Plain `roost run` reads the secrets from init's default folder; another one is named.
+    where = ("" if credentials_dir(env, config) == credentials
+             else f"CREDENTIALS_DIRECTORY={shlex.quote(str(credentials))} ")
+    console.say(f"  {where}{files.roost_command(env)} run --config {shlex.quote(str(config))}")
     if root:
         console.say("As a system service (README: Run as a service), as root:")
         for line in files.system_unit_commands(config, credentials, names):

@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.core.config import SYSTEM_CONFIG
+from daemon.core.config import SYSTEM_CONFIG, SYSTEM_CREDENTIALS
 
 DEFAULT_OLLAMA = "http://127.0.0.1:11434"
 DEFAULT_API_BASE = "https://api.telegram.org/bot"
 DEFAULT_GRAPH = "https://graph.facebook.com"
-SYSTEM_CREDENTIALS = Path("/etc/roost/credentials")
 SYSTEM_STATE = Path("/var/lib/roost")  # the system unit's StateDirectory=roost
 
 
@@ -111,6 +112,18 @@ def unit_template() -> Path | None:
         if (top / "systemd" / "roost-user.service").is_file():
             return top / "systemd" / "roost-user.service"
     return None
+
+
+def roost_command(env: Mapping[str, str]) -> str:
+    """How to start this roost from the user's shell: `roost` when PATH finds this one, else
+    its full path (after the Quick start the venv is not on PATH), else `python -m daemon`."""
+    script = Path(sys.executable).parent / "roost"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m daemon"
+    found = shutil.which("roost", path=env.get("PATH", ""))
+    if found and Path(found).resolve() == script.resolve():
+        return "roost"
+    return shlex.quote(str(script))
 
 
 def render_user_unit(template: str, config: Path, credentials: Path, secrets: list[str]) -> str:

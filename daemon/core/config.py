@@ -3,7 +3,8 @@
 The file is read once, here; every other module gets a `Settings` passed down. Each table is
 checked against a small spec (key -> converter), so an unknown key, a wrong type or a bad value
 becomes a `ConfigError` that names the dotted key and the file. Secrets never come from the file:
-they are read from the environment or from systemd credentials (`$CREDENTIALS_DIRECTORY/<NAME>`).
+they are read from the environment or from systemd credentials (`$CREDENTIALS_DIRECTORY/<NAME>`),
+else from the folder `roost init` writes them to (`credentials_dir`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from daemon.core.errors import ConfigError, RoostError
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
+SYSTEM_CREDENTIALS = Path("/etc/roost/credentials")
 
 # Environment variable (and credential file) name of each secret, per table.
 SECRETS: Mapping[str, Mapping[str, str]] = {
@@ -188,6 +190,7 @@ class Settings:
     automations: tuple[AutomationSettings, ...]
     variables: Mapping[str, str]
     source: Path | None  # the file loaded, or None for defaults
+    credentials: Path | None = None  # the folder secrets were looked for in (credentials_dir)
     # One person's chats on several channels: name -> chat keys (facts and recall are shared)
     identities: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
@@ -479,8 +482,8 @@ def find_config_path(explicit: Path | None, env: Mapping[str, str]) -> Path | No
         if not Path(named).exists():
             raise ConfigError("config", "file not found", str(named))
         return Path(named)
-    config_home = Path(env.get("XDG_CONFIG_HOME") or _home(env) / ".config")
-    for candidate in (Path.cwd() / "roost.toml", config_home / "roost/roost.toml", SYSTEM_CONFIG):
+    for candidate in (Path.cwd() / "roost.toml", _config_home(env) / "roost/roost.toml",
+                      SYSTEM_CONFIG):
         if candidate.is_file():
             return candidate
     return None
@@ -505,11 +508,12 @@ def missing_secrets(settings: Settings) -> list[ConfigError]:
     source = str(settings.source) if settings.source else None
     telegram, whatsapp = settings.telegram, settings.whatsapp
     unset = [var for key, var in SECRETS["whatsapp"].items() if not getattr(whatsapp, key)]
+    folder = settings.credentials or "$CREDENTIALS_DIRECTORY"
     return [ConfigError(key, problem, source) for key, broken, problem in (
         ("telegram.enabled", telegram.enabled and not telegram.token, "needs the bot token: set "
-         "ROOST_TELEGRAM_TOKEN or $CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN"),
+         f"ROOST_TELEGRAM_TOKEN, or put it in {folder}/ROOST_TELEGRAM_TOKEN (roost init does)"),
         ("whatsapp.enabled", whatsapp.enabled and unset,
-         f"needs {', '.join(unset)} in the environment or in $CREDENTIALS_DIRECTORY"),
+         f"needs {', '.join(unset)} in the environment or as files in {folder}"),
     ) if broken]
 
 
@@ -527,13 +531,22 @@ def _read_document(path: Path | None) -> Mapping[str, Any]:
     return document
 
 
-def read_secret(name: str, env: Mapping[str, str]) -> str | None:
-    """A secret from the environment, else from systemd's $CREDENTIALS_DIRECTORY/<name>."""
+def credentials_dir(env: Mapping[str, str], config: Path | None = None) -> Path:
+    """Where secrets are files: systemd's $CREDENTIALS_DIRECTORY when it is set, else the folder
+    `roost init` writes them to, so a plain `roost run` right after init finds them:
+    /etc/roost/credentials for the system config, ~/.config/roost/credentials otherwise."""
+    if env.get("CREDENTIALS_DIRECTORY"):
+        return Path(env["CREDENTIALS_DIRECTORY"])
+    if config is not None and config.absolute() == SYSTEM_CONFIG:
+        return SYSTEM_CREDENTIALS
+    return _config_home(env) / "roost" / "credentials"
+
+
+def read_secret(name: str, env: Mapping[str, str], config: Path | None = None) -> str | None:
+    """A secret from the environment, else from its file in `credentials_dir`."""
     if value := env.get(name, "").strip():
         return value
-    if not env.get("CREDENTIALS_DIRECTORY"):
-        return None
-    path = Path(env["CREDENTIALS_DIRECTORY"], name)
+    path = credentials_dir(env, config) / name
     try:
         return path.read_text(encoding="utf-8").strip() or None
     except FileNotFoundError:
@@ -567,7 +580,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
             raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
-        name: {key: read_secret(var, env) for key, var in names.items()}
+        name: {key: read_secret(var, env, path) for key, var in names.items()}
         for name, names in SECRETS.items()}
     daemon = tables["daemon"]
     listen_host, listen_port = daemon.pop("listen", ("127.0.0.1", 8780))
@@ -609,12 +622,13 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     # [variables] takes any key; read() still checks that it is a table of strings.
     raw = document.get("variables", {})
     variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))
-    mcp = _mcp(document.get("mcp", {}), read, fail, env)
+    mcp = _mcp(document.get("mcp", {}), read, fail, env, path)
     return Settings(
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
         automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
+        credentials=credentials_dir(env, path),
         identities=_identities(document.get("identities", {}), fail),
         web=WebSettings(**tables["web"], **secrets["web"]),
         voice=VoiceSettings(**tables["voice"], **secrets["voice"]))
@@ -655,7 +669,8 @@ def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
 
 
 def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
-         fail: Callable[[str, str], ConfigError], env: Mapping[str, str]) -> McpSettings:
+         fail: Callable[[str, str], ConfigError], env: Mapping[str, str],
+         path: Path | None) -> McpSettings:
     """`[mcp]` and its `[mcp.servers.NAME]` tables. Values of `env` and `headers` may name
     secrets as `${NAME}` (from the environment or $CREDENTIALS_DIRECTORY/NAME); one that is
     not set leaves the server unable to start (doctor says so), not the daemon."""
@@ -683,9 +698,10 @@ def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
                     raise fail(f"{where}.{key}.{item}", "secrets do not belong in the config "
                                "file; write \"${NAME}\" and set NAME in the environment or "
                                "$CREDENTIALS_DIRECTORY/NAME")
-                missing += [n for n in _REFERENCE.findall(value) if not read_secret(n, env)]
-                resolved[item] = _REFERENCE.sub(lambda m: read_secret(m.group(1), env) or "",
-                                                value)
+                missing += [n for n in _REFERENCE.findall(value)
+                            if not read_secret(n, env, path)]
+                resolved[item] = _REFERENCE.sub(
+                    lambda m: read_secret(m.group(1), env, path) or "", value)
             values[key] = MappingProxyType(resolved)
         for tool, policy in values.get("approve_tools", {}).items():
             try:
@@ -699,6 +715,10 @@ def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
 
 def _home(env: Mapping[str, str]) -> Path:
     return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _config_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("XDG_CONFIG_HOME") or _home(env) / ".config")
 
 
 def _state_dir(configured: str | None, path: Path | None, env: Mapping[str, str]) -> Path:

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -96,9 +97,31 @@ async def test_non_interactive_writes_a_private_config_and_secrets_and_pairs_the
     book = PairingBook(Path(home["STATE_DIRECTORY"]))
     assert book.is_approved("telegram", str(OWNER))
     assert [m["chat_id"] for m in fake_telegram.sent_messages] == [OWNER]
-    assert "CREDENTIALS_DIRECTORY=" in out and "roost run" in out
+    assert f"roost run --config {config}" in out
     # The /start init read is confirmed, so the daemon does not see it again.
     assert fake_telegram._updates == []
+
+
+async def test_the_command_init_prints_pastes_and_finds_the_token_without_more(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    # A fresh shell after the Quick start: the venv is not on PATH, nothing else is set.
+    home = {**home, "PATH": "/usr/bin:/bin"}
+    status, out, err = await init_process(home, *flags(fake_ollama, fake_telegram),
+                                          "--pair-timeout", "0",
+                                          ROOST_TELEGRAM_TOKEN=fake_telegram.token)
+    assert status == 0, err
+    lines = out.splitlines()
+    printed = lines[lines.index("Run it in the foreground now (Ctrl-C stops it):") + 1].split()
+    assert printed[1:] == ["run", "--config", str(config_of(home))], printed
+    assert shutil.which(printed[0], path=home["PATH"]), f"{printed[0]} cannot be run"
+    # The same command with doctor instead of run: the token init wrote is found.
+    process = await asyncio.create_subprocess_exec(
+        shutil.which(printed[0], path=home["PATH"]) or "", "doctor", *printed[2:], env=home,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    report = (await asyncio.wait_for(process.communicate(), 90))[0].decode()
+    assert "ok   telegram getMe: bot @roost_test_bot" in report, report
+    assert process.returncode == 0, report
 
 
 async def interactive(answers: str, home: dict[str, str], *argv: str,

@@ -472,3 +472,20 @@ def test_bad_identities_name_the_key(tmp_path: Path, env: dict[str, str], text: 
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, f"[identities]\n{text}\n"), env=env)
     assert caught.value.key == key and problem in caught.value.problem
+
+
+def test_without_credentials_directory_the_secrets_come_from_inits_folder(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # Where `roost init` puts them: ~/.config/roost/credentials, beside the config it writes.
+    folder = Path(env["HOME"]) / ".config" / "roost" / "credentials"
+    folder.mkdir(parents=True)
+    (folder / "ROOST_TELEGRAM_TOKEN").write_text("123:from-init\n")
+    path = write(tmp_path, '[telegram]\nenabled = true\nmode = "polling"\n')
+    assert load_settings(path, env=env).telegram.token == "123:from-init"
+    # systemd's folder, when it is set, is the only one read (the unit says what it loads).
+    empty = tmp_path / "systemd-credentials"
+    empty.mkdir()
+    settings = load_settings(path, env=env | {"CREDENTIALS_DIRECTORY": str(empty)},
+                             require_secrets=False)
+    assert settings.telegram.token is None
