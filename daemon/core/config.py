@@ -68,7 +68,7 @@ class ModelSettings:
 @dataclass(frozen=True)
 class TelegramSettings:
     enabled: bool = False
-    mode: str = "webhook"  # or "polling"
+    mode: str = "webhook"  # or "polling"; a file without mode: webhook only with a webhook_url
     webhook_url: str | None = None
     api_base: str = "https://api.telegram.org/bot"
     file_base: str = "https://api.telegram.org/file/bot"
@@ -587,13 +587,18 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     state_dir = _state_dir(daemon.pop("state_dir", None), path, env)
     daemon["timezone"] = daemon.get("timezone") or _system_timezone(env)
     model = ModelSettings(**tables["model"])
+    if "telegram" in document:  # no mode: a webhook_url says webhook, else polling (no address)
+        tables["telegram"].setdefault(
+            "mode", "webhook" if tables["telegram"].get("webhook_url") else "polling")
     telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
     whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
     for key, broken, problem in (
         ("model.response_reserve", model.response_reserve >= model.window,
          f"must be less than model.window ({model.window})"),
         ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
-         and not telegram.webhook_url, "is required when telegram.mode is 'webhook'"),
+         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
+         "public HTTPS URL of /webhooks/telegram); without a public address, set "
+         'mode = "polling"'),
         ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
          "is required when WhatsApp is enabled"),
     ):

@@ -152,7 +152,7 @@ async def test_a_state_directory_readable_by_others_fails(
     ('[telegram]\nenabled = true\nmode = "polling"\n',
      {"ROOST_TELEGRAM_TOKEN": "1:a", "ROOST_TELEGRAM_SECRET": "has spaces"}),
     ('[whatsapp]\nenabled = true\nphone_number_id = "1"\n', {}),
-    ('[telegram]\nenabled = true\n', {"ROOST_TELEGRAM_TOKEN": "1:a"}),  # no webhook_url
+    ('[telegram]\nenabled = true\nmode = "webhook"\n', {"ROOST_TELEGRAM_TOKEN": "1:a"}),  # no url
     ('[model]\nwindw = 1\n', {}),
 ])
 async def test_doctor_fails_on_every_config_run_refuses(

@@ -229,12 +229,22 @@ def test_a_secret_in_the_file_is_refused_and_not_repeated(tmp_path: Path) -> Non
 
 
 def test_webhook_mode_needs_a_webhook_url(tmp_path: Path) -> None:
-    path = write(tmp_path, "[telegram]\nenabled = true\n")
+    path = write(tmp_path, '[telegram]\nenabled = true\nmode = "webhook"\n')
     with pytest.raises(ConfigError) as caught:
         load_settings(path, env=SECRETS)
     assert caught.value.key == "telegram.webhook_url"
+    assert 'mode = "polling"' in caught.value.problem  # the way out without a public address
     polling = write(tmp_path, '[telegram]\nenabled = true\nmode = "polling"\n', "polling.toml")
     assert load_settings(polling, env=SECRETS).telegram.mode == "polling"
+
+
+def test_without_mode_telegram_polls_unless_a_webhook_url_is_given(tmp_path: Path) -> None:
+    # As the five-minute guide and roost init set it up: no public address needed.
+    path = write(tmp_path, "[telegram]\nenabled = true\n")
+    assert load_settings(path, env=SECRETS).telegram.mode == "polling"
+    hook = write(tmp_path, '[telegram]\nenabled = true\nwebhook_url = "https://b.example/w"\n',
+                 "hook.toml")
+    assert load_settings(hook, env=SECRETS).telegram.mode == "webhook"
 
 
 def test_whatsapp_needs_a_phone_number_id(tmp_path: Path) -> None:
