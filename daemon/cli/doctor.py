@@ -390,7 +390,8 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
         except TelegramError as exc:
             return [Check("telegram getMe", False, f"cannot reach the Bot API: {exc}",
                           "check the network, or telegram.api_base")]
-        checks = [Check("telegram getMe", True, f"bot @{me.username}")]
+        checks = [Check("telegram getMe", True, f"bot @{me.username}"),
+                  await _files_check(tg.file_base, tg.token)]
         try:
             info = await bot.get_webhook_info()
         except TelegramError as exc:
@@ -402,6 +403,26 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
         return checks
     finally:
         await bot.shutdown()
+
+
+async def _files_check(file_base: str, token: str) -> Check:
+    """Photos, voice notes and documents are downloaded from file_base: something there must
+    answer for this bot (a file that does not exist gets 404 from Telegram and a local Bot API
+    server alike; 401 means the address serves another bot API)."""
+    shown = redact_url(file_base)
+    fix = ("set telegram.file_base to where the Bot API serves files (for api_base "
+           "https://HOST/bot it is https://HOST/file/bot), or remove it to follow api_base")
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.get(f"{file_base}{token}/roost-doctor-check")
+    except httpx.HTTPError as exc:
+        reason = redact_url(str(exc).replace(token, "<token>")) or "no answer"
+        return Check("telegram files", False, f"nothing answers at {shown} ({reason}): no "
+                     "photo, voice note or document sent to the bot could be read", fix)
+    if answer.status_code == 401:
+        return Check("telegram files", False, f"{shown} refuses this bot's token: no photo, "
+                     "voice note or document sent to the bot could be read", fix)
+    return Check("telegram files", True, f"{shown} answers")
 
 
 def _not_found(api_base: str) -> str:

@@ -270,6 +270,16 @@ def _seconds(text: str) -> float:
     return sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(text))
 
 
+def _file_base(api_base: str) -> str:
+    """Where files are downloaded beside a Bot API base, as Telegram and a local Bot API server
+    lay them out: https://api.telegram.org/bot -> https://api.telegram.org/file/bot."""
+    parts = urlsplit(api_base)
+    head, _, last = parts.path.rpartition("/")
+    if not last:  # no path to go by (doctor names the address's problem)
+        return api_base.rstrip("/") + "/file/bot"
+    return parts._replace(path=f"{head}/file/{last}").geturl()
+
+
 def _is_url(text: str) -> bool:
     parts = urlsplit(text)
     return parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -590,6 +600,8 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     if "telegram" in document:  # no mode: a webhook_url says webhook, else polling (no address)
         tables["telegram"].setdefault(
             "mode", "webhook" if tables["telegram"].get("webhook_url") else "polling")
+        if "api_base" in tables["telegram"] and "file_base" not in tables["telegram"]:
+            tables["telegram"]["file_base"] = _file_base(tables["telegram"]["api_base"])
     telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
     whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
     for key, broken, problem in (

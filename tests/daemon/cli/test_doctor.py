@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -209,6 +210,35 @@ async def test_a_trailing_slash_in_api_base_is_named_with_its_fix_as_run_does(
     status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
                                ROOST_TELEGRAM_SECRET=SECRET)
     assert status == 0, out  # the fix it named fixes it
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_file_base_nothing_answers_at_fails_since_no_photo_could_be_read(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    await registered(fake_telegram)
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    nowhere = f"http://127.0.0.1:{closed_port()}/file/bot"
+    config.write_text(config.read_text().replace(f'file_base = "{fake_telegram.file_base}"',
+                                                 f'file_base = "{nowhere}"'))
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    no_traceback(out)
+    assert status == 1
+    [line] = failed(out)
+    assert line.startswith("FAIL telegram files:") and nowhere in line, line
+    assert "photo" in line and "telegram.file_base" in line and fake_telegram.token not in line
+    # Without file_base, it follows api_base to the fake: all well.
+    config.write_text(config.read_text().replace(f'file_base = "{nowhere}"\n', ""))
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=fake_telegram.token,
+                               ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 0, out
+    assert f"ok   telegram files: {fake_telegram.file_base}" in out
 
 
 async def test_an_api_base_that_answers_404_blames_the_address_not_the_token(

@@ -499,3 +499,13 @@ def test_without_credentials_directory_the_secrets_come_from_inits_folder(
     settings = load_settings(path, env=env | {"CREDENTIALS_DIRECTORY": str(empty)},
                              require_secrets=False)
     assert settings.telegram.token is None
+
+
+def test_a_bot_api_base_of_its_own_moves_the_file_base_too(tmp_path: Path) -> None:
+    # A local Bot API server serves files beside its methods, as Telegram does.
+    path = write(tmp_path, '[telegram]\napi_base = "http://127.0.0.1:8081/bot"\n')
+    assert load_settings(path, env={}).telegram.file_base == "http://127.0.0.1:8081/file/bot"
+    both = write(tmp_path, '[telegram]\napi_base = "http://127.0.0.1:8081/bot"\n'
+                 'file_base = "http://files.example/f/bot"\n', "both.toml")
+    assert load_settings(both, env={}).telegram.file_base == "http://files.example/f/bot"
+    assert Settings.defaults(env={}).telegram.file_base == "https://api.telegram.org/file/bot"
