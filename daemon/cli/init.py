@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import os
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -74,20 +77,36 @@ class Console:
 
     def ask(self, question: str, default: str = "", *, hidden: bool = False) -> str:
         shown = f"{question} [{default}]: " if default else f"{question}: "
-        if hidden and self.stdin.isatty():  # a token is not echoed to the screen
-            answer = getpass.getpass(shown, stream=self.stdout)
-        else:
-            self.stdout.write(shown)
-            self.stdout.flush()
-            line = self.stdin.readline()
-            if not line:
-                raise _Stop("no answer (end of input); nothing was written", 1)
-            answer = line
+        with _interruptible():
+            if hidden and self.stdin.isatty():  # a token is not echoed to the screen
+                answer = getpass.getpass(shown, stream=self.stdout)
+            else:
+                self.stdout.write(shown)
+                self.stdout.flush()
+                line = self.stdin.readline()
+                if not line:
+                    raise _Stop("no answer (end of input); nothing was written", 1)
+                answer = line
         return answer.strip() or default
 
     def confirm(self, question: str, default: bool) -> bool:
         answer = self.ask(f"{question} [{'Y/n' if default else 'y/N'}]").lower()
         return default if not answer else answer.startswith("y")
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C while a question waits raises KeyboardInterrupt at once (`roost` exits 130).
+    asyncio.run's own handler only cancels the task, which a blocking read never notices: the
+    next line typed would be taken as the answer."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def real_systemctl(argv: Sequence[str]) -> int:

@@ -164,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return int(asyncio.run(_load("init").run_init(args)))
         except KeyboardInterrupt:
+            print("\nroost: init stopped (Ctrl-C)", file=sys.stderr)
             return 130
     try:
         settings = load_settings(args.config, require_secrets=args.command not in _READ_ONLY)

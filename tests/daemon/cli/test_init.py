@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
 import time
@@ -384,3 +385,31 @@ async def test_whatsapp_without_its_secrets_or_with_a_refused_token_writes_nothi
     settings = load_settings(config_of(home), env={
         **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
     assert settings.whatsapp.enabled and settings.whatsapp.app_secret == "app-secret"
+
+
+async def test_ctrl_c_at_a_question_stops_init_at_once_with_130(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    places = ["--config", str(config_of(home)), "--credentials-dir", str(credentials_of(home)),
+              "--state-dir", home["STATE_DIRECTORY"]]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "init", *places, env=home,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        asked = b""
+        async with asyncio.timeout(30):
+            while b"Ollama's address" not in asked:
+                asked += await process.stdout.read(1)
+        process.send_signal(signal.SIGINT)  # what Ctrl-C at the terminal sends
+        # Nothing more is typed: init must not wait for a line to take as the answer.
+        status = await asyncio.wait_for(process.wait(), 15)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert status == 130
+    err = (await process.stderr.read()).decode()
+    assert "Traceback" not in err
+    assert not config_of(home).exists()
