@@ -10,13 +10,14 @@ import asyncio
 import contextlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from daemon.core.approval import KEYS, Button, parse
 from daemon.core.messages import Outbound, ReplySink
 
 CHAT_KEY = "console:local"
+WAITING = "roost is thinking…"
 
 
 class ConsoleChannel:
@@ -29,13 +30,37 @@ class ConsoleChannel:
         self.indicator = indicator  # on a terminal: show that roost is at work until it answers
         self._streamed = ""  # what this reply showed so far, piece by piece
         self._waiting = False  # the indicator is on screen
+        # While a prompt waits for a line: what its line shows now (prompt and typed text), so
+        # that a late answer or a log line is written above it and the line drawn again.
+        self.prompt: Callable[[], str] | None = None
 
     def show_waiting(self) -> None:
         """Until the first piece of the answer: a line saying roost is at it (terminal only)."""
         if self.indicator:
-            self.out.write("roost is thinking…")
+            self.out.write(WAITING)
             self.out.flush()
             self._waiting = True
+
+    def interject(self, text: str, stream: TextIO | None = None) -> None:
+        """A whole line (a log line, on `stream`) above what the current line shows, the
+        indicator or the prompt with what was typed, which is then drawn again."""
+        current = WAITING if self._waiting else self.prompt() if self.prompt else ""
+        if current:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+        elif self._streamed:
+            self.out.write("\n")  # in the middle of a streamed reply: on a line of its own
+            self.out.flush()
+        target = stream or self.out
+        target.write(text.rstrip("\n") + "\n")
+        target.flush()
+        self.out.write(current)
+        self.out.flush()
+
+    def _leave_prompt(self) -> None:
+        """An answer comes while the prompt waits (it came late): it goes on a clean line."""
+        if self.prompt and not self._streamed:
+            self.out.write("\r\x1b[K")
 
     def clear_waiting(self) -> None:
         if self._waiting:
@@ -53,6 +78,7 @@ class ConsoleChannel:
 
     def write(self, delta: str) -> None:
         self.clear_waiting()
+        self._leave_prompt()
         if not self._streamed:
             self.out.write("roost> ")
         self._streamed += delta
@@ -61,6 +87,7 @@ class ConsoleChannel:
 
     async def send(self, outbound: Outbound) -> None:
         self.clear_waiting()
+        self._leave_prompt()
         streamed, self._streamed = self._streamed, ""
         if streamed and outbound.kind == "reply":
             # Shown piece by piece already; what the turn added at the end (a note that the
@@ -69,14 +96,15 @@ class ConsoleChannel:
             shown = streamed.rstrip()
             rest = outbound.text[len(shown):] if outbound.text.startswith(shown) else ""
             self.out.write(f"{rest}\n")
-            self.out.flush()
-            return
-        if streamed:
-            self.out.write("\n")  # a notice in the middle of a streamed reply
-        prefix = "[roost] " if outbound.kind == "notice" else "roost> "
-        self.out.write(f"{prefix}{outbound.text}\n")
-        if outbound.buttons:  # an approval question: answered on the next line (roost chat)
-            self.out.write(keys_line(outbound.buttons) + "\n")
+        else:
+            if streamed:
+                self.out.write("\n")  # a notice in the middle of a streamed reply
+            prefix = "[roost] " if outbound.kind == "notice" else "roost> "
+            self.out.write(f"{prefix}{outbound.text}\n")
+            if outbound.buttons:  # an approval question: answered on the next line
+                self.out.write(keys_line(outbound.buttons) + "\n")
+        if self.prompt:  # a late answer: the prompt, and what was typed, drawn again
+            self.out.write(self.prompt())
         self.out.flush()
 
 

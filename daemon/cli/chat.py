@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import readline  # imported for its effect: input() gets line editing, and its prompt on stdout
 import signal
@@ -83,7 +84,8 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
             out.write(f"roost chat with {settings.model.name}. /help for commands, "
                       "Ctrl-D to leave.\n")
             out.flush()
-            await _converse(ask, stop_reply, shown, out, interactive)
+            with _logs_above_the_prompt(shown.console, err, interactive):
+                await _converse(ask, stop_reply, shown, out, interactive)
     except StoreError as exc:
         err.write(f"roost: {exc}\n")
         return EX_CANTCREAT
@@ -98,7 +100,7 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
 async def _converse(ask: Ask, stop_reply: StopReply, shown: _Shown, out: TextIO,
                     interactive: bool) -> None:
     try:
-        while (line := await read_line("you> " if interactive else None)) is not None:
+        while (line := await _prompted(shown.console, interactive)) is not None:
             if not line.strip():
                 continue
             command = Inbound(chat_key=CHAT_KEY, text=line, received=0).command
@@ -115,6 +117,53 @@ async def _converse(ask: Ask, stop_reply: StopReply, shown: _Shown, out: TextIO,
             shown.console.clear_waiting()  # nothing came (the daemon stopped, say)
     except asyncio.CancelledError:
         out.write("\n")  # Ctrl-C: leave as cleanly as Ctrl-D
+
+
+PROMPT = "you> "
+
+
+async def _prompted(console: ConsoleChannel, interactive: bool) -> str | None:
+    """The next line; on a terminal, what arrives meanwhile is written above the prompt."""
+    if not interactive:
+        return await read_line(None)
+    console.prompt = lambda: PROMPT + readline.get_line_buffer()
+    try:
+        return await read_line(PROMPT)
+    finally:
+        console.prompt = None
+
+
+class _AbovePrompt(logging.Handler):
+    """Log lines on a terminal go above the prompt (or the indicator), never onto it."""
+
+    def __init__(self, console: ConsoleChannel, err: TextIO) -> None:
+        super().__init__()
+        self.console, self.err = console, err
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.interject(self.format(record), self.err)
+        except Exception:  # logging's own rule: a log line never raises
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _logs_above_the_prompt(console: ConsoleChannel, err: TextIO,
+                           interactive: bool) -> Iterator[None]:
+    top = logging.getLogger()
+    saved = top.handlers[:]
+    if not interactive or not saved:
+        yield
+        return
+    handler = _AbovePrompt(console, err)
+    handler.setFormatter(saved[0].formatter)  # the same form and credential filter as before
+    for kept in saved[0].filters:
+        handler.addFilter(kept)
+    top.handlers[:] = [handler]
+    try:
+        yield
+    finally:
+        top.handlers[:] = saved
 
 
 @contextlib.asynccontextmanager

@@ -55,19 +55,20 @@ class Terminal:
         os.write(self.master, keys.encode())
 
 
-async def open_terminal(config: Path) -> Terminal:
+async def open_terminal(config: Path, *, stderr_too: bool = False) -> Terminal:
+    """stderr_too: stderr on the terminal as well, as in a real one (then it is not kept)."""
     master, slave = pty.openpty()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", "chat", "--config", str(config),
-        stdin=slave, stdout=slave, stderr=asyncio.subprocess.PIPE,
+        stdin=slave, stdout=slave, stderr=slave if stderr_too else asyncio.subprocess.PIPE,
         env={**os.environ, "TERM": "dumb"})
     os.close(slave)
     return Terminal(process, master)
 
 
 async def close_terminal(terminal: Terminal) -> tuple[int, str]:
-    assert terminal.process.stderr is not None
-    err = await asyncio.wait_for(terminal.process.stderr.read(), 15)
+    err = (b"" if terminal.process.stderr is None
+           else await asyncio.wait_for(terminal.process.stderr.read(), 15))
     status = await asyncio.wait_for(terminal.process.wait(), 15)
     os.close(terminal.master)
     return status, err.decode()
@@ -143,6 +144,32 @@ async def test_the_prompt_stays_while_ollama_is_down_and_the_messages_are_answer
         (conversation,) = store.list_conversations(chat_key="console:local")
         users = [m.content for m in store.messages(conversation.id) if m.role == "user"]
         assert users == ["are you there?", "still there?"]
+
+
+async def test_an_outage_writes_nothing_onto_the_prompt_and_a_late_answer_gives_it_back(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, fake_ollama.url)
+    chat = await open_terminal(config, stderr_too=True)
+    await chat.read_until("you> ")
+    await fake_ollama.refuse_connections()
+    chat.type("are you there?\r")
+    await chat.read_until("[roost] The model server")
+    await chat.read_until("you> ")  # the prompt is back while the message waits
+    chat.type("still")  # typing the next line when the retries go on
+    await fake_ollama.accept_connections()
+    late = await chat.read_until("echo: are you there?", timeout=60)
+    after = await chat.read_until("you> still")  # the prompt and what was typed, drawn again
+    # Every line a log or an answer wrote starts at the line's start, not after the prompt.
+    screen = (late + after).replace("\r\x1b[K", "\n")
+    assert not [line for line in screen.splitlines()
+                if line.startswith("you> ") and line.removeprefix("you> ").strip()
+                and "still" not in line], screen
+    chat.type("\r")
+    await chat.read_until("echo: still")
+    await chat.read_until("you> ")
+    chat.type(CTRL_D)
+    assert (await close_terminal(chat))[0] == 0
 
 
 async def test_chat_talks_to_the_running_daemon_over_its_socket(
