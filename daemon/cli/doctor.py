@@ -136,17 +136,19 @@ def _config_checks(settings: Settings) -> list[Check]:
     for refusal in refused:
         checks.append(Check(f"config {refusal.key}", False, refusal.problem,
                             _refusal_fix(refusal, settings)))
-    channels = []
+    channels, stuck = [], False
     for name, on in (("telegram", settings.telegram.enabled),
                      ("whatsapp", settings.whatsapp.enabled)):
         if not on:
             continue
         # A refused setting stops `roost run` altogether: the channel is not ready, whatever
-        # the rest of its config says (the refusal itself is the FAIL line above).
+        # the rest of its config says.
         blocked = [r.key for r in refused if name in r.key.lower()]
+        stuck = stuck or bool(blocked)
         channels.append(f"{name} (cannot start until {', '.join(blocked)} is fixed)"
                         if blocked else name)
-    checks.append(Check("channels", True, ", ".join(channels) or "none (terminal chat only)"))
+    checks.append(Check("channels", not stuck, ", ".join(channels) or "none (terminal chat only)",
+                        "fix the config lines above" if stuck else ""))
     return checks
 
 
