@@ -468,8 +468,13 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     try:
         sock = bind(daemon.listen_host, daemon.listen_port, tuning.http.backlog)
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", daemon.listen_host, daemon.listen_port,
-                  exc.strerror or exc)
+        where = settings.source or "the config file (~/.config/roost/roost.toml)"
+        host = f"[{daemon.listen_host}]" if ":" in daemon.listen_host else daemon.listen_host
+        fix = (f"another program (or another roost) listens there: stop it, or set "
+               f'daemon.listen = "{host}:<a free port>" in {where}'
+               if exc.errno == errno.EADDRINUSE else f"set daemon.listen in {where}")
+        log.error("cannot listen on %s:%d: %s; %s", daemon.listen_host, daemon.listen_port,
+                  exc.strerror or exc, fix)
         return EX_OSERR
     app = build_app(settings, channels, tuning=tuning)
     budget = shutdown_budget(daemon.shutdown_grace)

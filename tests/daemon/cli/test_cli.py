@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -112,6 +113,20 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) 
         result = run("run", "--config", str(config))
     assert result.returncode == 73
     assert "another roost process is using" in result.stderr
+
+
+def test_a_port_in_use_is_refused_with_the_setting_that_moves_it(tmp_path: Path) -> None:
+    config = tmp_path / "roost.toml"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                          f'listen = "127.0.0.1:{port}"\n[model]\nhost = "http://127.0.0.1:9"\n')
+        result = run("run", "--config", str(config))
+    assert result.returncode == 71  # EX_OSERR
+    assert f"127.0.0.1:{port}" in result.stderr and "daemon.listen" in result.stderr
+    assert str(config) in result.stderr  # where to change it
 
 
 def test_doctor_reports_an_unreachable_ollama(tmp_path: Path) -> None:
