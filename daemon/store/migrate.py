@@ -10,6 +10,7 @@ at the version before it is brought to it, and that opening again changes nothin
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,8 @@ def migrate(meta: TinyDB, keepers: Keepers,
         meta.table(TABLE).insert({"version": migration.version, "name": migration.name,
                                   "applied": time.time()})
         ran.append(migration.name)
-        log.info("state in %s: migration %d (%s) applied", keepers.state_dir,
-                 migration.version, migration.name)
+        # With nothing recorded the state is new (made at this version; an older layout's
+        # migration says what it converted), so only a change to a kept state is news.
+        log.log(logging.INFO if done else logging.DEBUG, "state in %s: migration %d (%s) "
+                "applied", keepers.state_dir, migration.version, migration.name)
     return ran

@@ -29,7 +29,7 @@ from daemon.store import (
     Store,
 )
 from daemon.store.files import MemoryFiles, dumps
-from daemon.store.migrate import MIGRATIONS, TABLE, applied
+from daemon.store.migrate import MIGRATIONS, TABLE, Keepers, Migration, applied, migrate
 from daemon.turn.router import Router
 
 T0 = 1_700_000_000.0
@@ -986,6 +986,22 @@ def test_migration_3_splits_the_single_index_once(tmp_path: Path) -> None:
     after = dict(files.files)
     Store.over(files).close()
     assert files.files == after
+
+
+def test_a_brand_new_state_directory_logs_no_migration(
+        state_dir: Path, store_log: pytest.LogCaptureFixture) -> None:
+    """A new state is made at the current version: there was nothing to migrate."""
+    with Store.open(state_dir) as store:
+        assert applied(store.meta) == {m.version for m in MIGRATIONS}
+    said = [r.getMessage() for r in store_log.records if r.levelno >= logging.INFO]
+    assert not [line for line in said if "migration" in line], said
+    # One more schema change later is said, on a state that had the earlier ones.
+    extra = Migration(len(MIGRATIONS) + 1, "later_change", lambda keepers: None)
+    with Store.open(state_dir) as store:
+        migrate(store.meta, Keepers(store.files, store.state_dir, store.book, store.dedupe,
+                                    store.updates, store.inbox, store.outbox, store.flags),
+                (*MIGRATIONS, extra))
+    assert any("later_change" in r.getMessage() for r in store_log.records)
 
 
 def test_a_state_directory_of_the_previous_version_opens_unchanged(state_dir: Path) -> None:
