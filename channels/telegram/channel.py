@@ -58,7 +58,7 @@ from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
 from channels.webhooks import read_at_most
 from channels.working import kept_up
 from daemon.core.approval import Approver
-from daemon.core.config import AttachmentSettings, TelegramSettings
+from daemon.core.config import BOT_TOKEN, MALFORMED_TOKEN, AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, DeliveryError, StoreError
 from daemon.core.logs import telegram_log as log
 from daemon.core.messages import UNSEEN, Outbound, ReplySink
@@ -111,6 +111,8 @@ def check_settings(settings: TelegramSettings) -> None:
     if not settings.token:
         raise ConfigError("telegram.enabled", "needs the bot token: set ROOST_TELEGRAM_TOKEN or "
                           "$CREDENTIALS_DIRECTORY/ROOST_TELEGRAM_TOKEN")
+    if not BOT_TOKEN.fullmatch(settings.token):  # refused here, before any call with it
+        raise ConfigError("telegram.enabled", f"ROOST_TELEGRAM_TOKEN {MALFORMED_TOKEN}")
     if settings.secret is not None and not _SECRET.fullmatch(settings.secret):
         raise ConfigError("telegram.secret", "ROOST_TELEGRAM_SECRET must be 1-256 characters of "
                           "A-Z, a-z, 0-9, _ and - (Telegram's rule for the webhook secret)")

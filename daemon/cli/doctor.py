@@ -33,7 +33,7 @@ from channels.telegram.channel import check_settings
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.app.health import MIN_FREE_BYTES, disk_state
 from daemon.cli.mcp import doctor_checks as mcp_doctor_checks
-from daemon.core.config import Settings, missing_secrets
+from daemon.core.config import BOT_TOKEN, Settings, missing_secrets
 from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.core.filemodes import exposure
 from daemon.core.redact import redact_url
@@ -374,7 +374,7 @@ async def _whatsapp_check(settings: Settings) -> Check:
 
 async def _telegram_checks(settings: Settings) -> list[Check]:
     tg = settings.telegram
-    if not tg.token:
+    if not tg.token or not BOT_TOKEN.fullmatch(tg.token):
         return []  # reported with the config checks
     bot = Bot(tg.token, base_url=tg.api_base, base_file_url=tg.file_base)
     try:

@@ -37,7 +37,14 @@ from telegram.error import Conflict, InvalidToken, TelegramError
 
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.cli import init_files as files
-from daemon.core.config import Settings, WhatsAppSettings, credentials_dir, load_settings
+from daemon.core.config import (
+    BOT_TOKEN,
+    MALFORMED_TOKEN,
+    Settings,
+    WhatsAppSettings,
+    credentials_dir,
+    load_settings,
+)
 from daemon.core.errors import ConfigError, RoostError
 from daemon.intake.pairing import PairingBook
 
@@ -267,6 +274,12 @@ async def _connect_bot(args: argparse.Namespace, console: Console,
                        token: str) -> tuple[Bot, str]:
     """The bot and its @name from getMe; a refused token is asked again (interactive only)."""
     for attempt in range(TRIES):
+        if not BOT_TOKEN.fullmatch(token):  # said here, not by the network as a refusal
+            if not console.interactive or attempt == TRIES - 1:
+                raise _Stop(f"the token {MALFORMED_TOKEN}", EX_CONFIG)
+            console.say(f"That {MALFORMED_TOKEN}.")
+            token = console.ask("Bot token", hidden=True)
+            continue
         bot = Bot(token, base_url=args.telegram_api_base)
         try:
             await bot.initialize()  # getMe; and shutdown() then closes the connections

@@ -34,6 +34,10 @@ SECRETS: Mapping[str, Mapping[str, str]] = {
     "voice": {"key": "ROOST_VOICE_KEY"},
     "web": {"ollama_api_key": "ROOST_OLLAMA_API_KEY"}}
 OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
+# What @BotFather gives: the bot's id, a colon, then letters, digits, '-' and '_'.
+BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+MALFORMED_TOKEN = ("does not look like a bot token (digits, a colon, then letters, digits, - "
+                   "and _, with no quotes or spaces): copy it again from @BotFather")
 
 
 @dataclass(frozen=True)

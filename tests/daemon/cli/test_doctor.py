@@ -86,6 +86,19 @@ async def test_a_refused_token_fails(
     assert "999:WRONG" not in out
 
 
+async def test_a_malformed_token_fails_without_asking_telegram(
+    tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    await registered(fake_telegram)
+    config = write_config(tmp_path, fake_ollama.url, fake_telegram)
+    quoted = f'"{fake_telegram.token}"'
+    status, out = await doctor(config, ROOST_TELEGRAM_TOKEN=quoted, ROOST_TELEGRAM_SECRET=SECRET)
+    assert status == 1
+    assert "FAIL config telegram.enabled: ROOST_TELEGRAM_TOKEN does not look like a bot token" \
+        in out, out
+    assert fake_telegram.token not in out and fake_telegram.calls == []
+
+
 async def test_a_missing_webhook_secret_fails(
     tmp_path: Path, fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:

@@ -211,6 +211,27 @@ async def test_a_refused_token_is_exit_78_and_writes_nothing(
     assert not config_of(home).exists() and not credentials_of(home).exists()
 
 
+async def test_a_malformed_token_is_refused_before_any_call_to_telegram(
+    home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
+) -> None:
+    pasted = f"'{fake_telegram.token} '"  # copied with quotes around it
+    status, _, err = await init_process(home, *flags(fake_ollama, fake_telegram),
+                                        ROOST_TELEGRAM_TOKEN=pasted)
+    assert status == 78 and "does not look like a bot token" in err, err
+    assert fake_telegram.token not in err
+    assert fake_telegram.calls == []  # nothing went to the network
+    assert not config_of(home).exists()
+    # Typed at the question: asked again at once, and the good one goes on.
+    fake_telegram.queue_update(start_update())
+    answers = "\n".join(["1", "bot" + fake_telegram.token, fake_telegram.token, "", "n"]) + "\n"
+    status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
+                                    "--telegram-api-base", fake_telegram.api_base,
+                                    "--pair-timeout", "30", "--no-service")
+    assert status == 0, out
+    assert "does not look like a bot token" in out
+    assert len(fake_telegram.calls_to("getMe")) == 1
+
+
 async def test_no_token_at_all_is_named(
     home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:
