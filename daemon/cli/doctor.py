@@ -32,6 +32,7 @@ from automations.schedule import build_trigger, next_fire
 from channels.telegram.channel import check_settings
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.app.health import MIN_FREE_BYTES, disk_state
+from daemon.cli.init_files import network_reason
 from daemon.cli.mcp import doctor_checks as mcp_doctor_checks
 from daemon.core.config import BOT_TOKEN, Settings, missing_secrets
 from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
@@ -390,7 +391,8 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
             return [Check("telegram getMe", False, "Telegram refused the bot token",
                           "check ROOST_TELEGRAM_TOKEN with @BotFather")]
         except TelegramError as exc:
-            return [Check("telegram getMe", False, f"cannot reach the Bot API: {exc}",
+            return [Check("telegram getMe", False, "cannot reach the Bot API at "
+                          f"{redact_url(tg.api_base)} ({network_reason(exc)})",
                           "check the network, or telegram.api_base")]
         checks = [Check("telegram getMe", True, f"bot @{me.username}"),
                   await _files_check(tg.file_base, tg.token)]

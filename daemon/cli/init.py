@@ -299,8 +299,9 @@ async def _connect_bot(args: argparse.Namespace, console: Console,
             continue
         except TelegramError as exc:
             await bot.shutdown()
-            raise _Stop(f"cannot reach the Bot API at {args.telegram_api_base}: {exc}",
-                             EX_UNAVAILABLE) from None
+            raise _Stop(f"cannot reach the Bot API at {args.telegram_api_base} "
+                        f"({files.network_reason(exc)}): check this machine's network, or the "
+                        "address (--telegram-api-base)", EX_UNAVAILABLE) from None
         console.say(f"Telegram: the token belongs to @{bot.bot.username}")
         return bot, str(bot.bot.username)
     raise AssertionError("unreachable")
@@ -403,7 +404,8 @@ async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,
                     "roost runs, write to the bot and `roost pairing approve CODE`.")
         return False
     except TelegramError as exc:
-        raise _Stop(f"reading /start from Telegram failed: {exc}", EX_UNAVAILABLE) from None
+        raise _Stop(f"reading /start from Telegram failed ({files.network_reason(exc)})",
+                    EX_UNAVAILABLE) from None
     console.say(f"nobody sent /start within {timeout:g} s. Once roost runs, write to the bot "
                 "and approve the code it gives you: `roost pairing approve CODE`.")
     return False

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import sys
 import time
@@ -230,6 +231,20 @@ async def test_a_malformed_token_is_refused_before_any_call_to_telegram(
     assert status == 0, out
     assert "does not look like a bot token" in out
     assert len(fake_telegram.calls_to("getMe")) == 1
+
+
+async def test_an_unreachable_bot_api_ends_init_with_a_plain_line(
+    home: dict[str, str], fake_ollama: FakeOllama
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}/bot"
+    status, _, err = await init_process(
+        home, "--non-interactive", "--ollama-url", fake_ollama.url, "--telegram-api-base",
+        nowhere, "--no-service", ROOST_TELEGRAM_TOKEN="123456:TEST-TOKEN")
+    assert status == 69
+    assert f"cannot reach the Bot API at {nowhere}" in err and "--telegram-api-base" in err
+    assert "httpx" not in err and "Error" not in err, err
 
 
 async def test_no_token_at_all_is_named(
