@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import getpass
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -153,10 +154,12 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         if webhook_url:  # Telegram sends it back with every call; roost refuses calls without
             wanted["ROOST_TELEGRAM_SECRET"] = secrets.token_hex(32)
         phone_number_id = _whatsapp(args, console, env, wanted)
+        owner = None
         if phone_number_id:
+            owner = _whatsapp_owner(args, console)
             await _check_whatsapp(args, console, phone_number_id, wanted)
         answers = files.Answers(ollama_url, model, args.telegram_api_base, webhook_url,
-                                phone_number_id, args.whatsapp_api_base, wanted)
+                                phone_number_id, args.whatsapp_api_base, wanted, owner)
         files.write_credentials(credentials, wanted)
         settings = _write_config(config, files.render_config(answers),
                                  {**env, "CREDENTIALS_DIRECTORY": str(credentials)})
@@ -341,6 +344,26 @@ def _whatsapp(args: argparse.Namespace, console: Console, env: Mapping[str, str]
     wanted["ROOST_WHATSAPP_VERIFY_TOKEN"] = console.ask(
         "Verify token (enter it in Meta's webhook settings)", secrets.token_hex(16))
     return phone_number_id
+
+
+def _whatsapp_owner(args: argparse.Namespace, console: Console) -> str | None:
+    """The owner's own WhatsApp number (a wa_id: digits with the country code), let in by
+    whatsapp.allow so that their own bot does not answer them with a pairing code."""
+    given: str | None = args.whatsapp_owner
+    for _ in range(TRIES):
+        if given is None and console.interactive:
+            given = console.ask("Your own WhatsApp number, with its country code (roost "
+                                "answers it without pairing; empty: pair later)")
+        number = re.sub(r"[\s()+-]", "", given or "")
+        if not number or number.isdigit():
+            return number or None
+        if not console.interactive:
+            raise _Stop(f"--whatsapp-owner {given!r} is not a phone number (digits with the "
+                        "country code, such as 972544401243)", EX_CONFIG)
+        console.say("That is not a phone number: digits with the country code, such as "
+                    "+972 54 440 1243")
+        given = None
+    raise _Stop("no usable WhatsApp number", 1)
 
 
 async def _check_whatsapp(args: argparse.Namespace, console: Console, phone_number_id: str,

@@ -37,6 +37,7 @@ class Answers:
     whatsapp_phone_number_id: str | None = None
     whatsapp_api_base: str = DEFAULT_GRAPH
     secrets: Mapping[str, str] = field(default_factory=dict)  # variable name -> value
+    whatsapp_owner: str | None = None  # the owner's wa_id: in whatsapp.allow, never paired
 
 
 def config_home(env: Mapping[str, str]) -> Path:
@@ -78,6 +79,8 @@ def render_config(answers: Answers) -> str:
                   f"phone_number_id = {_quote(answers.whatsapp_phone_number_id)}"]
         if answers.whatsapp_api_base != DEFAULT_GRAPH:
             lines.append(f"api_base = {_quote(answers.whatsapp_api_base)}")
+        if answers.whatsapp_owner:
+            lines.append(f"allow = [{_quote(answers.whatsapp_owner)}]")
     return "\n".join(lines) + "\n"
 
 
@@ -176,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--whatsapp-phone-number-id", metavar="ID",
                         help="set up WhatsApp too; its three secrets from $ROOST_WHATSAPP_TOKEN, "
                              "$ROOST_WHATSAPP_APP_SECRET and $ROOST_WHATSAPP_VERIFY_TOKEN")
+    parser.add_argument("--whatsapp-owner", metavar="NUMBER",
+                        help="your own WhatsApp number with its country code: roost answers "
+                             "it without pairing (whatsapp.allow)")
     parser.add_argument("--whatsapp-api-base", metavar="URL", default=DEFAULT_GRAPH,
                         help="the Graph API's base URL")
     parser.add_argument("--credentials-dir", type=Path, metavar="PATH",

@@ -179,7 +179,8 @@ async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_che
     async with FakeGraph() as graph:
         answers = "\n".join(["", fake_telegram.token, "http://plain.example",
                              "https://bot.example.org/webhooks/telegram", "y", PHONE_NUMBER_ID,
-                             "expired-token", "app-secret", "", graph.token]) + "\n"
+                             "expired-token", "app-secret", "", "+972 54-440-1243",
+                             graph.token]) + "\n"
         status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
                                         "--telegram-api-base", fake_telegram.api_base,
                                         "--whatsapp-api-base", graph.url,
@@ -196,6 +197,8 @@ async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_che
     assert settings.whatsapp.enabled and settings.whatsapp.phone_number_id == PHONE_NUMBER_ID
     assert settings.whatsapp.api_base == graph.url
     assert settings.whatsapp.token == graph.token  # the one the Graph API took
+    # The owner's own number is let in: no pairing code from their own bot.
+    assert settings.whatsapp.allow == ("972544401243",)
     assert (credentials / "ROOST_WHATSAPP_APP_SECRET").read_text() == "app-secret"
     assert len((credentials / "ROOST_WHATSAPP_VERIFY_TOKEN").read_text()) == 32  # made up
     assert all(mode(f) == 0o600 for f in credentials.iterdir())
@@ -413,7 +416,8 @@ async def test_whatsapp_without_its_secrets_or_with_a_refused_token_writes_nothi
         assert status == 78 and "refused the WhatsApp token" in err and "expired" not in err
         assert not config_of(home).exists()
         status, out, err = await init_process(
-            home, *flags(fake_ollama, fake_telegram, *whatsapp, "--pair-timeout", "0"),
+            home, *flags(fake_ollama, fake_telegram, *whatsapp, "--pair-timeout", "0",
+                         "--whatsapp-owner", "972544401243"),
             ROOST_TELEGRAM_TOKEN=fake_telegram.token, ROOST_WHATSAPP_TOKEN=graph.token,
             **secrets)
     assert status == 0, err
@@ -421,6 +425,7 @@ async def test_whatsapp_without_its_secrets_or_with_a_refused_token_writes_nothi
     settings = load_settings(config_of(home), env={
         **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
     assert settings.whatsapp.enabled and settings.whatsapp.app_secret == "app-secret"
+    assert settings.whatsapp.allow == ("972544401243",)
 
 
 async def test_ctrl_c_at_a_question_stops_init_at_once_with_130(
