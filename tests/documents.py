@@ -9,7 +9,14 @@ from io import BytesIO
 import docx
 from openpyxl import Workbook
 from pypdf import PdfWriter
-from pypdf.generic import ContentStream, DictionaryObject, NameObject
+from pypdf.generic import (
+    ArrayObject,
+    ContentStream,
+    DictionaryObject,
+    FloatObject,
+    NameObject,
+    TextStringObject,
+)
 
 _FONT = DictionaryObject({NameObject("/Type"): NameObject("/Font"),
                           NameObject("/Subtype"): NameObject("/Type1"),
@@ -105,6 +112,27 @@ def looping_pdf() -> bytes:
     writer.add_blank_page(100, 100)
     pages = writer.root_object["/Pages"]
     pages["/Kids"].append(writer.root_object.raw_get("/Pages"))
+    out = BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def form_pdf(text: str, fields: dict[str, str]) -> bytes:
+    """A one-page PDF form with text fields filled in (value in /V, no appearance drawn: the
+    page's text does not show them, as with many PDFs filled by a script)."""
+    writer = PdfWriter(clone_from=BytesIO(pdf([text])))
+    added = ArrayObject()
+    for i, (name, value) in enumerate(fields.items()):
+        top = 620 - 30 * i
+        added.append(writer.add_annotation(0, DictionaryObject({
+            NameObject("/Type"): NameObject("/Annot"),
+            NameObject("/Subtype"): NameObject("/Widget"),
+            NameObject("/FT"): NameObject("/Tx"), NameObject("/T"): TextStringObject(name),
+            NameObject("/V"): TextStringObject(value),
+            NameObject("/Rect"): ArrayObject([FloatObject(v) for v in (72, top - 20, 300, top)]),
+        })).indirect_reference)
+    writer.root_object[NameObject("/AcroForm")] = DictionaryObject(
+        {NameObject("/Fields"): added})
     out = BytesIO()
     writer.write(out)
     return out.getvalue()

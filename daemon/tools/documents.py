@@ -20,6 +20,7 @@ from daemon.tools.untrusted import labelled
 READ_CAP_CHARS = 8_000
 PAGES_PER_READ = 10
 BLOCKS_PER_READ = 60
+FIELDS_LISTED = 40  # form fields pdf_info names
 # The pool kills a job after its own time; this only bounds the wait for a free worker too.
 TOOL_TIMEOUT = 60.0
 
@@ -52,7 +53,14 @@ class Documents:
         layer = ("has a text layer" if info["text_layer"] else
                  "has no text layer on its first pages (a scan): pdf_read finds no text")
         title = f', titled "{info["title"]}"' if info["title"] else ""
-        return labelled("PDF details", path, f"{info['pages']} pages{title}; it {layer}.")
+        text = f"{info['pages']} pages{title}; it {layer}."
+        fields = info.get("fields") or []
+        if fields:  # values typed into a form are not in the page text
+            listed = "\n".join(fields[:FIELDS_LISTED])
+            more = (f"\n(and {len(fields) - FIELDS_LISTED} more: pdf_read shows each page's)"
+                    if len(fields) > FIELDS_LISTED else "")
+            text += f"\nIt is a form with {len(fields)} form fields:\n{listed}{more}"
+        return labelled("PDF details", path, text)
 
     async def pdf_read(self, ctx: ToolContext, path: str, from_page: int = 1,
                        to_page: int = 0) -> str:

@@ -1,5 +1,7 @@
-"""PDF with pypdf: the page count, the title and whether there is a text layer; the text of a
-page range; the pages that mention some words. Runs in a worker child (`pool.py`)."""
+"""PDF with pypdf: the page count, the title, whether there is a text layer and the filled-in
+form fields; the text of a page range, each page with its form fields (a value typed into a
+form is not in the page's text); the pages that mention some words. Runs in a worker child
+(`pool.py`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ PROBE_PAGES = 3  # pages looked at for a text layer: a scan has none on its firs
 SEARCH_SECONDS = 8.0  # then pdf_search stops and says where to go on, well inside the job's time
 SEARCH_HITS = 20
 LINE_CHARS = 200
+VALUE_CHARS = 300
+FIELD_DEPTH = 20  # a field's parents followed at most this far (a hostile file may loop)
 
 
 def _open(path: str) -> PdfReader:
@@ -45,19 +49,72 @@ def _count(reader: PdfReader) -> int:
 
 
 def _page_text(reader: PdfReader, index: int) -> str:
-    return reader.pages[index].extract_text() or ""
+    text = (reader.pages[index].extract_text() or "").strip()
+    fields = _page_fields(reader.pages[index])
+    if fields:
+        text += "\n\nForm fields on this page:\n" + "\n".join(fields)
+    return text
+
+
+def _value(value: Any) -> str:
+    """A field's value as text: a checkbox's state name without its slash (Yes, Off), a list
+    of choices joined."""
+    if value is None:
+        return "(empty)"
+    if isinstance(value, list):
+        return ", ".join(_value(v) for v in value) or "(empty)"
+    text = " ".join(str(value).removeprefix("/").split())
+    return text[:VALUE_CHARS] + ("…" if len(text) > VALUE_CHARS else "") or "(empty)"
+
+
+def _page_fields(page: Any) -> list[str]:
+    """`name = value` of each form field with a widget on this page; a widget that is a kid
+    of its field takes the name (parents' names joined by dots) and value from above."""
+    shown: list[str] = []
+    try:
+        annotations = page.get("/Annots")
+        annotations = annotations.get_object() if annotations is not None else []
+        for annotation in annotations:
+            node = annotation.get_object()
+            if node.get("/Subtype") != "/Widget":
+                continue
+            names: list[str] = []
+            value = None
+            for _ in range(FIELD_DEPTH):
+                if "/T" in node:
+                    names.insert(0, str(node["/T"]))
+                if value is None and "/V" in node:
+                    value = node["/V"]
+                if node.get("/Parent") is None:
+                    break
+                node = node["/Parent"].get_object()
+            if names:
+                shown.append(f"{'.'.join(names)} = {_value(value)}")
+    except (PdfReadError, AttributeError, KeyError, TypeError, ValueError):
+        pass  # broken annotations: the page's text still stands
+    return list(dict.fromkeys(shown))  # a radio group's widgets name one field
+
+
+def _form_fields(reader: PdfReader) -> list[str]:
+    try:
+        fields = reader.get_fields() or {}
+    except (PdfReadError, AttributeError, KeyError, TypeError, ValueError):
+        return []
+    return [f"{name} = {_value(field.get('/V'))}" for name, field in fields.items()
+            if field.get("/FT") is not None]
 
 
 def info(path: str) -> dict[str, Any]:
-    """{"pages", "title", "text_layer"}."""
+    """{"pages", "title", "text_layer", "fields": ["name = value", ...]}."""
     reader = _open(path)
     pages = _count(reader)
     title = None
     if reader.metadata is not None and reader.metadata.title:
         title = str(reader.metadata.title).strip() or None
     probe = min(pages, PROBE_PAGES)
-    text_layer = any(_page_text(reader, i).strip() for i in range(probe))
-    return {"pages": pages, "title": title, "text_layer": text_layer}
+    text_layer = any((reader.pages[i].extract_text() or "").strip() for i in range(probe))
+    return {"pages": pages, "title": title, "text_layer": text_layer,
+            "fields": _form_fields(reader)}
 
 
 def read(path: str, first: int, last: int, cap: int) -> dict[str, Any]:
@@ -70,7 +127,7 @@ def read(path: str, first: int, last: int, cap: int) -> dict[str, Any]:
     texts: list[list[Any]] = []
     used = 0
     for number in range(first, last + 1):
-        text = _page_text(reader, number - 1).strip()
+        text = _page_text(reader, number - 1)
         if texts and used + len(text) > cap:
             return {"pages": pages, "texts": texts, "next": number}
         if used + len(text) > cap:  # one page longer than the cap: its start, and say so

@@ -117,6 +117,15 @@ async def test_a_scan_broken_and_encrypted_pdf_are_noted_and_answered_clearly(
         assert reason in got.content
 
 
+async def test_a_filled_in_form_shows_its_fields_and_values(desk: Desk) -> None:
+    form = desk.send(desk.alice, documents.form_pdf("Application\nfoo 1", {
+        "foo": "bar", "applicant": "Dana Levi"}), "form.pdf", PDF_MIME)
+    info = await desk.call(desk.alice, "pdf_info", path=form.ref)
+    assert "2 form fields" in info.content and "foo = bar" in info.content, info.content
+    read = await desk.call(desk.alice, "pdf_read", path=form.ref)
+    assert "foo = bar" in read.content and "applicant = Dana Levi" in read.content, read.content
+
+
 async def test_a_word_document_and_a_spreadsheet_are_noted_and_read(desk: Desk) -> None:
     memo = desk.send(desk.alice, documents.word(
         ["The boiler is serviced every March.", "Call Dana on 555-0199."],
