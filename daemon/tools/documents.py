@@ -125,7 +125,10 @@ class Documents:
             return str(exc)
         after = f'Sheet "{got["sheet"]}", cells {got["range"]}.'
         if got["more"]:
-            after += f' More: xlsx_read("{path}", "{got["sheet"]}", "{got["more"]}")'
+            after += f' More rows: xlsx_read("{path}", "{got["sheet"]}", "{got["more"]}")'
+        if got.get("more_columns"):
+            after += (f' More columns: xlsx_read("{path}", "{got["sheet"]}", '
+                      f'"{got["more_columns"]}")')
         return labelled("spreadsheet cells", path, got["table"] or "(empty)", after)
 
 

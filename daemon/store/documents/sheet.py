@@ -38,8 +38,9 @@ def info(path: str) -> dict[str, Any]:
 
 
 def read(path: str, sheet: str, cells: str) -> dict[str, Any]:
-    """{"sheet", "range", "table", "more"}: the range (or the sheet's first rows) as Markdown;
-    `more` names the next range when the sheet goes on past what one call shows."""
+    """{"sheet", "range", "table", "more", "more_columns"}: the range (or the sheet's first
+    rows) as Markdown; `more` names the rows below and `more_columns` the columns to the right
+    when the sheet goes on past what one call shows."""
     book = _open(path)
     try:
         names = [ws.title for ws in book.worksheets]
@@ -55,7 +56,8 @@ def read(path: str, sheet: str, cells: str) -> dict[str, Any]:
             min_col, min_row, max_col, max_row = 1, 1, ws.max_column or MAX_COLS, \
                 ws.max_row or MAX_ROWS
         min_col, min_row = min_col or 1, min_row or 1
-        max_col = min(max_col or MAX_COLS, min_col + MAX_COLS - 1)
+        last_col = max_col or (min_col + MAX_COLS - 1)
+        max_col = min(last_col, min_col + MAX_COLS - 1)
         last_row = max_row or (min_row + MAX_ROWS - 1)
         shown_last = min(last_row, min_row + MAX_ROWS - 1)
         rows = [["" if v is None else str(v) for v in row]
@@ -65,10 +67,14 @@ def read(path: str, sheet: str, cells: str) -> dict[str, Any]:
             rows.pop()
         shown = (f"{get_column_letter(min_col)}{min_row}:"
                  f"{get_column_letter(max_col)}{min_row + max(len(rows), 1) - 1}")
-        more = None
+        more = more_columns = None
         if shown_last < last_row:
             more = (f"{get_column_letter(min_col)}{shown_last + 1}:"
                     f"{get_column_letter(max_col)}{last_row}")
-        return {"sheet": ws.title, "range": shown, "table": markdown_table(rows), "more": more}
+        if max_col < last_col:  # the same rows, the columns to the right
+            more_columns = (f"{get_column_letter(max_col + 1)}{min_row}:"
+                            f"{get_column_letter(last_col)}{shown_last}")
+        return {"sheet": ws.title, "range": shown, "table": markdown_table(rows), "more": more,
+                "more_columns": more_columns}
     finally:
         book.close()

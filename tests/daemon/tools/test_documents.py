@@ -150,6 +150,20 @@ async def test_a_word_document_and_a_spreadsheet_are_noted_and_read(desk: Desk) 
     assert "there is no sheet 'Nope'; the sheets are ['Budget', 'Notes']" in wrong.content
 
 
+async def test_the_columns_of_a_wide_sheet_past_t_are_reachable(desk: Desk) -> None:
+    header = [f"col{n}" for n in range(1, 31)]
+    wide = desk.send(desk.alice, documents.workbook({"Wide": [
+        header, [n * 10 for n in range(1, 31)], [n * 100 for n in range(1, 31)]]}),
+        "wide.xlsx", XLSX_MIME)
+    first = await desk.call(desk.alice, "xlsx_read", path=wide.ref, sheet="Wide")
+    assert "| col1 |" in first.content and "col21" not in first.content
+    assert f'xlsx_read("{wide.ref}", "Wide", "U1:AD3")' in first.content, first.content
+    rest = await desk.call(desk.alice, "xlsx_read", path=wide.ref, sheet="Wide", cells="U1:AD3")
+    assert "| col21 |" in rest.content and "| 3000 |" in rest.content
+    asked = await desk.call(desk.alice, "xlsx_read", path=wide.ref, sheet="Wide", cells="A1:AD3")
+    assert f'xlsx_read("{wide.ref}", "Wide", "U1:AD3")' in asked.content, asked.content
+
+
 async def test_a_file_of_someone_else_or_no_file_at_all_is_not_opened(
         desk: Desk, manual: bytes, tmp_path: Path) -> None:
     bobs = desk.send(desk.bob, manual, "manual.pdf", PDF_MIME)
