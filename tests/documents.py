@@ -136,3 +136,9 @@ def form_pdf(text: str, fields: dict[str, str]) -> bytes:
     out = BytesIO()
     writer.write(out)
     return out.getvalue()
+
+
+def pdf_without_page_tree() -> bytes:
+    """A PDF whose catalog points its page tree at a number: readers trip over it at different
+    places (pypdf with a different exception class each time)."""
+    return pdf(["hello"]).replace(b"/Pages 2 0 R", b"/Pages 7     ")  # offsets stay

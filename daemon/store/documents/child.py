@@ -25,6 +25,8 @@ JOBS: dict[str, Callable[..., Any]] = {
     "html_extract": html.extract,
 }
 
+DAMAGED = ("it looks damaged (parts of it are missing or not what they should be); a fresh "
+           "copy or an export from the program that made it may read")
 OUT_OF_MEMORY = {"error": "it needs more memory than a file of its kind should, so I stopped "
                           "(it may be a zip bomb or otherwise built to exhaust readers)",
                  "fatal": True}
@@ -42,10 +44,12 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         return OUT_OF_MEMORY
     except RecursionError:
         return {"error": "its structure is nested too deeply to read (damaged or hostile)"}
-    except Exception as exc:  # the boundary of one job: a parser's bug on a hostile file
+    except Exception:  # the boundary of one job: a parser's bug on a hostile file
         if _near_the_bound():  # lxml reports a failed allocation as an "unknown" syntax error
             return OUT_OF_MEMORY
-        return {"error": f"it looks damaged; the reader failed with {type(exc).__name__}"}
+        # One plain reason, whatever the library raised: the user cannot act on a class
+        # name, and the note and the tools must say the same of the same file.
+        return {"error": DAMAGED}
 
 
 _limit = 0

@@ -13,6 +13,7 @@ import pytest
 
 from daemon.core.errors import DocumentError
 from daemon.store.attachments import store_file
+from daemon.store.documents.child import DAMAGED
 from daemon.store.documents.pool import Limits, WorkerPool
 from tests import documents
 
@@ -68,7 +69,7 @@ def test_a_parse_past_its_time_is_killed_with_a_clear_error(files: dict[str, Pat
 
 
 @pytest.mark.parametrize(("name", "problem"), [
-    ("loop.pdf", "it looks damaged; the reader failed with PdfReadError"),
+    ("loop.pdf", DAMAGED),
     ("not-a-pdf.pdf", "it is not a PDF I can read (damaged, or not a PDF at all)"),
 ])
 def test_a_looping_or_fake_pdf_is_an_error_and_the_worker_stays(
@@ -111,7 +112,7 @@ def test_an_attachment_that_breaks_its_reader_is_still_stored_with_a_note(
                         name="loop.pdf", mime="application/pdf", kind="document")
     assert stored.path.is_file()
     assert stored.to_doc()["note"].endswith(
-        "; a PDF I could not read: it looks damaged; the reader failed with PdfReadError]")
+        f"; a PDF I could not read: {DAMAGED}]")
 
 
 def test_a_worker_does_not_get_the_daemons_secrets(monkeypatch: pytest.MonkeyPatch,

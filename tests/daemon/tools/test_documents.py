@@ -126,6 +126,18 @@ async def test_a_filled_in_form_shows_its_fields_and_values(desk: Desk) -> None:
     assert "foo = bar" in read.content and "applicant = Dana Levi" in read.content, read.content
 
 
+async def test_a_damaged_pdf_gets_the_same_plain_reason_in_its_note_and_from_the_tool(
+        desk: Desk) -> None:
+    odd = desk.send(desk.alice, documents.pdf_without_page_tree(), "odd.pdf", PDF_MIME)
+    note = odd.to_doc()["note"]
+    reason = note.rpartition("a PDF I could not read: ")[2].rstrip("]")
+    assert reason.startswith("it looks damaged"), note
+    for tool, more in (("pdf_info", {}), ("pdf_read", {}), ("pdf_search", {"query": "hi"})):
+        got = await desk.call(desk.alice, tool, path=odd.ref, **more)
+        assert got.content == f"ERROR: {odd.ref} could not be read: {reason}", got.content
+    assert "Error" not in note and "failed with" not in note
+
+
 async def test_a_word_document_and_a_spreadsheet_are_noted_and_read(desk: Desk) -> None:
     memo = desk.send(desk.alice, documents.word(
         ["The boiler is serviced every March.", "Call Dana on 555-0199."],
