@@ -24,7 +24,7 @@ HELP = (
     "/new - start a fresh conversation (the old one is kept and searchable)\n"
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
-    "/transcript - what I heard in your last voice note\n"
+    "/transcript - what I heard in your last voice note or audio file\n"
     "/stop - stop the reply being written (what it wrote so far is kept)\n"
     "/model - list the models; /model NAME - switch this chat to another one\n"
     "/remember TEXT - keep a fact about you for every conversation\n"

@@ -186,9 +186,12 @@ def last_transcript(store: Store, chat_key: str) -> str:
         if not records:
             continue
         record = records[-1]
+        # Named as when it was heard: the recording's attachment is on the same message.
+        label = next((_label(doc) for doc in message.attachments
+                      if doc.get("path") == record.get("path")), "voice note")
         if record.get("status") == "heard":
             transcript = record.get("transcript") or "(no speech heard)"
-            return f"Your last voice note ({clock(record.get('duration', 0))}), as I heard " \
+            return f"Your last {label} ({clock(record.get('duration', 0))}), as I heard " \
                    f"it:\n{transcript}"
-        return f"Your last voice note was not transcribed. {record.get('why', '')}".strip()
+        return f"Your last {label} was not transcribed. {record.get('why', '')}".strip()
     return "No voice note in this conversation yet: send one and I will transcribe it."

@@ -182,6 +182,17 @@ async def test_the_transcription_waits_for_the_slot_it_is_given(
     assert heard.text.startswith("[voice note, 0:02]")
 
 
+async def test_transcript_after_an_audio_file_calls_it_an_audio_file(
+        store: Store, whisper: FakeTranscriber) -> None:
+    item = voice_item(store, MP3.read_bytes(), kind="audio", name="memo.mp3", mime="audio/mpeg")
+    (heard,) = await hearing(store, whisper.url).hear([item], Told())
+    conversation = store.create_conversation(CHAT, 1.0)
+    store.append_message(conversation.id, "user", heard.text, created=2.0,  # as the turn does
+                         attachments=heard.attachments, meta=heard.meta)
+    assert last_transcript(store, CHAT) == (f"Your last audio file (0:02), as I heard it:\n"
+                                            f"{whisper.text}")
+
+
 def test_transcript_command_text(store: Store) -> None:
     assert last_transcript(store, CHAT).startswith("No voice note in this conversation yet")
     conversation = store.create_conversation(CHAT, 1.0)
