@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -70,6 +71,17 @@ def build_backend(settings: VoiceSettings) -> Backend | None:
     return None
 
 
+def endpoint(url: str) -> str:
+    """The transcription endpoint of `voice.url`: the server's base URL, as OpenAI clients take
+    it (`http://host:8000/v1`, or the bare host), gets OpenAI's path; any other path is the
+    endpoint itself (whisper.cpp's own, say)."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path in ("", "/v1"):
+        path = "/v1/audio/transcriptions"
+    return parts._replace(path=path).geturl()
+
+
 def silence_wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
     """A short silent WAV, for checking that a backend answers at all."""
     out = io.BytesIO()
@@ -86,7 +98,8 @@ class HttpBackend:
 
     def __init__(self, settings: VoiceSettings) -> None:
         self.settings = settings
-        self.where = f"the transcription server at {redact_url(settings.url)}"
+        self.url = endpoint(settings.url)
+        self.where = f"the transcription server at {redact_url(self.url)}"
         self._session: aiohttp.ClientSession | None = None
 
     async def transcribe(self, path: Path, *, name: str, mime: str) -> str:
@@ -101,7 +114,7 @@ class HttpBackend:
             return Readiness(False, str(exc.args[0] if exc.args else exc), self._fix(exc))
         finally:
             await self.close()
-        return Readiness(True, f"{redact_url(self.settings.url)} transcribed a test recording "
+        return Readiness(True, f"{redact_url(self.url)} transcribed a test recording "
                                f"in {time.monotonic() - started:.1f}s (model "
                                f"{self.settings.model})")
 
@@ -123,7 +136,7 @@ class HttpBackend:
             self._session = aiohttp.ClientSession()
         try:
             async with asyncio.timeout(settings.timeout):
-                async with self._session.post(settings.url, data=form,
+                async with self._session.post(self.url, data=form,
                                               headers=headers) as response:
                     status, body = response.status, await response.read()
         except TimeoutError as exc:
@@ -145,9 +158,11 @@ class HttpBackend:
             return "set ROOST_VOICE_KEY (or $CREDENTIALS_DIRECTORY/ROOST_VOICE_KEY) to the key " \
                    "the server expects"
         if " 404" in message or " 405" in message:
-            return ("voice.url must be the full endpoint, e.g. http://127.0.0.1:8000/v1/audio/"
-                    "transcriptions (whisper.cpp: start whisper-server with --inference-path "
-                    "/v1/audio/transcriptions)")
+            parts = urlsplit(self.url)
+            base = f"{parts.scheme}://{parts.netloc}"
+            return (f"set voice.url to the server's base URL ({base}/v1) or its full endpoint "
+                    f"({base}/v1/audio/transcriptions); whisper.cpp: start whisper-server "
+                    "with --inference-path /v1/audio/transcriptions")
         if exc.reason == "unavailable":
             return "start the transcription server (README, \"Voice notes\"), or correct voice.url"
         return "check voice.model names a model the server has, and the server's log"

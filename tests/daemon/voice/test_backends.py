@@ -127,6 +127,27 @@ async def test_doctors_check_transcribes_a_test_recording_or_says_how_to_fix_it(
     assert not refused.ok and "ROOST_VOICE_KEY" in refused.fix
 
 
+@pytest.mark.parametrize("given", ["{base}/v1", "{base}/v1/", "{base}"])
+async def test_the_servers_base_url_works_as_openai_clients_take_it(
+        whisper: FakeTranscriber, given: str) -> None:
+    base = whisper.url.removesuffix("/v1/audio/transcriptions")
+    backend = http(given.format(base=base))
+    try:
+        assert await backend.transcribe(OPUS, name="voice-note.ogg", mime="audio/ogg") == \
+            whisper.text
+        ready = await backend.check()
+    finally:
+        await backend.close()
+    assert ready.ok and f"{base}/v1/audio/transcriptions" in ready.detail, ready
+
+
+async def test_a_wrong_path_says_what_voice_url_takes(whisper: FakeTranscriber) -> None:
+    base = whisper.url.removesuffix("/v1/audio/transcriptions")
+    ready = await http(f"{base}/api/transcribe").check()
+    assert not ready.ok and "404" in ready.detail
+    assert f"{base}/v1" in ready.fix and "/v1/audio/transcriptions" in ready.fix, ready.fix
+
+
 def test_off_builds_no_backend() -> None:
     assert build_backend(VoiceSettings()) is None
 
