@@ -3,6 +3,10 @@
 The request is the system prefix, then (once history was folded) a summary preamble, then the
 verbatim tail. Originals are never touched; everything here builds new chat messages:
 
+* the conversation's first user message (usually the goal) stays in every request: in the tail
+  until it is folded, then word for word at the start of the preamble (a long one as its start
+  and end within an eighth of the budget), where a fold does not change its bytes;
+
 * tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
   `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
 * only the newest message with images sends pixels, older images become a one-line note;
@@ -50,6 +54,7 @@ DECAY_FLOOR_CHARS = 240
 CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
 OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
+FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of the budget
 EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
 
 JSONScalar = str | int | float | bool | None
@@ -114,13 +119,17 @@ def chat_tokens(message: Mapping[str, JSONValue], ratio: float,
     return tokens
 
 
-def summary_preamble(reader: str | None, summary: SummaryState) -> list[ChatMessage]:
+def summary_preamble(reader: str | None, summary: SummaryState,
+                     first: str = "") -> list[ChatMessage]:
     """The user message carrying the rolling summary, and a one-line acknowledgement.
     `reader` is the conversation id `conversation_read` takes, None for a model without
-    tools (it cannot read the originals, so nothing promises it can)."""
+    tools (it cannot read the originals, so nothing promises it can). `first` is the
+    conversation's first user message as it is kept (`first_words`)."""
     notes = summary.user_notes.strip() or "(none)"
     how = (f' conversation_read("{reader}") retrieves any of them verbatim.' if reader else "")
-    text = (
+    opening = (f"My first message in this conversation, word for word:\n<first_message>\n"
+               f"{first}\n</first_message>\n\n" if first else "")
+    text = opening + (
         f"[Earlier in this conversation, {summary.through_seq} messages were folded into the "
         f"summary below.{how}]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
         f"<user_notes>\nWhat I said in that part, in my own words:\n{notes}\n</user_notes>"
@@ -128,6 +137,16 @@ def summary_preamble(reader: str | None, summary: SummaryState) -> list[ChatMess
     ack = ("Understood. I have the summary and will read the originals when I need them."
            if reader else "Understood. I have the summary.")
     return [{"role": "user", "content": text}, {"role": "assistant", "content": ack}]
+
+
+def first_words(message: Message, reader: str | None, tokens: int, ratio: float) -> str:
+    """The first user message as the preamble keeps it: whole (its file notes too), or its
+    start and end within `tokens`, in whole steps so that its bytes repeat."""
+    text = _with_attachment_notes(message.content, message).strip()
+    if estimate_tokens(text, ratio) <= tokens:
+        return text
+    return excerpt(text, _excerpt_chars(tokens, ratio), _read_label(
+        reader, message.seq, "of my first message left out"))
 
 
 def stub_text(conversation_id: str, message: Message) -> str:
@@ -196,9 +215,12 @@ def build_request(
     reader = conversation_id if tools else None
     summary = summary or SummaryState()
     system: ChatMessage = {"role": "system", "content": prefix}
-    preamble = summary_preamble(reader, summary) if summary.through_seq else []
+    first_message = next((m for m in history if m.role == "user"), None)
+    first_user = first_message.seq if first_message is not None else None
+    first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio)
+             if first_message is not None and first_message.seq <= summary.through_seq else "")
+    preamble = summary_preamble(reader, summary, first) if summary.through_seq else []
     tail = [m for m in history if m.seq > summary.through_seq]
-    first_user = next((m.seq for m in history if m.role == "user"), None)
     # The opening rides on the first user message of the request, the same on every turn
     # until the next fold: the summary preamble, else the conversation's first user message
     # (protected from dropping; before its sent stamp, which stays the last thing in it).

@@ -274,7 +274,9 @@ class Folder:
                          keep_tokens=keep_tokens)
         if plan is None:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
-        notes = merge_user_notes(conversation.summary.user_notes, plan.messages)
+        # The first user message is not copied: every request carries it whole (replay).
+        first_seq = next((m.seq for m in history if m.role == "user"), None)
+        notes = merge_user_notes(conversation.summary.user_notes, plan.messages, first_seq)
         condense = notes_need_condensing(notes, num_ctx, ratio)
         # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
         answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense
@@ -297,8 +299,9 @@ class Folder:
         if trimmed:
             await asyncio.to_thread(
                 self.records.event, self.clock(), "notes-trimmed", conversation_id,
-                f"{trimmed} oldest user notes left the prompt (cap {notes_cap_tokens(num_ctx)} "
-                "tokens; the model did not condense them); the messages stay in the store")
+                f"{trimmed} user notes left the prompt, trivia first (cap "
+                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
+                "messages stay in the store")
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,

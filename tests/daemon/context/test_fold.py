@@ -19,6 +19,7 @@ from daemon.context.fold import (
     folded_state,
     low_water,
     merge_user_notes,
+    notes_cap_tokens,
     notes_need_condensing,
     parse_fold_reply,
     plan_fold,
@@ -347,3 +348,17 @@ def test_folded_state_pins_the_boundary_and_counts() -> None:
     assert state == SummaryState(summary="new", user_notes="- a\n- b", through_seq=8,
                                  through_id="ID00008", fold_count=3, folded_at=99.0,
                                  first_folded_at=5.0)  # a legacy summary: its last fold
+
+
+def test_notes_lose_trivia_before_names_numbers_and_instructions() -> None:
+    facts = ["- My cat is called Pickle and I live in Lisbon.",
+             "- Remember: never book flights before 9 am.",
+             "- my flat is number 31"]
+    trivia = [f"- tell me a short joke about {thing}, thanks" for thing in
+              ("dogs", "ducks", "rain", "tea", "socks", "boats", "clouds", "bread", "maps",
+               "moss", "fog", "ink", "sand", "hats", "eels", "wool", "owls", "jam")]
+    notes = "\n".join([facts[0], *trivia[:9], facts[1], *trivia[9:], facts[2]])
+    kept, dropped = trim_notes(notes, 2048, 1.0)
+    assert dropped > 0
+    assert all(fact in kept.splitlines() for fact in facts)
+    assert estimate_tokens(kept, 1.0) <= notes_cap_tokens(2048)

@@ -826,3 +826,40 @@ def test_the_opening_is_kept_whole_and_counted_when_the_first_message_is_excerpt
     request = build_opened(script.messages, budget=4_000)
     assert request.shortened and NOTE in str(request.messages[1]["content"])
     assert request.estimate <= 4_000
+
+
+# --- what the user said first ---------------------------------------------------------------
+
+
+def test_the_first_user_message_stays_word_for_word_in_every_request_after_folds() -> None:
+    first = "My name is Dana, my cat is Pickle, I live in Lisbon."
+    script = Script()
+    script.add("user", first)
+    script.assistant("Nice to meet you, Dana.")
+    for i in range(20):
+        script.exchange(f"Tell me a short joke, number {i}.", "A joke.")
+    for through in (12, 30):
+        summary = SummaryState(summary="Jokes were told.", user_notes="- Tell me a joke.",
+                               through_seq=through, through_id=f"MSG{through:06d}",
+                               fold_count=through // 12)
+        request = build(script.messages, summary=summary)
+        sent = "\n".join(str(m["content"]) for m in request.messages)
+        assert f"<1> {first}" in sent
+    # Before the preamble's changing part, so that a fold keeps the prompt cache up to there.
+    assert str(request.messages[1]["content"]).index(first) < str(
+        request.messages[1]["content"]).index("<summary>")
+
+
+def test_a_long_first_message_is_kept_as_its_start_and_end_within_an_eighth_of_the_budget(
+) -> None:
+    script = Script()
+    paste = "Keep this: my locker code is 4921. " + filler(20_000) + " Signed, Dana."
+    script.add("user", paste)
+    script.assistant("Read it.")
+    for _ in range(8):
+        script.exchange()
+    summary = SummaryState(summary="s", through_seq=10, through_id="MSG000010")
+    request = build(script.messages, budget=8_000, summary=summary)
+    preamble = str(request.messages[1]["content"])
+    assert "my locker code is 4921" in preamble and "Signed, Dana." in preamble
+    assert estimate_tokens(preamble, 1.0) < 8_000 // 8 + 200

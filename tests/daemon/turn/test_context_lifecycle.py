@@ -89,8 +89,9 @@ def is_fold(body: dict[str, Any]) -> bool:
 async def rig_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[..., Any]]:
     made: list[tuple[Engine, ModelClient, Store, FakeOllama]] = []
 
-    async def make(*, window: int = 8192, concurrency: int = 1, **daemon: Any) -> Rig:
-        fake = FakeOllama(models=[FakeModel(context_length=32768)])
+    async def make(*, window: int = 8192, concurrency: int = 1,
+                   capabilities: tuple[str, ...] = FakeModel.capabilities, **daemon: Any) -> Rig:
+        fake = FakeOllama(models=[FakeModel(context_length=32768, capabilities=capabilities)])
         await fake.start()
         settings: Settings = make_settings(
             model={"host": fake.url, "window": window, "concurrency": concurrency,
@@ -185,11 +186,29 @@ async def test_a_user_fact_from_turn_one_survives_three_folds_word_for_word(
             rig.tool_cycle(3_000)
         await rig.say(f"Another thing, number {turn}.")
     summary = rig.store.get_conversation(rig.conversation_id()).summary  # type: ignore[union-attr]
-    assert fact in summary.user_notes
+    assert fact in rig.turn_requests()[-1]["messages"][1]["content"]
     assert summary.summary == rig.summaries[-1]
     # The fold was told the previous summary each time, so the model can merge into one.
     folds = [r for r in rig.fake.chat_requests if is_fold(r)]
     assert rig.summaries[-2] in folds[-1]["messages"][1]["content"]
+
+
+async def test_at_a_2k_window_the_first_message_survives_five_folds_of_trivia(
+    rig_for: Callable[..., Any],
+) -> None:
+    # As with SmolLM2 at 2,048: no tools, and a fold model that never writes the notes.
+    rig: Rig = await rig_for(window=2048, capabilities=("completion",))
+    fact = "My name is Dana, my cat is Pickle, I live in Lisbon."
+    await rig.say(fact)
+    turn = 0
+    while (rig.store.get_conversation(rig.conversation_id()) or
+           pytest.fail("no conversation")).summary.fold_count < 5:
+        turn += 1
+        assert turn < 300, "five folds never happened"
+        await rig.say(f"Tell me a short joke about the number {turn}, " + "please " * 12)
+    requests = rig.turn_requests()
+    assert all(fact in json.dumps(r["messages"], ensure_ascii=False) for r in requests)
+    assert rig.fake.cuts == 0 and rig.fake.overflows == 0
 
 
 async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
