@@ -18,6 +18,10 @@ ignore the format), notes leave the prompt trivia first: lines with no number, n
 oldest first, and only then the others. They stay in the store, where `conversation_read` and
 `memory_search` find the messages they came from.
 
+The answer is checked before it is stored (small models echo the prompt): roost's own section tags
+are removed from it, an answer cut at its limit keeps only its whole sentences, and one that is
+empty or mostly a copy of the prompt is not stored (`fold_problem`).
+
 Pure functions: the background task in `daemon/turn/folder.py` does the I/O.
 """
 
@@ -43,6 +47,11 @@ USER_NOTE_CLIP = 300
 SUMMARY_MAX_CHARS = 6_000
 EXCERPT_FLOOR_CHARS = 160
 NOTES_HEADING = "=== USER NOTES ==="
+# The section tags roost writes around prompt parts; a small model echoes them back.
+ROOST_TAGS = re.compile(r"</?\s*(?:previous_summary|new_messages|user_notes|summary|"
+                        r"first_message|user_facts|state)\s*>", re.IGNORECASE)
+ECHO_WORDS = 6  # runs of this many words found in the prompt count as echoed
+ECHO_SHARE = 0.6  # a summary more than this share echoed is no summary
 
 FOLD_SYSTEM = (
     "You maintain the rolling summary of a conversation between a user and their assistant. "
@@ -252,14 +261,54 @@ def fold_messages(
 def parse_fold_reply(
     text: str, window: int, condense_notes: bool, ratio: float = 1.0
 ) -> tuple[str, str | None]:
-    """(summary, condensed notes or None) from the model's answer, the summary capped."""
+    """(summary, condensed notes or None) from the model's answer, without roost's own tags,
+    the summary capped (at a sentence's end when one is near)."""
     summary, _, notes = text.partition(NOTES_HEADING) if condense_notes else (text, "", "")
-    summary = summary.strip()
+    summary = _untagged(summary)
     cap = summary_cap_chars(window, ratio)
     if len(summary) > cap:
-        summary = summary[: cap - 1].rstrip() + "…"
-    condensed = notes.strip() or None
+        cut = whole_sentences(summary[: cap - 1])
+        summary = cut if len(cut) > cap // 2 else summary[: cap - 1].rstrip() + "…"
+    condensed = _untagged(notes) or None
     return summary, condensed
+
+
+def whole_sentences(text: str) -> str:
+    """`text` up to the end of its last whole sentence or line (an answer cut at its limit)."""
+    ends = [m.end() for m in re.finditer(r"[.!?)](?=\s|$)|\n", text)]
+    return text[: ends[-1]].strip() if ends else ""
+
+
+def fold_problem(summary: str, prompt: Sequence[dict[str, str]], previous: str) -> str:
+    """Why a fold's summary must not be stored ("" when it may): empty, or mostly words copied
+    from the prompt (the previous summary aside, which a merge may well repeat)."""
+    if not summary.strip():
+        return "the summary is empty"
+    source = " ".join(m["content"] for m in prompt)
+    if previous.strip():
+        source = source.replace(previous.strip(), " ")
+    share = echo_share(summary, source)
+    if share > ECHO_SHARE:
+        return f"the summary is mostly an echo of the prompt ({share:.0%} copied)"
+    return ""
+
+
+def echo_share(text: str, source: str) -> float:
+    """The share of `text`'s words that lie in runs of `ECHO_WORDS` words found in `source`."""
+    words = text.lower().split()
+    if len(words) < ECHO_WORDS:
+        return 0.0
+    theirs = source.lower().split()
+    runs = {tuple(theirs[i:i + ECHO_WORDS]) for i in range(len(theirs) - ECHO_WORDS + 1)}
+    copied = [False] * len(words)
+    for i in range(len(words) - ECHO_WORDS + 1):
+        if tuple(words[i:i + ECHO_WORDS]) in runs:
+            copied[i:i + ECHO_WORDS] = [True] * ECHO_WORDS
+    return sum(copied) / len(words)
+
+
+def _untagged(text: str) -> str:
+    return re.sub(r"\n{3,}", "\n\n", ROOST_TAGS.sub("", text)).strip()
 
 
 def folded_state(

@@ -14,6 +14,8 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
+* Its answer is checked first (`fold_problem`): one cut at its limit is asked again with more
+  room, and an empty one or an echo of the prompt is not stored but tried again later.
 * A failed fold leaves the raw history as it was and is tried again after a backoff, for as
   long as its conversation is active; once it is archived, no more.
 """
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from daemon.context.fold import (
     fold_messages,
+    fold_problem,
     folded_state,
     merge_user_notes,
     notes_cap_tokens,
@@ -35,6 +38,7 @@ from daemon.context.fold import (
     plan_fold,
     summary_cap_tokens,
     trim_notes,
+    whole_sentences,
 )
 from daemon.core.config import Settings
 from daemon.core.conversations import SummaryState
@@ -45,6 +49,7 @@ from daemon.store import Store
 from daemon.store.event_log import Records
 
 FOLD_PROMPT_SHARE = 4
+LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
@@ -288,13 +293,15 @@ class Folder:
             prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
         )
         started = time.monotonic()
-        self.calls += 1
-        result = await self.llm.chat(messages, num_predict=answer_tokens,
-                                     background=not foreground, think=False)
-        summary, condensed = parse_fold_reply(result.content, num_ctx, condense, ratio)
-        if not summary:
-            # Also what a model that spent num_predict on thinking returns: never saved.
-            raise LLMError(f"the model returned an empty summary ({result.done_reason})")
+        reply = await self._answer(conversation_id, messages, answer_tokens, foreground)
+        summary, condensed = parse_fold_reply(reply, num_ctx, condense, ratio)
+        problem = fold_problem(summary, messages, conversation.summary.summary)
+        if problem:
+            # Also what a model that spent num_predict on thinking returns: never saved. The
+            # tail stays verbatim and the fold is tried again later.
+            await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
+                                    conversation_id, f"not stored: {problem}")
+            raise LLMError(f"{problem}; not stored")
         kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
         if trimmed:
             await asyncio.to_thread(
@@ -318,6 +325,21 @@ class Folder:
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
         return FoldOutcome(len(plan.messages), state)
+
+    async def _answer(self, conversation_id: str, messages: list[dict[str, str]],
+                      answer_tokens: int, foreground: bool) -> str:
+        """The fold call's answer. One cut at its limit (`done_reason: "length"`) is asked
+        once more with twice the room; cut again, only its whole sentences are kept."""
+        result = None
+        for room in (answer_tokens, answer_tokens * LENGTH_RETRY_ROOM):
+            self.calls += 1
+            result = await self.llm.chat(messages, num_predict=room,
+                                         background=not foreground, think=False)
+            if result.done_reason != "length":
+                return result.content
+            log.info("fold of %s stopped at its limit of %d tokens", conversation_id, room)
+        assert result is not None
+        return whole_sentences(result.content)
 
     def _write_if_unchanged(
         self, conversation_id: str, before: SummaryState, through_seq: int, through_id: str,

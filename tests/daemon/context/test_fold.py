@@ -15,6 +15,7 @@ from daemon.context.fold import (
     excerpt_caps,
     fold_mark,
     fold_messages,
+    fold_problem,
     fold_threshold,
     folded_state,
     low_water,
@@ -362,3 +363,20 @@ def test_notes_lose_trivia_before_names_numbers_and_instructions() -> None:
     assert dropped > 0
     assert all(fact in kept.splitlines() for fact in facts)
     assert estimate_tokens(kept, 1.0) <= notes_cap_tokens(2048)
+
+
+def test_a_summary_that_repeats_a_fact_is_not_taken_for_an_echo() -> None:
+    prompt = [{"role": "system", "content": "You maintain the rolling summary."},
+              {"role": "user", "content": "<new_messages>\n[#1 user] My name is Dana, my cat is "
+                                          "Pickle, I live in Lisbon.\n[#2 assistant] Hi Dana! "
+                                          "Pickle is a lovely name for a cat.\n</new_messages>"}]
+    summary = ("Dana lives in Lisbon with her cat Pickle; she asked for jokes and got two. "
+               "She wants short answers.")
+    assert fold_problem(summary, prompt, "") == ""
+    echoed = "[#1 user] My name is Dana, my cat is Pickle, I live in Lisbon. [#2 assistant] Hi"
+    assert "echo" in fold_problem(echoed, prompt, "")
+    # Repeating the previous summary is a merge with nothing new, not an echo.
+    previous = "Dana lives in Lisbon with her cat Pickle and likes jokes about numbers."
+    with_previous = [prompt[0], {"role": "user", "content": f"<previous_summary>\n{previous}\n"
+                                                            "</previous_summary>"}]
+    assert fold_problem(previous, with_previous, previous) == ""
