@@ -10,7 +10,8 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
   chat's next turn runs it (`land()`) under its own model hold before building its request. So
   under any load, a busy chat folds as part of its own work instead of starving.
 * Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
-* It uses the chat's model and num_ctx, so Ollama never reloads the model for it.
+* It uses the conversation's model and num_ctx (`daemon.turn.models`: a chat's /model, an
+  automation's own), so Ollama never reloads the model for it and it is sized for that window.
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
@@ -47,6 +48,7 @@ from daemon.core.logs import fold_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
+from daemon.turn.models import model_of
 
 FOLD_PROMPT_SHARE = 4
 LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
@@ -273,7 +275,9 @@ class Folder:
         if conversation is None:
             return FoldOutcome(0, None, "no such conversation")
         history = await asyncio.to_thread(self.store.messages, conversation_id)
-        num_ctx = await self.llm.num_ctx()
+        model = await asyncio.to_thread(model_of, self.store, self.settings,
+                                        conversation.chat_key)
+        num_ctx = await self.llm.num_ctx(model)
         ratio = conversation.token_ratio
         plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force,
                          keep_tokens=keep_tokens)
@@ -293,7 +297,7 @@ class Folder:
             prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
         )
         started = time.monotonic()
-        reply = await self._answer(conversation_id, messages, answer_tokens, foreground)
+        reply = await self._answer(conversation_id, model, messages, answer_tokens, foreground)
         summary, condensed = parse_fold_reply(reply, num_ctx, condense, ratio)
         problem = fold_problem(summary, messages, conversation.summary.summary)
         if problem:
@@ -326,14 +330,14 @@ class Folder:
         log.info("conversation %s: %s", conversation_id, detail)
         return FoldOutcome(len(plan.messages), state)
 
-    async def _answer(self, conversation_id: str, messages: list[dict[str, str]],
+    async def _answer(self, conversation_id: str, model: str, messages: list[dict[str, str]],
                       answer_tokens: int, foreground: bool) -> str:
         """The fold call's answer. One cut at its limit (`done_reason: "length"`) is asked
         once more with twice the room; cut again, only its whole sentences are kept."""
         result = None
         for room in (answer_tokens, answer_tokens * LENGTH_RETRY_ROOM):
             self.calls += 1
-            result = await self.llm.chat(messages, num_predict=room,
+            result = await self.llm.chat(messages, model=model, num_predict=room,
                                          background=not foreground, think=False)
             if result.done_reason != "length":
                 return result.content
