@@ -6,6 +6,8 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
 * the conversation's first user message (usually the goal) stays in every request: in the tail
   until it is folded, then word for word at the start of the preamble (a long one as its start
   and end within an eighth of the budget), where a fold does not change its bytes;
+* of the folded messages, the newest with images and the newest tool call with its results are
+  replayed after the preamble as if still in the tail (and protected while they are the newest);
 
 * tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
   `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
@@ -220,7 +222,8 @@ def build_request(
     first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio)
              if first_message is not None and first_message.seq <= summary.through_seq else "")
     preamble = summary_preamble(reader, summary, first) if summary.through_seq else []
-    tail = [m for m in history if m.seq > summary.through_seq]
+    tail = [*_kept_through_folds(history, summary.through_seq),
+            *(m for m in history if m.seq > summary.through_seq)]
     # The opening rides on the first user message of the request, the same on every turn
     # until the next fold: the summary preamble, else the conversation's first user message
     # (protected from dropping; before its sent stamp, which stays the last thing in it).
@@ -444,6 +447,24 @@ def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: i
                 entry, keep, _read_label(reader, entry.message.seq, why)))
             shortened += 1
     return shortened
+
+
+def _kept_through_folds(history: Sequence[Message], through_seq: int) -> list[Message]:
+    """Of the folded messages, the newest with images and the newest tool call with its
+    results (Flint's protected set: without one real call in sight, a small model stops making
+    structured calls). They depend only on the fold's boundary, so their bytes hold until the
+    next fold; fitting treats them like older tail messages, protected while newest."""
+    folded = [m for m in history if m.seq <= through_seq]
+    kept = {i for i in (max((i for i, m in enumerate(folded) if _images_of(m)), default=None),)
+            if i is not None}
+    call = max((i for i, m in enumerate(folded) if m.role == "assistant" and m.tool_calls),
+               default=None)
+    if call is not None:
+        end = call + 1
+        while end < len(folded) and folded[end].role == "tool":
+            end += 1
+        kept.update(range(call, end))
+    return [folded[i] for i in sorted(kept)]
 
 
 def _images_of(message: Message) -> tuple[Mapping[str, JSONValue], ...]:

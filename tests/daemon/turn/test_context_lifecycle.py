@@ -211,6 +211,27 @@ async def test_at_a_2k_window_the_first_message_survives_five_folds_of_trivia(
     assert rig.fake.cuts == 0 and rig.fake.overflows == 0
 
 
+async def test_after_folds_the_newest_tool_call_and_its_result_are_still_sent_verbatim(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    await rig.say("Look up the opening hours of the library.")
+    rig.tool_cycle(600, name="web_search")
+    stored = rig.store.messages(rig.conversation_id())[-1].content
+    turn = 0
+    while (rig.store.get_conversation(rig.conversation_id()) or
+           pytest.fail("no conversation")).summary.fold_count < 2:
+        turn += 1
+        assert turn < 200, "two folds never happened"
+        await rig.say(f"Something else, number {turn}: " + "words " * 40)
+    await rig.say("And when does it close?")
+    last = rig.turn_requests()[-1]["messages"]
+    calls = [m for m in last if m.get("tool_calls")]
+    assert [c["tool_calls"][0]["function"]["name"] for c in calls] == ["web_search"]
+    after = last[last.index(calls[0]) + 1]
+    assert after["role"] == "tool" and after["content"] == stored
+
+
 async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
     rig_for: Callable[..., Any],
 ) -> None:
