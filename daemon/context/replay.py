@@ -20,9 +20,9 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
   call that returns it whole; the excerpt depends only on the budget, so its bytes repeat (tool
   results were capped at a sixth of the budget when the tool ran, and become stubs later);
 * then, only while the request is over budget, cheapest loss first: old tool output decays with
-  age, old tool cycles condense to one line, the oldest unprotected messages are dropped whole
-  (with a note saying how many), tool output is cut, oldest first; then protection gives way:
-  the pinned tool cycles condense to one line (a call's arguments are never cut otherwise), the
+  age (a failed result 3x slower), old tool cycles condense to one line, the oldest unprotected
+  messages are dropped whole (with a note saying how many), tool output is cut, oldest first;
+  then protection gives way: the pinned tool cycles condense to one line (a call's arguments are never cut otherwise), the
   protected messages are shortened, in fixed steps, the newest user message after all others,
   and last they are dropped, oldest first, all but the newest user message(s).
 
@@ -53,6 +53,7 @@ STUB_MIN_CHARS = 2000
 STUB_AFTER_EXCHANGES = 2
 PROTECT_LAST = 6
 DECAY_FLOOR_CHARS = 240
+FAILED_DECAY_SLOWER = 3  # a failed tool result decays as if a third as old
 CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
 OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
@@ -502,7 +503,9 @@ def _decay(entries: list[_Entry], tally: _Tally, budget: int) -> int:
             break
         if entry.message.role != "tool" or entry.protected or entry.age == 0:
             continue
-        keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> entry.age)
+        # What failed is what the model must not try again: it fades 3x slower (Flint).
+        age = entry.age // FAILED_DECAY_SLOWER if entry.message.meta.get("error") else entry.age
+        keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> age)
         if len(entry.content) > keep + 80:
             tally.set_content(entry, excerpt(entry.content, keep,
                                              "of an old tool result left out"))

@@ -936,3 +936,24 @@ def test_a_newer_tool_call_in_the_tail_keeps_the_folded_one_unprotected() -> Non
     tight = build(script.messages, budget=roomy.estimate - 200, summary=summary)
     names = [c["function"]["name"] for m in tight.messages for c in m.get("tool_calls") or ()]
     assert "new_tool" in names and "old_tool" not in names
+
+
+def test_a_failed_tool_result_decays_three_times_slower_than_a_successful_one() -> None:
+    script = Script()
+    script.user("check both")
+    calling = script.add("assistant", "Checking.", tool_calls=(call("b"), call("a")))
+    # The failed one first: decay goes oldest first, so at the same age it would go first.
+    failed = script.add("tool", "ERROR: " + filler(1_500, 4), tool_name="b",
+                        meta={"error": True})
+    ok = script.add("tool", filler(1_500, 3), tool_name="a")
+    script.call_of.update({ok.seq: calling.seq, failed.seq: calling.seq})
+    script.assistant("One of them failed.")
+    script.exchange()
+    script.user("and this one")
+    script.tool_cycle(100)  # the newest call, which is protected
+    script.assistant("done")
+    roomy = build(script.messages)
+    tight = build(script.messages, budget=roomy.estimate - 150)
+    contents = {seq_of(m): str(m["content"]) for m in tight.messages}
+    assert tight.decayed >= 1 and "[TRUNCATED" in contents[ok.seq]
+    assert contents[failed.seq] == failed.content
