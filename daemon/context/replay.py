@@ -22,9 +22,10 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
 * then, only while the request is over budget, cheapest loss first: old tool output decays with
   age (a failed result 3x slower), old tool cycles condense to one line, the oldest unprotected
   messages are dropped whole (with a note saying how many), tool output is cut, oldest first;
-  then protection gives way: the pinned tool cycles condense to one line (a call's arguments are never cut otherwise), the
-  protected messages are shortened, in fixed steps, the newest user message after all others,
-  and last they are dropped, oldest first, all but the newest user message(s).
+  then protection gives way: the pinned tool cycles condense to one line (a call's arguments
+  are never cut otherwise), the protected messages are shortened, in fixed steps, the newest
+  user message after all others, and last they are dropped, oldest first, all but the newest
+  user message(s).
 
 So no single message can wedge a conversation. The newest user message is sent whole whenever it
 fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
