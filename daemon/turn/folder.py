@@ -51,6 +51,7 @@ from daemon.store.event_log import Records
 from daemon.turn.models import model_of
 
 FOLD_PROMPT_SHARE = 4
+COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
 LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
 RETRY_AFTER_FAILURE = 60.0
@@ -62,6 +63,8 @@ class FoldOutcome:
     folded: int  # messages folded by this call (0: nothing to fold or nothing written)
     state: SummaryState | None
     reason: str = ""
+    folds: int = 0  # folds that landed (more than one for /compact)
+    more: bool = False  # /compact stopped at its most folds with more left to fold
 
 
 class Folder:
@@ -156,13 +159,27 @@ class Folder:
         return outcome
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:
-        """Fold everything but the newest exchange now (`/compact`), waiting for it."""
-        running = self._tasks.get(conversation_id)
-        if running is not None and not running.done():
-            # asyncio.wait, not await: that fold is its own boundary (`_guarded` logs how it
-            # failed), and its end is not this call's.
-            await asyncio.wait([running])
-        return await self._start(conversation_id, force=True, keep_tokens=0)
+        """Fold everything but the newest exchange now (`/compact`), waiting for it: one fold
+        after another (each takes at most a batch) until nothing is left to fold, at most
+        `COMPACT_MAX_FOLDS`. The outcome counts them all; its reason says why it stopped
+        when a fold did not land."""
+        folded = folds = 0
+        last: FoldOutcome | None = None
+        while folds < COMPACT_MAX_FOLDS:
+            running = self._tasks.get(conversation_id)
+            if running is not None and not running.done():
+                # asyncio.wait, not await: that fold is its own boundary (`_guarded` logs how
+                # it failed), and its end is not this call's.
+                await asyncio.wait([running])
+            last = await self._start(conversation_id, force=True, keep_tokens=0)
+            if not last.folded:
+                break
+            folded += last.folded
+            folds += 1
+        assert last is not None
+        more = folds == COMPACT_MAX_FOLDS
+        return FoldOutcome(folded, last.state, "" if last.folded and not more else last.reason,
+                           folds=folds, more=more)
 
     async def wait(self, conversation_id: str) -> None:
         """Wait for a fold in flight (for tests and shutdown)."""
@@ -328,7 +345,7 @@ class Folder:
                   f"{', condensed' if condensed else ''}, {elapsed:.1f}s)")
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
-        return FoldOutcome(len(plan.messages), state)
+        return FoldOutcome(len(plan.messages), state, folds=1)
 
     async def _answer(self, conversation_id: str, model: str, messages: list[dict[str, str]],
                       answer_tokens: int, foreground: bool) -> str:

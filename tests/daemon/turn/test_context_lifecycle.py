@@ -464,6 +464,33 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     assert "Summary: " in status and "covering messages 1-18;" in status and "1 folds" in status
 
 
+async def test_compact_folds_until_nothing_is_left_at_most_12_folds_and_says_so(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=2048, capabilities=("completion",))
+    await rig.say("Hello there.")
+    cid = rig.conversation_id()
+    for n in range(200):  # 400 messages: 25 a fold at 2,048, so more than 12 folds' worth
+        rig.store.append_message(cid, "user", f"Question {n} about the allotment.",
+                                 created=rig.clock())
+        rig.store.append_message(cid, "assistant", f"Answer {n}: water the beans.",
+                                 created=rig.clock())
+    await rig.say("/compact")
+    said = rig.channel.texts("notice")[-1]
+    summary = (rig.store.get_conversation(cid) or pytest.fail("gone")).summary
+    assert rig.fold_calls == 12 == summary.fold_count
+    assert said.startswith(f"Folded {summary.through_seq} messages in 12 folds")
+    assert "/compact again" in said
+    await rig.say("/compact")
+    said = rig.channel.texts("notice")[-1]
+    summary = (rig.store.get_conversation(cid) or pytest.fail("gone")).summary
+    # Everything but the newest exchange (the /compact commands are not messages).
+    assert summary.through_seq == 400
+    assert said.startswith("Folded ") and " folds" in said and "/compact again" not in said
+    await rig.say("/compact")
+    assert rig.channel.texts("notice")[-1].startswith("Nothing folded")
+
+
 async def test_debug_keeps_the_last_50_requests_with_their_parts(
     rig_for: Callable[..., Any],
 ) -> None:
