@@ -50,6 +50,8 @@ NOTES_HEADING = "=== USER NOTES ==="
 # The section tags roost writes around prompt parts; a small model echoes them back.
 ROOST_TAGS = re.compile(r"</?\s*(?:previous_summary|new_messages|user_notes|summary|"
                         r"first_message|user_facts|state)\s*>", re.IGNORECASE)
+# The message marks of the fold prompt (`_describe`), which a small model copies line by line.
+MESSAGE_MARK = re.compile(r"\[#\d+ [^\]\n]{1,120}\] ?")
 ECHO_WORDS = 6  # runs of this many words found in the prompt count as echoed
 ECHO_SHARE = 0.6  # a summary more than this share echoed is no summary
 
@@ -308,7 +310,9 @@ def echo_share(text: str, source: str) -> float:
 
 
 def _untagged(text: str) -> str:
-    return re.sub(r"\n{3,}", "\n\n", ROOST_TAGS.sub("", text)).strip()
+    """`text` without roost's own markup: section tags, message marks, the notes heading."""
+    text = MESSAGE_MARK.sub("", ROOST_TAGS.sub("", text)).replace(NOTES_HEADING, "")
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
 def folded_state(

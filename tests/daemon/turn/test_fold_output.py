@@ -85,11 +85,13 @@ async def test_a_fold_cut_twice_keeps_its_whole_sentences_only(rig: Rig) -> None
 async def test_roosts_own_section_tags_are_removed_from_the_summary(rig: Rig) -> None:
     cid = rig.chat_of()
     rig.fake.script("(You're welcome, dude! Roses get cut above a bud.)\n</new_messages>\n"
-                    "<user_notes>\n- The user has twelve rose beds.\n</user_notes>")
+                    "<user_notes>\n- The user has twelve rose beds.\n</user_notes>\n"
+                    "[#14 user] Bed 7 gets the red ones.\n=== USER NOTES ===")
     await rig.folder.fold_now(cid)
     summary = rig.summary(cid)
     assert "Roses get cut above a bud." in summary and "twelve rose beds" in summary
-    assert "<" not in summary and ">" not in summary
+    assert "Bed 7 gets the red ones." in summary
+    assert not any(mark in summary for mark in ("<", ">", "[#", "==="))
 
 
 async def test_an_echo_of_the_prompt_is_not_stored_and_the_fold_is_tried_later(
