@@ -178,8 +178,10 @@ class Folder:
             folds += 1
         assert last is not None
         more = folds == COMPACT_MAX_FOLDS
-        return FoldOutcome(folded, last.state, "" if last.folded and not more else last.reason,
-                           folds=folds, more=more)
+        # A fold that did not land has no state; "nothing to fold yet" is the loop's end.
+        stopped = not folded or (not last.folded and last.state is None)
+        return FoldOutcome(folded, last.state, last.reason if stopped else "", folds=folds,
+                           more=more)
 
     async def wait(self, conversation_id: str) -> None:
         """Wait for a fold in flight (for tests and shutdown)."""
