@@ -10,17 +10,26 @@ every few turns.
 One model call per fold, never thinking. The prompt carries the previous summary and asks the
 model to merge it with the new messages (excerpts capped so the prompt fits half the window). The
 user's own words are never generated: each folded user message is copied verbatim, clipped to 300
-characters, into `user_notes`. Both have hard caps in tokens: the summary window/32 (256 at 8,192),
-the notes window/16 (512). Notes over their cap are sent to be condensed by the same call; when the
-model does not (small models often ignore the format), the oldest notes leave the prompt. They
-stay in the store, where `conversation_read` and `memory_search` find the messages they came from.
+characters, into `user_notes`, except the conversation's first one, which every request carries
+whole (usually the goal; see `daemon.context.replay`). Both have hard caps in tokens: the summary
+window/32 (256 at 8,192), the notes window/16 (512; at least 160 at small windows). Notes over
+their cap are sent to be condensed by the same call; when the model does not (small models often
+ignore the format), notes leave the prompt trivia first: lines with no number, name or instruction,
+oldest first, and only then the others. They stay in the store, where `conversation_read` and
+`memory_search` find the messages they came from.
+
+The answer is checked before it is stored (small models echo the prompt): roost's own section tags
+are removed from it, an answer cut at its limit keeps only its whole sentences, and one that is
+empty or mostly a copy of the prompt is not stored (`fold_problem`).
 
 Pure functions: the background task in `daemon/turn/folder.py` does the I/O.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,11 +41,19 @@ LOW_WATER_SHARE = 12  # a fold keeps window/12 tokens of the newest messages ver
 HIGH_WATER_EIGHTHS = 5  # and runs once the unsummarized history passes 5/8 of the window
 SUMMARY_CAP_SHARE = 32
 NOTES_CAP_SHARE = 16
+NOTES_MIN_TOKENS = 160  # at 2,048 a 16th (128) held only two or three notes
 FOLD_MAX_CHARS = 120_000
 USER_NOTE_CLIP = 300
 SUMMARY_MAX_CHARS = 6_000
 EXCERPT_FLOOR_CHARS = 160
 NOTES_HEADING = "=== USER NOTES ==="
+# The section tags roost writes around prompt parts; a small model echoes them back.
+ROOST_TAGS = re.compile(r"</?\s*(?:previous_summary|new_messages|user_notes|summary|"
+                        r"first_message|user_facts|state)\s*>", re.IGNORECASE)
+# The message marks of the fold prompt (`_describe`), which a small model copies line by line.
+MESSAGE_MARK = re.compile(r"\[#\d+ [^\]\n]{1,120}\] ?")
+ECHO_WORDS = 6  # runs of this many words found in the prompt count as echoed
+ECHO_SHARE = 0.6  # a summary more than this share echoed is no summary
 
 FOLD_SYSTEM = (
     "You maintain the rolling summary of a conversation between a user and their assistant. "
@@ -77,7 +94,7 @@ def summary_cap_tokens(window: int) -> int:
 
 
 def notes_cap_tokens(window: int) -> int:
-    return window // NOTES_CAP_SHARE
+    return max(window // NOTES_CAP_SHARE, NOTES_MIN_TOKENS)
 
 
 def summary_cap_chars(window: int, ratio: float = 1.0) -> int:
@@ -135,11 +152,13 @@ def plan_fold(
                     through_id=before[-1].id)
 
 
-def merge_user_notes(previous: str, folded: Sequence[Message]) -> str:
-    """The previous notes plus each folded user message, verbatim, clipped to 300 characters."""
+def merge_user_notes(previous: str, folded: Sequence[Message], first_seq: int | None = None,
+                     ) -> str:
+    """The previous notes plus each folded user message, verbatim, clipped to 300 characters;
+    not the conversation's first (`first_seq`), which the request carries whole anyway."""
     lines = [previous.rstrip()] if previous.strip() else []
     for message in folded:
-        if message.role != "user" or not message.content.strip():
+        if message.role != "user" or not message.content.strip() or message.seq == first_seq:
             continue
         text = " ".join(message.content.split())
         if len(text) > USER_NOTE_CLIP:
@@ -152,14 +171,37 @@ def notes_need_condensing(notes: str, window: int, ratio: float) -> bool:
     return estimate_tokens(notes, ratio) > notes_cap_tokens(window)
 
 
+# Words that make a note an instruction or a fact about the person, worth more than trivia.
+_WEIGHTY = re.compile(
+    r"\d|\b(?:always|never|don'?t|do not|must|remember|keep|call me|my|i am|i'm|i live|"
+    r"i have|i work|please|make sure|prefer|allergic|birthday|address|phone|email)\b",
+    re.IGNORECASE)
+
+
+def carries_facts(line: str) -> bool:
+    """Whether a note holds a number, a name (a capitalised word inside a sentence) or an
+    instruction: what the user would miss; the rest is trivia and leaves first."""
+    if _WEIGHTY.search(line):
+        return True
+    words = line.removeprefix("- ").split()
+    return any(word[:1].isupper() and word not in ("I", "I'm") and not before.endswith(
+        (".", "!", "?", ":")) for before, word in itertools.pairwise(words))
+
+
 def trim_notes(notes: str, window: int, ratio: float) -> tuple[str, int]:
-    """The notes within their cap, the oldest lines left out first; and how many left."""
+    """The notes within their cap, trivia (see `carries_facts`) left out first, oldest first,
+    then the rest oldest first; and how many lines left."""
     cap = notes_cap_tokens(window)
     lines = notes.splitlines()
-    dropped = 0
-    while len(lines) > 1 and estimate_tokens("\n".join(lines), ratio) > cap:
-        lines.pop(0)
-        dropped += 1
+    order = sorted(range(len(lines)), key=lambda i: carries_facts(lines[i]))  # stable: by age
+    gone: set[int] = set()
+    for index in order:
+        if len(lines) - len(gone) <= 1 or estimate_tokens(
+                "\n".join(line for i, line in enumerate(lines) if i not in gone), ratio) <= cap:
+            break
+        gone.add(index)
+    dropped = len(gone)
+    lines = [line for i, line in enumerate(lines) if i not in gone]
     if lines and estimate_tokens(lines[0], ratio) > cap:  # one huge line alone: clip it
         lines[0] = lines[0][: int(cap * 4 / ratio) - 1] + "…"
     return "\n".join(lines), dropped
@@ -221,14 +263,56 @@ def fold_messages(
 def parse_fold_reply(
     text: str, window: int, condense_notes: bool, ratio: float = 1.0
 ) -> tuple[str, str | None]:
-    """(summary, condensed notes or None) from the model's answer, the summary capped."""
+    """(summary, condensed notes or None) from the model's answer, without roost's own tags,
+    the summary capped (at a sentence's end when one is near)."""
     summary, _, notes = text.partition(NOTES_HEADING) if condense_notes else (text, "", "")
-    summary = summary.strip()
+    summary = _untagged(summary)
     cap = summary_cap_chars(window, ratio)
     if len(summary) > cap:
-        summary = summary[: cap - 1].rstrip() + "…"
-    condensed = notes.strip() or None
+        cut = whole_sentences(summary[: cap - 1])
+        summary = cut if len(cut) > cap // 2 else summary[: cap - 1].rstrip() + "…"
+    condensed = _untagged(notes) or None
     return summary, condensed
+
+
+def whole_sentences(text: str) -> str:
+    """`text` up to the end of its last whole sentence or line (an answer cut at its limit)."""
+    ends = [m.end() for m in re.finditer(r"[.!?)](?=\s|$)|\n", text)]
+    return text[: ends[-1]].strip() if ends else ""
+
+
+def fold_problem(summary: str, prompt: Sequence[dict[str, str]], previous: str) -> str:
+    """Why a fold's summary must not be stored ("" when it may): empty, or mostly words copied
+    from the prompt (the previous summary aside, which a merge may well repeat)."""
+    if not summary.strip():
+        return "the summary is empty"
+    source = " ".join(m["content"] for m in prompt)
+    if previous.strip():
+        source = source.replace(previous.strip(), " ")
+    share = echo_share(summary, source)
+    if share > ECHO_SHARE:
+        return f"the summary is mostly an echo of the prompt ({share:.0%} copied)"
+    return ""
+
+
+def echo_share(text: str, source: str) -> float:
+    """The share of `text`'s words that lie in runs of `ECHO_WORDS` words found in `source`."""
+    words = text.lower().split()
+    if len(words) < ECHO_WORDS:
+        return 0.0
+    theirs = source.lower().split()
+    runs = {tuple(theirs[i:i + ECHO_WORDS]) for i in range(len(theirs) - ECHO_WORDS + 1)}
+    copied = [False] * len(words)
+    for i in range(len(words) - ECHO_WORDS + 1):
+        if tuple(words[i:i + ECHO_WORDS]) in runs:
+            copied[i:i + ECHO_WORDS] = [True] * ECHO_WORDS
+    return sum(copied) / len(words)
+
+
+def _untagged(text: str) -> str:
+    """`text` without roost's own markup: section tags, message marks, the notes heading."""
+    text = MESSAGE_MARK.sub("", ROOST_TAGS.sub("", text)).replace(NOTES_HEADING, "")
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
 def folded_state(

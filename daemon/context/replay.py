@@ -3,6 +3,12 @@
 The request is the system prefix, then (once history was folded) a summary preamble, then the
 verbatim tail. Originals are never touched; everything here builds new chat messages:
 
+* the conversation's first user message (usually the goal) stays in every request: in the tail
+  until it is folded, then word for word at the start of the preamble (a long one as its start
+  and end within an eighth of the budget), where a fold does not change its bytes;
+* of the folded messages, the newest with images and the newest tool call with its results are
+  replayed after the preamble as if still in the tail (and protected while they are the newest);
+
 * tool results of 2,000+ characters older than the last 2 user exchanges become a stub naming the
   `conversation_read` call that returns them (deterministic, so the bytes repeat turn after turn);
 * only the newest message with images sends pixels, older images become a one-line note;
@@ -14,11 +20,12 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
   call that returns it whole; the excerpt depends only on the budget, so its bytes repeat (tool
   results were capped at a sixth of the budget when the tool ran, and become stubs later);
 * then, only while the request is over budget, cheapest loss first: old tool output decays with
-  age, old tool cycles condense to one line, the oldest unprotected messages are dropped whole
-  (with a note saying how many), tool output is cut, oldest first; then protection gives way:
-  the pinned tool cycles condense to one line (a call's arguments are never cut otherwise), the
-  protected messages are shortened, in fixed steps, the newest user message after all others,
-  and last they are dropped, oldest first, all but the newest user message(s).
+  age (a failed result 3x slower), old tool cycles condense to one line, the oldest unprotected
+  messages are dropped whole (with a note saying how many), tool output is cut, oldest first;
+  then protection gives way: the pinned tool cycles condense to one line (a call's arguments
+  are never cut otherwise), the protected messages are shortened, in fixed steps, the newest
+  user message after all others, and last they are dropped, oldest first, all but the newest
+  user message(s).
 
 So no single message can wedge a conversation. The newest user message is sent whole whenever it
 fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
@@ -47,9 +54,11 @@ STUB_MIN_CHARS = 2000
 STUB_AFTER_EXCHANGES = 2
 PROTECT_LAST = 6
 DECAY_FLOOR_CHARS = 240
+FAILED_DECAY_SLOWER = 3  # a failed tool result decays as if a third as old
 CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
 OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
+FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of the budget
 EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
 
 JSONScalar = str | int | float | bool | None
@@ -114,13 +123,17 @@ def chat_tokens(message: Mapping[str, JSONValue], ratio: float,
     return tokens
 
 
-def summary_preamble(reader: str | None, summary: SummaryState) -> list[ChatMessage]:
+def summary_preamble(reader: str | None, summary: SummaryState,
+                     first: str = "") -> list[ChatMessage]:
     """The user message carrying the rolling summary, and a one-line acknowledgement.
     `reader` is the conversation id `conversation_read` takes, None for a model without
-    tools (it cannot read the originals, so nothing promises it can)."""
+    tools (it cannot read the originals, so nothing promises it can). `first` is the
+    conversation's first user message as it is kept (`first_words`)."""
     notes = summary.user_notes.strip() or "(none)"
     how = (f' conversation_read("{reader}") retrieves any of them verbatim.' if reader else "")
-    text = (
+    opening = (f"My first message in this conversation, word for word:\n<first_message>\n"
+               f"{first}\n</first_message>\n\n" if first else "")
+    text = opening + (
         f"[Earlier in this conversation, {summary.through_seq} messages were folded into the "
         f"summary below.{how}]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
         f"<user_notes>\nWhat I said in that part, in my own words:\n{notes}\n</user_notes>"
@@ -128,6 +141,16 @@ def summary_preamble(reader: str | None, summary: SummaryState) -> list[ChatMess
     ack = ("Understood. I have the summary and will read the originals when I need them."
            if reader else "Understood. I have the summary.")
     return [{"role": "user", "content": text}, {"role": "assistant", "content": ack}]
+
+
+def first_words(message: Message, reader: str | None, tokens: int, ratio: float) -> str:
+    """The first user message as the preamble keeps it: whole (its file notes too), or its
+    start and end within `tokens`, in whole steps so that its bytes repeat."""
+    text = _with_attachment_notes(message.content, message).strip()
+    if estimate_tokens(text, ratio) <= tokens:
+        return text
+    return excerpt(text, _excerpt_chars(tokens, ratio), _read_label(
+        reader, message.seq, "of my first message left out"))
 
 
 def stub_text(conversation_id: str, message: Message) -> str:
@@ -196,9 +219,13 @@ def build_request(
     reader = conversation_id if tools else None
     summary = summary or SummaryState()
     system: ChatMessage = {"role": "system", "content": prefix}
-    preamble = summary_preamble(reader, summary) if summary.through_seq else []
-    tail = [m for m in history if m.seq > summary.through_seq]
-    first_user = next((m.seq for m in history if m.role == "user"), None)
+    first_message = next((m for m in history if m.role == "user"), None)
+    first_user = first_message.seq if first_message is not None else None
+    first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio)
+             if first_message is not None and first_message.seq <= summary.through_seq else "")
+    preamble = summary_preamble(reader, summary, first) if summary.through_seq else []
+    tail = [*_kept_through_folds(history, summary.through_seq),
+            *(m for m in history if m.seq > summary.through_seq)]
     # The opening rides on the first user message of the request, the same on every turn
     # until the next fold: the summary preamble, else the conversation's first user message
     # (protected from dropping; before its sent stamp, which stays the last thing in it).
@@ -424,6 +451,24 @@ def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: i
     return shortened
 
 
+def _kept_through_folds(history: Sequence[Message], through_seq: int) -> list[Message]:
+    """Of the folded messages, the newest with images and the newest tool call with its
+    results (Flint's protected set: without one real call in sight, a small model stops making
+    structured calls). They depend only on the fold's boundary, so their bytes hold until the
+    next fold; fitting treats them like older tail messages, protected while newest."""
+    folded = [m for m in history if m.seq <= through_seq]
+    kept = {i for i in (max((i for i, m in enumerate(folded) if _images_of(m)), default=None),)
+            if i is not None}
+    call = max((i for i, m in enumerate(folded) if m.role == "assistant" and m.tool_calls),
+               default=None)
+    if call is not None:
+        end = call + 1
+        while end < len(folded) and folded[end].role == "tool":
+            end += 1
+        kept.update(range(call, end))
+    return [folded[i] for i in sorted(kept)]
+
+
 def _images_of(message: Message) -> tuple[Mapping[str, JSONValue], ...]:
     return tuple(a for a in message.attachments if a.get("kind") == "image")
 
@@ -459,7 +504,9 @@ def _decay(entries: list[_Entry], tally: _Tally, budget: int) -> int:
             break
         if entry.message.role != "tool" or entry.protected or entry.age == 0:
             continue
-        keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> entry.age)
+        # What failed is what the model must not try again: it fades 3x slower (Flint).
+        age = entry.age // FAILED_DECAY_SLOWER if entry.message.meta.get("error") else entry.age
+        keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> age)
         if len(entry.content) > keep + 80:
             tally.set_content(entry, excerpt(entry.content, keep,
                                              "of an old tool result left out"))

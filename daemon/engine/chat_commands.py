@@ -83,10 +83,16 @@ class Commands:
         if conversation is None:
             return "Nothing to compact: this chat has no conversation yet."
         outcome = await self.folder.fold_now(conversation.id)
-        if outcome.folded:
-            return (f"Folded {outcome.folded} messages into the summary; the last few stay "
-                    "word for word.")
-        return f"Nothing folded: {outcome.reason}."
+        if not outcome.folded:
+            return f"Nothing folded: {outcome.reason}."
+        folds = f" in {outcome.folds} folds" if outcome.folds > 1 else ""
+        said = f"Folded {outcome.folded} messages{folds} into the summary"
+        if outcome.more:
+            return (f"{said}, the most at once: /compact again folds the rest, if any is "
+                    "left.")
+        if outcome.reason:
+            return f"{said}; then stopped: {outcome.reason}."
+        return f"{said}; the last few stay word for word."
 
     async def status(self, chat_key: str) -> str:
         model = self.settings.model

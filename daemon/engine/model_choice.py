@@ -19,9 +19,10 @@ from daemon.core.errors import LLMError
 from daemon.core.redact import redact_url
 from daemon.llm.client import ModelClient, ModelInfo
 from daemon.store import Store
+from daemon.turn.models import MODEL_FLAG
 from daemon.turn.router import Router
 
-FLAG = "model"
+FLAG = MODEL_FLAG  # every call of the chat's conversations reads it (daemon.turn.models)
 
 
 def _same(a: str, b: str) -> bool:

@@ -10,10 +10,13 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
   chat's next turn runs it (`land()`) under its own model hold before building its request. So
   under any load, a busy chat folds as part of its own work instead of starving.
 * Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
-* It uses the chat's model and num_ctx, so Ollama never reloads the model for it.
+* It uses the conversation's model and num_ctx (`daemon.turn.models`: a chat's /model, an
+  automation's own), so Ollama never reloads the model for it and it is sized for that window.
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
+* Its answer is checked first (`fold_problem`): one cut at its limit is asked again with more
+  room, and an empty one or an echo of the prompt is not stored but tried again later.
 * A failed fold leaves the raw history as it was and is tried again after a backoff, for as
   long as its conversation is active; once it is archived, no more.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 from daemon.context.fold import (
     fold_messages,
+    fold_problem,
     folded_state,
     merge_user_notes,
     notes_cap_tokens,
@@ -35,6 +39,7 @@ from daemon.context.fold import (
     plan_fold,
     summary_cap_tokens,
     trim_notes,
+    whole_sentences,
 )
 from daemon.core.config import Settings
 from daemon.core.conversations import SummaryState
@@ -43,8 +48,11 @@ from daemon.core.logs import fold_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
+from daemon.turn.models import model_of
 
 FOLD_PROMPT_SHARE = 4
+COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
+LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
@@ -55,6 +63,8 @@ class FoldOutcome:
     folded: int  # messages folded by this call (0: nothing to fold or nothing written)
     state: SummaryState | None
     reason: str = ""
+    folds: int = 0  # folds that landed (more than one for /compact)
+    more: bool = False  # /compact stopped at its most folds with more left to fold
 
 
 class Folder:
@@ -149,13 +159,29 @@ class Folder:
         return outcome
 
     async def fold_now(self, conversation_id: str) -> FoldOutcome:
-        """Fold everything but the newest exchange now (`/compact`), waiting for it."""
-        running = self._tasks.get(conversation_id)
-        if running is not None and not running.done():
-            # asyncio.wait, not await: that fold is its own boundary (`_guarded` logs how it
-            # failed), and its end is not this call's.
-            await asyncio.wait([running])
-        return await self._start(conversation_id, force=True, keep_tokens=0)
+        """Fold everything but the newest exchange now (`/compact`), waiting for it: one fold
+        after another (each takes at most a batch) until nothing is left to fold, at most
+        `COMPACT_MAX_FOLDS`. The outcome counts them all; its reason says why it stopped
+        when a fold did not land."""
+        folded = folds = 0
+        last: FoldOutcome | None = None
+        while folds < COMPACT_MAX_FOLDS:
+            running = self._tasks.get(conversation_id)
+            if running is not None and not running.done():
+                # asyncio.wait, not await: that fold is its own boundary (`_guarded` logs how
+                # it failed), and its end is not this call's.
+                await asyncio.wait([running])
+            last = await self._start(conversation_id, force=True, keep_tokens=0)
+            if not last.folded:
+                break
+            folded += last.folded
+            folds += 1
+        assert last is not None
+        more = folds == COMPACT_MAX_FOLDS
+        # A fold that did not land has no state; "nothing to fold yet" is the loop's end.
+        stopped = not folded or (not last.folded and last.state is None)
+        return FoldOutcome(folded, last.state, last.reason if stopped else "", folds=folds,
+                           more=more)
 
     async def wait(self, conversation_id: str) -> None:
         """Wait for a fold in flight (for tests and shutdown)."""
@@ -268,13 +294,17 @@ class Folder:
         if conversation is None:
             return FoldOutcome(0, None, "no such conversation")
         history = await asyncio.to_thread(self.store.messages, conversation_id)
-        num_ctx = await self.llm.num_ctx()
+        model = await asyncio.to_thread(model_of, self.store, self.settings,
+                                        conversation.chat_key)
+        num_ctx = await self.llm.num_ctx(model)
         ratio = conversation.token_ratio
         plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force,
                          keep_tokens=keep_tokens)
         if plan is None:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
-        notes = merge_user_notes(conversation.summary.user_notes, plan.messages)
+        # The first user message is not copied: every request carries it whole (replay).
+        first_seq = next((m.seq for m in history if m.role == "user"), None)
+        notes = merge_user_notes(conversation.summary.user_notes, plan.messages, first_seq)
         condense = notes_need_condensing(notes, num_ctx, ratio)
         # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
         answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense
@@ -286,19 +316,22 @@ class Folder:
             prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
         )
         started = time.monotonic()
-        self.calls += 1
-        result = await self.llm.chat(messages, num_predict=answer_tokens,
-                                     background=not foreground, think=False)
-        summary, condensed = parse_fold_reply(result.content, num_ctx, condense, ratio)
-        if not summary:
-            # Also what a model that spent num_predict on thinking returns: never saved.
-            raise LLMError(f"the model returned an empty summary ({result.done_reason})")
+        reply = await self._answer(conversation_id, model, messages, answer_tokens, foreground)
+        summary, condensed = parse_fold_reply(reply, num_ctx, condense, ratio)
+        problem = fold_problem(summary, messages, conversation.summary.summary)
+        if problem:
+            # Also what a model that spent num_predict on thinking returns: never saved. The
+            # tail stays verbatim and the fold is tried again later.
+            await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
+                                    conversation_id, f"not stored: {problem}")
+            raise LLMError(f"{problem}; not stored")
         kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
         if trimmed:
             await asyncio.to_thread(
                 self.records.event, self.clock(), "notes-trimmed", conversation_id,
-                f"{trimmed} oldest user notes left the prompt (cap {notes_cap_tokens(num_ctx)} "
-                "tokens; the model did not condense them); the messages stay in the store")
+                f"{trimmed} user notes left the prompt, trivia first (cap "
+                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
+                "messages stay in the store")
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,
@@ -314,7 +347,22 @@ class Folder:
                   f"{', condensed' if condensed else ''}, {elapsed:.1f}s)")
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
-        return FoldOutcome(len(plan.messages), state)
+        return FoldOutcome(len(plan.messages), state, folds=1)
+
+    async def _answer(self, conversation_id: str, model: str, messages: list[dict[str, str]],
+                      answer_tokens: int, foreground: bool) -> str:
+        """The fold call's answer. One cut at its limit (`done_reason: "length"`) is asked
+        once more with twice the room; cut again, only its whole sentences are kept."""
+        result = None
+        for room in (answer_tokens, answer_tokens * LENGTH_RETRY_ROOM):
+            self.calls += 1
+            result = await self.llm.chat(messages, model=model, num_predict=room,
+                                         background=not foreground, think=False)
+            if result.done_reason != "length":
+                return result.content
+            log.info("fold of %s stopped at its limit of %d tokens", conversation_id, room)
+        assert result is not None
+        return whole_sentences(result.content)
 
     def _write_if_unchanged(
         self, conversation_id: str, before: SummaryState, through_seq: int, through_id: str,

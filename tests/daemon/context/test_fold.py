@@ -15,10 +15,12 @@ from daemon.context.fold import (
     excerpt_caps,
     fold_mark,
     fold_messages,
+    fold_problem,
     fold_threshold,
     folded_state,
     low_water,
     merge_user_notes,
+    notes_cap_tokens,
     notes_need_condensing,
     parse_fold_reply,
     plan_fold,
@@ -347,3 +349,34 @@ def test_folded_state_pins_the_boundary_and_counts() -> None:
     assert state == SummaryState(summary="new", user_notes="- a\n- b", through_seq=8,
                                  through_id="ID00008", fold_count=3, folded_at=99.0,
                                  first_folded_at=5.0)  # a legacy summary: its last fold
+
+
+def test_notes_lose_trivia_before_names_numbers_and_instructions() -> None:
+    facts = ["- My cat is called Pickle and I live in Lisbon.",
+             "- Remember: never book flights before 9 am.",
+             "- my flat is number 31"]
+    trivia = [f"- tell me a short joke about {thing}, thanks" for thing in
+              ("dogs", "ducks", "rain", "tea", "socks", "boats", "clouds", "bread", "maps",
+               "moss", "fog", "ink", "sand", "hats", "eels", "wool", "owls", "jam")]
+    notes = "\n".join([facts[0], *trivia[:9], facts[1], *trivia[9:], facts[2]])
+    kept, dropped = trim_notes(notes, 2048, 1.0)
+    assert dropped > 0
+    assert all(fact in kept.splitlines() for fact in facts)
+    assert estimate_tokens(kept, 1.0) <= notes_cap_tokens(2048)
+
+
+def test_a_summary_that_repeats_a_fact_is_not_taken_for_an_echo() -> None:
+    prompt = [{"role": "system", "content": "You maintain the rolling summary."},
+              {"role": "user", "content": "<new_messages>\n[#1 user] My name is Dana, my cat is "
+                                          "Pickle, I live in Lisbon.\n[#2 assistant] Hi Dana! "
+                                          "Pickle is a lovely name for a cat.\n</new_messages>"}]
+    summary = ("Dana lives in Lisbon with her cat Pickle; she asked for jokes and got two. "
+               "She wants short answers.")
+    assert fold_problem(summary, prompt, "") == ""
+    echoed = "[#1 user] My name is Dana, my cat is Pickle, I live in Lisbon. [#2 assistant] Hi"
+    assert "echo" in fold_problem(echoed, prompt, "")
+    # Repeating the previous summary is a merge with nothing new, not an echo.
+    previous = "Dana lives in Lisbon with her cat Pickle and likes jokes about numbers."
+    with_previous = [prompt[0], {"role": "user", "content": f"<previous_summary>\n{previous}\n"
+                                                            "</previous_summary>"}]
+    assert fold_problem(previous, with_previous, previous) == ""

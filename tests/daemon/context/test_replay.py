@@ -178,15 +178,17 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
     """What must hold of every request (see the issue's replay rules)."""
     history = script.messages
     through = summary.through_seq if summary else 0
-    tail_seqs = [m.seq for m in history if m.seq > through]
+    kept = kept_through_folds(script, summary)
+    tail_seqs = [m.seq for m in history if m.seq > through or m.seq in kept]
 
     assert request.estimate <= budget
     assert my_estimate(request, ratio) == request.estimate
     assert request.messages[0] == {"role": "system", "content": PREFIX}
     traced = trace(request, script)
 
-    # The tail after the preamble starts on a user message.
-    assert tail_of(request)[0]["role"] == "user"
+    # The tail after the preamble (and what it keeps of the folded part) starts on a user
+    # message.
+    assert next(c for c in tail_of(request) if seq_of(c) not in kept)["role"] == "user"
     # Order is preserved.
     order = list(traced.shown)
     assert order == sorted(order)
@@ -239,12 +241,35 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
     return traced
 
 
+def kept_through_folds(script: Script, summary: SummaryState | None) -> set[int]:
+    """What replay keeps of the folded part: the newest message with images, the newest tool
+    call and its results."""
+    through = summary.through_seq if summary else 0
+    folded = [m for m in script.messages if m.seq <= through]
+    kept = {m.seq for m in folded if m.attachments}
+    kept = {max(kept)} if kept else set()
+    calls = [m.seq for m in folded if m.tool_calls]
+    if calls:
+        kept.add(calls[-1])
+        kept.update(s for s, c in script.call_of.items() if c == calls[-1])
+    return kept
+
+
+def seq_of(chat: Mapping[str, Any]) -> int | None:
+    """The original a rendered message came from (None for roost's own notes)."""
+    content = str(chat.get("content") or "")
+    stub = READ_RANGE.search(content) if content.startswith("[result of") else None
+    tag = TAG.match(content)
+    return int(stub.group(1)) if stub else int(tag.group(1)) if tag else None
+
+
 def protected_seqs(script: Script, summary: SummaryState | None = None) -> set[int]:
     """The issue's protected messages: the conversation's first user message, the last 6, the
     newest message with images, the newest tool call with its results (a call and its results
     count as one, since a result never goes without its call)."""
     through = summary.through_seq if summary else 0
-    tail = [m for m in script.messages if m.seq > through]
+    kept = kept_through_folds(script, summary)
+    tail = [m for m in script.messages if m.seq > through or m.seq in kept]
     protected = {m.seq for m in tail[-6:]}
     first_user = next(m.seq for m in script.messages if m.role == "user")
     if first_user > through:
@@ -826,3 +851,109 @@ def test_the_opening_is_kept_whole_and_counted_when_the_first_message_is_excerpt
     request = build_opened(script.messages, budget=4_000)
     assert request.shortened and NOTE in str(request.messages[1]["content"])
     assert request.estimate <= 4_000
+
+
+# --- what the user said first ---------------------------------------------------------------
+
+
+def test_the_first_user_message_stays_word_for_word_in_every_request_after_folds() -> None:
+    first = "My name is Dana, my cat is Pickle, I live in Lisbon."
+    script = Script()
+    script.add("user", first)
+    script.assistant("Nice to meet you, Dana.")
+    for i in range(20):
+        script.exchange(f"Tell me a short joke, number {i}.", "A joke.")
+    for through in (12, 30):
+        summary = SummaryState(summary="Jokes were told.", user_notes="- Tell me a joke.",
+                               through_seq=through, through_id=f"MSG{through:06d}",
+                               fold_count=through // 12)
+        request = build(script.messages, summary=summary)
+        sent = "\n".join(str(m["content"]) for m in request.messages)
+        assert f"<1> {first}" in sent
+    # Before the preamble's changing part, so that a fold keeps the prompt cache up to there.
+    assert str(request.messages[1]["content"]).index(first) < str(
+        request.messages[1]["content"]).index("<summary>")
+
+
+def test_a_long_first_message_is_kept_as_its_start_and_end_within_an_eighth_of_the_budget(
+) -> None:
+    script = Script()
+    paste = "Keep this: my locker code is 4921. " + filler(20_000) + " Signed, Dana."
+    script.add("user", paste)
+    script.assistant("Read it.")
+    for _ in range(8):
+        script.exchange()
+    summary = SummaryState(summary="s", through_seq=10, through_id="MSG000010")
+    request = build(script.messages, budget=8_000, summary=summary)
+    preamble = str(request.messages[1]["content"])
+    assert "my locker code is 4921" in preamble and "Signed, Dana." in preamble
+    assert estimate_tokens(preamble, 1.0) < 8_000 // 8 + 200
+
+
+# --- what a fold never takes away -----------------------------------------------------------
+
+
+def test_after_a_fold_the_newest_image_and_tool_call_with_its_result_stay_verbatim() -> None:
+    script = Script()
+    script.user("what is on this label?", attachments=(image(800, 600),))
+    script.assistant("It says 'basil'.")
+    script.user("look up how to grow it")
+    calling = script.tool_cycle(900, name="web_search")
+    script.assistant("Water it daily.")
+    for _ in range(10):
+        script.exchange()
+    through = len(script.messages) - 6
+    summary = SummaryState(summary="Basil.", through_seq=through,
+                           through_id=f"MSG{through:06d}", fold_count=1)
+    request = build(script.messages, summary=summary)
+    sent = [m for m in request.messages]
+    photo = next(i for i, m in enumerate(sent) if m["content"] == script.messages[0].content)
+    assert request.images[photo][0]["width"] == 800
+    call_at = next(i for i, m in enumerate(sent) if m.get("tool_calls"))
+    assert sent[call_at]["content"] == calling.content
+    assert sent[call_at]["tool_calls"] == [dict(c) for c in calling.tool_calls]
+    result = script.messages[calling.seq]
+    assert sent[call_at + 1] == {"role": "tool", "content": result.content,
+                                 "tool_name": "web_search"}
+    # Right after the summary, in their order, before the verbatim tail.
+    assert 2 < photo < call_at < len(sent) - 6
+
+
+def test_a_newer_tool_call_in_the_tail_keeps_the_folded_one_unprotected() -> None:
+    script = Script()
+    script.user("first")
+    script.tool_cycle(900, name="old_tool")
+    script.assistant("done")
+    for _ in range(6):
+        script.exchange("a question " + filler(800), "an answer " + filler(800))
+    script.user("again")
+    script.tool_cycle(300, name="new_tool")
+    script.assistant("done again")
+    script.exchange()
+    summary = SummaryState(summary="s", through_seq=4, through_id="MSG000004", fold_count=1)
+    roomy = build(script.messages, summary=summary)
+    assert any("old_tool" in json.dumps(m.get("tool_calls")) for m in roomy.messages)
+    tight = build(script.messages, budget=roomy.estimate - 200, summary=summary)
+    names = [c["function"]["name"] for m in tight.messages for c in m.get("tool_calls") or ()]
+    assert "new_tool" in names and "old_tool" not in names
+
+
+def test_a_failed_tool_result_decays_three_times_slower_than_a_successful_one() -> None:
+    script = Script()
+    script.user("check both")
+    calling = script.add("assistant", "Checking.", tool_calls=(call("b"), call("a")))
+    # The failed one first: decay goes oldest first, so at the same age it would go first.
+    failed = script.add("tool", "ERROR: " + filler(1_500, 4), tool_name="b",
+                        meta={"error": True})
+    ok = script.add("tool", filler(1_500, 3), tool_name="a")
+    script.call_of.update({ok.seq: calling.seq, failed.seq: calling.seq})
+    script.assistant("One of them failed.")
+    script.exchange()
+    script.user("and this one")
+    script.tool_cycle(100)  # the newest call, which is protected
+    script.assistant("done")
+    roomy = build(script.messages)
+    tight = build(script.messages, budget=roomy.estimate - 150)
+    contents = {seq_of(m): str(m["content"]) for m in tight.messages}
+    assert tight.decayed >= 1 and "[TRUNCATED" in contents[ok.seq]
+    assert contents[failed.seq] == failed.content

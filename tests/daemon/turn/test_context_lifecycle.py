@@ -89,8 +89,9 @@ def is_fold(body: dict[str, Any]) -> bool:
 async def rig_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[..., Any]]:
     made: list[tuple[Engine, ModelClient, Store, FakeOllama]] = []
 
-    async def make(*, window: int = 8192, concurrency: int = 1, **daemon: Any) -> Rig:
-        fake = FakeOllama(models=[FakeModel(context_length=32768)])
+    async def make(*, window: int = 8192, concurrency: int = 1,
+                   capabilities: tuple[str, ...] = FakeModel.capabilities, **daemon: Any) -> Rig:
+        fake = FakeOllama(models=[FakeModel(context_length=32768, capabilities=capabilities)])
         await fake.start()
         settings: Settings = make_settings(
             model={"host": fake.url, "window": window, "concurrency": concurrency,
@@ -185,11 +186,50 @@ async def test_a_user_fact_from_turn_one_survives_three_folds_word_for_word(
             rig.tool_cycle(3_000)
         await rig.say(f"Another thing, number {turn}.")
     summary = rig.store.get_conversation(rig.conversation_id()).summary  # type: ignore[union-attr]
-    assert fact in summary.user_notes
+    assert fact in rig.turn_requests()[-1]["messages"][1]["content"]
     assert summary.summary == rig.summaries[-1]
     # The fold was told the previous summary each time, so the model can merge into one.
     folds = [r for r in rig.fake.chat_requests if is_fold(r)]
     assert rig.summaries[-2] in folds[-1]["messages"][1]["content"]
+
+
+async def test_at_a_2k_window_the_first_message_survives_five_folds_of_trivia(
+    rig_for: Callable[..., Any],
+) -> None:
+    # As with SmolLM2 at 2,048: no tools, and a fold model that never writes the notes.
+    rig: Rig = await rig_for(window=2048, capabilities=("completion",))
+    fact = "My name is Dana, my cat is Pickle, I live in Lisbon."
+    await rig.say(fact)
+    turn = 0
+    while (rig.store.get_conversation(rig.conversation_id()) or
+           pytest.fail("no conversation")).summary.fold_count < 5:
+        turn += 1
+        assert turn < 300, "five folds never happened"
+        await rig.say(f"Tell me a short joke about the number {turn}, " + "please " * 12)
+    requests = rig.turn_requests()
+    assert all(fact in json.dumps(r["messages"], ensure_ascii=False) for r in requests)
+    assert rig.fake.cuts == 0 and rig.fake.overflows == 0
+
+
+async def test_after_folds_the_newest_tool_call_and_its_result_are_still_sent_verbatim(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=4096)
+    await rig.say("Look up the opening hours of the library.")
+    rig.tool_cycle(600, name="web_search")
+    stored = rig.store.messages(rig.conversation_id())[-1].content
+    turn = 0
+    while (rig.store.get_conversation(rig.conversation_id()) or
+           pytest.fail("no conversation")).summary.fold_count < 2:
+        turn += 1
+        assert turn < 200, "two folds never happened"
+        await rig.say(f"Something else, number {turn}: " + "words " * 40)
+    await rig.say("And when does it close?")
+    last = rig.turn_requests()[-1]["messages"]
+    calls = [m for m in last if m.get("tool_calls")]
+    assert [c["tool_calls"][0]["function"]["name"] for c in calls] == ["web_search"]
+    after = last[last.index(calls[0]) + 1]
+    assert after["role"] == "tool" and after["content"] == stored
 
 
 async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
@@ -422,6 +462,34 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     await rig.say("/status")
     status = rig.channel.texts("notice")[-1]
     assert "Summary: " in status and "covering messages 1-18;" in status and "1 folds" in status
+
+
+async def test_compact_folds_until_nothing_is_left_at_most_12_folds_and_says_so(
+    rig_for: Callable[..., Any],
+) -> None:
+    rig: Rig = await rig_for(window=2048, capabilities=("completion",))
+    await rig.say("Hello there.")
+    cid = rig.conversation_id()
+    for n in range(200):  # 400 messages: 25 a fold at 2,048, so more than 12 folds' worth
+        rig.store.append_message(cid, "user", f"Question {n} about the allotment.",
+                                 created=rig.clock())
+        rig.store.append_message(cid, "assistant", f"Answer {n}: water the beans.",
+                                 created=rig.clock())
+    await rig.say("/compact")
+    said = rig.channel.texts("notice")[-1]
+    summary = (rig.store.get_conversation(cid) or pytest.fail("gone")).summary
+    assert rig.fold_calls == 12 == summary.fold_count
+    assert said.startswith(f"Folded {summary.through_seq} messages in 12 folds")
+    assert "/compact again" in said
+    await rig.say("/compact")
+    said = rig.channel.texts("notice")[-1]
+    summary = (rig.store.get_conversation(cid) or pytest.fail("gone")).summary
+    # Everything but the newest exchange (the /compact commands are not messages).
+    assert summary.through_seq == 400
+    assert said.startswith("Folded ") and " folds" in said
+    assert said.endswith("the last few stay word for word.")
+    await rig.say("/compact")
+    assert rig.channel.texts("notice")[-1].startswith("Nothing folded")
 
 
 async def test_debug_keeps_the_last_50_requests_with_their_parts(
