@@ -5,17 +5,7 @@ from __future__ import annotations
 import time
 
 from daemon.core.config import Settings
-from daemon.store.console_keys import OWNER, ConsoleKeys
-
-
-def console_url(settings: Settings) -> str:
-    """Where a browser reaches the console: `console.url` (a proxy's address), else the
-    daemon's own listening address."""
-    if settings.console.url:
-        return settings.console.url.rstrip("/") + "/console"
-    host = settings.daemon.listen_host
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{settings.daemon.listen_port}/console"
+from daemon.store.console_keys import OWNER, ConsoleKeys, console_url
 
 
 def console_command(settings: Settings, revoke_all: bool) -> int:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from daemon.core.config import Settings
 from daemon.core.errors import StoreError
 from daemon.store.files import atomic_write, exclusive
 
@@ -41,6 +42,16 @@ class ConsoleSession:
 
     def covers(self, chat_key: str) -> bool:
         return self.is_owner or chat_key in self.scope
+
+
+def console_url(settings: Settings) -> str:
+    """Where a browser reaches the console: `console.url` (a proxy's address), else the
+    daemon's own listening address."""
+    if settings.console.url:
+        return settings.console.url.rstrip("/") + "/console"
+    host = settings.daemon.listen_host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.daemon.listen_port}/console"
 
 
 def _digest(token: str) -> str:

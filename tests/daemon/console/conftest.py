@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.app.serve import build_app
+from daemon.app.serve import ENGINE, build_app
 from daemon.core.config import Settings
 from daemon.core.conversations import SummaryState
+from daemon.engine.workers import Engine
 from daemon.store import Store
 from daemon.store.attachments import store_file
 from tests.conftest import RecordingChannel, SettingsFactory
@@ -54,14 +55,29 @@ def seed(state_dir: Path) -> Seeded:
         return Seeded(dana.id, omar.id)
 
 
+@dataclass
+class Rig:
+    url: str
+    settings: Settings
+    seeded: Seeded
+    channel: RecordingChannel
+    engine: Engine
+
+
 @pytest.fixture
-async def console(fake_ollama: FakeOllama, make_settings: SettingsFactory,
-                  state_dir: Path) -> AsyncIterator[tuple[str, Settings, Seeded]]:
+async def rig(fake_ollama: FakeOllama, make_settings: SettingsFactory,
+              state_dir: Path) -> AsyncIterator[Rig]:
     seeded = seed(state_dir)
     settings = make_settings(model={"host": fake_ollama.url})
-    app = build_app(settings, {"telegram": RecordingChannel("telegram")})
+    channel = RecordingChannel("telegram")
+    app = build_app(settings, {"telegram": channel})
     runner, url = await start(app)
     try:
-        yield url, settings, seeded
+        yield Rig(url, settings, seeded, channel, app[ENGINE])
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+def console(rig: Rig) -> tuple[str, Settings, Seeded]:
+    return rig.url, rig.settings, rig.seeded

@@ -15,10 +15,11 @@ import pytest
 from daemon.app.serve import build_app
 from daemon.cli.console import console_command
 from daemon.core.config import Settings
+from daemon.core.messages import Inbound
 from daemon.store.console_keys import LINK_TTL, ConsoleKeys
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.daemon.app.test_app import start
-from tests.daemon.console.conftest import DANA, OMAR, T0, Seeded
+from tests.daemon.console.conftest import DANA, OMAR, T0, Rig, Seeded
 from tests.fakes.ollama import FakeOllama
 
 
@@ -196,3 +197,24 @@ async def test_the_console_can_be_turned_off(fake_ollama: FakeOllama,
     finally:
         await runner.cleanup()
 
+
+
+async def test_console_in_a_chat_sends_a_link_to_that_persons_own_data(rig: Rig) -> None:
+    assert await rig.engine.submit(Inbound(chat_key=OMAR, text="/console", received=T0 + 20))
+    await asyncio.wait_for(rig.engine.wait_idle(OMAR), 10)
+    (reply,) = rig.channel.texts()
+    found = re.search(r"/console/login\?t=(\S+)", reply)
+    assert found and "works once" in reply
+    async with jar() as http:
+        assert await sign_in(http, rig.url, found.group(1)) == 303
+        async with http.get(f"{rig.url}/console/") as page:
+            text = await page.text()
+        assert OMAR in text and DANA not in text
+
+
+async def test_console_in_a_group_sends_no_link(rig: Rig) -> None:
+    group = "telegram:-100123"
+    assert await rig.engine.submit(Inbound(chat_key=group, text="/console", received=T0 + 20))
+    await asyncio.wait_for(rig.engine.wait_idle(group), 10)
+    (reply,) = rig.channel.texts()
+    assert "private chat" in reply and "login" not in reply
