@@ -17,7 +17,8 @@ from daemon.cli.main import _HEAVY
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("daemon", "channels", "automations")
 
-_MIDDLE = {"core", "context", "store", "llm", "tools", "intake", "turn", "voice", "engine"}
+_MIDDLE = {"core", "context", "store", "llm", "tools", "intake", "turn", "voice", "engine",
+           "console"}
 # What each layer may import besides itself. Lowest first; "daemon" is the package root
 # (daemon/__init__.py: the version; daemon/__main__.py: `python -m daemon`).
 ALLOWED: dict[str, set[str]] = {
@@ -30,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "turn": {"core", "context", "store", "llm", "tools"},
     # Transcription knows the store's attachments; the model's slot is handed to it.
     "voice": {"core", "store"},
+    # The web console reads what the store keeps; it neither runs turns nor calls the model.
+    "console": {"core", "store"},
     "engine": {"core", "context", "store", "llm", "tools", "intake", "turn", "voice"},
     # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
     "channels": {"core", "intake", "store"},

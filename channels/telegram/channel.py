@@ -87,6 +87,7 @@ COMMANDS = (
     ("remember", "Keep a fact about you for every conversation"),
     ("memory", "The facts roost keeps about you, numbered"),
     ("forget", "Forget fact number N (see /memory)"),
+    ("console", "A sign-in link to your conversations in a browser"),
     ("help", "List the commands"),
 )
 

@@ -43,6 +43,7 @@ from daemon.app.httpguard import (
 )
 from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
+from daemon.console.web import Console
 from daemon.core.config import Settings
 from daemon.core.errors import (
     ChannelError,
@@ -147,6 +148,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
                             *opening, engine_ctx, automations_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
+    if settings.console.enabled:
+        Console(settings, lambda: app[STORE]).add_routes(app)
     return app
 
 

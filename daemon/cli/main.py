@@ -16,6 +16,7 @@ from types import ModuleType
 from daemon import __version__
 from daemon.cli import init_files
 from daemon.cli.approvals import approvals_command
+from daemon.cli.console import console_command
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
 from daemon.core.config import Settings, load_settings
@@ -32,7 +33,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
 _READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory",
-                        "mcp", "approvals"})
+                        "mcp", "approvals", "console"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -130,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     test = servers.add_parser("test", parents=[common],
                               help="start one server and list its tools; calls nothing")
     test.add_argument("name", help="the server's name, as in [mcp.servers.NAME]")
+    console = commands.add_parser("console", parents=[common],
+                                  help="print a sign-in link to the web console")
+    console.add_argument("--revoke-all", action="store_true",
+                         help="sign every browser out and void unused links")
     approvals = commands.add_parser("approvals", parents=[common],
                                     help="tools people allowed for good (Always for this tool)")
     standing = approvals.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -207,6 +212,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "list":
             return int(asyncio.run(commands.mcp_list(settings)))
         return int(asyncio.run(commands.mcp_test(settings, args.name)))
+    if args.command == "console":
+        return console_command(settings, args.revoke_all)
     if args.command == "approvals":
         if args.action == "revoke" and args.person is None and args.tool is None:
             print("roost: name a person, --tool, or both", file=sys.stderr)

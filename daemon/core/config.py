@@ -184,6 +184,12 @@ class McpSettings:
 
 
 @dataclass(frozen=True)
+class ConsoleSettings:
+    enabled: bool = True  # the web console under /console/ on daemon.listen
+    url: str | None = None  # how a browser reaches roost (a proxy's https address), for links
+
+
+@dataclass(frozen=True)
 class Settings:
     daemon: DaemonSettings
     model: ModelSettings
@@ -201,6 +207,7 @@ class Settings:
     web: WebSettings = WebSettings()
     voice: VoiceSettings = field(default_factory=VoiceSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
+    console: ConsoleSettings = ConsoleSettings()
 
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -403,6 +410,7 @@ _SPECS: Mapping[str, _Spec] = {
         "timezone": _value(str, "an IANA time zone name", _valid_zone,
                            "must be an IANA time zone name such as 'Europe/Berlin'"),
         "idle_rotation": _PERIOD, "shutdown_grace": _DURATION},
+    "console": {"enabled": _BOOL, "url": _URL},
     "model": {
         "host": _BASE_URL, "name": _STRING, "window": _at_least(512),
         "response_reserve": _at_least(1), "concurrency": _at_least(1),
@@ -652,7 +660,8 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         credentials=credentials_dir(env, path),
         identities=_identities(document.get("identities", {}), fail),
         web=WebSettings(**tables["web"], **secrets["web"]),
-        voice=VoiceSettings(**tables["voice"], **secrets["voice"]))
+        voice=VoiceSettings(**tables["voice"], **secrets["voice"]),
+        console=ConsoleSettings(**tables["console"]))
 
 
 # A person's own chat: a Telegram private chat (its id is the user's, positive), a WhatsApp

@@ -13,7 +13,9 @@ from daemon.core.redact import redact_url
 from daemon.engine.model_choice import FLAG as MODEL_FLAG
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.console_keys import ConsoleKeys, console_url
 from daemon.tools.registry import Registry
+from daemon.tools.scope import is_person_chat, person_chats
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
@@ -29,6 +31,7 @@ HELP = (
     "/model - list the models; /model NAME - switch this chat to another one\n"
     "/remember TEXT - keep a fact about you for every conversation\n"
     "/memory - the facts I keep, numbered; /forget N forgets one\n"
+    "/console - a sign-in link to your conversations in a browser\n"
     "/help - this list"
 )
 GREETING = (
@@ -41,7 +44,7 @@ class Commands:
     """Runs a command for a chat and returns the text to send back."""
 
     names = frozenset({"new", "compact", "status", "help", "start", "stop", "model",
-                       "transcript"})
+                       "transcript", "console"})
 
     def __init__(
         self,
@@ -76,7 +79,21 @@ class Commands:
             return GREETING
         if name == "transcript":
             return await asyncio.to_thread(last_transcript, self.store, chat_key)
+        if name == "console":
+            return await asyncio.to_thread(self.console_link, chat_key)
         return HELP
+
+    def console_link(self, chat_key: str) -> str:
+        """A sign-in link to the console that shows this person's own chats only."""
+        if not self.settings.console.enabled:
+            return "The web console is off on this roost (console.enabled = false)."
+        if not is_person_chat(chat_key):
+            return ("A group shares this chat: ask for /console in a private chat with me, and "
+                    "the link shows your own conversations.")
+        scope = tuple(sorted(person_chats(chat_key, self.settings.identities)))
+        token = ConsoleKeys(self.settings.daemon.state_dir).issue_link(scope, self.clock())
+        return (f"Your console (works once, for 10 minutes; do not forward it):\n"
+                f"{console_url(self.settings)}/login?t={token}")
 
     async def compact(self, chat_key: str) -> str:
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from daemon.core.errors import StoreError
-from daemon.store.files import exclusive
+from daemon.store.files import atomic_write, exclusive
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L or U: read aloud safely
 CODE_LENGTH = 8
@@ -172,24 +171,7 @@ class PairingBook:
         """Atomic replace; owned like the state directory, so that `sudo roost pairing ...`
         leaves a file the service's own user (a systemd DynamicUser) can still read."""
         payload = json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            owner = self.path.parent.stat()
-            with open(tmp, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-                if os.geteuid() == 0 and owner.st_uid != 0:
-                    os.fchown(handle.fileno(), owner.st_uid, owner.st_gid)
-            os.replace(tmp, self.path)
-            folder = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
+        atomic_write(self.path, payload, folder_owner=True)
 
 
 def _new_code() -> str:

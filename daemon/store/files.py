@@ -35,12 +35,15 @@ class CorruptFile(StoreError):
     """A state file exists but does not hold valid JSON."""
 
 
-def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True) -> None:
+def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True,
+                 folder_owner: bool = False) -> None:
     """Replace `path` with `payload` so that a crash leaves either the old or the new bytes.
 
     `durable_rename=False` skips the folder's fsync (most of the write's time): a killed
     process loses nothing by it (the rename is in the kernel at once), but a power cut may
     bring the old bytes back. Only for writes where the old bytes are a safe answer too.
+    `folder_owner`: written by root (a `sudo roost ...` command beside the system service), the
+    file gets its folder's owner, so that the service's own user can still replace it.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -48,6 +51,10 @@ def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True) -> 
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
+            if folder_owner and os.geteuid() == 0:
+                owner = path.parent.stat()
+                if owner.st_uid != 0:
+                    os.fchown(handle.fileno(), owner.st_uid, owner.st_gid)
         os.replace(tmp, path)
         if durable_rename:  # the rename is durable only once the folder entry is on disk
             sync_folder(path.parent)

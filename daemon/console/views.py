@@ -1,0 +1,115 @@
+"""What the console's pages show, read from the store: plain values for the templates.
+
+Synchronous (the web handlers call it through `asyncio.to_thread`). Scope is checked by the
+caller with the session; a conversation outside it is answered exactly as one that does not
+exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from daemon.core.conversations import Conversation, Message
+from daemon.store import Store
+
+MODEL_FLAG = "model"  # the chat flag `/model NAME` sets (daemon.engine.model_choice)
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    id: str
+    chat_key: str
+    kind: str
+    status: str
+    started: str
+    last_active: str
+    messages: int
+    folds: int
+    model: str
+
+
+@dataclass(frozen=True)
+class AttachmentView:
+    name: str
+    kind: str
+    note: str
+    index: int
+
+
+@dataclass(frozen=True)
+class MessageView:
+    seq: int
+    role: str
+    when: str
+    content: str
+    tool_name: str | None
+    tool_calls: tuple[str, ...]
+    attachments: tuple[AttachmentView, ...]
+    folded: bool  # the model sees the summary instead of this message
+
+
+@dataclass(frozen=True)
+class RequestPoint:
+    """One turn's first model call as Ollama reported it."""
+
+    seq: int
+    when: str
+    prompt_tokens: int
+    cached_tokens: int | None
+    window: int | None
+    turn_tokens: int  # every call of the turn (tool rounds, continuations)
+
+
+def local_time(ts: float, tz: ZoneInfo) -> str:
+    return datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M")
+
+
+def conversation_rows(store: Store, covers: Any, default_model: str,
+                      tz: ZoneInfo) -> list[ConversationRow]:
+    """Every conversation the session covers, the most recently active first."""
+    # The list's records leave the summary out (it has a file of its own): the fold count is read
+    # from each conversation's whole record.
+    listed = [c for c in store.list_conversations() if covers(c.chat_key)]
+    found = [whole for c in listed if (whole := store.get_conversation(c.id)) is not None]
+    models = {key: store.chat_flags(key).get(MODEL_FLAG) or default_model
+              for key in {c.chat_key for c in found}}
+    return [ConversationRow(c.id, c.chat_key, c.kind, c.status, local_time(c.created, tz),
+                            local_time(c.last_active, tz), store.message_count(c.id),
+                            c.summary.fold_count, models[c.chat_key])
+            for c in sorted(found, key=lambda c: c.last_active, reverse=True)]
+
+
+def message_views(messages: Sequence[Message], conversation: Conversation,
+                  tz: ZoneInfo) -> list[MessageView]:
+    through = conversation.summary.through_seq
+    return [MessageView(
+        m.seq, m.role, local_time(m.created, tz), m.content, m.tool_name,
+        tuple(_call_line(c) for c in m.tool_calls),
+        tuple(AttachmentView(str(a.get("name") or a.get("kind", "file")), str(a.get("kind", "")),
+                             str(a.get("note") or a.get("detail") or ""), i)
+              for i, a in enumerate(m.attachments)),
+        folded=0 < m.seq <= through) for m in messages]
+
+
+def request_points(messages: Sequence[Message], tz: ZoneInfo) -> list[RequestPoint]:
+    """The requests of a conversation's turns, from what each reply recorded of Ollama's
+    answer (a reply stored before these counts existed has none and is left out)."""
+    points = []
+    for m in messages:
+        meta: Mapping[str, Any] = m.meta
+        if m.role != "assistant" or not meta.get("prompt_eval_count"):
+            continue
+        points.append(RequestPoint(m.seq, local_time(m.created, tz),
+                                   int(meta["prompt_eval_count"]),
+                                   meta.get("prompt_eval_cached_count"), meta.get("num_ctx"),
+                                   int(meta.get("prompt_tokens") or meta["prompt_eval_count"])))
+    return points
+
+
+def _call_line(call: Mapping[str, Any]) -> str:
+    function = call.get("function", call)
+    return f"{function.get('name', '?')}({function.get('arguments', {})})"

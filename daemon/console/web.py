@@ -1,0 +1,205 @@
+"""The console's routes on roost's own aiohttp server, under `/console/`.
+
+No page answers without a session: a browser gets one by a single-use link (`roost console`
+for the owner, `/console` in a chat for that person), opened with a button so that a link
+preview that fetches the address does not use the link up. Every response carries a strict
+Content-Security-Policy (no script at all) and is not cached; every form carries the session's
+token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+from aiohttp import web
+
+from daemon.console import views
+from daemon.console.chart import sawtooth
+from daemon.core.config import Settings
+from daemon.store import Store
+from daemon.store.attachments import AttachmentError, stored_path
+from daemon.store.console_keys import ConsoleKeys, ConsoleSession
+
+PREFIX = "/console"
+COOKIE = "roost_console"
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_HERE = Path(__file__).parent
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Page = Callable[[web.Request, ConsoleSession], Awaitable[web.StreamResponse]]
+
+
+class Console:
+    """The console's handlers over one store and one settings."""
+
+    def __init__(self, settings: Settings, store: Callable[[], Store],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store  # the app's store, once it is open
+        self.keys = ConsoleKeys(settings.daemon.state_dir)
+        self.clock = clock
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(_HERE / "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.middlewares.append(self.headers)
+        app.router.add_get(f"{PREFIX}/login", self.login_page)
+        app.router.add_post(f"{PREFIX}/login", self.login)
+        app.router.add_post(f"{PREFIX}/logout", self._signed_in(self.logout))
+        app.router.add_get(f"{PREFIX}/static/console.css", self.stylesheet)
+        app.router.add_get(PREFIX, self.to_index)
+        app.router.add_get(f"{PREFIX}/", self._signed_in(self.conversations))
+        app.router.add_get(f"{PREFIX}/c/{{cid}}", self._signed_in(self.conversation))
+        app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:\\d+}}/{{index:\\d+}}",
+                           self._signed_in(self.download))
+
+    # ---- the guard ----------------------------------------------------------------------
+
+    @web.middleware
+    async def headers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The console's headers on every answer under /console, errors included."""
+        ours = request.path == PREFIX or request.path.startswith(f"{PREFIX}/")
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if ours:
+                exc.headers.update(HEADERS)
+            raise
+        if ours:
+            response.headers.update(HEADERS)
+        return response
+
+    def _signed_in(self, page: Page) -> Handler:
+        """`page` for a browser with a session (and, for a form, the session's token)."""
+        async def handler(request: web.Request) -> web.StreamResponse:
+            session = await self._session(request)
+            if session is None:
+                return self._page("signin.html", status=401, signed_out=True)
+            if request.method == "POST" and not _same(await _form_token(request),
+                                                      session.csrf):
+                return self._page("message.html", status=403,
+                                  text="This form has expired. Reload the page and try again.")
+            return await page(request, session)
+        return handler
+
+    async def _session(self, request: web.Request) -> ConsoleSession | None:
+        token = request.cookies.get(COOKIE)
+        if not token:
+            return None
+        return await asyncio.to_thread(self.keys.session, token, self.clock())
+
+    # ---- signing in and out -------------------------------------------------------------
+
+    async def login_page(self, request: web.Request) -> web.StreamResponse:
+        return self._page("signin.html", link=request.query.get("t", ""), signed_out=False)
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        link = str((await request.post()).get("t", ""))
+        made = await asyncio.to_thread(self.keys.redeem, link, self.clock()) if link else None
+        if made is None:
+            return self._page("message.html", status=403, text=(
+                "This sign-in link was used already or has expired (links work once, for 10 "
+                "minutes). Ask for a new one: `roost console`, or /console in your chat."))
+        token, session = made
+        response = _see_other(f"{PREFIX}/")
+        response.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="Strict",
+                            secure=self._secure(request),
+                            max_age=int(session.expires - session.created))
+        return response
+
+    async def logout(self, request: web.Request,
+                     session: ConsoleSession) -> web.StreamResponse:
+        await asyncio.to_thread(self.keys.end, request.cookies.get(COOKIE, ""))
+        response = _see_other(f"{PREFIX}/login")
+        response.del_cookie(COOKIE, path=PREFIX)
+        return response
+
+    def _secure(self, request: web.Request) -> bool:
+        url = self.settings.console.url or ""
+        return request.secure or url.startswith("https://")
+
+    # ---- pages --------------------------------------------------------------------------
+
+    async def to_index(self, request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(f"{PREFIX}/")
+
+    async def stylesheet(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(_HERE / "static" / "console.css")
+
+    async def conversations(self, request: web.Request,
+                            session: ConsoleSession) -> web.StreamResponse:
+        rows = await asyncio.to_thread(views.conversation_rows, self.store(), session.covers,
+                                       self.settings.model.name, self.settings.daemon.tz)
+        return self._page("conversations.html", session=session, rows=rows)
+
+    async def conversation(self, request: web.Request,
+                           session: ConsoleSession) -> web.StreamResponse:
+        store, tz = self.store(), self.settings.daemon.tz
+        conversation = await asyncio.to_thread(store.get_conversation, request.match_info["cid"])
+        if conversation is None or not session.covers(conversation.chat_key):
+            raise web.HTTPNotFound(text="No such conversation.")
+        messages = await asyncio.to_thread(store.messages, conversation.id)
+        points = views.request_points(messages, tz)
+        return self._page(
+            "conversation.html", session=session, conversation=conversation,
+            started=views.local_time(conversation.created, tz),
+            messages=views.message_views(messages, conversation, tz), points=points,
+            chart=sawtooth([p.prompt_tokens for p in points],
+                           max((p.window or 0 for p in points), default=0)
+                           or self.settings.model.window))
+
+    async def download(self, request: web.Request,
+                       session: ConsoleSession) -> web.StreamResponse:
+        store = self.store()
+        conversation = await asyncio.to_thread(store.get_conversation, request.match_info["cid"])
+        if conversation is None or not session.covers(conversation.chat_key):
+            raise web.HTTPNotFound(text="No such file.")
+        seq, index = int(request.match_info["seq"]), int(request.match_info["index"])
+        found = [m for m in await asyncio.to_thread(store.messages, conversation.id)
+                 if m.seq == seq]
+        if not found or index >= len(found[0].attachments):
+            raise web.HTTPNotFound(text="No such file.")
+        doc = found[0].attachments[index]
+        try:
+            path = stored_path(str(doc["path"]), store.state_dir / "attachments")
+        except AttachmentError as exc:
+            raise web.HTTPGone(text=exc.args[0]) from exc
+        name = str(doc.get("name") or path.name)
+        # Served as a download, never rendered in roost's origin: a stored HTML file stays inert.
+        return web.FileResponse(path, headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": _attachment_header(name)})
+
+    def _page(self, template: str, *, status: int = 200, **values: Any) -> web.Response:
+        body = self.templates.get_template(template).render(prefix=PREFIX, **values)
+        return web.Response(text=body, status=status, content_type="text/html",
+                            headers=HEADERS)
+
+
+async def _form_token(request: web.Request) -> str:
+    return str((await request.post()).get("csrf", ""))
+
+
+def _same(given: str, expected: str) -> bool:
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _see_other(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
+
+
+def _attachment_header(name: str) -> str:
+    return f"attachment; filename*=UTF-8''{quote(name, safe='')}"

@@ -1,0 +1,83 @@
+"""A daemon app over a state directory holding two people's conversations, for the console's
+tests (the fixture `console`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from daemon.app.serve import ENGINE, build_app
+from daemon.core.config import Settings
+from daemon.core.conversations import SummaryState
+from daemon.engine.workers import Engine
+from daemon.store import Store
+from daemon.store.attachments import store_file
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.daemon.app.test_app import start
+from tests.fakes.ollama import FakeOllama
+
+DANA = "telegram:1111111"
+OMAR = "telegram:2222222"
+T0 = 1_764_000_000.0
+HOSTILE = ('<script>window.pwned=1</script> <img src=x onerror="window.pwned=2"> '
+           '<a href="javascript:window.pwned=3">tap</a>')
+
+
+@dataclass
+class Seeded:
+    dana: str  # conversation ids
+    omar: str
+
+
+def seed(state_dir: Path) -> Seeded:
+    """Two people's conversations; Dana's folded once, with a file and recorded requests."""
+    with Store.open(state_dir) as store:
+        dana = store.create_conversation(DANA, T0)
+        omar = store.create_conversation(OMAR, T0)
+        pdf = store_file(b"%PDF-1.4 not really", state_dir / "attachments",
+                         name="<img src=y onerror=alert(1)>.pdf", mime="application/pdf")
+        for turn in range(6):
+            store.append_message(dana.id, "user", f"question {turn}", created=T0 + turn * 60,
+                                 attachments=(pdf.to_doc(),) if turn == 0 else ())
+            store.append_message(dana.id, "assistant", f"answer {turn}",
+                                 created=T0 + turn * 60 + 5,
+                                 meta={"prompt_eval_count": 900 + 400 * (turn % 3),
+                                       "prompt_eval_cached_count": 850, "num_ctx": 8192,
+                                       "prompt_tokens": 1000})
+        store.append_message(dana.id, "user", HOSTILE, created=T0 + 400)
+        store.save_summary(dana.id, SummaryState(summary="Dana asked about the report.",
+                                                 user_notes="- my cat is Pickle",
+                                                 through_seq=4, fold_count=1, folded_at=T0))
+        store.append_message(omar.id, "user", "Omar's private plans", created=T0 + 10)
+        return Seeded(dana.id, omar.id)
+
+
+@dataclass
+class Rig:
+    url: str
+    settings: Settings
+    seeded: Seeded
+    channel: RecordingChannel
+    engine: Engine
+
+
+@pytest.fixture
+async def rig(fake_ollama: FakeOllama, make_settings: SettingsFactory,
+              state_dir: Path) -> AsyncIterator[Rig]:
+    seeded = seed(state_dir)
+    settings = make_settings(model={"host": fake_ollama.url})
+    channel = RecordingChannel("telegram")
+    app = build_app(settings, {"telegram": channel})
+    runner, url = await start(app)
+    try:
+        yield Rig(url, settings, seeded, channel, app[ENGINE])
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def console(rig: Rig) -> tuple[str, Settings, Seeded]:
+    return rig.url, rig.settings, rig.seeded

@@ -1,0 +1,220 @@
+"""The web console over a real daemon app: sign-in links, scope, escaping, forms."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from daemon.app.serve import build_app
+from daemon.cli.console import console_command
+from daemon.core.config import Settings
+from daemon.core.messages import Inbound
+from daemon.store.console_keys import LINK_TTL, ConsoleKeys
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.daemon.app.test_app import start
+from tests.daemon.console.conftest import DANA, OMAR, T0, Rig, Seeded
+from tests.fakes.ollama import FakeOllama
+
+
+def jar() -> aiohttp.ClientSession:
+    # Unsafe: the test server is an address, not a name, and keeps cookies only this way.
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def sign_in(http: aiohttp.ClientSession, url: str, link: str) -> int:
+    async with http.get(f"{url}/console/login", params={"t": link}) as page:
+        assert page.status == 200
+        assert 'id="sign-in"' in await page.text()
+    async with http.post(f"{url}/console/login", data={"t": link},
+                         allow_redirects=False) as answer:
+        return answer.status
+
+
+def owner_link(settings: Settings, capsys: pytest.CaptureFixture[str]) -> str:
+    assert console_command(settings, revoke_all=False) == 0
+    printed = capsys.readouterr().out
+    found = re.search(r"(http://\S+)/console/login\?t=(\S+)", printed)
+    assert found, printed
+    return found.group(2)
+
+
+async def test_no_page_answers_without_a_session(console: tuple[str, Settings, Seeded]) -> None:
+    url, _, seeded = console
+    async with aiohttp.ClientSession() as http:
+        for path in ("/console/", f"/console/c/{seeded.dana}",
+                     f"/console/c/{seeded.dana}/file/1/0"):
+            async with http.get(f"{url}{path}", allow_redirects=False) as reply:
+                assert reply.status == 401
+                body = await reply.text()
+                assert "roost console" in body and "question" not in body
+                assert "script-src" not in reply.headers["Content-Security-Policy"]
+                assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
+
+
+async def test_the_owners_link_works_once_and_shows_everyone(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, seeded = console
+    link = owner_link(settings, capsys)
+    async with jar() as http:
+        async with http.get(f"{url}/console/login", params={"t": link}):
+            pass  # a link preview fetching the address does not use the link up
+        assert await sign_in(http, url, link) == 303
+        cookie = http.cookie_jar.filter_cookies(aiohttp.client.URL(f"{url}/console/"))
+        assert "roost_console" in cookie
+        async with http.get(f"{url}/console/") as page:
+            text = await page.text()
+            assert page.status == 200
+        assert DANA in text and OMAR in text and seeded.dana in text
+    async with jar() as other:
+        assert await sign_in(other, url, link) == 403  # used already
+        async with other.get(f"{url}/console/") as page:
+            assert page.status == 401
+
+
+async def test_roost_console_prints_a_link_that_signs_in(
+        console: tuple[str, Settings, Seeded], state_dir: Path) -> None:
+    url, _, _ = console
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "console", stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "STATE_DIRECTORY": str(state_dir)})
+    out, _ = await asyncio.wait_for(command.communicate(), 60)
+    assert command.returncode == 0
+    found = re.search(r"http://127\.0\.0\.1:8780/console/login\?t=(\S+)", out.decode())
+    assert found, out
+    async with jar() as http:  # the test server listens elsewhere; the link's token is what counts
+        assert await sign_in(http, url, found.group(1)) == 303
+
+
+async def test_the_session_cookie_is_httponly_and_strict(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    link = owner_link(settings, capsys)
+    async with jar() as http, http.post(f"{url}/console/login", data={"t": link},
+                                        allow_redirects=False) as answer:
+        header = answer.headers["Set-Cookie"]
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Path=/console" in header
+
+
+async def test_an_expired_link_is_refused(console: tuple[str, Settings, Seeded]) -> None:
+    url, settings, _ = console
+    link = ConsoleKeys(settings.daemon.state_dir).issue_link(("*",), T0 - LINK_TTL - 1)
+    async with jar() as http:
+        assert await sign_in(http, url, link) == 403
+
+
+async def test_a_persons_link_shows_their_own_conversations_only(
+        console: tuple[str, Settings, Seeded]) -> None:
+    url, settings, seeded = console
+    link = ConsoleKeys(settings.daemon.state_dir).issue_link((OMAR,), 2e9 - 1)
+    async with jar() as http:
+        assert await sign_in(http, url, link) == 303
+        async with http.get(f"{url}/console/") as page:
+            text = await page.text()
+        assert OMAR in text and DANA not in text
+        async with http.get(f"{url}/console/c/{seeded.omar}") as page:
+            assert "Omar&#39;s private plans" in await page.text()
+        for path in (f"/console/c/{seeded.dana}", f"/console/c/{seeded.dana}/file/1/0"):
+            async with http.get(f"{url}{path}") as page:
+                assert page.status == 404  # as if it did not exist
+                assert "question" not in await page.text()
+
+
+async def test_a_conversation_shows_every_message_the_fold_and_the_requests(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, seeded = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.get(f"{url}/console/c/{seeded.dana}") as page:
+            text = await page.text()
+        for turn in range(6):  # folded or not, every message as stored
+            assert f"question {turn}" in text and f"answer {turn}" in text
+        assert text.index("question 1") < text.index('id="fold-boundary"') < text.index(
+            "question 2")
+        assert "Dana asked about the report." in text and "my cat is Pickle" in text
+        assert "<polyline" in text and "of a 8192-token window" in text
+        assert "Peak 1700 tokens" in text
+        async with http.get(f"{url}/console/c/{seeded.dana}/file/1/0") as download:
+            assert await download.read() == b"%PDF-1.4 not really"
+            assert download.headers["Content-Type"] == "application/octet-stream"
+            assert download.headers["Content-Disposition"].startswith("attachment;")
+
+
+async def test_hostile_text_stays_text(console: tuple[str, Settings, Seeded],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, seeded = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.get(f"{url}/console/c/{seeded.dana}") as page:
+            text = await page.text()
+    assert "<script>" not in text and "<img src=x" not in text and 'href="javascript:' not in text
+    assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in text
+    assert "&lt;img src=y onerror=alert(1)&gt;.pdf" in text  # a file name too
+
+
+async def test_a_form_without_its_token_is_refused_and_sign_out_ends_the_session(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.post(f"{url}/console/logout", data={}) as forged:
+            assert forged.status == 403
+        async with http.get(f"{url}/console/") as page:
+            token = re.search(r'name="csrf" value="([^"]+)"', await page.text())
+        assert token
+        async with http.post(f"{url}/console/logout", data={"csrf": token.group(1)}) as done:
+            assert done.status == 200  # followed to the sign-in page
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 401
+
+
+async def test_revoke_all_signs_every_browser_out(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        assert console_command(settings, revoke_all=True) == 0
+        assert "1 sessions" in capsys.readouterr().out
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 401
+
+
+async def test_the_console_can_be_turned_off(fake_ollama: FakeOllama,
+                                             make_settings: SettingsFactory) -> None:
+    settings = make_settings(model={"host": fake_ollama.url})
+    app = build_app(replace(settings, console=replace(settings.console, enabled=False)),
+                    {"telegram": RecordingChannel("telegram")})
+    runner, url = await start(app)
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/console/") as reply:
+            assert reply.status == 404
+    finally:
+        await runner.cleanup()
+
+
+
+async def test_console_in_a_chat_sends_a_link_to_that_persons_own_data(rig: Rig) -> None:
+    assert await rig.engine.submit(Inbound(chat_key=OMAR, text="/console", received=T0 + 20))
+    await asyncio.wait_for(rig.engine.wait_idle(OMAR), 10)
+    (reply,) = rig.channel.texts()
+    found = re.search(r"/console/login\?t=(\S+)", reply)
+    assert found and "works once" in reply
+    async with jar() as http:
+        assert await sign_in(http, rig.url, found.group(1)) == 303
+        async with http.get(f"{rig.url}/console/") as page:
+            text = await page.text()
+        assert OMAR in text and DANA not in text
+
+
+async def test_console_in_a_group_sends_no_link(rig: Rig) -> None:
+    group = "telegram:-100123"
+    assert await rig.engine.submit(Inbound(chat_key=group, text="/console", received=T0 + 20))
+    await asyncio.wait_for(rig.engine.wait_idle(group), 10)
+    (reply,) = rig.channel.texts()
+    assert "private chat" in reply and "login" not in reply

@@ -1,0 +1,85 @@
+"""The console in a real browser: Debian's Chromium, headless, driven by Selenium. Skipped where
+no browser is installed (`.ci/run` installs one). Screenshots at phone and desktop widths go to
+$ROOST_TEST_ARTIFACTS (default: test-artifacts/) to be looked at."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon.core.config import Settings
+from daemon.store.console_keys import OWNER, ConsoleKeys
+from tests.daemon.console.conftest import DANA, OMAR, Seeded
+
+webdriver = pytest.importorskip("selenium.webdriver")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("chromium") and shutil.which("chromedriver")),
+    reason="needs Debian's chromium and chromium-driver")
+
+ARTIFACTS = Path(os.environ.get("ROOST_TEST_ARTIFACTS", "test-artifacts")) / "console"
+SIZES = {"phone": (390, 844), "desktop": (1280, 900)}
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = shutil.which("chromium") or ""
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--disable-extensions", "--disable-background-networking"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver: object, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
+        console: tuple[str, Settings, Seeded], browser: object, size: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    url, settings, _ = console
+    driver = browser
+    link = ConsoleKeys(settings.daemon.state_dir).issue_link((OWNER,), 2e9 - 1)
+
+    def walk() -> None:
+        driver.set_window_size(*SIZES[size])  # type: ignore[attr-defined]
+        driver.get(f"{url}/console/login?t={link}")  # type: ignore[attr-defined]
+        shot(driver, f"{size}-sign-in")
+        driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
+        wait = WebDriverWait(driver, 20)  # type: ignore[arg-type]
+        rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"),
+                          message=driver.page_source)  # type: ignore[attr-defined]
+        cells = {r.text.split()[0]: r.text.split() for r in rows}
+        assert set(cells) == {DANA, OMAR}
+        assert cells[DANA][-3:] == ["13", "1", "qwen3:4b"]  # messages, folds, model
+        shot(driver, f"{size}-conversations")
+        driver.find_element(By.LINK_TEXT, DANA).click()  # type: ignore[attr-defined]
+        boundary = wait.until(lambda d: d.find_element(By.ID, "fold-boundary"))
+        assert boundary.is_displayed()
+        chart = driver.find_element(By.CSS_SELECTOR, "svg.chart")  # type: ignore
+        assert chart.size["width"] <= SIZES[size][0]  # fits the screen
+        assert "8192-token window" in chart.get_attribute("aria-label")
+        hostile = driver.find_element(By.ID, "m13")  # type: ignore[attr-defined]
+        assert "<script>window.pwned=1</script>" in hostile.text  # shown as text
+        assert driver.execute_script("return window.pwned === undefined")  # type: ignore
+        assert not driver.find_elements(By.CSS_SELECTOR, "article img")  # type: ignore
+        shot(driver, f"{size}-conversation")
+
+    await asyncio.to_thread(walk)  # the test server runs on this loop meanwhile
