@@ -31,8 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "turn": {"core", "context", "store", "llm", "tools"},
     # Transcription knows the store's attachments; the model's slot is handed to it.
     "voice": {"core", "store"},
-    # The web console reads what the store keeps; it neither runs turns nor calls the model.
-    "console": {"core", "store"},
+    # The web console shows what the store, the pairing book and the recall scope know; it
+    # neither runs turns nor calls the model.
+    "console": {"core", "store", "intake", "tools"},
     "engine": {"core", "context", "store", "llm", "tools", "intake", "turn", "voice"},
     # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
     "channels": {"core", "intake", "store"},

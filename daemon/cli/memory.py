@@ -11,7 +11,7 @@ from datetime import datetime
 
 from daemon.core.config import Settings
 from daemon.store.facts import FactError, FactsBook, Person
-from daemon.tools.scope import named_person
+from daemon.tools.scope import named_person, people_with_facts
 
 PERSON_HELP = ("whose facts: a person's chat (telegram:<user id>, whatsapp:<wa_id>, "
                "console:local) or an [identities] name; default: the only identity when "
@@ -80,17 +80,8 @@ def _list(book: FactsBook, person: Person) -> int:
 
 
 def _list_everyone(book: FactsBook, settings: Settings) -> int:
-    names = [(f"identity_{n}", Person(n, chats)) for n, chats in settings.identities.items()]
-    linked = {chat for _, person in names for chat in person.chats}
-    for stem in book.people():
-        if stem.startswith("identity_"):
-            continue
-        kind, _, rest = stem.partition("_")
-        chat = f"{kind}:{rest}"
-        if chat not in linked and (person := named_person(chat, settings)) is not None:
-            names.append((stem, person))
     shown = False
-    for _, person in names:
+    for person in people_with_facts(book.people(), settings):
         facts = book.facts(person)
         if not facts:
             continue

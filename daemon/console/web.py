@@ -15,13 +15,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import jinja2
 from aiohttp import web
 
 from daemon.console import views
 from daemon.console.chart import sawtooth
+from daemon.console.people import People
 from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, stored_path
@@ -50,6 +51,7 @@ class Console:
         self.store = store  # the app's store, once it is open
         self.keys = ConsoleKeys(settings.daemon.state_dir)
         self.clock = clock
+        self.people = People(settings, clock)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined)
@@ -63,6 +65,8 @@ class Console:
         app.router.add_get(PREFIX, self.to_index)
         app.router.add_get(f"{PREFIX}/", self._signed_in(self.conversations))
         app.router.add_get(f"{PREFIX}/c/{{cid}}", self._signed_in(self.conversation))
+        app.router.add_get(f"{PREFIX}/people", self._signed_in(self.people_page))
+        app.router.add_post(f"{PREFIX}/people/{{action}}", self._signed_in(self.people_form))
         app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:\\d+}}/{{index:\\d+}}",
                            self._signed_in(self.download))
 
@@ -182,6 +186,35 @@ class Console:
         return web.FileResponse(path, headers={
             "Content-Type": "application/octet-stream",
             "Content-Disposition": _attachment_header(name)})
+
+    async def people_page(self, request: web.Request,
+                          session: ConsoleSession) -> web.StreamResponse:
+        shown = await asyncio.to_thread(self.people.view, session)
+        return self._page("people.html", session=session, done=request.query.get("done", ""),
+                          **shown)
+
+    async def people_form(self, request: web.Request,
+                          session: ConsoleSession) -> web.StreamResponse:
+        form = await request.post()
+        field = {k: str(v) for k, v in form.items()}
+        action = request.match_info["action"]
+        people = self.people
+        if action in ("approve", "deny"):
+            done = await asyncio.to_thread(people.decide, session, field.get("code", ""),
+                                           action == "approve")
+        elif action == "revoke":
+            done = await asyncio.to_thread(people.revoke, session, field.get("person", ""),
+                                           field.get("tool", ""))
+        elif action == "forget" and field.get("number", "").isdigit():
+            done = await asyncio.to_thread(people.forget, session, field.get("person", ""),
+                                           int(field["number"]))
+        elif action == "remember":
+            done = await asyncio.to_thread(people.remember, session, field.get("person", ""),
+                                           field.get("text", ""))
+        else:
+            raise web.HTTPNotFound(text="No such action.")
+        # Back to the page with what happened (POST, redirect, GET: a reload sends nothing twice)
+        return _see_other(f"{PREFIX}/people?{urlencode({'done': done})}")
 
     def _page(self, template: str, *, status: int = 200, **values: Any) -> web.Response:
         body = self.templates.get_template(template).render(prefix=PREFIX, **values)

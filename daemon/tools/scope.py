@@ -76,6 +76,21 @@ def person_of(chat_key: str, settings: Settings) -> Person | None:
     return Person(chat_key, (chat_key,))
 
 
+def people_with_facts(stems: Sequence[str], settings: Settings) -> list[Person]:
+    """Every identity, then the person of each other facts file (FactsBook.people's names:
+    `telegram_1111111` is the chat `telegram:1111111`) not linked to an identity."""
+    people = [Person(n, chats) for n, chats in settings.identities.items()]
+    linked = {chat for person in people for chat in person.chats}
+    for stem in stems:
+        if stem.startswith("identity_"):
+            continue
+        kind, _, rest = stem.partition("_")
+        chat = f"{kind}:{rest}"
+        if chat not in linked and (person := named_person(chat, settings)) is not None:
+            people.append(person)
+    return people
+
+
 def named_person(name: str, settings: Settings) -> Person | None:
     """The person `roost memory --person NAME` means: an identity's name or a person's chat."""
     if name in settings.identities:

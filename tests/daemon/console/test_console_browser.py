@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from daemon.core.config import Settings
+from daemon.intake.pairing import PairingBook
+from daemon.store.approvals import ApprovalBook
 from daemon.store.console_keys import OWNER, ConsoleKeys
-from tests.daemon.console.conftest import DANA, OMAR, Seeded
+from tests.daemon.console.conftest import DANA, OMAR, Rig, Seeded
+from tests.daemon.console.test_console_people import TOOL, seed_access
 
 webdriver = pytest.importorskip("selenium.webdriver")
 pytestmark = pytest.mark.skipif(
@@ -83,3 +86,35 @@ async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
         shot(driver, f"{size}-conversation")
 
     await asyncio.to_thread(walk)  # the test server runs on this loop meanwhile
+
+
+async def test_approve_a_pairing_and_revoke_a_grant_by_tapping(
+        rig: Rig, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    code = seed_access(rig)
+    driver = browser
+    link = ConsoleKeys(rig.settings.daemon.state_dir).issue_link((OWNER,), 2e9 - 1)
+
+    def walk() -> None:
+        driver.set_window_size(*SIZES["phone"])  # type: ignore[attr-defined]
+        driver.get(f"{rig.url}/console/login?t={link}")  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
+        wait = WebDriverWait(driver, 20)  # type: ignore[arg-type]
+        wait.until(lambda d: d.find_element(By.LINK_TEXT, "People")).click()
+        row = wait.until(lambda d: d.find_element(By.XPATH, f"//div[span[contains(., '{code}')]]"))
+        shot(driver, "phone-people")
+        row.find_element(By.XPATH, ".//button[text()='Approve']").click()
+        done = wait.until(lambda d: d.find_element(By.ID, "done"))
+        assert "Approved telegram user 3333333 (Zoe)" in done.text
+        grant = driver.find_element(  # type: ignore[attr-defined]
+            By.XPATH, f"//div[span[contains(., '{DANA}')]]")
+        grant.find_element(By.XPATH, ".//button[text()='Ask again']").click()
+        done = wait.until(lambda d: "asks again" in d.find_element(By.ID, "done").text)
+        shot(driver, "phone-people-after")
+
+    await asyncio.to_thread(walk)
+    state_dir = rig.settings.daemon.state_dir
+    assert PairingBook(state_dir).is_approved("telegram", "3333333")
+    assert not ApprovalBook(state_dir).allows(DANA, TOOL)

@@ -1,0 +1,115 @@
+"""People and access: pairing requests to approve or refuse, approved senders, standing
+"Always" grants to revoke, and each person's facts to read, add to or forget.
+
+The owner sees and changes everyone's; a person's session sees their own facts and grants and
+nothing of the pairing book (a code is the owner's to approve).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from daemon.core.config import Settings
+from daemon.intake.pairing import PairingBook
+from daemon.store.approvals import ApprovalBook, Standing
+from daemon.store.console_keys import ConsoleSession
+from daemon.store.facts import Fact, FactError, FactsBook, Person
+from daemon.tools.scope import named_person, people_with_facts, person_of
+
+
+@dataclass(frozen=True)
+class PersonFacts:
+    person: Person
+    facts: tuple[Fact, ...]
+
+
+class People:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        state_dir = settings.daemon.state_dir
+        self.settings = settings
+        self.clock = clock
+        self.pairing = PairingBook(state_dir)
+        self.approvals = ApprovalBook(state_dir)
+        self.facts = FactsBook.at(state_dir)
+
+    # ---- what a session may see -------------------------------------------------------
+
+    def people(self, session: ConsoleSession) -> list[Person]:
+        """Whose facts the session shows: everyone with a facts file or an approved chat for
+        the owner, the session's own person otherwise."""
+        if not session.is_owner:
+            found = [person_of(chat, self.settings) for chat in session.scope]
+            return _unique([p for p in found if p is not None])
+        approved = [named_person(f"{a.channel}:{a.sender}", self.settings)
+                    for a in self.pairing.approved()]
+        return _unique([*people_with_facts(self.facts.people(), self.settings),
+                        *(p for p in approved if p is not None)])
+
+    def grants(self, session: ConsoleSession) -> list[Standing]:
+        return [s for s in self.approvals.standing() if session.covers(s.person)]
+
+    def view(self, session: ConsoleSession) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "pending": self.pairing.pending(now) if session.is_owner else [],
+            "approved": self.pairing.approved() if session.is_owner else [],
+            "grants": self.grants(session),
+            "people": [PersonFacts(p, tuple(self.facts.facts(p))) for p in self.people(session)],
+            "day": lambda ts: datetime.fromtimestamp(ts, self.settings.daemon.tz).strftime(
+                "%Y-%m-%d %H:%M"),
+        }
+
+    # ---- what a form changes ------------------------------------------------------------
+
+    def decide(self, session: ConsoleSession, code: str, approve: bool) -> str:
+        if not session.is_owner:
+            raise web.HTTPForbidden(text="Only the owner approves pairing codes.")
+        book, now = self.pairing, self.clock()
+        found = book.approve(code, now) if approve else book.deny(code, now)
+        if found is None:
+            return f"No code {code} is waiting (used or expired)."
+        who = f"{found.channel} user {found.sender} ({found.name or 'no name'})"
+        return (f"Approved {who}; their next message is answered." if approve
+                else f"Refused {who}; their code no longer works.")
+
+    def revoke(self, session: ConsoleSession, person: str, tool: str) -> str:
+        if not session.covers(person):
+            raise web.HTTPNotFound(text="No such grant.")
+        gone = self.approvals.revoke(person, tool)
+        return f"{tool} asks again before each call." if gone else "No such grant."
+
+    def forget(self, session: ConsoleSession, name: str, number: int) -> str:
+        person = self._person(session, name)
+        try:
+            fact = self.facts.remove(person, number)
+        except FactError as exc:
+            return f"Nothing forgotten: {exc}."
+        return f"Forgotten: {fact.text}"
+
+    def remember(self, session: ConsoleSession, name: str, text: str) -> str:
+        person = self._person(session, name)
+        day = datetime.fromtimestamp(self.clock(), self.settings.daemon.tz).date().isoformat()
+        try:
+            fact, new = self.facts.add(person, text, day)
+        except FactError as exc:
+            return f"Not kept: {exc}."
+        return f"Noted: {fact.text}" if new else f"Already kept: {fact.text}"
+
+    def _person(self, session: ConsoleSession, name: str) -> Person:
+        for person in self.people(session):
+            if person.name == name:
+                return person
+        raise web.HTTPNotFound(text="No such person.")
+
+
+def _unique(people: list[Person]) -> list[Person]:
+    seen: dict[str, Person] = {}
+    for person in people:
+        seen.setdefault(person.name, person)
+    return list(seen.values())
