@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from automations.board import Board
 from automations.runner import RUN_STATUSES
 from automations.scheduler import Automations
 from channels.progress import Progress
@@ -149,7 +150,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     if settings.console.enabled:
-        Console(settings, lambda: app[STORE]).add_routes(app)
+        Console(settings, lambda: app[STORE],
+                board=lambda: Board(settings, app[STORE], app[AUTOMATIONS].scan)).add_routes(app)
     return app
 
 

@@ -21,6 +21,7 @@ import jinja2
 from aiohttp import web
 
 from daemon.console import views
+from daemon.console.board import AutomationBoard
 from daemon.console.chart import sawtooth
 from daemon.console.people import People
 from daemon.core.config import Settings
@@ -45,10 +46,12 @@ Page = Callable[[web.Request, ConsoleSession], Awaitable[web.StreamResponse]]
 class Console:
     """The console's handlers over one store and one settings."""
 
-    def __init__(self, settings: Settings, store: Callable[[], Store],
+    def __init__(self, settings: Settings, store: Callable[[], Store], *,
+                 board: Callable[[], AutomationBoard] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store  # the app's store, once it is open
+        self.board = board
         self.keys = ConsoleKeys(settings.daemon.state_dir)
         self.clock = clock
         self.people = People(settings, clock)
@@ -66,6 +69,8 @@ class Console:
         app.router.add_get(f"{PREFIX}/", self._signed_in(self.conversations))
         app.router.add_get(f"{PREFIX}/c/{{cid}}", self._signed_in(self.conversation))
         app.router.add_get(f"{PREFIX}/people", self._signed_in(self.people_page))
+        app.router.add_get(f"{PREFIX}/automations", self._signed_in(self.automations))
+        app.router.add_post(f"{PREFIX}/automations/run", self._signed_in(self.run_now))
         app.router.add_post(f"{PREFIX}/people/{{action}}", self._signed_in(self.people_form))
         app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:\\d+}}/{{index:\\d+}}",
                            self._signed_in(self.download))
@@ -215,6 +220,25 @@ class Console:
             raise web.HTTPNotFound(text="No such action.")
         # Back to the page with what happened (POST, redirect, GET: a reload sends nothing twice)
         return _see_other(f"{PREFIX}/people?{urlencode({'done': done})}")
+
+    async def automations(self, request: web.Request,
+                          session: ConsoleSession) -> web.StreamResponse:
+        board = self._owners_board(session)
+        shown = await asyncio.to_thread(board.overview)
+        return self._page("automations.html", session=session, automations=shown,
+                          done=request.query.get("done", ""))
+
+    async def run_now(self, request: web.Request,
+                      session: ConsoleSession) -> web.StreamResponse:
+        board = self._owners_board(session)
+        name = str((await request.post()).get("name", ""))
+        done = await board.run_now(name)
+        return _see_other(f"{PREFIX}/automations?{urlencode({'done': done})}")
+
+    def _owners_board(self, session: ConsoleSession) -> AutomationBoard:
+        if not session.is_owner or self.board is None:
+            raise web.HTTPNotFound(text="The automations are the owner's to see.")
+        return self.board()
 
     def _page(self, template: str, *, status: int = 200, **values: Any) -> web.Response:
         body = self.templates.get_template(template).render(prefix=PREFIX, **values)

@@ -1,0 +1,36 @@
+"""What the console's Automations page shows and asks, as plain values. The automations package
+fills it (automations/board.py); the console only draws it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class RunView:
+    status: str  # ok, quiet, failed, undelivered, missed, skipped, running
+    scheduled: str  # local time with the zone
+    manual: bool
+    seconds: float | None  # how long it ran
+    prompt_tokens: int | None
+    cached_share: float | None  # of the first request, from Ollama's cache (the byte-stable prefix)
+    error: str
+    conversation_id: str | None
+
+
+@dataclass(frozen=True)
+class AutomationView:
+    name: str
+    schedule: str
+    next_run: str  # local time with the zone, "disabled" or "never"
+    deliver: tuple[str, ...]
+    runs: tuple[RunView, ...]  # newest first
+
+
+class AutomationBoard(Protocol):
+    def overview(self) -> list[AutomationView]: ...
+
+    async def run_now(self, name: str) -> str:
+        """Ask the daemon to run one now; what to tell the person."""
+        ...

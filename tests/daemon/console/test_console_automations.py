@@ -1,0 +1,83 @@
+"""The Automations page: schedule, next run, past runs, and "Run now" through the daemon."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from automations.state import AutomationState
+from daemon.app.serve import build_app
+from daemon.core.config import AutomationSettings
+from daemon.store.console_keys import OWNER, ConsoleKeys
+from tests.conftest import RecordingChannel, SettingsFactory, wait_until
+from tests.daemon.app.test_app import start
+from tests.daemon.console.conftest import OMAR
+from tests.daemon.console.test_console import jar, sign_in
+from tests.fakes.ollama import FakeOllama
+
+PROBE = AutomationSettings(name="probe", schedule="0 7 * * *", prompt="Say the weather.",
+                           deliver=("log",))
+
+
+@pytest.fixture
+async def daemon(fake_ollama: FakeOllama, make_settings: SettingsFactory,
+                 state_dir: Path) -> AsyncIterator[tuple[str, Path]]:
+    settings = replace(make_settings(model={"host": fake_ollama.url}), automations=(PROBE,))
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")}))
+    try:
+        yield url, state_dir
+    finally:
+        await runner.cleanup()
+
+
+async def browser_for(url: str, state_dir: Path, scope: str) -> aiohttp.ClientSession:
+    http = jar()
+    assert await sign_in(http, url, ConsoleKeys(state_dir).issue_link((scope,), 2e9 - 1)) == 303
+    return http
+
+
+async def test_run_now_runs_it_and_the_page_shows_the_run(
+        daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
+    url, state_dir = daemon
+    fake_ollama.script("Sunny, 21 degrees.")
+    async with await browser_for(url, state_dir, OWNER) as http:
+        async with http.get(f"{url}/console/automations") as page:
+            text = await page.text()
+        assert "probe" in text and "0 7 * * *" in text and "Not run yet." in text
+        assert re.search(r"next: \w{3} \d{4}-\d\d-\d\d 07:00 UTC", text)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', text)
+        assert csrf
+        async with http.post(f"{url}/console/automations/run",
+                             data={"csrf": csrf.group(1), "name": "probe"}) as answer:
+            assert "probe runs now" in await answer.text()
+        state = AutomationState(state_dir, read_only=True)
+        try:
+            await wait_until(lambda: any(r["status"] == "ok" for r in state.runs("probe")), 30)
+        finally:
+            state.close()
+        async with http.get(f"{url}/console/automations") as page:
+            text = await page.text()
+        assert "by hand" in text and "<td>ok</td>" in text and ">read</a>" in text
+
+
+async def test_a_persons_session_sees_no_automations_and_runs_none(
+        daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
+    url, state_dir = daemon
+    async with await browser_for(url, state_dir, OMAR) as http:
+        async with http.get(f"{url}/console/automations") as page:
+            assert page.status == 404
+            assert "probe" not in await page.text()
+        async with http.get(f"{url}/console/people") as page:
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await page.text())
+        assert csrf
+        async with http.post(f"{url}/console/automations/run",
+                             data={"csrf": csrf.group(1), "name": "probe"}) as answer:
+            assert answer.status == 404
+    assert not (state_dir / "run-requests").exists() or not list(
+        (state_dir / "run-requests").iterdir())
+    assert fake_ollama.chat_requests == []
