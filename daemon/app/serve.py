@@ -33,6 +33,7 @@ from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
 from daemon.app.chat_socket import ChatSocket
+from daemon.app.console_health import Running, health_view
 from daemon.app.health import HealthMonitor
 from daemon.app.httpguard import (
     GuardedSite,
@@ -151,7 +152,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     app.router.add_get("/metrics", metrics_route)
     if settings.console.enabled:
         Console(settings, lambda: app[STORE],
-                board=lambda: Board(settings, app[STORE], app[AUTOMATIONS].scan)).add_routes(app)
+                board=lambda: Board(settings, app[STORE], app[AUTOMATIONS].scan),
+                health=lambda: health_view(_running(app))).add_routes(app)
     return app
 
 
@@ -415,6 +417,14 @@ def _status(app: web.Application) -> tuple[str, list[str]]:
         return "stopping", ["shutting down"]
     reasons = app[HEALTH].health.reasons()
     return ("degraded" if reasons else "ok"), reasons
+
+
+def _running(app: web.Application) -> Running:
+    """What the console's Health page shows; reads the outbox (call it in a thread)."""
+    servers = app.get(MCP)
+    return Running(app[SETTINGS], app[HEALTH].health, _status(app)[0], channel_names(app),
+                   app[ENGINE].queue_depths(), app[LLM].in_flight, app[STORE].outbox_pending(),
+                   servers.status() if servers is not None else [])
 
 
 async def _gauges(app: web.Application) -> dict[str, float]:

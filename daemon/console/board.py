@@ -34,3 +34,17 @@ class AutomationBoard(Protocol):
     async def run_now(self, name: str) -> str:
         """Ask the daemon to run one now; what to tell the person."""
         ...
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""  # what to do when it is not ok
+
+
+@dataclass(frozen=True)
+class HealthView:
+    status: str  # ok, degraded, stopping (as /healthz says)
+    checks: tuple[Check, ...]

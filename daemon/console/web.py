@@ -21,7 +21,7 @@ import jinja2
 from aiohttp import web
 
 from daemon.console import views
-from daemon.console.board import AutomationBoard
+from daemon.console.board import AutomationBoard, HealthView
 from daemon.console.chart import sawtooth
 from daemon.console.people import People
 from daemon.core.config import Settings
@@ -48,10 +48,12 @@ class Console:
 
     def __init__(self, settings: Settings, store: Callable[[], Store], *,
                  board: Callable[[], AutomationBoard] | None = None,
+                 health: Callable[[], HealthView] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store  # the app's store, once it is open
         self.board = board
+        self.health = health  # synchronous: called in a thread
         self.keys = ConsoleKeys(settings.daemon.state_dir)
         self.clock = clock
         self.people = People(settings, clock)
@@ -70,6 +72,7 @@ class Console:
         app.router.add_get(f"{PREFIX}/c/{{cid}}", self._signed_in(self.conversation))
         app.router.add_get(f"{PREFIX}/people", self._signed_in(self.people_page))
         app.router.add_get(f"{PREFIX}/automations", self._signed_in(self.automations))
+        app.router.add_get(f"{PREFIX}/health", self._signed_in(self.health_page))
         app.router.add_post(f"{PREFIX}/automations/run", self._signed_in(self.run_now))
         app.router.add_post(f"{PREFIX}/people/{{action}}", self._signed_in(self.people_form))
         app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:\\d+}}/{{index:\\d+}}",
@@ -234,6 +237,13 @@ class Console:
         name = str((await request.post()).get("name", ""))
         done = await board.run_now(name)
         return _see_other(f"{PREFIX}/automations?{urlencode({'done': done})}")
+
+    async def health_page(self, request: web.Request,
+                          session: ConsoleSession) -> web.StreamResponse:
+        if not session.is_owner or self.health is None:
+            raise web.HTTPNotFound(text="The daemon's health is the owner's to see.")
+        return self._page("health.html", session=session,
+                          health=await asyncio.to_thread(self.health))
 
     def _owners_board(self, session: ConsoleSession) -> AutomationBoard:
         if not session.is_owner or self.board is None:

@@ -1,0 +1,66 @@
+"""The console's Health page: the facts /healthz and `roost doctor` give, read from the running
+daemon's own state (nothing is probed per page view), each with its fix."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.app.health import Health
+from daemon.console.board import Check, HealthView
+from daemon.core.config import Settings
+from daemon.tools.mcp.servers import ServerStatus
+
+LOW_DISK = 512 * 1024 * 1024  # bytes free under which the disk is worth a warning
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the running daemon knows at this moment (serve.py gathers it)."""
+
+    settings: Settings
+    health: Health
+    status: str
+    channels: Sequence[str]
+    queue_depths: Mapping[str, int]
+    in_flight: int
+    outbox: Sequence[Mapping[str, Any]]
+    servers: Sequence[ServerStatus]
+
+
+def health_view(now: Running) -> HealthView:
+    """Synchronous (the disk); called through asyncio.to_thread."""
+    model, health = now.settings.model, now.health
+    held = [item for item in now.outbox if item.get("held")]
+    checks = [
+        Check("Ollama", health.ollama_reachable is not False,
+              {True: "reachable", False: "unreachable", None: "not probed yet"}[
+                  health.ollama_reachable],
+              f"start Ollama (systemctl start ollama) or set model.host ({model.host})"),
+        Check(f"model {model.name}", health.model_pulled is not False,
+              {True: "pulled", False: "not pulled", None: "not probed yet"}[health.model_pulled],
+              f"ollama pull {model.name}"),
+        Check("channels", bool(now.channels), ", ".join(sorted(now.channels)) or "none enabled",
+              "enable [telegram] or [whatsapp] in the config (roost init sets one up)"),
+        Check("queues", True, f"{sum(now.queue_depths.values())} messages waiting in "
+                              f"{len(now.queue_depths)} chats; {now.in_flight} requests at Ollama"),
+        Check("outbox", not held, f"{len(now.outbox)} replies to send, {len(held)} held",
+              "a held reply goes out when its platform takes it again (WhatsApp: once the "
+              "person writes again); the conversation shows why it is held"),
+        *(Check(f"MCP {s.name}", s.state == "up",
+                f"{s.state}, {s.tools} tools ({s.transport})" + (f": {s.error}" if s.error else ""),
+                f"`roost mcp test {s.name}` shows why it is not up") for s in now.servers),
+        Check("voice", True, now.settings.voice.backend),
+        _disk(now),
+    ]
+    return HealthView(now.status, tuple(checks))
+
+
+def _disk(now: Running) -> Check:
+    state_dir = now.settings.daemon.state_dir
+    free = shutil.disk_usage(state_dir).free
+    return Check("disk", free > LOW_DISK and not now.health.disk_full,
+                 f"{free / 2**30:.1f} GiB free for the state directory",
+                 "free some space: roost stops taking messages when the disk is full")

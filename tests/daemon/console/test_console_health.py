@@ -1,0 +1,49 @@
+"""The Health page: what /healthz knows, with the fix for what is not ok; the owner's only."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from daemon.app.serve import Tuning, build_app
+from daemon.store.console_keys import OWNER
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.daemon.app.test_app import start
+from tests.daemon.console.conftest import OMAR
+from tests.daemon.console.test_console_automations import browser_for
+from tests.fakes.ollama import FakeOllama
+
+
+async def test_health_shows_an_outage_with_its_fix_and_the_recovery(
+        fake_ollama: FakeOllama, make_settings: SettingsFactory, state_dir: Path) -> None:
+    settings = make_settings(model={"host": fake_ollama.url})
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")},
+                                        tuning=Tuning(health_interval=0.05)))
+    try:
+        async with await browser_for(url, state_dir, OWNER) as http:
+            async def page() -> str:
+                async with http.get(f"{url}/console/health") as answer:
+                    assert answer.status == 200
+                    return await answer.text()
+
+            await fake_ollama.refuse_connections()
+            for _ in range(400):  # the background probe notices within a few intervals
+                text = await page()
+                if "Health: degraded" in text:
+                    break
+                await asyncio.sleep(0.02)
+            assert "Health: degraded" in text and "unreachable" in text
+            assert "start Ollama (systemctl start ollama)" in text
+            await fake_ollama.accept_connections()
+            for _ in range(400):
+                text = await page()
+                if "Health: ok" in text:
+                    break
+                await asyncio.sleep(0.02)
+            assert "Health: ok" in text and "reachable" in text and "pulled" in text
+            assert "GiB free" in text and "telegram" in text
+        async with await browser_for(url, state_dir, OMAR) as person, person.get(
+                f"{url}/console/health") as answer:
+            assert answer.status == 404
+    finally:
+        await runner.cleanup()
