@@ -7,7 +7,7 @@ exist.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 from daemon.core.conversations import Conversation, Message
 from daemon.store import Store
 
+PAGE = 50  # conversations a page of the list shows
 MODEL_FLAG = "model"  # the chat flag `/model NAME` sets (daemon.engine.model_choice)
 
 
@@ -68,19 +69,21 @@ def local_time(ts: float, tz: ZoneInfo) -> str:
     return datetime.fromtimestamp(ts, tz).strftime("%Y-%m-%d %H:%M")
 
 
-def conversation_rows(store: Store, covers: Any, default_model: str,
-                      tz: ZoneInfo) -> list[ConversationRow]:
-    """Every conversation the session covers, the most recently active first."""
-    # The list's records leave the summary out (it has a file of its own): the fold count is read
-    # from each conversation's whole record.
-    listed = [c for c in store.list_conversations() if covers(c.chat_key)]
-    found = [whole for c in listed if (whole := store.get_conversation(c.id)) is not None]
+def conversation_rows(store: Store, covers: Callable[[str], bool], default_model: str,
+                      tz: ZoneInfo, page: int = 0) -> tuple[list[ConversationRow], bool]:
+    """One page of the conversations the session covers, the most recently active first, and
+    whether older ones follow. Only the page's conversations are read whole (their summaries
+    live in files of their own), so a page costs the same after a year."""
+    listed = sorted((c for c in store.list_conversations() if covers(c.chat_key)),
+                    key=lambda c: c.last_active, reverse=True)
+    shown = listed[page * PAGE:(page + 1) * PAGE]
+    found = [whole for c in shown if (whole := store.get_conversation(c.id)) is not None]
     models = {key: store.chat_flags(key).get(MODEL_FLAG) or default_model
               for key in {c.chat_key for c in found}}
-    return [ConversationRow(c.id, c.chat_key, c.kind, c.status, local_time(c.created, tz),
+    rows = [ConversationRow(c.id, c.chat_key, c.kind, c.status, local_time(c.created, tz),
                             local_time(c.last_active, tz), store.message_count(c.id),
-                            c.summary.fold_count, models[c.chat_key])
-            for c in sorted(found, key=lambda c: c.last_active, reverse=True)]
+                            c.summary.fold_count, models[c.chat_key]) for c in found]
+    return rows, len(listed) > (page + 1) * PAGE
 
 
 def message_views(messages: Sequence[Message], conversation: Conversation,

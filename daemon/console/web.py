@@ -153,9 +153,13 @@ class Console:
 
     async def conversations(self, request: web.Request,
                             session: ConsoleSession) -> web.StreamResponse:
-        rows = await asyncio.to_thread(views.conversation_rows, self.store(), session.covers,
-                                       self.settings.model.name, self.settings.daemon.tz)
-        return self._page("conversations.html", session=session, rows=rows)
+        page = int(request.query.get("page", "0")) if request.query.get(
+            "page", "0").isdigit() else 0
+        rows, older = await asyncio.to_thread(
+            views.conversation_rows, self.store(), session.covers, self.settings.model.name,
+            self.settings.daemon.tz, page)
+        return self._page("conversations.html", session=session, rows=rows, page=page,
+                          older=older)
 
     async def conversation(self, request: web.Request,
                            session: ConsoleSession) -> web.StreamResponse:

@@ -14,6 +14,7 @@ import pytest
 
 from daemon.app.serve import build_app
 from daemon.cli.console import console_command
+from daemon.console.views import PAGE
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
 from daemon.store.console_keys import LINK_TTL, ConsoleKeys
@@ -218,3 +219,19 @@ async def test_console_in_a_group_sends_no_link(rig: Rig) -> None:
     await asyncio.wait_for(rig.engine.wait_idle(group), 10)
     (reply,) = rig.channel.texts()
     assert "private chat" in reply and "login" not in reply
+
+
+async def test_the_list_shows_a_page_at_a_time_newest_first(
+        rig: Rig, capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings = rig.url, rig.settings
+    for n in range(PAGE):
+        rig.engine.store.create_conversation(f"telegram:{5_000_000 + n}", T0 + 1000 + n)
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.get(f"{url}/console/") as page:
+            first = await page.text()
+        async with http.get(f"{url}/console/?page=1") as page:
+            second = await page.text()
+    assert f"telegram:{5_000_000 + PAGE - 1}" in first and 'id="older"' in first
+    assert DANA not in first and DANA in second and OMAR in second
+    assert 'id="older"' not in second and "Newer" in second
