@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from daemon.core.conversations import Conversation, Message
 from daemon.store import Store
+from daemon.store.event_log import Records
 
 PAGE = 50  # conversations a page of the list shows
 MODEL_FLAG = "model"  # the chat flag `/model NAME` sets (daemon.engine.model_choice)
@@ -116,3 +117,19 @@ def request_points(messages: Sequence[Message], tz: ZoneInfo) -> list[RequestPoi
 def _call_line(call: Mapping[str, Any]) -> str:
     function = call.get("function", call)
     return f"{function.get('name', '?')}({function.get('arguments', {})})"
+
+
+EVENT_DAYS = 31  # days of the event log a conversation page reads, newest first
+
+
+def conversation_events(records: Records, conversation: Conversation) -> list[str]:
+    """What roost noted about this conversation in its daily event log (folds, overflow
+    retries, silent cuts, compactions, safety-net passes), oldest first, from the days it was
+    active (at most the last EVENT_DAYS of them)."""
+    first = datetime.fromtimestamp(conversation.created, records.tz).date()
+    last = datetime.fromtimestamp(conversation.last_active, records.tz).date()
+    days = [last - timedelta(days=n) for n in range(min((last - first).days + 1, EVENT_DAYS))]
+    marker = f"`{conversation.id}`"
+    return [line.removeprefix("- ").replace(f" {marker}", "")
+            for day in reversed(days) for line in records.events(day.isoformat())
+            if marker in line]

@@ -28,6 +28,7 @@ from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, stored_path
 from daemon.store.console_keys import ConsoleKeys, ConsoleSession
+from daemon.store.event_log import Records
 
 PREFIX = "/console"
 COOKIE = "roost_console"
@@ -168,11 +169,14 @@ class Console:
         if conversation is None or not session.covers(conversation.chat_key):
             raise web.HTTPNotFound(text="No such conversation.")
         messages = await asyncio.to_thread(store.messages, conversation.id)
+        events = await asyncio.to_thread(views.conversation_events, Records(store.state_dir, tz),
+                                         conversation)
         points = views.request_points(messages, tz)
         return self._page(
             "conversation.html", session=session, conversation=conversation,
             started=views.local_time(conversation.created, tz),
             messages=views.message_views(messages, conversation, tz), points=points,
+            events=events,
             chart=sawtooth([p.prompt_tokens for p in points],
                            max((p.window or 0 for p in points), default=0)
                            or self.settings.model.window))

@@ -4,17 +4,19 @@ tests (the fixture `console`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from daemon.app.serve import ENGINE, build_app
-from daemon.core.config import Settings
+from daemon.core.config import AutomationSettings, Settings
 from daemon.core.conversations import SummaryState
 from daemon.engine.workers import Engine
 from daemon.store import Store
 from daemon.store.attachments import store_file
+from daemon.store.event_log import Records
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.daemon.app.test_app import start
 from tests.fakes.ollama import FakeOllama
@@ -52,6 +54,10 @@ def seed(state_dir: Path) -> Seeded:
                                                  user_notes="- my cat is Pickle",
                                                  through_seq=4, fold_count=1, folded_at=T0))
         store.append_message(omar.id, "user", "Omar's private plans", created=T0 + 10)
+        records = Records(state_dir, ZoneInfo("UTC"))
+        records.event(T0 + 300, "fold", dana.id, "folded 4 messages into the summary")
+        records.event(T0 + 350, "overflow-retry", dana.id, "Ollama counted 9,100 tokens")
+        records.event(T0 + 360, "fold", omar.id, "Omar's fold")
         return Seeded(dana.id, omar.id)
 
 
@@ -81,3 +87,18 @@ async def rig(fake_ollama: FakeOllama, make_settings: SettingsFactory,
 @pytest.fixture
 def console(rig: Rig) -> tuple[str, Settings, Seeded]:
     return rig.url, rig.settings, rig.seeded
+
+
+PROBE = AutomationSettings(name="probe", schedule="0 7 * * *", prompt="Say the weather.",
+                           deliver=("log",))
+
+
+@pytest.fixture
+async def automation_daemon(fake_ollama: FakeOllama, make_settings: SettingsFactory,
+                 state_dir: Path) -> AsyncIterator[tuple[str, Path]]:
+    settings = replace(make_settings(model={"host": fake_ollama.url}), automations=(PROBE,))
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")}))
+    try:
+        yield url, state_dir
+    finally:
+        await runner.cleanup()

@@ -141,6 +141,9 @@ async def test_a_conversation_shows_every_message_the_fold_and_the_requests(
         assert "Dana asked about the report." in text and "my cat is Pickle" in text
         assert "<polyline" in text and "of a 8192-token window" in text
         assert "Peak 1700 tokens" in text
+        events = text[text.index('id="events"'):]
+        assert "folded 4 messages into the summary" in events
+        assert "overflow-retry" in events and "Omar" not in events
         async with http.get(f"{url}/console/c/{seeded.dana}/file/1/0") as download:
             assert await download.read() == b"%PDF-1.4 not really"
             assert download.headers["Content-Type"] == "application/octet-stream"

@@ -3,36 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from automations.state import AutomationState
-from daemon.app.serve import build_app
-from daemon.core.config import AutomationSettings
 from daemon.store.console_keys import OWNER, ConsoleKeys
-from tests.conftest import RecordingChannel, SettingsFactory, wait_until
-from tests.daemon.app.test_app import start
+from tests.conftest import wait_until
 from tests.daemon.console.conftest import OMAR
 from tests.daemon.console.test_console import jar, sign_in
 from tests.fakes.ollama import FakeOllama
-
-PROBE = AutomationSettings(name="probe", schedule="0 7 * * *", prompt="Say the weather.",
-                           deliver=("log",))
-
-
-@pytest.fixture
-async def daemon(fake_ollama: FakeOllama, make_settings: SettingsFactory,
-                 state_dir: Path) -> AsyncIterator[tuple[str, Path]]:
-    settings = replace(make_settings(model={"host": fake_ollama.url}), automations=(PROBE,))
-    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")}))
-    try:
-        yield url, state_dir
-    finally:
-        await runner.cleanup()
 
 
 async def browser_for(url: str, state_dir: Path, scope: str) -> aiohttp.ClientSession:
@@ -42,8 +22,8 @@ async def browser_for(url: str, state_dir: Path, scope: str) -> aiohttp.ClientSe
 
 
 async def test_run_now_runs_it_and_the_page_shows_the_run(
-        daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
-    url, state_dir = daemon
+        automation_daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
+    url, state_dir = automation_daemon
     fake_ollama.script("Sunny, 21 degrees.")
     async with await browser_for(url, state_dir, OWNER) as http:
         async with http.get(f"{url}/console/automations") as page:
@@ -66,8 +46,8 @@ async def test_run_now_runs_it_and_the_page_shows_the_run(
 
 
 async def test_a_persons_session_sees_no_automations_and_runs_none(
-        daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
-    url, state_dir = daemon
+        automation_daemon: tuple[str, Path], fake_ollama: FakeOllama) -> None:
+    url, state_dir = automation_daemon
     async with await browser_for(url, state_dir, OMAR) as http:
         async with http.get(f"{url}/console/automations") as page:
             assert page.status == 404

@@ -18,6 +18,7 @@ from daemon.store.approvals import ApprovalBook
 from daemon.store.console_keys import OWNER, ConsoleKeys
 from tests.daemon.console.conftest import DANA, OMAR, Rig, Seeded
 from tests.daemon.console.test_console_people import TOOL, seed_access
+from tests.fakes.ollama import FakeOllama
 
 webdriver = pytest.importorskip("selenium.webdriver")
 pytestmark = pytest.mark.skipif(
@@ -118,3 +119,32 @@ async def test_approve_a_pairing_and_revoke_a_grant_by_tapping(
     state_dir = rig.settings.daemon.state_dir
     assert PairingBook(state_dir).is_approved("telegram", "3333333")
     assert not ApprovalBook(state_dir).allows(DANA, TOOL)
+
+
+async def test_run_an_automation_by_tapping(automation_daemon: tuple[str, Path],
+                                            fake_ollama: FakeOllama, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    url, state_dir = automation_daemon
+    fake_ollama.script("Sunny, 21 degrees.")
+    driver = browser
+    link = ConsoleKeys(state_dir).issue_link((OWNER,), 2e9 - 1)
+
+    def walk() -> None:
+        driver.set_window_size(*SIZES["desktop"])  # type: ignore[attr-defined]
+        driver.get(f"{url}/console/login?t={link}")  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
+        wait = WebDriverWait(driver, 30)  # type: ignore[arg-type]
+        wait.until(lambda d: d.find_element(By.LINK_TEXT, "Automations")).click()
+        wait.until(lambda d: d.find_element(By.XPATH, "//button[text()='Run now']")).click()
+        assert "probe runs now" in wait.until(lambda d: d.find_element(By.ID, "done")).text
+
+        def ran(d: object) -> bool:
+            d.refresh()  # type: ignore[attr-defined]
+            return "by hand" in d.find_element(By.ID, "a-probe").text  # type: ignore
+
+        wait.until(ran)
+        shot(driver, "desktop-automations")
+
+    await asyncio.to_thread(walk)
