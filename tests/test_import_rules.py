@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "voice": {"core", "store"},
     # The web console shows what the store, the pairing book and the recall scope know; it
     # neither runs turns nor calls the model.
-    "console": {"core", "store", "intake", "tools"},
+    "console": {"core", "context", "store", "intake", "tools"},
     "engine": {"core", "context", "store", "llm", "tools", "intake", "turn", "voice"},
     # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
     "channels": {"core", "intake", "store"},

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from daemon.context.replay import stubbed_seqs
 from daemon.core.conversations import Conversation, Message
 from daemon.store import Store
 from daemon.store.event_log import Records
@@ -52,6 +53,7 @@ class MessageView:
     tool_calls: tuple[str, ...]
     attachments: tuple[AttachmentView, ...]
     folded: bool  # the model sees the summary instead of this message
+    stubbed: bool  # the model sees a one-line stub instead of this tool result
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,14 @@ def conversation_rows(store: Store, covers: Callable[[str], bool], default_model
 def message_views(messages: Sequence[Message], conversation: Conversation,
                   tz: ZoneInfo) -> list[MessageView]:
     through = conversation.summary.through_seq
+    stubs = stubbed_seqs(messages, conversation.summary)
     return [MessageView(
         m.seq, m.role, local_time(m.created, tz), m.content, m.tool_name,
         tuple(_call_line(c) for c in m.tool_calls),
         tuple(AttachmentView(str(a.get("name") or a.get("kind", "file")), str(a.get("kind", "")),
                              str(a.get("note") or a.get("detail") or ""), i)
               for i, a in enumerate(m.attachments)),
-        folded=0 < m.seq <= through) for m in messages]
+        folded=0 < m.seq <= through, stubbed=m.seq in stubs) for m in messages]
 
 
 def request_points(messages: Sequence[Message], tz: ZoneInfo) -> list[RequestPoint]:

@@ -344,8 +344,8 @@ def _entries(
     conversation_id: str, tail: Sequence[Message], first_user: int | None, tz: tzinfo | None,
     opening: str = "",
 ) -> tuple[list[_Entry], int]:
+    recent_start = _recent_start(tail)
     users = [i for i, m in enumerate(tail) if m.role == "user"]
-    recent_start = users[-STUB_AFTER_EXCHANGES] if len(users) >= STUB_AFTER_EXCHANGES else 0
     newest_images = max((i for i, m in enumerate(tail) if _images_of(m)), default=None)
     entries: list[_Entry] = []
     group = -1
@@ -358,7 +358,7 @@ def _entries(
         if not joins:
             group += 1
         content = message.content
-        if message.role == "tool" and i < recent_start and len(content) >= STUB_MIN_CHARS:
+        if _stubbed(message, i, recent_start):
             content = stub_text(conversation_id, message)
             stubbed += 1
         elif message.role == "tool" and isinstance(message.meta.get("shown_chars"), int):
@@ -392,6 +392,26 @@ def _entries(
             break
         entry.current = True
     return entries, stubbed
+
+
+def stubbed_seqs(history: Sequence[Message], summary: SummaryState) -> frozenset[int]:
+    """The tool results replayed as a one-line stub instead of their text, whatever the budget
+    (what the console marks on the messages they replace)."""
+    tail = [*_kept_through_folds(history, summary.through_seq),
+            *(m for m in history if m.seq > summary.through_seq)]
+    start = _recent_start(tail)
+    return frozenset(m.seq for i, m in enumerate(tail) if _stubbed(m, i, start))
+
+
+def _recent_start(tail: Sequence[Message]) -> int:
+    """Where the last STUB_AFTER_EXCHANGES exchanges begin: older tool results become stubs."""
+    users = [i for i, m in enumerate(tail) if m.role == "user"]
+    return users[-STUB_AFTER_EXCHANGES] if len(users) >= STUB_AFTER_EXCHANGES else 0
+
+
+def _stubbed(message: Message, index: int, recent_start: int) -> bool:
+    return (message.role == "tool" and index < recent_start
+            and len(message.content) >= STUB_MIN_CHARS)
 
 
 def _excerpt_chars(tokens: int, ratio: float) -> int:

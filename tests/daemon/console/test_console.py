@@ -238,3 +238,23 @@ async def test_the_list_shows_a_page_at_a_time_newest_first(
     assert f"telegram:{5_000_000 + PAGE - 1}" in first and 'id="older"' in first
     assert DANA not in first and DANA in second and OMAR in second
     assert 'id="older"' not in second and "Newer" in second
+
+
+async def test_an_old_long_tool_result_is_marked_as_the_stub_the_model_sees(
+        rig: Rig, capsys: pytest.CaptureFixture[str]) -> None:
+    store, cid = rig.engine.store, rig.seeded.dana
+    store.append_message(cid, "user", "fetch the page", created=T0 + 500)
+    store.append_message(cid, "assistant", "", created=T0 + 501, tool_calls=(
+        {"function": {"name": "web_fetch", "arguments": {"url": "https://example.org"}}},))
+    page = store.append_message(cid, "tool", "page text " * 400, created=T0 + 502,
+                                tool_name="web_fetch")
+    for n in range(2):
+        store.append_message(cid, "user", f"later question {n}", created=T0 + 510 + n)
+    async with jar() as http:
+        assert await sign_in(http, rig.url, owner_link(rig.settings, capsys)) == 303
+        async with http.get(f"{rig.url}/console/c/{cid}") as answer:
+            text = await answer.text()
+    article = text[text.index(f'id="m{page.seq}"') - 60:text.index(f'id="m{page.seq}"')]
+    assert "stubbed" in article
+    assert text.count("one-line stub instead") == 1
+    assert "web_fetch" in text and "https://example.org" in text  # the call, opened on demand
