@@ -104,6 +104,29 @@ class GraphClient:
             return str(messages[0].get("id") or "")
         return ""
 
+    async def send_template(self, to: str, name: str, language: str,
+                            parameter: str | None = None) -> str:
+        """Send an approved template (the one kind of message Meta delivers outside the
+        24-hour window); `parameter` fills its one body parameter. Returns the wamid."""
+        template: dict[str, Any] = {"name": name, "language": {"code": language}}
+        if parameter is not None:
+            template["components"] = [{"type": "body", "parameters": [
+                {"type": "text", "text": parameter}]}]
+        payload = {"messaging_product": "whatsapp", "recipient_type": "individual", "to": to,
+                   "type": "template", "template": template}
+        answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
+        messages = answer.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            return str(messages[0].get("id") or "")
+        return ""
+
+    async def templates(self, waba_id: str, name: str) -> list[dict[str, Any]]:
+        """`GET /{waba_id}/message_templates?name=`: the templates of that name, one per
+        language, each with its `status` (APPROVED, PENDING, REJECTED...) and components."""
+        answer = await self._call("GET", f"/{waba_id}/message_templates?name={name}", None)
+        data = answer.get("data")
+        return [t for t in data if isinstance(t, dict)] if isinstance(data, list) else []
+
     async def mark_read(self, message_id: str, *, typing: bool) -> None:
         """Blue ticks for the message (and those before it); with `typing`, the indicator that
         lasts until roost answers or 25 seconds pass."""

@@ -44,6 +44,7 @@ from channels.whatsapp.api import (
     GraphClient,
     GraphError,
 )
+from channels.whatsapp.invite import Invitations
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.payloads import (
     SIGNATURE_HEADER,
@@ -130,8 +131,10 @@ class WhatsAppChannel:
 
     def __init__(self, client: GraphClient, store: Store, settings: WhatsAppSettings, *,
                  typing_refresh: float = 20.0, read_delay: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 records: Records | None = None) -> None:
         self.client = client
+        self.invitations = Invitations(client, store, settings, records, clock)
         self.store = store
         self.progress = Progress(store)
         self.settings = settings
@@ -230,6 +233,7 @@ class WhatsAppChannel:
             # Meta would take it and then report it failed (131047): do not even try. (With no
             # record, e.g. a pairing code for a stranger, it is tried; a failed status comes
             # back to `WhatsApp._record_status`.)
+            await self.invite(outbound)
             raise self._window_closed("more than 24 hours since the user last wrote")
         parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
         if outbound.buttons and len(parts[-1]) > BUTTONS_BODY_LIMIT:
@@ -244,12 +248,20 @@ class WhatsAppChannel:
                 else:
                     wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
-                raise self._delivery_error(exc) from exc
+                error = self._delivery_error(exc)
+                if error.window_closed:
+                    await self.invite(outbound)
+                raise error from exc
             self._remember(wamid, _Sent(outbound, parts[index]))
             ids += [wamid] if wamid else []
             # First thing after Meta's answer (nothing awaited before it): a crash before this
             # write sends the part again.
             await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
+
+    async def invite(self, outbound: Outbound) -> None:
+        """A reply is held for the 24-hour rule: the template, if one is set and due."""
+        await self.invitations.invite(outbound.chat_key, wa_id_of(outbound.chat_key),
+                                      outbound.text)
 
     async def note_inbound(self, chat_key: str, when: float) -> None:
         """The user wrote: WhatsApp takes free-form replies for the next 24 hours (the
@@ -419,7 +431,7 @@ class WhatsApp:
         self.client = GraphClient(settings)
         self.channel = WhatsAppChannel(self.client, store, settings,
                                        typing_refresh=self.tuning.typing_refresh,
-                                       read_delay=self.tuning.read_delay)
+                                       read_delay=self.tuning.read_delay, records=records)
         self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
                                    limits=attachment_limits(attachments or AttachmentSettings()),
                                    backoff=self.tuning.media_backoff)
@@ -531,6 +543,7 @@ class WhatsApp:
                 platform_ids=(), attempting=None, reply_to=None,
                 text=f"{REENGAGEMENT_NOTE}\n\n{sent.text}"))
             return
+        await self.channel.invite(original)
         await self.intake.engine.deliver(dataclasses.replace(
             original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(), attempting=None,
             held="WhatsApp refused it: more than 24 hours since the user last wrote"))

@@ -49,7 +49,9 @@ class Metrics:
                                    ["kind"], registry=r)
         self.events = Counter("roost_events",
                               "Events of the event log by kind: fold, compaction, rotation, "
-                              "overflow-retry, silent-cut, undeliverable", ["kind"], registry=r)
+                              "overflow-retry, silent-cut, undeliverable, whatsapp-template "
+                              "(a template sent to reopen a chat, or refused)", ["kind"],
+                              registry=r)
         self.parts_resent = Counter(
             "roost_parts_resent",
             "Reply parts sent again after a restart: in flight when an earlier process died "

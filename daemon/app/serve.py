@@ -312,7 +312,9 @@ async def telegram_webhook(request: web.Request) -> web.Response:
 
 async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    records = Records(app[STORE].state_dir, settings.daemon.tz)
+    metrics = app[METRICS]
+    records = Records(app[STORE].state_dir, settings.daemon.tz,
+                      on_event=lambda kind: metrics.events.labels(kind).inc())
     whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
                         settings.attachments, app[ACCESS])
     await whatsapp.open()

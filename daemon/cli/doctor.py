@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
 import sys
 import time
@@ -354,7 +355,49 @@ async def _voice_checks(settings: Settings) -> list[Check]:
 
 
 async def _whatsapp_checks(settings: Settings) -> list[Check]:
-    return [await _whatsapp_check(settings)]
+    checks = [await _whatsapp_check(settings)]
+    if settings.whatsapp.template:
+        checks.append(await _template_check(settings))
+    return checks
+
+
+async def _template_check(settings: Settings) -> Check:
+    """whatsapp.template exists in its language, is approved, and has the parameters roost
+    fills: `GET /{business_account_id}/message_templates?name=`."""
+    wa = settings.whatsapp
+    name = f"whatsapp template {wa.template}"
+    if not wa.business_account_id:
+        return Check(name, False, "not checked: whatsapp.business_account_id is not set",
+                     "set whatsapp.business_account_id (WhatsApp Manager, Account tools) so "
+                     "that doctor can see the template")
+    client = GraphClient(wa, timeout=10)
+    await client.start()
+    try:
+        found = await client.templates(wa.business_account_id, wa.template or "")
+    except GraphError as exc:
+        return Check(name, False, f"the Graph API refused: {exc}",
+                     "the token needs whatsapp_business_management to read templates")
+    finally:
+        await client.close()
+    same = [t for t in found if t.get("language") == wa.template_language]
+    if not same:
+        languages = ", ".join(str(t.get("language")) for t in found) or "none"
+        return Check(name, False, f"no such template in {wa.template_language} "
+                     f"(languages found: {languages})",
+                     "create it in WhatsApp Manager, or set whatsapp.template_language")
+    template = same[0]
+    body = " ".join(str(c.get("text") or "") for c in template.get("components") or []
+                    if isinstance(c, dict) and c.get("type") == "BODY")
+    wanted, has = int(wa.template_parameter), len(re.findall(r"\{\{\d+\}\}", body))
+    if template.get("status") != "APPROVED":
+        return Check(name, False, f"status {template.get('status')}: Meta sends only approved "
+                     "templates", "wait for Meta's review, or name an approved template")
+    if has != wanted:
+        return Check(name, False, f"its body has {has} parameters; roost fills {wanted}",
+                     "set whatsapp.template_parameter = true for a template with one "
+                     "parameter, false for one without" if has <= 1 else
+                     "use a template with no parameter or one")
+    return Check(name, True, f"approved, {wa.template_language}, {has} parameter(s)")
 
 
 async def _whatsapp_check(settings: Settings) -> Check:

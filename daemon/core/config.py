@@ -91,6 +91,12 @@ class WhatsAppSettings:
     api_version: str = "v23.0"
     allow: tuple[str, ...] = ()  # wa_ids, digits only
     fallback: str | None = None  # a chat key for replies WhatsApp refuses after 24 hours
+    # An approved template sent when a reply is held by the 24-hour rule ("reply to see it")
+    template: str | None = None
+    template_language: str = "en_US"
+    template_parameter: bool = False  # its one body parameter: the held reply's first words
+    template_interval: float = 24 * 3600.0  # at most one template per chat this often
+    business_account_id: str | None = None  # the WABA, for doctor's check of the template
     token: str | None = field(default=None, repr=False)
     app_secret: str | None = field(default=None, repr=False)
     verify_token: str | None = field(default=None, repr=False)
@@ -428,7 +434,11 @@ _SPECS: Mapping[str, _Spec] = {
     "whatsapp": {
         "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
         "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
-        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'")},
+        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'"),
+        "template": _like("[a-z0-9_]{1,512}", "a template's name: lowercase letters, digits, _"),
+        "template_language": _like("[a-z]{2,3}(_[A-Z]{2})?", "a language code such as 'en_US'"),
+        "template_parameter": _BOOL, "template_interval": _PERIOD,
+        "business_account_id": _DIGITS},
     "access": {"unknown_senders": _one_of("pair", "ignore"), "rate_limit": _at_least(1)},
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),

@@ -62,6 +62,11 @@ class Inbound:
         )
 
 
+# A chat flag the WhatsApp channel keeps of the templates it sent to reopen the 24-hour window
+# ({"last": when, "count": how many, "refused": when Meta last refused one}); /status shows it.
+TEMPLATE_FLAG = "whatsapp_template"
+
+
 @dataclass(frozen=True)
 class Outbound:
     """One reply or notice for a chat, persisted in the outbox before it is sent."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from daemon.core.config import Settings
 from daemon.core.errors import DoesNotFit, LLMError
+from daemon.core.messages import TEMPLATE_FLAG
 from daemon.core.redact import redact_url
 from daemon.engine.model_choice import FLAG as MODEL_FLAG
 from daemon.llm.client import ModelClient
@@ -113,9 +114,13 @@ class Commands:
 
     async def status(self, chat_key: str) -> str:
         model = self.settings.model
-        name = (await asyncio.to_thread(self.store.chat_flags, chat_key)).get(MODEL_FLAG) \
-            or model.name  # the chat's /model
+        flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
+        name = flags.get(MODEL_FLAG) or model.name  # the chat's /model
         lines = [f"Model: {name} at {redact_url(model.host)}"]
+        if templates := flags.get(TEMPLATE_FLAG, {}).get("count"):
+            last = time.strftime("%Y-%m-%d %H:%M", time.localtime(flags[TEMPLATE_FLAG]["last"]))
+            lines.append(f"WhatsApp templates sent to reopen this chat: {templates} (last "
+                         f"{last}); Meta bills each one")
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
         try:
             num_ctx = await self.llm.num_ctx(name)

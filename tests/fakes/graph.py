@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -50,14 +51,27 @@ _TITLES = {
     131000: "Something went wrong",
     131026: "Message undeliverable",
     2: "Service temporarily unavailable",
+    132000: "Number of parameters does not match the expected number of params",
+    132001: "Template name does not exist in the translation",
 }
+WABA_ID = "104996122399160"
+
+
+@dataclass(frozen=True)
+class Template:
+    """An approved (or not) message template as WhatsApp Manager keeps it."""
+
+    name: str
+    language: str = "en_US"
+    status: str = "APPROVED"
+    body: str = "Your report from roost is ready. Reply to see it."
 
 
 @dataclass
 class Call:
     method: str
     path: str
-    kind: str  # send, read, media, download, number
+    kind: str  # send, template, read, media, download, number, templates
     body: dict[str, Any]
     authorization: str
     accepted: bool = False  # Meta answered 200
@@ -78,6 +92,7 @@ class FakeGraph:
     port: int = 0
     calls: list[Call] = field(default_factory=list)
     media: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    templates: list[Template] = field(default_factory=list)
     _faults: dict[str, deque[_Fault]] = field(default_factory=lambda: defaultdict(deque))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
@@ -100,6 +115,11 @@ class FakeGraph:
         """The text of each accepted message (an interactive one's body)."""
         return [c.body["interactive"]["body"]["text"] if c.body.get("type") == "interactive"
                 else c.body["text"]["body"] for c in self.sent if to is None or c.body["to"] == to]
+
+    def templates_sent(self, to: str | None = None) -> list[dict[str, Any]]:
+        """The `template` object of each accepted template message."""
+        return [c.body["template"] for c in self.calls_of("template")
+                if c.accepted and (to is None or c.body["to"] == to)]
 
     def buttons(self, to: str | None = None) -> list[list[dict[str, str]]]:
         """The reply buttons ({id, title}) of each accepted interactive message."""
@@ -140,6 +160,7 @@ class FakeGraph:
         app.router.add_post("/{version}/{number}/messages", self._messages)
         app.router.add_get("/download/{media_id}", self._download)
         app.router.add_get("/{version}/{object_id}", self._object)
+        app.router.add_get("/{version}/{waba_id}/message_templates", self._templates)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.05)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -186,7 +207,9 @@ class FakeGraph:
         if not isinstance(body, dict):
             await self._record(request, "send", {})
             return error(100, "Invalid parameter")
-        kind = "read" if body.get("status") == "read" else "send"
+        # A template is a kind of its own: the 24-hour rule that refuses sends never refuses it.
+        kind = ("read" if body.get("status") == "read"
+                else "template" if body.get("type") == "template" else "send")
         call = await self._record(request, kind, body)
         if request.match_info["number"] != PHONE_NUMBER_ID:
             return error(100, "Unsupported post request. Object with ID does not exist")
@@ -198,6 +221,8 @@ class FakeGraph:
             if not str(body.get("message_id") or "").startswith("wamid."):
                 return error(100, "Invalid parameter")
             return web.json_response({"success": True})
+        if body.get("type") == "template":
+            return self._template_send(call, body)
         text = (body.get("text") or {}).get("body") if body.get("type") == "text" else None
         if body.get("type") == "interactive":
             if problem := _interactive_problem(body.get("interactive")):
@@ -212,6 +237,38 @@ class FakeGraph:
         return web.json_response({"messaging_product": "whatsapp",
                                   "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                                   "messages": [{"id": wamid}]})
+
+    def _template_send(self, call: Call, body: dict[str, Any]) -> web.Response:
+        """A template goes out whatever the 24-hour window, if it exists in that language, is
+        approved, and gets as many body parameters as its text has placeholders."""
+        template = body.get("template") or {}
+        language = (template.get("language") or {}).get("code")
+        found = next((t for t in self.templates if t.name == template.get("name")
+                      and t.language == language and t.status == "APPROVED"), None)
+        if found is None or not body.get("to"):
+            return error(132001, _TITLES[132001], 404)
+        given = sum(len(c.get("parameters") or []) for c in template.get("components") or []
+                    if c.get("type") == "body")
+        if given != len(re.findall(r"\{\{\d+\}\}", found.body)):
+            return error(132000, _TITLES[132000], 400)
+        call.accepted = True
+        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        return web.json_response({"messaging_product": "whatsapp",
+                                  "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                                  "messages": [{"id": wamid, "message_status": "accepted"}]})
+
+    async def _templates(self, request: web.Request) -> web.Response:
+        await self._record(request, "templates", {})
+        if (fault := self._fault(request, "templates")) is not None:
+            return fault
+        if request.match_info["waba_id"] != WABA_ID:
+            return error(100, "Unsupported get request. Object with ID does not exist")
+        name = request.query.get("name")
+        return web.json_response({"data": [
+            {"name": t.name, "language": t.language, "status": t.status, "category": "UTILITY",
+             "id": hashlib.sha256(t.name.encode()).hexdigest()[:15],
+             "components": [{"type": "BODY", "text": t.body}]}
+            for t in self.templates if name is None or t.name == name]})
 
     async def _object(self, request: web.Request) -> web.Response:
         object_id = request.match_info["object_id"]

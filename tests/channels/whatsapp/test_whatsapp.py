@@ -36,6 +36,7 @@ from tests.fakes.graph import (
     API_VERSION,
     PHONE_NUMBER_ID,
     FakeGraph,
+    Template,
     sent_now,
     sign,
     text_message,
@@ -751,3 +752,93 @@ async def test_after_a_restart_the_stored_time_of_the_users_last_message_still_c
         while not second.store.outbox_pending(KEY)[0].get("held"):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
     assert len(graph.calls_of("send")) == 1  # only the first reply: the report was not tried
+
+
+# ---- templates after 24 hours --------------------------------------------------------------------
+
+TEMPLATE = {"template": "report_ready", "template_language": "en_US"}
+
+
+async def metrics_text(daemon: Daemon) -> str:
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + "/metrics") as reply:
+        return await reply.text()
+
+
+async def hold_reports(daemon: Daemon, *texts: str) -> None:
+    """Reports for a user who last wrote 25 hours ago: each is held (Meta is not even asked)."""
+    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
+    engine = daemon.app[ENGINE]
+    for n, text in enumerate(texts):
+        assert await engine.deliver(Outbound(chat_key=KEY, text=text, created=time.time() + n))
+    await asyncio.wait_for(engine.wait_idle(KEY), 10)
+    assert all(d.get("held") for d in daemon.store.outbox_pending(KEY))
+
+
+async def test_held_reports_send_the_template_once_and_go_out_when_the_user_answers(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    graph.templates.append(Template("report_ready"))
+    daemon = await start(whatsapp=TEMPLATE)
+    await hold_reports(daemon, "report 1", "report 2")
+    await hold_reports(daemon, "report 3")  # another batch within the interval: no template
+    assert graph.templates_sent(USER) == [{"name": "report_ready",
+                                           "language": {"code": "en_US"}}]
+    assert graph.sent == [] and len(daemon.store.outbox_pending(KEY)) == 3  # none lost
+    assert 'roost_events_total{kind="whatsapp-template"} 1.0' in await metrics_text(daemon)
+    assert await daemon.post(webhook(text_message("wamid.t3", USER, "ok, show me"))) == 200
+    await graph.wait_sent(4)
+    await daemon.settle()
+    texts = graph.texts(USER)
+    assert sorted(texts[:3]) == ["report 1", "report 2", "report 3"]
+    assert texts[3:] == ["echo: ok, show me"]
+    assert daemon.store.outbox_pending() == []
+
+
+async def test_the_templates_one_parameter_is_the_held_reports_first_words(
+        start: Start, graph: FakeGraph) -> None:
+    graph.templates.append(Template("report_ready", body="Ready: {{1}}. Reply to see it."))
+    daemon = await start(whatsapp=TEMPLATE | {"template_parameter": True})
+    await hold_reports(daemon, "Weather report:\n\tsunny    all day, 21 degrees, light wind "
+                               "from the west, no rain expected before Friday")
+    (template,) = graph.templates_sent(USER)
+    (parameter,) = template["components"][0]["parameters"]
+    assert parameter["text"].startswith("Weather report: sunny all day, 21 degrees")
+    assert len(parameter["text"]) <= 60 and "\n" not in parameter["text"]
+
+
+@pytest.mark.parametrize("problem", ["missing", "parameters"])
+async def test_a_refused_template_leaves_the_reports_held_and_is_not_retried_at_once(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama,
+        caplog: pytest.LogCaptureFixture, problem: str) -> None:
+    if problem == "parameters":  # the template wants a parameter roost was not told to fill
+        graph.templates.append(Template("report_ready", body="Ready: {{1}}"))
+    daemon = await start(whatsapp=TEMPLATE)
+    caplog.set_level(logging.WARNING, "roost.whatsapp")
+    await hold_reports(daemon, "report 1")
+    await hold_reports(daemon, "report 2")
+    (template,) = graph.calls_of("template")
+    assert not template.accepted
+    code = "132001" if problem == "missing" else "132000"
+    assert f"WhatsApp refused the template 'report_ready' for {KEY}" in caplog.text
+    assert code in caplog.text
+    assert await daemon.post(webhook(text_message("wamid.r3", USER, "here"))) == 200
+    await graph.wait_sent(3)
+    await daemon.settle()
+    assert graph.texts(USER) == ["report 1", "report 2", "echo: here"]
+
+
+async def test_status_counts_the_templates_a_chat_was_sent(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    graph.templates.append(Template("report_ready"))
+    daemon = await start(whatsapp=TEMPLATE)
+    await hold_reports(daemon, "report")
+    assert await daemon.post(webhook(text_message("wamid.s2", USER, "/status"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert "WhatsApp templates sent to reopen this chat: 1" in graph.texts(USER)[-1]
+
+
+async def test_without_a_template_nothing_but_the_hold_happens(
+        start: Start, graph: FakeGraph) -> None:
+    daemon = await start()
+    await hold_reports(daemon, "report")
+    assert graph.calls_of("template") == [] and graph.calls == []

@@ -16,6 +16,7 @@ from daemon.cli import doctor as doctor_module
 from daemon.core.config import Settings
 from daemon.store import Store
 from tests.conftest import SettingsFactory
+from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, WABA_ID, FakeGraph, Template
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.transcription import FakeTranscriber
@@ -388,3 +389,28 @@ async def test_faster_whisper_that_cannot_load_is_a_doctor_failure_with_the_fix(
     assert line.startswith("FAIL voice (faster-whisper): ")
     assert ("faster-whisper is not installed -> fix: install the extra: pip install "
             "'roost[voice]'" in line) or "could not load the model" in line, line
+
+
+@pytest.mark.parametrize(("template", "problem"), [
+    (None, "no such template in en_US"),
+    (Template("report_ready", status="PENDING"), "status PENDING"),
+    (Template("report_ready", body="Ready: {{1}}"), "its body has 1 parameters; roost fills 0"),
+    (Template("report_ready"), ""),
+])
+async def test_the_whatsapp_template_is_checked_approved_with_its_parameters(
+        tmp_path: Path, fake_ollama: FakeOllama, template: Template | None,
+        problem: str) -> None:
+    async with FakeGraph() as graph:
+        graph.templates.extend([template] if template else [])
+        config = write_config(tmp_path, fake_ollama.url)
+        config.write_text(config.read_text() + (
+            f'[whatsapp]\nenabled = true\nphone_number_id = "{PHONE_NUMBER_ID}"\n'
+            f'api_base = "{graph.url}"\napi_version = "{API_VERSION}"\n'
+            f'template = "report_ready"\nbusiness_account_id = "{WABA_ID}"\n'))
+        status, out = await doctor(config, ROOST_WHATSAPP_TOKEN=graph.token,
+                                   ROOST_WHATSAPP_APP_SECRET="x", ROOST_WHATSAPP_VERIFY_TOKEN="y")
+    line = next(line for line in out.splitlines() if "whatsapp template report_ready" in line)
+    if problem:
+        assert line.startswith("FAIL") and problem in line and status == 1
+    else:
+        assert line.startswith("ok") and "approved, en_US" in line
