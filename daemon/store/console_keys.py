@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.core.config import Settings
-from daemon.core.errors import StoreError
-from daemon.store.files import atomic_write, exclusive
+from daemon.store.files import CorruptFile, atomic_write, exclusive, move_aside, read_json
 
 LINK_TTL = 10 * 60.0
 SESSION_TTL = 7 * 24 * 3600.0
@@ -118,11 +117,10 @@ class ConsoleKeys:
     def _read(self, now: float | None) -> dict[str, dict[str, Any]]:
         """The file without what expired by `now` (None: everything)."""
         try:
-            data = json.loads(self.path.read_bytes())
-        except FileNotFoundError:
+            data = read_json(self.path) or {}
+        except CorruptFile as exc:  # sessions are cheap to make again: sign in anew
+            move_aside(self.path, str(exc), "every browser signs in to the console again")
             data = {}
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"cannot read {self.path}: {exc}") from exc
         return {part: {k: v for k, v in data.get(part, {}).items()
                        if now is None or v["expires"] > now}
                 for part in ("links", "sessions")}

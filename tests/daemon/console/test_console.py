@@ -258,3 +258,16 @@ async def test_an_old_long_tool_result_is_marked_as_the_stub_the_model_sees(
     assert "stubbed" in article
     assert text.count("one-line stub instead") == 1
     assert "web_fetch" in text and "https://example.org" in text  # the call, opened on demand
+
+
+async def test_a_broken_sessions_file_means_signing_in_again_not_an_error(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        (settings.daemon.state_dir / "console.json").write_bytes(b'{"sessions": {"trunc')
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 401
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 200
