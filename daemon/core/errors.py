@@ -19,6 +19,7 @@
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
     │   ├── ModelNotFound           the configured model is not pulled
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
+    │   │   └── PromptCut           Ollama cut a prompt silently, again after a refit
     │   ├── ModelCrashed            a 500: the runner failed on this request (retried once)
     │   └── Preempted               a background call gave the model up to a turn
     └── ChannelError                a messaging platform refused, failed or sent nonsense
@@ -137,6 +138,16 @@ class ContextOverflow(LLMError):
         self.prompt_tokens = prompt_tokens
         self.context_size = context_size
         super().__init__(message)
+
+
+class PromptCut(ContextOverflow):
+    """A server that ignores `truncate: false` cut the prompt silently, and cut it again when
+    it was rebuilt at the ratio the first cut proved. `ratio` is that raised ratio."""
+
+    def __init__(self, count: int, num_ctx: int, ratio: float) -> None:
+        self.ratio = ratio
+        super().__init__(f"Ollama cut the prompt to {count} tokens twice (num_ctx {num_ctx})",
+                         None, num_ctx)
 
 
 class ModelCrashed(LLMError):

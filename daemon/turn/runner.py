@@ -12,7 +12,9 @@ The turn is a thin coordinator over the store, the pure context functions and th
    thinking and tools), in a part of the turn that /stop can cancel, retrying with backoff
    while it is unreachable (a refused connection, or a 502/503/504), once more after a 500;
    an overflow rejection (before anything streamed) recalibrates, refits and retries once;
-4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
+   an answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is
+   discarded, and the request rebuilt at the ratio the cut proves and sent once more;
+4. calibrate the token ratio from Ollama's `prompt_eval_count`;
 5. save the reply, put it in the outbox and only then clear the inbox items.
 
 A stopped turn (/stop) keeps what was written as its reply, marked "(stopped)", saved and
@@ -53,6 +55,7 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    PromptCut,
     Stopped,
     StoreError,
 )
@@ -90,6 +93,9 @@ RATIO_START = 1.0
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
 CROWDED_SHARE = 0.9
+TOO_LARGE = ("This turn grew larger than the model's context window, even after I shortened it "
+             "and tried again. Your message is saved; send /compact (or /new) and ask again, "
+             "or ask in smaller steps.")
 
 
 class Outcome(enum.Enum):
@@ -298,13 +304,19 @@ class TurnRunner:
         except (LLMUnavailable, LLMTimeout):
             await asyncio.to_thread(self.store.save_conversation, recorded)
             return TurnResult(Outcome.PARKED, conversation.id)
+        except ContextOverflow as exc:
+            # Refitted and retried once already: the user gets a plain line, not Ollama's body.
+            log.warning("turn for %s does not fit the window: %s", conversation.id, exc)
+            if isinstance(exc, PromptCut):  # the next message starts from what the cut proved
+                recorded = replace(recorded, token_ratio=exc.ratio)
+            return await self._fail(recorded, items, confirmed(TOO_LARGE, context.noted))
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
             # A fact kept before the error is still said (nothing is saved silently).
             return await self._fail(recorded, items, confirmed(
                 f"The model server answered with an error: {exc}. Your message is saved; "
                 "send another message to try again.", context.noted))
-        ratio = await self._calibrate(conversation, prepared, first)
+        ratio, _ = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         await asyncio.to_thread(
             self._save_reply, conversation, after, items, first,
@@ -324,6 +336,31 @@ class TurnRunner:
         return TurnResult(Outcome.ANSWERED, conversation.id, crowded=crowded)
 
     async def _answer(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, stream: ReplyStream, outage: _Outage, model: str,
+        new_images: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection,
+        and one after a silent cut; a second cut raises `PromptCut`."""
+        result, prepared, messages = await self._first_call(
+            chat_key, conversation, history, prepared, stream, outage, model, new_images)
+        ratio, cut = await self._calibrate(conversation, prepared, result)
+        if not cut:
+            return result, prepared, messages
+        # The model saw only part of the prompt (often without its system message): its answer
+        # is not delivered or stored, and none of its tool calls run. Built again at the ratio
+        # the cut proves, the request is sent once more.
+        stream.discard()
+        refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
+        messages = await self._messages(chat_key, refit, model, notify=False)
+        result = await self._call_model(chat_key, messages, [dict(t) for t in refit.tools] or None,
+                                        stream, outage, model)
+        again, cut = await self._calibrate(conversation, refit, result)
+        if cut:
+            raise PromptCut(result.prompt_eval_count or 0, refit.num_ctx, again)
+        return result, refit, messages
+
+    async def _first_call(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
         prepared: Prepared, stream: ReplyStream, outage: _Outage, model: str,
         new_images: bool,
@@ -478,14 +515,15 @@ class TurnRunner:
 
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
-    ) -> float:
-        """The conversation's new token ratio from Ollama's count (`recalibrate`), recording a
-        silent cut. Whether the count includes the cached part is asked of the server only when
-        the reading would lower the ratio or mark a cut."""
+    ) -> tuple[float, bool]:
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), and whether
+        Ollama cut the prompt silently (recorded as an event). Whether the count includes the
+        cached part is asked of the server only when the reading would lower the ratio or mark
+        a cut."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
-            return prepared.ratio
+            return prepared.ratio, False
         estimate = prepared.request.estimate + prepared.tool_tokens
         whole = (result.prompt_eval_cached_count is not None
                  or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
@@ -501,7 +539,7 @@ class TurnRunner:
                                     f"-> {ratio:.2f}")
             log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
                         conversation.id, count, estimate)
-        return ratio
+        return ratio, cut
 
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:
