@@ -10,12 +10,16 @@
   the window is already full to within 512 tokens: then the turn ends with what it has and says so.
 * Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
   in-memory messages and have the model write down the state of the task.
+* A call Ollama refuses as over the window (after tool results, or the safety net's own) is
+  refitted once: the turn's ratio learnt from the size Ollama states, the messages shrunk to
+  fit at it, sent again; refused again, the turn ends with a plain line (daemon.turn.runner).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
+from daemon.context.budget import (
+    MESSAGE_OVERHEAD_TOKENS,
+    RATIO_MAX,
+    calibrated_ratio,
+    estimate_tokens,
+)
 from daemon.context.compact import (
     continue_from,
     request_tokens,
@@ -32,7 +41,7 @@ from daemon.context.compact import (
     state_messages,
 )
 from daemon.context.replay import ChatMessage, shown_result
-from daemon.core.errors import AttachmentError
+from daemon.core.errors import AttachmentError, ContextOverflow
 from daemon.llm.client import ChatResult
 from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
@@ -198,12 +207,38 @@ class ToolLoop:
         self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None
     ) -> ChatResult:
         """One model call; Ollama's count of the prompt keeps the turn's ratio honest (only
-        ever raised here: the turn's own calibration happens once it is saved)."""
-        result = await self.call(messages, tools)
+        ever raised here: the turn's own calibration happens once it is saved). Refused as
+        over the window, `messages` are refitted in place (the caller goes on with them) and
+        sent once more; a second refusal is raised."""
+        try:
+            result = await self.call(messages, tools)
+        except ContextOverflow as exc:
+            await self._refit(messages, tools, exc)
+            result = await self.call(messages, tools)
         self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
         return result
+
+    async def _refit(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                     exc: ContextOverflow) -> None:
+        """Learn the ratio from the size Ollama states (5% over it; without one, 1.5 times the
+        turn's), and shrink `messages` in place to fit the budget at that ratio."""
+        schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
+                   if tools else 0)
+        raw = request_tokens(messages, 1.0) + schemas
+        before = self.ratio
+        stated = exc.prompt_tokens
+        measured = (calibrated_ratio(stated, raw, _overhead(messages)) * 1.05 if stated
+                    else before * 1.5)
+        self.ratio = min(max(measured, before * 1.05), RATIO_MAX)
+        # The budget was set with the schemas at the old ratio; they cost more at the new one.
+        budget = self.budget - math.ceil(schemas * (self.ratio - before))
+        messages[:] = shrink(messages, self.ratio, budget).messages
+        await self._record("overflow-retry", (
+            f"Ollama refused {stated} tokens (num_ctx {exc.context_size}) after "
+            f"{len(messages)} messages; ratio {before:.2f} -> {self.ratio:.2f}, shrunk to "
+            f"{request_tokens(messages, self.ratio)} estimated tokens, retried once"))
 
     def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
                tools: list[dict[str, Any]] | None) -> None:

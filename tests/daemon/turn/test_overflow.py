@@ -3,15 +3,31 @@ is answered anew, an overflow is refitted and retried once, the user never reads
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.app.metrics import Metrics
+from daemon.context.compact import STATE_REQUEST
+from daemon.core.messages import Inbound
+from daemon.engine.workers import Engine
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.tools.registry import Capability, Tool
+from daemon.turn.parts import TurnParts
+from tests.conftest import RecordingChannel, SettingsFactory
 from tests.daemon.turn.test_context_lifecycle import (  # noqa: F401  (rig_for is a fixture)
     Rig,
     ratio_of,
     rig_for,
 )
+from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 GARBLED = "🙂🙂🙂 sorry what"
 
@@ -61,3 +77,140 @@ async def test_a_second_cut_gets_the_user_a_clear_line(
     stored = [m.content for m in rig.store.messages(rig.conversation_id())]
     assert GARBLED not in stored and "What does it say?" in stored
     assert len(rig.turn_requests()) == 3
+
+
+def overflow(prompt_tokens: int, n_ctx: int) -> Reply:
+    """Ollama's 400 for a prompt over num_ctx (llama-server's nested body), as the fake sends."""
+    message = (f"request ({prompt_tokens} tokens) exceeds the available context size ({n_ctx} "
+               "tokens), try increasing it")
+    return Reply(status=400, error=json.dumps({"error": {
+        "code": 400, "message": message, "type": "exceed_context_size_error",
+        "n_prompt_tokens": prompt_tokens, "n_ctx": n_ctx}}))
+
+
+@dataclass
+class Pages:
+    """An engine with a `fetch_page` tool returning 30 KB pages, on a 4,096 window, whose
+    /metrics counters are the daemon's own."""
+
+    engine: Engine
+    fake: FakeOllama
+    channel: RecordingChannel
+    metrics: Metrics
+
+    async def say(self, text: str) -> None:
+        assert await self.engine.submit(Inbound(chat_key="console:local", text=text,
+                                                received=time.time()))
+        await asyncio.wait_for(self.engine.wait_idle("console:local"), 20)
+
+    def counted(self, kind: str) -> float:
+        families = text_string_to_metric_families(self.metrics.exposition().decode())
+        return sum(s.value for f in families for s in f.samples
+                   if s.name == "roost_events_total" and s.labels.get("kind") == kind)
+
+    def events(self, kind: str) -> list[str]:
+        day = time.strftime("%Y-%m-%d", time.localtime())
+        return [e for e in self.engine.parts.records.events(day) if f"**{kind}**" in e]
+
+
+@pytest.fixture
+async def pages(make_settings: SettingsFactory) -> AsyncIterator[Pages]:
+    fake = FakeOllama(models=[FakeModel(context_length=4096,
+                                        capabilities=("completion", "tools"))])
+    await fake.start()
+    settings = make_settings(model={"host": fake.url, "window": 4096, "max_calls": 12},
+                             daemon={"timezone": "UTC"})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    metrics = Metrics()
+    parts = TurnParts.build(settings=settings, store=store, llm=llm,
+                            on_event=lambda kind: metrics.events.labels(kind).inc())
+    channel = RecordingChannel()
+    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel},
+                    parts=parts)
+
+    async def fetch_page(context: object, name: str) -> str:
+        return (f"Page {name} line with facts. " * 1300)[:30_000]
+
+    parts.registry.register(Capability(
+        name="pages", core=True, description="fetch pages", tools=(Tool(
+            "fetch_page", "Fetch a page by name.",
+            {"type": "object", "properties": {"name": {"type": "string"}},
+             "required": ["name"]}, fetch_page),)))
+    await engine.start()
+    try:
+        yield Pages(engine, fake, channel, metrics)
+    finally:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+        await fake.stop()
+
+
+def fetch(n: int) -> Reply:
+    return Reply(tool_calls=[{"function": {"name": "fetch_page", "arguments": {"name": f"p{n}"}}}])
+
+
+def after_tools(body: dict[str, Any]) -> bool:
+    return body["messages"][-1]["role"] == "tool"
+
+
+async def test_an_overflow_after_a_tool_result_is_refitted_and_retried_once(
+    pages: Pages,
+) -> None:
+    refused: list[dict[str, Any]] = []
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if after_tools(body) and not refused:
+            refused.append(body)  # Ollama's tokenizer makes twice what the fake counts
+            return overflow(2 * pages.fake.count_tokens(body["messages"], body.get("tools")),
+                            4096)
+        return Reply("The page says: facts.") if after_tools(body) else fetch(0)
+
+    pages.fake.default_reply = answer
+    await pages.say("Read page p0 and tell me what it says.")
+    assert pages.channel.texts("reply") == ["The page says: facts."]
+    assert pages.channel.texts("notice") == []
+    retried = pages.fake.chat_requests[-1]
+    assert pages.fake.count_tokens(retried["messages"], retried.get("tools")) < \
+        pages.fake.count_tokens(refused[0]["messages"], refused[0].get("tools"))
+    assert len(pages.events("overflow-retry")) == 1
+    assert pages.counted("overflow-retry") == 1
+
+
+async def test_an_overflow_twice_after_a_tool_result_gets_a_clear_line_not_the_raw_body(
+    pages: Pages,
+) -> None:
+    def answer(body: dict[str, Any]) -> Reply:
+        return overflow(9000, 4096) if after_tools(body) else fetch(0)
+
+    pages.fake.default_reply = answer
+    await pages.say("Read page p0 and tell me what it says.")
+    assert pages.channel.texts("reply") == []
+    [notice] = pages.channel.texts("notice")
+    assert "context window" in notice and "/compact" in notice
+    assert "exceed_context_size_error" not in notice and "{" not in notice
+    assert len([b for b in pages.fake.chat_requests if after_tools(b)]) == 2
+    assert pages.counted("overflow-retry") == 1
+
+
+async def test_an_overflow_of_the_safety_net_summary_is_retried_once(pages: Pages) -> None:
+    queue = [fetch(n) for n in range(8)]
+    states: list[int] = []
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if any(STATE_REQUEST in str(m.get("content")) for m in body["messages"]):
+            states.append(1)
+            if len(states) == 1:
+                return overflow(9000, 4096)
+            return Reply("TASK: read pages\nPROGRESS: some\nREMAINING: more\nDATA: facts\n"
+                         "DECISIONS: none")
+        if queue and body.get("tools"):  # the last call goes without tools: it answers
+            return queue.pop(0)
+        return Reply("The pages say: facts.")
+
+    pages.fake.default_reply = answer
+    await pages.say("Read the pages and tell me what they say.")
+    assert len(states) >= 2, "the safety net never ran"
+    assert pages.channel.texts("reply") == ["The pages say: facts."]
+    assert pages.counted("overflow-retry") == 1
