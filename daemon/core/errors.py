@@ -20,7 +20,7 @@
     │   ├── ModelNotFound           the configured model is not pulled
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
     │   │   └── PromptCut           Ollama cut a prompt silently, again after a refit
-    │   ├── ModelCrashed            a 500: the runner failed on this request (retried once)
+    │   ├── ModelCrashed            a 500: the server failed (retried, then an outage)
     │   └── Preempted               a background call gave the model up to a turn
     └── ChannelError                a messaging platform refused, failed or sent nonsense
         ├── DeliveryError           a reply could not be delivered
@@ -151,7 +151,8 @@ class PromptCut(ContextOverflow):
 
 
 class ModelCrashed(LLMError):
-    """Ollama answered 500: its runner failed on this request; worth one more try."""
+    """Ollama answered 500 (or an error inside its stream) not naming the request: its runner
+    failed. Tried once more at once; failing on, it is an outage like a refused connection."""
 
 
 class Preempted(LLMError):

@@ -54,6 +54,10 @@ _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than 
 # A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
 # not the request wrong, so it is handled like a refused connection.
 _OUTAGE_STATUSES = (502, 503, 504)
+# A 500 whose error is about this request, not the server (Ollama's ChatHandler answers 500 when
+# the model's template cannot render the messages, or an image does not decode): sending it
+# again cannot help, so it is reported rather than held as an outage.
+_REQUEST_FAULT_TEXTS = ("template:", "image", "does not support", "unmarshal")
 # What the ollama client raises, and lets through from httpx: its ResponseError/RequestError,
 # ConnectionError for a refused connection (an OSError), httpx's transport errors (timeouts,
 # dropped connections), and ValueError for a line or an answer that does not parse (json,
@@ -634,6 +638,8 @@ def _translate(exc: BaseException, model: str) -> LLMError:
         if exc.status_code in _OUTAGE_STATUSES:
             return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
         if exc.status_code == 500:
+            if any(marker in text for marker in _REQUEST_FAULT_TEXTS):
+                return LLMError(f"Ollama answered 500: {text}")
             return ModelCrashed(f"Ollama answered 500: {text}")
         if exc.status_code == -1:
             # The ollama client's mark for an {"error": ...} line inside a 200 stream: the runner

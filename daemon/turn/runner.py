@@ -10,7 +10,8 @@ The turn is a thin coordinator over the store, the pure context functions and th
    preamble + tail, fitted to the budget);
 3. call Ollama, streaming the reply to the channel's sink for the turn (with a line about
    thinking and tools), in a part of the turn that /stop can cancel, retrying with backoff
-   while it is unreachable (a refused connection, or a 502/503/504), once more after a 500;
+   while it is unreachable (a refused connection, a 502/503/504, or 500s: one is tried again
+   at once, more are an outage; a 500 naming the request is reported);
    an overflow rejection (before anything streamed) recalibrates, refits and retries once;
    an answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is
    discarded, and the request rebuilt at the ratio the cut proves and sent once more;
@@ -133,11 +134,12 @@ class _Outage:
         self.host = host
         self.pending = announce
 
-    async def tell(self) -> None:
+    async def tell(self, exc: LLMError) -> None:
         if self.pending:
             self.pending = False
+            state = ("keeps failing" if isinstance(exc, ModelCrashed) else "is not answering")
             await self.notify(self.chat_key, (
-                f"The model server at {self.host} is not answering. Your message is saved; "
+                f"The model server at {self.host} {state}. Your message is saved; "
                 "I will keep trying and answer when it is back."))
 
 
@@ -301,7 +303,7 @@ class TurnRunner:
             return await self._fail(recorded, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
-        except (LLMUnavailable, LLMTimeout):
+        except (LLMUnavailable, LLMTimeout, ModelCrashed):
             await asyncio.to_thread(self.store.save_conversation, recorded)
             return TurnResult(Outcome.PARKED, conversation.id)
         except ContextOverflow as exc:
@@ -398,7 +400,7 @@ class TurnRunner:
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
-        crashed on this request) is tried once more, then reported."""
+        crashed) is tried once more at once; failing on, it is handled as unreachable."""
         model = self.settings.model
         crashed = False
         for attempt in range(model.retry_attempts):
@@ -408,12 +410,13 @@ class TurnRunner:
                                              on_delta=stream.delta, on_thinking=stream.thinking,
                                              while_held=lambda: self.working(chat_key))
             except ModelCrashed as exc:
-                if crashed:
-                    raise
-                crashed = True
-                log.warning("Ollama failed on a request for %s (%s); trying once more",
-                            chat_key, exc)
-                await asyncio.sleep(model.retry_backoff)
+                if not crashed:  # one failure is often the runner's alone: again, quietly
+                    crashed = True
+                    log.warning("Ollama failed on a request for %s (%s); trying once more",
+                                chat_key, exc)
+                    await asyncio.sleep(model.retry_backoff)
+                    continue
+                await self._unreachable(attempt, exc, outage)
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 await self._unreachable(attempt, exc, outage)
@@ -434,7 +437,7 @@ class TurnRunner:
                     return await self.prompting.prepare(conversation, history, model=model)
                 except DoesNotFit as exc:
                     return await self._refit_lower(conversation, history, model, exc)
-            except (LLMUnavailable, LLMTimeout) as exc:
+            except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
                 await self._unreachable(attempt, exc, outage)
         raise AssertionError("retry_attempts is at least 1")
 
@@ -474,7 +477,7 @@ class TurnRunner:
         model = self.settings.model
         log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                     self.llm.host, attempt + 1, model.retry_attempts, exc)
-        await outage.tell()
+        await outage.tell(exc)
         if attempt + 1 == model.retry_attempts:
             raise exc
         await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
