@@ -271,6 +271,7 @@ class TurnRunner:
                 status=sink.status,
                 vision="vision" in (await self.llm.model_info(model)).capabilities,
                 attachments=self.store.state_dir / "attachments",
+                whole=self.llm.counts_whole_prompt,
                 approve=functools.partial(
                     self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
                     ask=self.ask, released=self.llm.waiting_for_user)

@@ -13,6 +13,8 @@
 * A call Ollama refuses as over the window (after tool results, or the safety net's own) is
   refitted once: the turn's ratio learnt from the size Ollama states, the messages shrunk to
   fit at it, sent again; refused again, the turn ends with a plain line (daemon.turn.runner).
+  An answer to a prompt a server that ignores `truncate` cut silently is discarded the same
+  way: the ratio raised to what the cut proves, the messages shrunk, sent once more.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from typing import Any
 from daemon.context.budget import (
     MESSAGE_OVERHEAD_TOKENS,
     RATIO_MAX,
+    SILENT_CUT_SHARE,
     calibrated_ratio,
     estimate_tokens,
+    recalibrate,
 )
 from daemon.context.compact import (
     continue_from,
@@ -41,7 +45,7 @@ from daemon.context.compact import (
     state_messages,
 )
 from daemon.context.replay import ChatMessage, shown_result
-from daemon.core.errors import AttachmentError, ContextOverflow
+from daemon.core.errors import AttachmentError, ContextOverflow, PromptCut
 from daemon.llm.client import ChatResult
 from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
@@ -134,9 +138,13 @@ class ToolLoop:
         approve: Approve | None = None,
         vision: bool = False,
         attachments: Path | None = None,
+        whole: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """`vision`: the model sees the images a tool returns (stored under `attachments`);
-        otherwise it gets a note that it cannot."""
+        otherwise it gets a note that it cannot. `whole` says whether the server's prompt counts
+        include cached tokens (`ModelClient.counts_whole_prompt`); without it only a count that
+        fills num_ctx is taken for a cut."""
+        self.whole = whole
         self.approve = approve
         self.vision = vision
         self.attachments = attachments
@@ -215,6 +223,11 @@ class ToolLoop:
         except ContextOverflow as exc:
             await self._refit(messages, tools, exc)
             result = await self.call(messages, tools)
+        if await self._cut(result, messages, tools):
+            # The model saw part of the prompt: its answer (and any tool call) is dropped.
+            result = await self.call(messages, tools)
+            if await self._cut(result, messages, tools):
+                raise PromptCut(result.prompt_eval_count or 0, self.num_ctx, self.ratio)
         self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
@@ -239,6 +252,34 @@ class ToolLoop:
             f"Ollama refused {stated} tokens (num_ctx {exc.context_size}) after "
             f"{len(messages)} messages; ratio {before:.2f} -> {self.ratio:.2f}, shrunk to "
             f"{request_tokens(messages, self.ratio)} estimated tokens, retried once"))
+
+    async def _cut(self, result: ChatResult, messages: list[ChatMessage],
+                   tools: list[dict[str, Any]] | None) -> bool:
+        """Whether Ollama's count proves it cut this prompt (`recalibrate`); if so the turn's
+        ratio is raised to what the cut proves and `messages` shrunk in place to fit at it."""
+        count = result.prompt_eval_count
+        if not count:
+            return False
+        schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
+                   if tools else 0)
+        raw = request_tokens(messages, 1.0) + schemas
+        estimate = request_tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
+        whole = result.prompt_eval_cached_count is not None
+        if not whole and self.whole is not None and count < SILENT_CUT_SHARE * estimate:
+            whole = await self.whole()  # asked only when the count could mark a cut
+        before = self.ratio
+        ratio, cut = recalibrate(before, count=count, raw=raw, overhead=_overhead(messages),
+                                 estimate=estimate, num_ctx=self.num_ctx, whole=whole)
+        if not cut:
+            return False
+        self.ratio = ratio
+        budget = self.budget - math.ceil(schemas * (ratio - before))
+        messages[:] = shrink(messages, ratio, budget).messages
+        await self._record("silent-cut", (
+            f"Ollama evaluated {count} tokens of about {estimate} sent (num_ctx "
+            f"{self.num_ctx}); answer discarded, ratio {before:.2f} -> {ratio:.2f}, shrunk "
+            f"to {request_tokens(messages, ratio)} estimated tokens, sent once more"))
+        return True
 
     def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
                tools: list[dict[str, Any]] | None) -> None:

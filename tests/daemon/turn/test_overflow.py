@@ -97,6 +97,7 @@ class Pages:
     fake: FakeOllama
     channel: RecordingChannel
     metrics: Metrics
+    on_fetch: list[Callable[[], None]]  # run as fetch_page runs
 
     async def say(self, text: str) -> None:
         assert await self.engine.submit(Inbound(chat_key="console:local", text=text,
@@ -129,7 +130,11 @@ async def pages(make_settings: SettingsFactory) -> AsyncIterator[Pages]:
     engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel},
                     parts=parts)
 
+    on_fetch: list[Callable[[], None]] = []
+
     async def fetch_page(context: object, name: str) -> str:
+        for hook in on_fetch:
+            hook()
         return (f"Page {name} line with facts. " * 1300)[:30_000]
 
     parts.registry.register(Capability(
@@ -139,7 +144,7 @@ async def pages(make_settings: SettingsFactory) -> AsyncIterator[Pages]:
              "required": ["name"]}, fetch_page),)))
     await engine.start()
     try:
-        yield Pages(engine, fake, channel, metrics)
+        yield Pages(engine, fake, channel, metrics, on_fetch)
     finally:
         await engine.stop(grace=0)
         await llm.close()
@@ -214,3 +219,49 @@ async def test_an_overflow_of_the_safety_net_summary_is_retried_once(pages: Page
     assert len(states) >= 2, "the safety net never ran"
     assert pages.channel.texts("reply") == ["The pages say: facts."]
     assert pages.counted("overflow-retry") == 1
+
+
+def shrinking_page(pages: Pages, context_length: int) -> None:
+    """`fetch_page` that, as it runs, makes the model's real window `context_length`: the next
+    request (the one after its result) is cut by a server that ignores `truncate`."""
+    pages.fake.ignores_truncate = True
+
+    def shrink() -> None:
+        pages.fake.models[0].context_length = context_length
+
+    pages.on_fetch.append(shrink)
+
+
+async def test_an_answer_to_a_prompt_cut_after_a_tool_result_is_discarded_and_asked_again(
+    pages: Pages,
+) -> None:
+    shrinking_page(pages, 600)
+    answered: list[int] = []
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if not after_tools(body):
+            return fetch(0)
+        pages.fake.models[0].context_length = 4096  # only the first request after it is cut
+        answered.append(1)
+        return Reply(GARBLED if len(answered) == 1 else "The page says: facts.")
+
+    pages.fake.default_reply = answer
+    await pages.say("Read page p0 and tell me what it says.")
+    assert pages.channel.texts("reply") == ["The page says: facts."]
+    cid = pages.engine.store.active_conversation("console:local").id  # type: ignore[union-attr]
+    assert GARBLED not in [m.content for m in pages.engine.store.messages(cid)]
+    assert pages.fake.cuts == 1 and len(answered) == 2
+    assert len(pages.events("silent-cut")) == 1
+
+
+async def test_a_second_cut_after_a_tool_result_gets_a_clear_line(pages: Pages) -> None:
+    # Far enough below the shrunk request that the count proves the cut again.
+    shrinking_page(pages, 300)
+    pages.fake.default_reply = lambda body: Reply(GARBLED) if after_tools(body) else fetch(0)
+    await pages.say("Read page p0 and tell me what it says.")
+    assert pages.channel.texts("reply") == []
+    [notice] = pages.channel.texts("notice")
+    assert "context window" in notice and "/compact" in notice
+    cid = pages.engine.store.active_conversation("console:local").id  # type: ignore[union-attr]
+    assert GARBLED not in [m.content for m in pages.engine.store.messages(cid)]
+    assert pages.fake.cuts == 2
