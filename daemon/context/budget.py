@@ -48,6 +48,10 @@ RATIO_DECAY_FAR = 0.5  # for a count far below the estimate that is not a cut
 # One reading moves the ratio up by at most this factor: a count can be wrong (a server that
 # counts only the uncached part, a cut misread), and the ratio is kept with the conversation.
 RATIO_STEP = 1.5
+# A cut proves the request was over num_ctx, so the ratio is at least num_ctx / raw; this much
+# above that bound, since the prompt was over by an unknown amount (the reply's reserve gives
+# the rebuilt request room besides). The step cap does not apply: this is no noisy reading.
+CUT_MARGIN = 1.5
 
 
 def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: int,
@@ -56,7 +60,8 @@ def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: 
     whether Ollama cut that request silently.
 
     `raw` is the request's estimate at ratio 1 (`overhead` of it unscaled), `estimate` the one
-    it was fitted with. No single reading moves the ratio up by more than `RATIO_STEP`. A count
+    it was fitted with. No single reading moves the ratio up by more than `RATIO_STEP`, except
+    a cut, which moves it as far as the request needs to fit (`CUT_MARGIN`). A count
     far below the estimate is a cut only when it is also below what any tokenizer makes of the
     text (`RATIO_MIN` per 4 bytes): otherwise it is the truth, and the ratio was too high (taken
     for a cut, it raised an overestimate further, to the cap). Unless the count is `whole`
@@ -72,7 +77,7 @@ def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: 
         return min(max(measured, ratio), ratio * RATIO_STEP), False
     if (far_below and count < RATIO_MIN * raw) or brim:
         # Ollama dropped part of the prompt: the real size was above num_ctx.
-        return min(max(num_ctx / raw * 1.1, ratio * 1.25), ratio * RATIO_STEP, RATIO_MAX), True
+        return min(max(num_ctx / raw * CUT_MARGIN, ratio * 1.25), RATIO_MAX), True
     if count < RATIO_MIN * raw:
         return ratio, False  # a count too small for the text: not a reading to learn from
     # Up at once (within a step), down slowly: requests mix text whose tokens-per-character

@@ -19,7 +19,8 @@
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
     │   ├── ModelNotFound           the configured model is not pulled
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
-    │   ├── ModelCrashed            a 500: the runner failed on this request (retried once)
+    │   │   └── PromptCut           Ollama cut a prompt silently, again after a refit
+    │   ├── ModelCrashed            a 500: the server failed (retried, then an outage)
     │   └── Preempted               a background call gave the model up to a turn
     └── ChannelError                a messaging platform refused, failed or sent nonsense
         ├── DeliveryError           a reply could not be delivered
@@ -139,8 +140,19 @@ class ContextOverflow(LLMError):
         super().__init__(message)
 
 
+class PromptCut(ContextOverflow):
+    """A server that ignores `truncate: false` cut the prompt silently, and cut it again when
+    it was rebuilt at the ratio the first cut proved. `ratio` is that raised ratio."""
+
+    def __init__(self, count: int, num_ctx: int, ratio: float) -> None:
+        self.ratio = ratio
+        super().__init__(f"Ollama cut the prompt to {count} tokens twice (num_ctx {num_ctx})",
+                         None, num_ctx)
+
+
 class ModelCrashed(LLMError):
-    """Ollama answered 500: its runner failed on this request; worth one more try."""
+    """Ollama answered 500 (or an error inside its stream) not naming the request: its runner
+    failed. Tried once more at once; failing on, it is an outage like a refused connection."""
 
 
 class Preempted(LLMError):

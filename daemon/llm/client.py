@@ -54,6 +54,10 @@ _OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than 
 # A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
 # not the request wrong, so it is handled like a refused connection.
 _OUTAGE_STATUSES = (502, 503, 504)
+# A 500 whose error is about this request, not the server (Ollama's ChatHandler answers 500 when
+# the model's template cannot render the messages, or an image does not decode): sending it
+# again cannot help, so it is reported rather than held as an outage.
+_REQUEST_FAULT_TEXTS = ("template:", "image", "does not support", "unmarshal")
 # What the ollama client raises, and lets through from httpx: its ResponseError/RequestError,
 # ConnectionError for a refused connection (an OSError), httpx's transport errors (timeouts,
 # dropped connections), and ValueError for a line or an answer that does not parse (json,
@@ -111,16 +115,41 @@ class _CountsStream(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
+# Every chat tells Ollama never to cut: `truncate` false makes an over-window prompt an error
+# (refitted and retried) instead of old messages dropped silently, `shift` false stops a long
+# generation instead of sliding the window under the model (ChatRequest in api/types.go).
+NEVER_CUT = {"truncate": False, "shift": False}
+
+
+def _never_cut(request: httpx.Request) -> httpx.Request:
+    """The chat request with `NEVER_CUT` in its body; other requests as they are. Added here
+    because the ollama client's `chat` (0.6.x) has no parameters for these fields."""
+    if request.method != "POST" or not request.url.path.endswith("/api/chat"):
+        return request
+    try:
+        body = json.loads(request.content)
+    except ValueError:
+        return request
+    if not isinstance(body, dict):
+        return request
+    headers = httpx.Headers(request.headers)
+    del headers["content-length"]
+    return httpx.Request(request.method, request.url, headers=headers,
+                         content=json.dumps({**body, **NEVER_CUT}).encode(),
+                         extensions=request.extensions)
+
+
 class _CountsTransport(httpx.AsyncBaseTransport):
     """httpx's own transport, keeping what the ollama client's response models drop: they ignore
     fields they do not declare, and Ollama newer than ollama/ollama#17943 reports how many of
-    `prompt_eval_count` came from its cache in `prompt_eval_cached_count`."""
+    `prompt_eval_count` came from its cache in `prompt_eval_cached_count`. It also adds the
+    request fields the client cannot send (`_never_cut`)."""
 
     def __init__(self) -> None:
         self._inner = httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self._inner.handle_async_request(request)
+        response = await self._inner.handle_async_request(_never_cut(request))
         counts = _final_counts.get()
         if counts is not None and isinstance(response.stream, httpx.AsyncByteStream):
             response.stream = _CountsStream(response.stream, counts)
@@ -609,6 +638,8 @@ def _translate(exc: BaseException, model: str) -> LLMError:
         if exc.status_code in _OUTAGE_STATUSES:
             return LLMUnavailable(f"Ollama answered {exc.status_code}: {text}")
         if exc.status_code == 500:
+            if any(marker in text for marker in _REQUEST_FAULT_TEXTS):
+                return LLMError(f"Ollama answered 500: {text}")
             return ModelCrashed(f"Ollama answered 500: {text}")
         if exc.status_code == -1:
             # The ollama client's mark for an {"error": ...} line inside a 200 stream: the runner

@@ -31,6 +31,12 @@ class ReplyStream:
     def begin(self) -> None:
         self.held, self.passing, self.thought = [], False, False
 
+    def discard(self) -> None:
+        """Forget the call's words (an answer to a prompt Ollama cut): a stopped turn does not
+        keep them. The preview already shown is not a record; the reply replaces it."""
+        self.written = []
+        self.begin()
+
     def thinking(self, piece: str) -> None:
         if not self.thought:  # one line for the whole thought, not one per piece
             self.thought = True

@@ -10,9 +10,12 @@ The turn is a thin coordinator over the store, the pure context functions and th
    preamble + tail, fitted to the budget);
 3. call Ollama, streaming the reply to the channel's sink for the turn (with a line about
    thinking and tools), in a part of the turn that /stop can cancel, retrying with backoff
-   while it is unreachable (a refused connection, or a 502/503/504), once more after a 500;
+   while it is unreachable (a refused connection, a 502/503/504, or 500s: one is tried again
+   at once, more are an outage; a 500 naming the request is reported);
    an overflow rejection (before anything streamed) recalibrates, refits and retries once;
-4. calibrate the token ratio from Ollama's `prompt_eval_count` (and notice a silent cut);
+   an answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is
+   discarded, and the request rebuilt at the ratio the cut proves and sent once more;
+4. calibrate the token ratio from Ollama's `prompt_eval_count`;
 5. save the reply, put it in the outbox and only then clear the inbox items.
 
 A stopped turn (/stop) keeps what was written as its reply, marked "(stopped)", saved and
@@ -53,6 +56,7 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    PromptCut,
     Stopped,
     StoreError,
 )
@@ -90,6 +94,9 @@ RATIO_START = 1.0
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
 CROWDED_SHARE = 0.9
+TOO_LARGE = ("This turn grew larger than the model's context window, even after I shortened it "
+             "and tried again. Your message is saved; send /compact (or /new) and ask again, "
+             "or ask in smaller steps.")
 
 
 class Outcome(enum.Enum):
@@ -127,11 +134,12 @@ class _Outage:
         self.host = host
         self.pending = announce
 
-    async def tell(self) -> None:
+    async def tell(self, exc: LLMError) -> None:
         if self.pending:
             self.pending = False
+            state = ("keeps failing" if isinstance(exc, ModelCrashed) else "is not answering")
             await self.notify(self.chat_key, (
-                f"The model server at {self.host} is not answering. Your message is saved; "
+                f"The model server at {self.host} {state}. Your message is saved; "
                 "I will keep trying and answer when it is back."))
 
 
@@ -263,6 +271,7 @@ class TurnRunner:
                 status=sink.status,
                 vision="vision" in (await self.llm.model_info(model)).capabilities,
                 attachments=self.store.state_dir / "attachments",
+                whole=self.llm.counts_whole_prompt,
                 approve=functools.partial(
                     self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
                     ask=self.ask, released=self.llm.waiting_for_user)
@@ -295,16 +304,22 @@ class TurnRunner:
             return await self._fail(recorded, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
-        except (LLMUnavailable, LLMTimeout):
+        except (LLMUnavailable, LLMTimeout, ModelCrashed):
             await asyncio.to_thread(self.store.save_conversation, recorded)
             return TurnResult(Outcome.PARKED, conversation.id)
+        except ContextOverflow as exc:
+            # Refitted and retried once already: the user gets a plain line, not Ollama's body.
+            log.warning("turn for %s does not fit the window: %s", conversation.id, exc)
+            if isinstance(exc, PromptCut):  # the next message starts from what the cut proved
+                recorded = replace(recorded, token_ratio=exc.ratio)
+            return await self._fail(recorded, items, confirmed(TOO_LARGE, context.noted))
         except LLMError as exc:
             log.warning("turn for %s failed: %s", conversation.id, exc)
             # A fact kept before the error is still said (nothing is saved silently).
             return await self._fail(recorded, items, confirmed(
                 f"The model server answered with an error: {exc}. Your message is saved; "
                 "send another message to try again.", context.noted))
-        ratio = await self._calibrate(conversation, prepared, first)
+        ratio, _ = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
         await asyncio.to_thread(
             self._save_reply, conversation, after, items, first,
@@ -324,6 +339,31 @@ class TurnRunner:
         return TurnResult(Outcome.ANSWERED, conversation.id, crowded=crowded)
 
     async def _answer(
+        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, stream: ReplyStream, outage: _Outage, model: str,
+        new_images: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection,
+        and one after a silent cut; a second cut raises `PromptCut`."""
+        result, prepared, messages = await self._first_call(
+            chat_key, conversation, history, prepared, stream, outage, model, new_images)
+        ratio, cut = await self._calibrate(conversation, prepared, result)
+        if not cut:
+            return result, prepared, messages
+        # The model saw only part of the prompt (often without its system message): its answer
+        # is not delivered or stored, and none of its tool calls run. Built again at the ratio
+        # the cut proves, the request is sent once more.
+        stream.discard()
+        refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
+        messages = await self._messages(chat_key, refit, model, notify=False)
+        result = await self._call_model(chat_key, messages, [dict(t) for t in refit.tools] or None,
+                                        stream, outage, model)
+        again, cut = await self._calibrate(conversation, refit, result)
+        if cut:
+            raise PromptCut(result.prompt_eval_count or 0, refit.num_ctx, again)
+        return result, refit, messages
+
+    async def _first_call(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message],
         prepared: Prepared, stream: ReplyStream, outage: _Outage, model: str,
         new_images: bool,
@@ -361,7 +401,7 @@ class TurnRunner:
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
-        crashed on this request) is tried once more, then reported."""
+        crashed) is tried once more at once; failing on, it is handled as unreachable."""
         model = self.settings.model
         crashed = False
         for attempt in range(model.retry_attempts):
@@ -371,12 +411,13 @@ class TurnRunner:
                                              on_delta=stream.delta, on_thinking=stream.thinking,
                                              while_held=lambda: self.working(chat_key))
             except ModelCrashed as exc:
-                if crashed:
-                    raise
-                crashed = True
-                log.warning("Ollama failed on a request for %s (%s); trying once more",
-                            chat_key, exc)
-                await asyncio.sleep(model.retry_backoff)
+                if not crashed:  # one failure is often the runner's alone: again, quietly
+                    crashed = True
+                    log.warning("Ollama failed on a request for %s (%s); trying once more",
+                                chat_key, exc)
+                    await asyncio.sleep(model.retry_backoff)
+                    continue
+                await self._unreachable(attempt, exc, outage)
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 await self._unreachable(attempt, exc, outage)
@@ -397,7 +438,7 @@ class TurnRunner:
                     return await self.prompting.prepare(conversation, history, model=model)
                 except DoesNotFit as exc:
                     return await self._refit_lower(conversation, history, model, exc)
-            except (LLMUnavailable, LLMTimeout) as exc:
+            except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
                 await self._unreachable(attempt, exc, outage)
         raise AssertionError("retry_attempts is at least 1")
 
@@ -437,7 +478,7 @@ class TurnRunner:
         model = self.settings.model
         log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
                     self.llm.host, attempt + 1, model.retry_attempts, exc)
-        await outage.tell()
+        await outage.tell(exc)
         if attempt + 1 == model.retry_attempts:
             raise exc
         await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
@@ -478,14 +519,15 @@ class TurnRunner:
 
     async def _calibrate(
         self, conversation: Conversation, prepared: Prepared, result: ChatResult
-    ) -> float:
-        """The conversation's new token ratio from Ollama's count (`recalibrate`), recording a
-        silent cut. Whether the count includes the cached part is asked of the server only when
-        the reading would lower the ratio or mark a cut."""
+    ) -> tuple[float, bool]:
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), and whether
+        Ollama cut the prompt silently (recorded as an event). Whether the count includes the
+        cached part is asked of the server only when the reading would lower the ratio or mark
+        a cut."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
-            return prepared.ratio
+            return prepared.ratio, False
         estimate = prepared.request.estimate + prepared.tool_tokens
         whole = (result.prompt_eval_cached_count is not None
                  or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
@@ -501,7 +543,7 @@ class TurnRunner:
                                     f"-> {ratio:.2f}")
             log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
                         conversation.id, count, estimate)
-        return ratio
+        return ratio, cut
 
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:

@@ -10,12 +10,18 @@
   the window is already full to within 512 tokens: then the turn ends with what it has and says so.
 * Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
   in-memory messages and have the model write down the state of the task.
+* A call Ollama refuses as over the window (after tool results, or the safety net's own) is
+  refitted once: the turn's ratio learnt from the size Ollama states, the messages shrunk to
+  fit at it, sent again; refused again, the turn ends with a plain line (daemon.turn.runner).
+  An answer to a prompt a server that ignores `truncate` cut silently is discarded the same
+  way: the ratio raised to what the cut proves, the messages shrunk, sent once more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
+from daemon.context.budget import (
+    MESSAGE_OVERHEAD_TOKENS,
+    RATIO_MAX,
+    SILENT_CUT_SHARE,
+    calibrated_ratio,
+    estimate_tokens,
+    recalibrate,
+)
 from daemon.context.compact import (
     continue_from,
     request_tokens,
@@ -32,7 +45,7 @@ from daemon.context.compact import (
     state_messages,
 )
 from daemon.context.replay import ChatMessage, shown_result
-from daemon.core.errors import AttachmentError
+from daemon.core.errors import AttachmentError, ContextOverflow, PromptCut
 from daemon.llm.client import ChatResult
 from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
@@ -125,9 +138,13 @@ class ToolLoop:
         approve: Approve | None = None,
         vision: bool = False,
         attachments: Path | None = None,
+        whole: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """`vision`: the model sees the images a tool returns (stored under `attachments`);
-        otherwise it gets a note that it cannot."""
+        otherwise it gets a note that it cannot. `whole` says whether the server's prompt counts
+        include cached tokens (`ModelClient.counts_whole_prompt`); without it only a count that
+        fills num_ctx is taken for a cut."""
+        self.whole = whole
         self.approve = approve
         self.vision = vision
         self.attachments = attachments
@@ -198,12 +215,71 @@ class ToolLoop:
         self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None
     ) -> ChatResult:
         """One model call; Ollama's count of the prompt keeps the turn's ratio honest (only
-        ever raised here: the turn's own calibration happens once it is saved)."""
-        result = await self.call(messages, tools)
+        ever raised here: the turn's own calibration happens once it is saved). Refused as
+        over the window, `messages` are refitted in place (the caller goes on with them) and
+        sent once more; a second refusal is raised."""
+        try:
+            result = await self.call(messages, tools)
+        except ContextOverflow as exc:
+            await self._refit(messages, tools, exc)
+            result = await self.call(messages, tools)
+        if await self._cut(result, messages, tools):
+            # The model saw part of the prompt: its answer (and any tool call) is dropped.
+            result = await self.call(messages, tools)
+            if await self._cut(result, messages, tools):
+                raise PromptCut(result.prompt_eval_count or 0, self.num_ctx, self.ratio)
         self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
         return result
+
+    async def _refit(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+                     exc: ContextOverflow) -> None:
+        """Learn the ratio from the size Ollama states (5% over it; without one, 1.5 times the
+        turn's), and shrink `messages` in place to fit the budget at that ratio."""
+        schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
+                   if tools else 0)
+        raw = request_tokens(messages, 1.0) + schemas
+        before = self.ratio
+        stated = exc.prompt_tokens
+        measured = (calibrated_ratio(stated, raw, _overhead(messages)) * 1.05 if stated
+                    else before * 1.5)
+        self.ratio = min(max(measured, before * 1.05), RATIO_MAX)
+        # The budget was set with the schemas at the old ratio; they cost more at the new one.
+        budget = self.budget - math.ceil(schemas * (self.ratio - before))
+        messages[:] = shrink(messages, self.ratio, budget).messages
+        await self._record("overflow-retry", (
+            f"Ollama refused {stated} tokens (num_ctx {exc.context_size}) after "
+            f"{len(messages)} messages; ratio {before:.2f} -> {self.ratio:.2f}, shrunk to "
+            f"{request_tokens(messages, self.ratio)} estimated tokens, retried once"))
+
+    async def _cut(self, result: ChatResult, messages: list[ChatMessage],
+                   tools: list[dict[str, Any]] | None) -> bool:
+        """Whether Ollama's count proves it cut this prompt (`recalibrate`); if so the turn's
+        ratio is raised to what the cut proves and `messages` shrunk in place to fit at it."""
+        count = result.prompt_eval_count
+        if not count:
+            return False
+        schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
+                   if tools else 0)
+        raw = request_tokens(messages, 1.0) + schemas
+        estimate = request_tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
+        whole = result.prompt_eval_cached_count is not None
+        if not whole and self.whole is not None and count < SILENT_CUT_SHARE * estimate:
+            whole = await self.whole()  # asked only when the count could mark a cut
+        before = self.ratio
+        ratio, cut = recalibrate(before, count=count, raw=raw, overhead=_overhead(messages),
+                                 estimate=estimate, num_ctx=self.num_ctx, whole=whole)
+        if not cut:
+            return False
+        self.ratio = ratio
+        budget = self.budget - math.ceil(schemas * (ratio - before))
+        messages[:] = shrink(messages, ratio, budget).messages
+        await self._record("silent-cut", (
+            f"Ollama evaluated {count} tokens of about {estimate} sent (num_ctx "
+            f"{self.num_ctx}); answer discarded, ratio {before:.2f} -> {ratio:.2f}, shrunk "
+            f"to {request_tokens(messages, ratio)} estimated tokens, sent once more"))
+        return True
 
     def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
                tools: list[dict[str, Any]] | None) -> None:

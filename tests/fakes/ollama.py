@@ -24,7 +24,10 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
   (``truncate`` defaults to true: it keeps the first tokens and the end), so ``prompt_eval_count``
   is ``num_ctx``. ``cuts`` counts both. With ``refuse_overlong`` the fake answers instead with the
   nested HTTP 400 (``exceed_context_size_error``) that llama-server based builds send; ``overflows``
-  counts it.
+  counts it. A request with ``truncate: false`` (``api/types.go`` ChatRequest; chatPrompt then
+  keeps every message and llama-server refuses what is over ``num_ctx``) gets that 400 without any
+  cut; ``ignores_truncate`` makes the fake an older server that cuts regardless. ``shift`` is
+  taken and not acted on (no reply here runs past the window).
 - Thinking: a model with the ``thinking`` capability thinks when ``think`` is unset (Ollama sets
   it to true), producing ``Reply.thinking`` or else ``FakeModel.default_thinking``; ``think: true``
   for a model without the capability is a 400 ``"<model>" does not support thinking``.
@@ -204,6 +207,7 @@ class FakeOllama:
         # included, with this status (nginx: 502 Bad Gateway, or 503 while it is in maintenance).
         self.gateway_status: int | None = None
         self.refuse_overlong = False  # 400 instead of cutting inside an overlong last message
+        self.ignores_truncate = False  # a server older than `truncate`: cuts even when told not to
         self.reloads = 0
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
         self.report_cached = False  # send prompt_eval_cached_count (Ollama after #17943)
@@ -353,7 +357,8 @@ class FakeOllama:
         self._load(model.name, num_ctx)
         if not messages:  # Ollama's load request
             return _json(self._final(name, "load", 0, 0, started))
-        prompt_tokens, kept = self._fit(messages, body.get("tools"), num_ctx)
+        truncate = body.get("truncate") is not False or self.ignores_truncate
+        prompt_tokens, kept = self._fit(messages, body.get("tools"), num_ctx, truncate)
         if prompt_tokens > num_ctx:
             self.overflows += 1
             return _error(400, _overflow_text(prompt_tokens, num_ctx))
@@ -470,11 +475,11 @@ class FakeOllama:
         return cached + _tools_tokens(tools) if cached else 0
 
     def _fit(self, messages: list[dict[str, Any]], tools: list[Any] | None,
-             num_ctx: int) -> tuple[int, list[dict[str, Any]]]:
+             num_ctx: int, truncate: bool = True) -> tuple[int, list[dict[str, Any]]]:
         """Tokens of the prompt Ollama would evaluate after cutting (> num_ctx: overflow), and
         the messages it kept."""
         total = self.count_tokens(messages, tools)
-        if total <= num_ctx:
+        if total <= num_ctx or not truncate:
             return total, messages
         last = len(messages) - 1
         dropped: set[int] = set()

@@ -146,6 +146,26 @@ async def test_prompt_that_cannot_fit_is_refused_with_400(
     assert response.message.content == "kept for later"
 
 
+async def test_truncate_false_is_refused_unless_the_server_ignores_it(
+    fake: FakeOllama,
+) -> None:
+    messages = [{"role": "system", "content": "s" * 30},
+                *({"role": "user", "content": f"{i}" * 60} for i in range(5)),
+                {"role": "user", "content": "hi"}]
+    body = {"model": "qwen3:4b", "messages": messages, "stream": False,
+            "options": {"num_ctx": 64}, "truncate": False, "shift": False}
+    async with httpx.AsyncClient(base_url=fake.url) as http:
+        refused = await http.post("/api/chat", json=body)
+        assert refused.status_code == 400
+        inner = json.loads(refused.json()["error"])["error"]
+        assert (inner["n_prompt_tokens"], inner["n_ctx"]) == (139, 64)
+        assert fake.overflows == 1 and fake.cuts == 0
+        fake.ignores_truncate = True  # a server from before the field: it cuts anyway
+        cut = await http.post("/api/chat", json=body)
+    assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == 43
+    assert fake.cuts == 1
+
+
 async def test_refused_connections_then_accepted_on_the_same_port(
     fake: FakeOllama, client: ollama.AsyncClient
 ) -> None:

@@ -106,10 +106,16 @@ def test_one_reading_raises_the_ratio_by_one_bounded_step_at_most() -> None:
     ratio, cut = recalibrate(1.0, count=6_000, raw=2_000, overhead=40, estimate=2_000,
                              num_ctx=8_192, whole=True)
     assert not cut and ratio == RATIO_STEP
-    # A silent cut (a prompt filling num_ctx) also moves one step, not to the cap.
-    ratio, cut = recalibrate(2.0, count=8_190, raw=1_000, overhead=40, estimate=2_000,
+
+
+def test_a_cut_moves_the_ratio_past_the_step_far_enough_for_the_request_to_fit() -> None:
+    # A prompt filling num_ctx was cut: it was over 8,192 tokens, so the ratio is at least
+    # 8,192 / 4,000, however far that is from 1.0; the step cap is for noise, not a proof.
+    ratio, cut = recalibrate(1.0, count=8_190, raw=4_000, overhead=40, estimate=4_000,
                              num_ctx=8_192, whole=True)
-    assert cut and ratio == 2.0 * RATIO_STEP < RATIO_MAX
+    assert cut and ratio > RATIO_STEP and ratio >= 8_192 / 4_000
+    assert recalibrate(2.0, count=8_190, raw=1_000, overhead=40, estimate=2_000,
+                       num_ctx=8_192, whole=True) == (RATIO_MAX, True)
 
 
 def test_a_count_far_below_an_overestimate_lowers_the_ratio_instead_of_raising_it() -> None:
@@ -126,7 +132,7 @@ def test_a_count_far_below_an_overestimate_lowers_the_ratio_instead_of_raising_i
 def test_a_count_below_any_tokenizers_is_a_cut_only_when_the_count_is_whole() -> None:
     reading = {"count": 700, "raw": 4_000, "overhead": 40, "estimate": 4_000, "num_ctx": 8_192}
     ratio, cut = recalibrate(1.0, **reading, whole=True)
-    assert cut and 1.0 < ratio <= RATIO_STEP
+    assert cut and ratio >= 8_192 / 4_000
     # Without the cached count from a server that counts only uncached tokens (0.30.x), the
     # same count is the cache at work: no cut, and it cannot lower the ratio either.
     assert recalibrate(1.0, **reading, whole=False) == (1.0, False)

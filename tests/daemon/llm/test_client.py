@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from daemon.core.errors import LLMError, LLMUnavailable
+from daemon.core.errors import ContextOverflow, LLMError, LLMUnavailable
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -83,3 +83,30 @@ async def test_a_streaming_bug_in_a_turn_is_logged_with_its_traceback_not_told_a
               if r.exc_info and isinstance(r.exc_info[1], StreamingBug)]
     assert logged, [r.getMessage() for r in caplog.records]
     assert channel.texts("reply") == []
+
+
+async def test_every_chat_tells_ollama_never_to_cut_or_shift(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    llm = ModelClient(fast(make_settings, fake_ollama).model)
+    try:
+        await llm.chat([{"role": "user", "content": "hi"}])
+        await llm.chat([{"role": "user", "content": "fold this"}], background=True)
+    finally:
+        await llm.close()
+    assert [(b.get("truncate"), b.get("shift")) for b in fake_ollama.chat_requests] == [
+        (False, False), (False, False)]
+
+
+async def test_an_over_window_prompt_is_refused_as_an_overflow_not_cut(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory
+) -> None:
+    llm = ModelClient(fast(make_settings, fake_ollama).model)
+    messages = [{"role": "user", "content": "x" * 40_000}]
+    try:
+        with pytest.raises(ContextOverflow) as refused:
+            await llm.chat(messages)
+    finally:
+        await llm.close()
+    assert refused.value.prompt_tokens == fake_ollama.count_tokens(messages)
+    assert fake_ollama.cuts == 0

@@ -302,7 +302,8 @@ async def test_an_overflow_is_retried_only_once(rig_for: Callable[..., Any]) -> 
     await rig.say("too big twice")
     assert len(rig.turn_requests()) == 2
     [notice] = rig.channel.texts("notice")
-    assert "exceeds the available context size" in notice
+    assert "context window" in notice and "/compact" in notice
+    assert "exceed_context_size_error" not in notice and "{" not in notice  # no raw body
     assert rig.channel.texts("reply") == []
     # The message is kept and the next one is answered normally.
     await rig.say("smaller now")
@@ -313,6 +314,7 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     rig_for: Callable[..., Any],
 ) -> None:
     rig: Rig = await rig_for(window=4096)
+    rig.fake.ignores_truncate = True  # a server that cuts although told not to
     await rig.say("first")
     cid = rig.conversation_id()
     # Pretend calibration went badly wrong: roost now underestimates by far.
@@ -326,23 +328,6 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     events = rig.engine.parts.records.events("2026-12-01")
     assert any("silent-cut" in e for e in events)
     assert rig.store.get_conversation(cid).token_ratio > 0.5  # type: ignore[union-attr]
-
-
-async def test_one_silent_cut_moves_the_ratio_by_a_bounded_step(
-    rig_for: Callable[..., Any],
-) -> None:
-    rig: Rig = await rig_for(window=4096)
-    await rig.say("first")
-    cid = rig.conversation_id()
-    conversation = rig.store.get_conversation(cid)
-    assert conversation is not None
-    rig.store.save_conversation(replace(conversation, token_ratio=0.5))
-    rig.tool_cycle(12_000)
-    await rig.say("What does it say?", wait_fold=False)
-    assert rig.fake.cuts == 1
-    # One reading is one step (x1.5 at most), however large the cut looked: a reading can be
-    # wrong, and the ratio stays with the conversation.
-    assert 0.5 < ratio_of(rig) <= 0.75
 
 
 def ratio_of(rig: Rig) -> float:
