@@ -23,7 +23,7 @@ from daemon.core.ids import new_id
 from daemon.engine.workers import Engine
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
-from daemon.store import Store
+from daemon.store import Store, in_use
 from daemon.tools.mcp.servers import with_servers
 from daemon.turn.parts import TurnParts, builtin_registry
 
@@ -145,11 +145,23 @@ async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) ->
                 if run is not None and run["status"] != "running":
                     return RunResult(run_id, run["status"], text=run.get("text") or "",
                                      error=run.get("error") or "")
+                if not in_use(settings.daemon.state_dir):
+                    return RunResult(run_id, "failed", error=_gone(state, request, automation))
                 await asyncio.sleep(0.5)
     except TimeoutError:
         return RunResult(run_id, "failed", error="the running daemon did not run it in time")
     finally:
         state.close()
+
+
+def _gone(state: AutomationState, request: str, automation: AutomationSettings) -> str:
+    """What happens to a run whose daemon went away (killed, stopped) while it was waited for."""
+    if state.run_requested(request):  # not taken yet: the next start takes it
+        return (f"roost stopped before it ran {automation.name}; it runs {automation.name} "
+                "when it starts again")
+    return (f"roost stopped during the run of {automation.name}; a run asked for by hand is "
+            f"not run again by itself: `roost automations run {automation.name}` once roost "
+            "is back")
 
 
 def unserved(settings: Settings, target: str) -> str | None:

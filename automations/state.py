@@ -236,6 +236,10 @@ class AutomationState:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write(folder / f"{doc['id']}.json", json.dumps(dict(doc)).encode("utf-8"))
 
+    def run_requested(self, request_id: str) -> bool:
+        """Whether the request is still waiting to be taken by the daemon."""
+        return (self.state_dir / REQUESTS / f"{request_id}.json").exists()
+
     def take_run_requests(self) -> list[dict[str, Any]]:
         """The requests waiting, each removed as it is taken (a crash loses the request, and
         the command that made it says the daemon did not answer)."""

@@ -12,7 +12,8 @@ answer (no other await before it), and skips the folder's fsync (`Store.outbox_u
 leaves that window at the time one file write and its fsync take. So that the duplicates can
 be counted, the part about to go out is written down first (`attempting`, in the same write as
 the previous part's record): a part found in flight that way by a later process, and sent
-again, is reported to `on_resent`.
+again, is reported to `on_resent`, and so is a part sent again in this process after a send
+whose answer was lost (`answer_lost`).
 
 A part Telegram refuses whole goes out in smaller pieces (channels.telegram); each piece gets
 its own record (`pieces_sent`, `record_piece`) the same way, so a failure or a crash on one
@@ -100,6 +101,11 @@ class Progress:
                                 pieces_sent=pieces_sent, platform_ids=ids, attempting=index,
                                 durable_rename=False)
         self._remember_attempt(outbound.id, index)
+
+    def answer_lost(self, outbound: Outbound, index: int) -> None:
+        """The send of part `index` may have reached the chat, but its answer was lost (the
+        connection dropped after the request left): if it is sent again, that is counted."""
+        self._inherited[outbound.id] = index
 
     def _remember_sent(self, outbound_id: str, parts: int, pieces: int, ids: list[str]) -> None:
         self._sent[outbound_id] = (parts, pieces, tuple(ids))

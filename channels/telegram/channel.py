@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from aiohttp import web
 from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
@@ -303,7 +304,7 @@ class TelegramChannel:
             where = _Destination(chat_id, topic, reply, markup)
             await self.progress.attempt(outbound, index)
             more = index + 1 < len(parts)
-            with _delivery_errors():
+            with _delivery_errors(), _lost_answer(self.progress, outbound, index):
                 pieces = self.progress.pieces_sent(outbound, index)
                 if not pieces:  # else it was refused whole before: on with its next piece
                     sent = await self._send_whole(where, parts[index], outbound.chat_key)
@@ -380,6 +381,22 @@ def _delivery_errors() -> Iterator[None]:
         raise DeliveryError(f"cannot reach Telegram: {exc}") from exc
     except TelegramError as exc:
         raise DeliveryError(f"Telegram error: {exc}") from exc
+
+
+# httpx (python-telegram-bot's HTTP client) failing before the request left: nothing was sent.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+@contextlib.contextmanager
+def _lost_answer(progress: Progress, outbound: Outbound, index: int) -> Iterator[None]:
+    """A network error after the request left (not a refused connection) may hide a message
+    Telegram took: the retry is then a duplicate, which /metrics counts."""
+    try:
+        yield
+    except NetworkError as exc:
+        if not isinstance(exc, BadRequest) and not isinstance(exc.__cause__, _NOT_SENT):
+            progress.answer_lost(outbound, index)
+        raise
 
 
 class Telegram:

@@ -19,6 +19,7 @@ from daemon.cli.approvals import approvals_command
 from daemon.cli.console import console_command
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
+from daemon.core import confine
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.filemodes import make_private
@@ -179,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"roost: config error: {exc}", file=sys.stderr)
         return ConfigError.exit_status
+    # The processes roost starts (stdio MCP servers, document workers) run as this user: they
+    # must not read its tokens from /proc/<pid>/environ, nor the credentials folder.
+    confine.undumpable()
+    confine.hide(settings.credentials)
     try:
         return _dispatch(args, settings)
     except StoreError as exc:

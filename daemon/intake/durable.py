@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,9 @@ from daemon.store import Store
 
 STORE_RETRY_DELAY = 1.0  # seconds, doubled per retry
 STORE_RETRY_MAX = 60.0  # seconds between tries while the disk refuses
+# An OSError a handler lets through with one of these (a folder made for an attachment) is the
+# disk's fault like a StoreError: waited out, one line each time, never quarantined.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Submitter(Protocol):
@@ -257,7 +261,12 @@ class Intake:
         while True:
             try:
                 outcome = await self.handler.process(batch)
-            except StoreError as exc:
+            except (StoreError, OSError) as exc:
+                if not isinstance(exc, StoreError) and exc.errno not in _DISK_FULL:
+                    failures += 1  # any other OSError: the payload's boundary below
+                    if await self._failed(batch, keys, exc, failures):
+                        return
+                    continue
                 # A full or failing disk is not the payload's fault: it stays pending and is
                 # tried again here, with growing pauses, until the disk takes it. Giving up
                 # would leave it on disk but out of the queue until the next start, with the
@@ -270,24 +279,34 @@ class Intake:
                 await asyncio.sleep(delay)
                 continue
             except Exception as exc:
-                # The boundary of one payload's processing: a bug or a poison payload must not
-                # kill the chat's worker, nor fail again at every start.
                 failures += 1
-                log.exception("processing %s payloads %s failed (attempt %d of %d)",
-                              self.channel, keys, failures, ATTEMPTS)
-                if failures < ATTEMPTS:
-                    continue
-                error = error_text(exc)
-                for item in batch:
-                    await self._quarantine({"channel": self.channel, "key": item.key,
-                                            "chat_key": item.chat, "payload": dict(item.payload),
-                                            "received": item.received}, error)
-                return
+                if await self._failed(batch, keys, exc, failures):
+                    return
+                continue
             if outcome is not Outcome.LATER:
-                for item in batch:
-                    await asyncio.to_thread(self.store.updates_done, item.key,
-                                            remember=outcome is Outcome.DONE)
+                try:
+                    for item in batch:
+                        await asyncio.to_thread(self.store.updates_done, item.key,
+                                                remember=outcome is Outcome.DONE)
+                except StoreError as exc:  # processed; only the mark is missing
+                    log.error("cannot mark %s payloads %s done (%s); a redelivery is taken as "
+                              "new", self.channel, keys, exc)
             return
+
+    async def _failed(self, batch: list[Pending], keys: str, exc: Exception,
+                      failures: int) -> bool:
+        """The boundary of one payload's processing: a bug or a poison payload must not kill
+        the chat's worker, nor fail again at every start. True once it is set aside."""
+        log.error("processing %s payloads %s failed (attempt %d of %d)", self.channel, keys,
+                  failures, ATTEMPTS, exc_info=exc)
+        if failures < ATTEMPTS:
+            return False
+        error = error_text(exc)
+        for item in batch:
+            await self._quarantine({"channel": self.channel, "key": item.key,
+                                    "chat_key": item.chat, "payload": dict(item.payload),
+                                    "received": item.received}, error)
+        return True
 
     async def _quarantine(self, doc: Mapping[str, Any], error: str) -> None:
         """Set a payload aside with its error; the chat goes on without it."""

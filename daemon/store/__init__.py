@@ -114,6 +114,22 @@ class NoState(StoreError):
     """The state directory holds no roost state yet (a fresh install)."""
 
 
+def in_use(state_dir: Path) -> bool:
+    """Whether a roost process holds the state directory (a daemon that died holds nothing:
+    the kernel drops its lock). A lock taken here to find out is let go at once."""
+    try:
+        fd = os.open(state_dir / "roost.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of the lock, if it was taken
+    return False
+
+
 def quarantined_items(state_dir: Path) -> list[dict[str, Any]]:
     """The quarantine of a state directory, read without opening (or locking) the store: for
     `roost doctor` while the daemon runs."""

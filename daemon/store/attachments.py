@@ -26,7 +26,6 @@ import hashlib
 import math
 import mimetypes
 import re
-import struct
 import threading
 import time
 import unicodedata
@@ -47,7 +46,6 @@ from daemon.store.documents.note import describe, kind_of
 FILE_KINDS = ("document", "voice", "audio", "video", "file")
 
 # What a broken or hostile file makes Pillow's decoders raise; caught around decoding only.
-_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, TypeError)
 # Pillow's bomb warning and error touch the process-wide warnings filters, which are not
 # thread-safe; decodes run in worker threads, so the part that can warn is serialised.
 _DECODE_LOCK = threading.Lock()
@@ -279,7 +277,11 @@ def _decode(data: bytes, limits: AttachmentLimits, subject: str) -> Image.Image:
                 hint = " (iPhone HEIC photos are converted when sent as a photo, not as a file)"
             raise AttachmentError(f"{subject} is not in an image format I can read. Please send"
                                   f" it as {_format_list()}{hint}.", "unsupported") from exc
-        except _DECODE_ERRORS as exc:
+        except AttachmentError:
+            raise
+        except Exception as exc:
+            # Untrusted bytes in the daemon's process: anything a parser raises (RecursionError,
+            # MemoryError, a bug) means this file is unreadable, never that the message fails.
             raise damaged from exc
 
 
@@ -309,7 +311,7 @@ def _prepare(image: Image.Image, max_side: int) -> Image.Image:
     """Upright, RGB or RGBA, longer side at most `max_side`, without metadata."""
     try:
         ImageOps.exif_transpose(image, in_place=True)  # in place: no full-size copy
-    except _DECODE_ERRORS:
+    except Exception:
         pass  # unreadable EXIF: keep the pixels as they are rather than refuse the photo
     has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info
     if image.mode.startswith("I;16"):

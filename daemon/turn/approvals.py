@@ -39,7 +39,10 @@ from daemon.core.logs import turn_log as log
 from daemon.store.approvals import ApprovalBook
 from daemon.tools.registry import ERROR_PREFIX, Tool
 
-ARGUMENTS_SHOWN = 600  # characters of the arguments shown in the question
+VALUE_SHOWN = 200  # characters of each argument's name and value shown in the question
+# One chat message with room to spare (Telegram and WhatsApp both take 4,096 characters): a
+# question is never split, so its buttons never approve a part the user did not see.
+QUESTION_MAX = 3500
 
 
 class Ask(Protocol):
@@ -107,13 +110,20 @@ class Approvals:
         if ask is None or person is None:
             return (f"{ERROR_PREFIX}{tool.name} needs the user's approval, which cannot be "
                     "asked here (a scheduled run); it was not run.")
+        asking = question(tool, arguments)
+        if asking is None:
+            await ask(chat_key, f"{tool.name} was called with too many arguments to show in one "
+                      "message, so I could not ask you about it; it was not run.")
+            return (f"{ERROR_PREFIX}the arguments of this call of {tool.name} are too many to "
+                    "show the user for approval; it was not run. Call it with fewer or shorter "
+                    "arguments.")
         approval_id = secrets.token_hex(6)
         waiting = _Waiting(chat_key, person, tool.name)
         self._waiting[approval_id] = waiting
         self.changed.set()
         self.changed = asyncio.Event()
         try:
-            await ask(chat_key, question(tool, arguments),
+            await ask(chat_key, asking,
                       buttons=buttons(approval_id, always=tool.approve == "ask"))
             log.info("asked %s to approve %s (%s)", chat_key, tool.name, approval_id)
             async with released():
@@ -140,11 +150,40 @@ class Approvals:
         return None
 
 
-def question(tool: Tool, arguments: Mapping[str, Any]) -> str:
-    shown = json.dumps(dict(arguments), ensure_ascii=False, indent=1)
-    if len(shown) > ARGUMENTS_SHOWN:
-        shown = shown[:ARGUMENTS_SHOWN] + " …"
-    return (f"May I run **{tool.name}**?\n{tool.description}\n\n```\n{shown}\n```")
+def question(tool: Tool, arguments: Mapping[str, Any]) -> str | None:
+    """The question, every argument on a line of its own by name (nested ones by path), or
+    None when they do not fit one message."""
+    try:
+        lines = [f"{_cut(path)}: {_cut(value)}" for path, value in _leaves(arguments)]
+    except ValueError:  # more lines than fit: not showable
+        return None
+    shown = "\n".join(lines) or "(no arguments)"
+    text = f"May I run **{tool.name}**?\n{tool.description}\n\n```\n{shown}\n```"
+    return text if len(text) <= QUESTION_MAX else None
+
+
+def _leaves(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(path, JSON value) for each scalar or empty container, in order; iterative, since the
+    model's arguments may nest deeper than the stack."""
+    found: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", dict(arguments))]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, Mapping) and value:
+            stack.extend(reversed([(f"{path}.{k}" if path else str(k), v)
+                                   for k, v in value.items()]))
+        elif isinstance(value, list) and value and path:
+            stack.extend(reversed([(f"{path}[{i}]", v) for i, v in enumerate(value)]))
+        else:
+            found.append((path, json.dumps(value, ensure_ascii=False)))
+        if len(found) > QUESTION_MAX // 4:  # each line takes 4 or more: stop walking
+            raise ValueError("too many arguments to show")
+    return found
+
+
+def _cut(text: str) -> str:
+    left_out = len(text) - VALUE_SHOWN
+    return text if left_out <= 0 else f"{text[:VALUE_SHOWN]}… ({left_out} more characters)"
 
 
 Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]

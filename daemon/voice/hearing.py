@@ -37,6 +37,8 @@ from daemon.voice.audio import clock, duration_of
 from daemon.voice.backends import Backend
 
 AUDIO_KINDS = ("voice", "audio")
+# Characters of a transcript kept: ten minutes of fast speech is about 12,000.
+TRANSCRIPT_MAX = 20_000
 _BEFORE_BACKEND = ("off", "unreadable", "too_long")
 Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text)
 Hold = Callable[[], AbstractAsyncContextManager[None]]
@@ -145,6 +147,9 @@ class Hearing:
                              f"to {clock(cap)}, so I only know you sent it. Please send a "
                              "shorter one, or type it.", "too_long")
         text = await self._transcribe(path, doc, label, shown)
+        if len(text) > TRANSCRIPT_MAX:  # a server gone wrong: the message stays a message
+            text = (f"{text[:TRANSCRIPT_MAX]}\n[the transcript is cut here: "
+                    f"{len(text) - TRANSCRIPT_MAX:,} more characters]")
         return _Heard(text, duration)
 
     async def _transcribe(self, path: Path, doc: Mapping[str, Any], label: str,

@@ -129,3 +129,36 @@ async def test_doctor_warns_about_an_automation_on_a_second_model(
     assert "ok   automation off: disabled" in report
     listed = roost("automations", "list", "--config", str(config))
     assert "next: disabled" in listed.stdout
+
+
+async def test_run_through_a_daemon_that_goes_away_exits_saying_what_happens(
+    tmp_path: Path, make_daemon: DaemonFactory, fake_ollama: FakeOllama
+) -> None:
+    """The daemon takes the request, starts the run and dies: the command used to wait for the
+    timeout plus 40 s (10 min 40 s by default); it notices the daemon is gone within seconds."""
+    daemon = make_daemon(automation("brief", "0 7 * * *"))
+    automations = await daemon.start()
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{daemon.settings.daemon.state_dir}"\n'
+                      f'[model]\nhost = "{fake_ollama.url}"\n'
+                      '[[automations]]\nname = "brief"\nschedule = "0 7 * * *"\n'
+                      'prompt = "Anything new?"\ndeliver = ["console:local"]\n')
+    fake_ollama.script(Reply(content="Too late.", delay=30.0))
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon", "automations", "run", "brief", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(20):  # the run is taken and recorded as running
+            while not any(r["status"] == "running" for r in automations.state.runs("brief")):
+                await automations.scan()
+                await asyncio.sleep(0.2)
+        await daemon.stop()  # its lock on the state directory goes, as when it is killed
+        async with asyncio.timeout(20):
+            await command.wait()
+    finally:
+        if command.returncode is None:
+            command.kill()
+    _, err = await command.communicate()
+    assert command.returncode == 1
+    assert "roost stopped during the run of brief" in err.decode()
+    assert "roost automations run brief" in err.decode()  # what to do about it

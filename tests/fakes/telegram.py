@@ -92,6 +92,7 @@ class _Fault:
     status: int = 0  # 0: drop the connection instead of answering
     description: str = ""
     retry_after: int | None = None
+    done: bool = False  # with status 0: the call does its work, then the connection drops
 
 
 @dataclass(frozen=True)
@@ -226,9 +227,10 @@ class FakeTelegram:
         """Answer the next `times` calls of method with this error (they are still recorded)."""
         self._faults[method.lower()].extend([_Fault(status, description, retry_after)] * times)
 
-    def drop_next(self, method: str, times: int = 1) -> None:
-        """Close the connection of the next `times` calls of method without an answer."""
-        self._faults[method.lower()].extend([_Fault()] * times)
+    def drop_next(self, method: str, times: int = 1, *, done: bool = False) -> None:
+        """Close the connection of the next `times` calls of method without an answer; with
+        `done`, after the call did its work (a message sent that the client never hears of)."""
+        self._faults[method.lower()].extend([_Fault(done=done)] * times)
 
     def hold(self, method: str, *, after: int = 0) -> None:
         """Record calls of method but answer none until `release()`, once `after` more have
@@ -321,6 +323,8 @@ class FakeTelegram:
             fault = faults.popleft()
             if fault.status:
                 return _error(fault.status, fault.description, fault.retry_after)
+            if fault.done and (handler := self._methods.get(method.lower())) is not None:
+                await handler(call)
             if request.transport is not None:
                 request.transport.close()
             return web.Response()  # never reaches the client

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.core import confine
 from daemon.core.errors import DocumentError
 from daemon.core.logs import store_log as log
 
@@ -52,7 +53,8 @@ class _Child:
         env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LANG": "C.UTF-8",
                "PATH": os.defpath}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.store.documents.child", str(memory_mb)],
+            confine.wrapped([sys.executable, "-m", "daemon.store.documents.child",
+                             str(memory_mb)]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, env=env, cwd="/")
         self.buffer = b""

@@ -30,6 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from daemon.core import confine
 from daemon.core.config import McpServerSettings
 from daemon.core.errors import McpError
 from daemon.core.logs import mcp_log as log
@@ -187,7 +188,9 @@ class Connection:
         settings = self.settings
         async with contextlib.AsyncExitStack() as stack:
             if settings.command:
-                params = StdioServerParameters(command=settings.command, args=list(settings.args),
+                # Through confine's launcher: no read access to the credentials folder.
+                command, *args = confine.wrapped([settings.command, *settings.args])
+                params = StdioServerParameters(command=command, args=args,
                                                env=dict(settings.env) or None, cwd=settings.cwd)
                 assert self._errlog is not None
                 read, write = await stack.enter_async_context(stdio_client(params, self._errlog))

@@ -11,7 +11,8 @@ Refused unless `web.allow_private` or the host is in `web.allow_hosts`: every ad
 not globally routable: loopback (127/8, ::1), private (10/8, 172.16/12, 192.168/16,
 fc00::/7), link-local (169.254/16 with the metadata address 169.254.169.254, fe80::/10), the
 unspecified address, carrier-grade NAT, multicast and reserved ranges, and IPv4 addresses
-wrapped in IPv6 (::ffff:10.0.0.1) by what they wrap.
+wrapped in IPv6 by what they wrap: mapped (::ffff:10.0.0.1), NAT64 (64:ff9b::/96 and
+64:ff9b:1::/48), 6to4 (2002::/16), Teredo (2001::/32) and IPv4-compatible (::/96).
 """
 
 from __future__ import annotations
@@ -50,10 +51,32 @@ def literal(host: str) -> Address | None:
         return None
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the IPv4 in the last 32 bits
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: bits 48-63 and 72-87
+_COMPATIBLE = ipaddress.ip_network("::/96")  # the deprecated IPv4-compatible form
+
+
 def is_public(address: Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address) and (inside := _inside(address)):
+        return all(is_public(inner) for inner in inside)
     return address.is_global and not address.is_multicast
+
+
+def _inside(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses a transition form carries (a packet to it reaches them), or []."""
+    value = int(address)
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address in _NAT64 or address in _COMPATIBLE:
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if address in _NAT64_LOCAL:
+        high, low = (value >> 64) & 0xFFFF, (value >> 40) & 0xFFFF
+        return [ipaddress.IPv4Address(high << 16 | low)]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)  # the relay server and the client behind it
+    return []
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,21 @@ async def test_a_dropped_connection_is_retried_and_delivered_once(
     assert texts(fake_telegram) == ["echo: shaky line"]
 
 
+async def test_a_send_whose_answer_was_lost_goes_twice_and_is_counted(
+        start: Start, fake_telegram: FakeTelegram) -> None:
+    # Telegram took the message, the connection dropped before its answer: roost cannot know,
+    # sends it again (at least once), and /metrics says so.
+    daemon = await start()
+    fake_telegram.drop_next("sendMessage", done=True)
+    assert await daemon.post(message(1, "shaky line")) == 200
+    await fake_telegram.wait_for("sendMessage", 2)
+    await daemon.settle()
+    assert texts(fake_telegram) == ["echo: shaky line", "echo: shaky line"]
+    async with aiohttp.ClientSession() as http, http.get(daemon.url + "/metrics") as reply:
+        metrics = await reply.text()
+    assert 'roost_parts_resent_total{channel="telegram"} 1.0' in metrics
+
+
 async def test_typing_is_shown_while_a_turn_runs_and_not_after(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
     daemon = await start()

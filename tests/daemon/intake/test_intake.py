@@ -6,6 +6,7 @@ cannot even be routed quarantined at resume."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -134,6 +135,35 @@ async def test_a_disk_full_for_a_while_delays_a_payload_and_loses_nothing(
         await intake.stop()
         assert handler.processed == [["first"], ["second"]]  # in order, neither left behind
         assert store.updates_pending("test") == [] and store.quarantined() == []
+
+
+class NoSpace(Recorder):
+    """A channel whose attachment folder cannot be made once: mkdir raises ENOSPC itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = 1
+
+    async def process(self, batch: list[Pending]) -> Outcome:
+        if self.full:
+            self.full -= 1
+            raise OSError(errno.ENOSPC, "No space left on device", "attachments/2026-12")
+        return await super().process(batch)
+
+
+async def test_an_out_of_space_error_is_one_line_and_the_payload_is_kept(
+        state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Store.open(state_dir) as store:
+        handler = NoSpace()
+        intake = Intake(store=store, channel="test", handler=handler)
+        intake.store_retry_delay = 0.001
+        with caplog.at_level(logging.INFO, logger="roost"):
+            await feed(intake, {"id": 1, "chat": "a", "text": "photo"})
+        await intake.stop()
+        assert handler.processed == [["photo"]]
+        assert store.quarantined() == []
+    (line,) = [r for r in caplog.records if "No space left" in r.getMessage()]
+    assert line.exc_info is None  # no traceback: the disk, not roost, is at fault
 
 
 async def test_a_payload_that_cannot_be_routed_at_resume_is_logged_with_its_traceback(

@@ -38,3 +38,10 @@ def write(folder: Path, name: str, data: bytes) -> Path:
     path = folder / name
     path.write_bytes(data)
     return path
+
+
+def nested_moov(depth: int = 20_000) -> bytes:
+    """A hostile M4A: an `ftyp` box, then `depth` `moov` boxes each inside the last (8 bytes
+    apiece, 160 KB for 20,000), deeper than Python's recursion limit for a recursive parser."""
+    ftyp = (24).to_bytes(4, "big") + b"ftypM4A " + bytes(4) + b"M4A isom"
+    return ftyp + b"".join((8 * (depth - i)).to_bytes(4, "big") + b"moov" for i in range(depth))

@@ -9,7 +9,15 @@ import pytest
 
 from daemon.core.errors import VoiceError
 from daemon.voice.audio import clock, duration_of
-from tests.daemon.voice.recordings import MP3, OPUS, SECONDS, VORBIS, opus_lasting, write
+from tests.daemon.voice.recordings import (
+    MP3,
+    OPUS,
+    SECONDS,
+    VORBIS,
+    nested_moov,
+    opus_lasting,
+    write,
+)
 
 
 @pytest.mark.parametrize("path", [OPUS, VORBIS, MP3], ids=["opus", "vorbis", "mp3"])
@@ -36,6 +44,14 @@ def test_a_broken_file_is_a_clear_answer_for_the_user(tmp_path: Path, data: byte
         duration_of(path, "That voice note")
     assert caught.value.reason == "unreadable"
     assert str(caught.value).startswith("That voice note could not be read")
+
+
+def test_a_hostile_m4a_that_overflows_the_parsers_stack_is_unreadable(tmp_path: Path) -> None:
+    path = write(tmp_path, "nested.m4a", nested_moov())
+    with pytest.raises(VoiceError) as caught:
+        duration_of(path, "That audio file")
+    assert caught.value.reason == "unreadable"
+    assert str(caught.value).startswith("That audio file could not be read as audio")
 
 
 @pytest.mark.parametrize(("seconds", "shown"), [

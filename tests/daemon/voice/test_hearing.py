@@ -17,7 +17,7 @@ from daemon.store import Store
 from daemon.store.attachments import store_file
 from daemon.voice.backends import HttpBackend
 from daemon.voice.hearing import Hearing, last_transcript
-from tests.daemon.voice.recordings import MP3, OPUS, opus_lasting
+from tests.daemon.voice.recordings import MP3, OPUS, nested_moov, opus_lasting
 from tests.fakes.transcription import FakeTranscriber
 
 CHAT = "telegram:1111111"
@@ -150,6 +150,35 @@ async def test_not_heard_the_model_gets_the_note_as_before_and_the_user_one_line
     (pending,) = store.inbox_pending(CHAT)
     await hearing(store, url).hear([Inbound.from_doc(pending)], told)
     assert len(told.lines) == 1
+
+
+async def test_a_hostile_m4a_is_one_line_and_its_caption_is_answered(
+        store: Store, whisper: FakeTranscriber) -> None:
+    # 20,000 nested moov boxes made mutagen raise RecursionError, the batch failed twice and
+    # was quarantined: the caption was never answered.
+    item = voice_item(store, nested_moov(), text="what does he say?", kind="audio",
+                      name="interview.m4a", mime="audio/mp4")
+    told = Told()
+    (kept,) = await hearing(store, whisper.url).hear([item], told)
+    assert kept.text == "what does he say?"
+    assert kept.meta["voice"][0]["status"] == "unreadable"
+    assert told.lines == [(CHAT, told.lines[0][1])]
+    assert told.lines[0][1].startswith("That audio file could not be read as audio")
+    assert whisper.requests == []
+
+
+async def test_a_huge_transcript_is_cut_and_says_how_much(
+        store: Store, whisper: FakeTranscriber) -> None:
+    # A 10 MB transcript became the message whole (188 MB of memory, a prompt past any window).
+    whisper.text = "blah " * 2_000_000
+    told = Told()
+    (heard,) = await hearing(store, whisper.url).hear([voice_item(store, OPUS.read_bytes())],
+                                                      told)
+    assert len(heard.text) < 21_000
+    assert heard.text.startswith("[voice note, 0:02] blah blah")
+    assert heard.text.endswith("[the transcript is cut here: 9,979,999 more characters]")
+    assert heard.meta["voice"][0]["transcript"] == heard.text.removeprefix(
+        "[voice note, 0:02] ")
 
 
 async def test_the_cap_is_configurable(store: Store, whisper: FakeTranscriber) -> None:

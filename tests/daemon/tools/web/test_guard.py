@@ -15,7 +15,13 @@ from daemon.tools.web.guard import Guard, GuardedResolver
 REFUSED = ["10.0.0.5", "10.255.1.1", "172.16.0.1", "172.31.255.254", "192.168.1.1",
            "169.254.169.254", "169.254.1.1", "127.0.0.1", "127.0.0.2", "0.0.0.0",
            "100.64.0.1", "224.0.0.1", "::1", "fc00::1", "fd00:ec2::254", "fe80::1",
-           "::ffff:10.0.0.1", "::ffff:169.254.169.254", "::"]
+           "::ffff:10.0.0.1", "::ffff:169.254.169.254", "::",
+           # IPv6 transition forms, judged by the IPv4 inside: NAT64 (RFC 6052 and the local-use
+           # 64:ff9b:1::/48 of RFC 8215), 6to4, Teredo (the client address is stored inverted)
+           # and the old IPv4-compatible form.
+           "64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", "64:ff9b:1:a9fe:a9:fe00::",
+           "2002:a9fe:a9fe::1", "2002:7f00:1::", "2001:0:5db8:1a21::f5ff:fffa",
+           "2001:0:a00:5::5601:5e56", "::7f00:1", "::a9fe:a9fe", "::a00:5"]
 PUBLIC = ["93.184.216.34", "1.1.1.1", "2606:4700:4700::1111"]
 
 
@@ -66,6 +72,12 @@ async def test_public_addresses_pass_and_are_exactly_what_the_connection_uses() 
     assert [(r["host"], r["port"], r["hostname"]) for r in results] == [
         (a, 443, "example.org") for a in PUBLIC]
     assert [r["family"] for r in results] == [socket.AF_INET, socket.AF_INET, socket.AF_INET6]
+
+
+async def test_a_transition_form_of_a_public_address_passes() -> None:
+    wrapped = ["64:ff9b::5db8:d822", "2002:5db8:d822::1", "::ffff:93.184.216.34"]
+    guard = Guard(resolve=Resolver({"nat64.example": wrapped}))
+    assert await guard.addresses("nat64.example", 443) == wrapped
 
 
 async def test_allow_private_and_allow_hosts_let_inside_addresses_through() -> None:
