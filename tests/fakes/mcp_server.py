@@ -1,9 +1,10 @@
 """A small MCP server for the tests and the bench, built with the SDK's own server class.
 
 Run as a script it serves stdio (`python tests/fakes/mcp_server.py`), or streamable HTTP on
-loopback with `--http PORT` (always 127.0.0.1). Its tools cover what a client must survive:
-an echo, a sleep past any timeout, a raise, an image, a process that exits, an embedded
-resource, a long text and a schema with `$ref` and a many-typed `anyOf`.
+loopback with `--http PORT` (always 127.0.0.1); `--delay SECONDS` waits before serving, as a
+real server does while its SDK imports or `npx` fetches it. Its tools cover what a client must
+survive: an echo, a sleep past any timeout, a raise, an image, a process that exits, an
+embedded resource, a long text and a schema with `$ref` and a many-typed `anyOf`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import base64
 import os
 import sys
+import time
 from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
@@ -83,7 +85,9 @@ def address(where: Address, mode: Literal["home", "work"] | int | None = None) -
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before serving")
     args = parser.parse_args()
+    time.sleep(args.delay)
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.http)
     else:

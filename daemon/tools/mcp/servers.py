@@ -98,6 +98,7 @@ class McpServers:
                 self.registry.problems[name] = self._refused[name]
                 continue
             connection.start()
+            self.registry.starting[name] = connection.ready
             if connection.state is State.DOWN:  # a secret it names is not set
                 self._down(name, connection.error)
 

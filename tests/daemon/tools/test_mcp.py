@@ -35,11 +35,13 @@ def stdio(name: str = "fake", **extra: Any) -> McpServerSettings:
 async def running(state_dir: Path) -> AsyncIterator[Any]:
     started: list[McpServers] = []
 
-    async def run(*servers: McpServerSettings, **settings: Any) -> tuple[Registry, McpServers]:
+    async def run(*servers: McpServerSettings, wait: bool = True,
+                  **settings: Any) -> tuple[Registry, McpServers]:
         registry, mcp = with_servers(McpSettings(servers=servers, **settings), state_dir)
         await mcp.start()
         started.append(mcp)
-        await asyncio.wait_for(mcp.wait_started(), 60)
+        if wait:
+            await asyncio.wait_for(mcp.wait_started(), 60)
         return registry, mcp
 
     yield run
@@ -120,6 +122,38 @@ async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
     assert ctx.active == []
     answer = await call(registry, "fake__echo", ["fake", "broken"], text="still")
     assert answer == "echo: still"
+
+
+def slow(delay: float, **extra: Any) -> McpServerSettings:
+    """The fake server, taking `delay` seconds to start (a real one importing its SDK)."""
+    return McpServerSettings(name="fake", command=sys.executable,
+                             args=(str(SERVER), "--delay", str(delay)), **extra)
+
+
+async def test_activating_a_server_that_is_still_starting_waits_for_it(running: Any) -> None:
+    registry, mcp = await running(slow(1.5), wait=False)
+    assert mcp.connections["fake"].state is State.STARTING
+    ctx = context(registry, [])
+    answer = await tool_activate(ctx, "fake")
+    assert answer.startswith("Loaded fake: you can call fake__echo")
+    assert ctx.active == ["fake"]
+    assert await call(registry, "fake__echo", text="first") == "echo: first"
+
+
+async def test_a_call_while_the_server_restarts_waits_for_it(running: Any) -> None:
+    _, first = await running(stdio())  # lists its tools once: the catalog has them
+    await first.stop()
+    registry, mcp = await running(slow(1.5), wait=False)
+    assert mcp.connections["fake"].state is State.STARTING
+    assert await call(registry, "fake__echo", text="early") == "echo: early"
+
+
+async def test_waiting_for_a_start_is_bounded_by_the_start_timeout(running: Any) -> None:
+    registry, _ = await running(slow(60), wait=False, start_timeout=1.0)
+    ctx = context(registry, [])
+    refused = await asyncio.wait_for(tool_activate(ctx, "fake"), 20)
+    assert refused.startswith("ERROR: fake has no tools right now (did not answer within 1s)")
+    assert ctx.active == []
 
 
 async def test_the_index_keeps_its_bytes_across_a_restart_before_the_server_is_up(
