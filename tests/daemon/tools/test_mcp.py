@@ -8,19 +8,27 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemon.context.prefix import capability_index
-from daemon.core.config import ConfigError, McpServerSettings, McpSettings, load_settings
+from daemon.core.config import (
+    BUILTIN_CAPABILITIES,
+    ConfigError,
+    McpServerSettings,
+    McpSettings,
+    Settings,
+    load_settings,
+)
 from daemon.tools.builtin import ToolContext, tool_activate, tool_search
 from daemon.tools.mcp.connection import State
 from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry, ToolCall
+from daemon.turn.parts import builtin_registry
 from tests.conftest import wait_until
 from tests.fakes.mcp_results import unlabelled
 
@@ -251,6 +259,45 @@ def test_config_reads_servers_and_refuses_secrets_in_the_file(tmp_path: Path) ->
     path.write_text('[mcp.servers.gh]\ncommand = "x"\napprove = "sometimes"\n', "utf-8")
     with pytest.raises(ConfigError, match=r"mcp\.servers\.gh\.approve"):
         load_settings(path, {})
+
+
+@pytest.mark.parametrize("name", ["time", "memory", "web", "reminders"])
+def test_a_server_named_like_a_builtin_capability_is_a_config_error(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "roost.toml"
+    path.write_text(f'[mcp.servers.{name}]\ncommand = "uvx"\nargs = ["mcp-server-{name}"]\n',
+                    "utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, {})
+    assert str(refused.value) == (
+        f"mcp.servers.{name} in {path}: '{name}' is the name of one of roost's own "
+        f"capabilities; give the server another name, such as [mcp.servers.{name}-mcp]")
+    path.write_text('[mcp.servers.time]\ncommand = "uvx"\n'
+                    '[mcp.servers.time-mcp]\ncommand = "uvx"\n', "utf-8")
+    with pytest.raises(ConfigError, match=r"such as \[mcp\.servers\.time-server\]"):
+        load_settings(path, {})  # the first suggestion is taken
+
+
+def test_every_builtin_capability_name_is_reserved_for_the_config(
+    make_settings: Callable[..., Settings]
+) -> None:
+    names = set(builtin_registry(make_settings()).capabilities)
+    assert names <= BUILTIN_CAPABILITIES and "reminders" in BUILTIN_CAPABILITIES
+
+
+def test_doctor_and_run_refuse_a_server_named_time(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli.main import main
+
+    config = tmp_path / "roost.toml"
+    config.write_text('[mcp.servers.time]\ncommand = "uvx"\nargs = ["mcp-server-time"]\n',
+                      "utf-8")
+    for command in ("doctor", "run", "mcp"):
+        assert main([command, *(["list"] if command == "mcp" else []),
+                     "--config", str(config)]) == 78
+        assert "such as [mcp.servers.time-mcp]" in capsys.readouterr().err
 
 
 def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
