@@ -4,7 +4,9 @@ Run as a script it serves stdio (`python tests/fakes/mcp_server.py`), or streama
 loopback with `--http PORT` (always 127.0.0.1); `--delay SECONDS` waits before serving, as a
 real server does while its SDK imports or `npx` fetches it. Its tools cover what a client must
 survive: an echo, a sleep past any timeout, a raise, an image, a process that exits, an
-embedded resource, a long text and a schema with `$ref` and a many-typed `anyOf`.
+embedded resource, a long text, a schema with `$ref` and a many-typed `anyOf`, and a tool that
+must be run as a task (`execution.taskSupport = "required"`, as server-everything's
+`simulate-research-query`), which the SDK's server class cannot declare, so `list_tools` adds it.
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.utilities.types import Image
-from mcp.types import EmbeddedResource, TextResourceContents
+from mcp.types import EmbeddedResource, TextResourceContents, Tool, ToolExecution
 from pydantic import BaseModel
 
 # The smallest valid PNG (1x1), so "an image" is a real one.
 PNG_1X1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
-server = MCPServer(name="fake", instructions="Test tools: echo, sleep, fail, image and more.\n"
+TASK_ONLY = "research"
+
+
+class FakeServer(MCPServer):
+    async def list_tools(self) -> list[Tool]:
+        return [t.model_copy(update={"execution": ToolExecution(task_support="required")})
+                if t.name == TASK_ONLY else t for t in await super().list_tools()]
+
+
+server = FakeServer(name="fake", instructions="Test tools: echo, sleep, fail, image and more.\n"
                    "Second line of instructions.")
 
 
@@ -80,6 +91,12 @@ def long_text(n: int) -> str:
 @server.tool(description="Store an address; mode is one of a few kinds.")
 def address(where: Address, mode: Literal["home", "work"] | int | None = None) -> str:
     return f"{where.street}, {where.city} ({mode})"
+
+
+@server.tool(name=TASK_ONLY, description="Research a question, as a long-running task.")
+def research(question: str) -> str:
+    # A server that requires tasks refuses a plain call (server-everything does likewise).
+    raise ValueError("this tool must be called as a task (task-augmented execution)")
 
 
 def main() -> None:

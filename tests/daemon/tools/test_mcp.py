@@ -86,6 +86,18 @@ async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(runni
                                                "untrusted content")
 
 
+async def test_a_tool_that_must_run_as_a_task_is_not_offered(running: Any) -> None:
+    # roost does not do task-augmented calls: such a tool would fail on every call.
+    registry, _ = await running(stdio())
+    ctx = context(registry, [])
+    loaded = await tool_activate(ctx, "fake")
+    assert "fake__echo" in loaded and "research" not in loaded
+    assert "fake__research" not in json.dumps(registry.schemas(ctx.active))
+    assert "fake__research" not in await tool_search(context(registry, []), "research")
+    assert (await call(registry, "fake__research", question="q")).startswith(
+        "ERROR: no tool named 'fake__research'")
+
+
 async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: Any) -> None:
     registry, _ = await running(stdio(timeout=1.0), result_max_chars=1000)
     failed = await call(registry, "fake__fail")
@@ -315,6 +327,7 @@ def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
     assert main(["mcp", "list", "--config", str(config)]) == 1  # one server is down
     shown = capsys.readouterr().out
     assert "fake (stdio): up" in shown and "fake__echo [approve: never]" in shown
+    assert "  not offered: research (must run as tasks, which roost does not do)" in shown
     assert "broken (stdio): down - command not found" in shown
     assert main(["mcp", "test", "fake", "--config", str(config)]) == 0
     assert "fake__address" in capsys.readouterr().out
