@@ -17,6 +17,7 @@ import base64
 import os
 import sys
 import time
+import zlib
 from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
@@ -35,6 +36,20 @@ class FakeServer(MCPServer):
     async def list_tools(self) -> list[Tool]:
         return [t.model_copy(update={"execution": ToolExecution(task_support="required")})
                 if t.name == TASK_ONLY else t for t in await super().list_tools()]
+
+
+def _chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
+    crc = zlib.crc32(kind + body) if crc is None else crc
+    return len(body).to_bytes(4, "big") + kind + body + crc.to_bytes(4, "big")
+
+
+# The 1x1 PNG with a colour profile whose checksum is wrong, as in the iCCP chunk of the
+# reference server's `get-tiny-image` (server-everything): browsers and Telegram show it.
+PNG_BAD_ICCP = (PNG_1X1[:33]
+                + _chunk(b"iCCP", b"ICC Profile\x00\x00" + zlib.compress(b"not a profile"), 0)
+                + PNG_1X1[33:])
+# A PNG whose pixel data is not there: nobody can show it.
+PNG_BROKEN = PNG_1X1[:33] + _chunk(b"IDAT", b"garbage") + _chunk(b"IEND", b"")
 
 
 server = FakeServer(name="fake", instructions="Test tools: echo, sleep, fail, image and more.\n"
@@ -63,8 +78,9 @@ def fail(reason: str = "broken") -> str:
 
 
 @server.tool(description="Return a small PNG image.")
-def picture() -> Image:
-    return Image(data=PNG_1X1, format="png")
+def picture(kind: Literal["fine", "bad_profile_checksum", "broken"] = "fine") -> Image:
+    data = {"fine": PNG_1X1, "bad_profile_checksum": PNG_BAD_ICCP, "broken": PNG_BROKEN}[kind]
+    return Image(data=data, format="png")
 
 
 @server.tool(description="Make the server process exit at once.")
