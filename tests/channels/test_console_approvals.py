@@ -81,8 +81,8 @@ async def test_a_line_that_is_no_answer_is_told_what_the_question_waits_for(
     await read_until(chat.stdout, "waiting for your answer to the question above; type y, a "
                                   "or n, or /stop")
     chat.stdin.write(b"y\n")
-    await read_until(chat.stdout, "First done.")
-    await read_until(chat.stdout, "Now to your question.")
+    shown = await read_until(chat.stdout, "Now to your question.", 30)
+    assert shown.index("First done.") < shown.index("Now to your question.")
     assert "what is taking so long?" in str(fake_ollama.chat_requests[-1]["messages"])
     chat.stdin.close()
     assert await chat.wait() == 0
