@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from daemon.core.config import Settings
-from daemon.tools.mcp.servers import McpServers, ServerStatus, with_servers
+from daemon.tools.mcp.servers import McpServers, ServerStatus, not_offered, with_servers
 
 EX_UNKNOWN = 2
 
@@ -44,9 +44,17 @@ async def mcp_list(settings: Settings, out: TextIO | None = None) -> int:
             if status.state == "up" and capability is not None:
                 for tool in capability.tools:
                     out.write(f"  {tool.name} [approve: {tool.approve}] {tool.description}\n")
+                _write_not_offered(servers, status.name, out)
     finally:
         await servers.stop()
     return 0 if all(s.state in ("up", "disabled") for s in statuses) else 1
+
+
+def _write_not_offered(servers: McpServers, name: str, out: TextIO) -> None:
+    listing = servers.connections[name].listing
+    if listing is not None and (task_only := not_offered(listing)):
+        out.write(f"  not offered: {', '.join(task_only)} (must run as tasks, which roost "
+                  "does not do)\n")
 
 
 async def mcp_test(settings: Settings, name: str, out: TextIO | None = None,
@@ -68,6 +76,7 @@ async def mcp_test(settings: Settings, name: str, out: TextIO | None = None,
         for tool in capability.tools:
             out.write(f"  {tool.name} [approve: {tool.approve}]: {tool.description}\n"
                       f"    {tool.schema()['function']['parameters']}\n")
+        _write_not_offered(servers, name, out)
         return 0
     finally:
         await servers.stop()

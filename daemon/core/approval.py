@@ -38,6 +38,11 @@ ANSWERED = {Choice.ONCE: "Allowed once.",
             Choice.ALWAYS: "Allowed. I will not ask again for this tool.",
             Choice.DENY: "Denied."}
 ACCEPTED = frozenset(ANSWERED.values())
+# What a message gets while a question waits in its chat (the chat's queue waits behind it).
+WAITING = ("I'm waiting for your answer to the question above; tap a button, or /stop. "
+           "Your message is kept and answered after that.")
+WAITING_TYPED = ("I'm waiting for your answer to the question above; type y, a or n, or /stop. "
+                 "Your message is kept and answered after that.")
 
 
 @dataclass(frozen=True)

@@ -481,6 +481,10 @@ _MCP_SERVER: _Spec = {
     "approve_tools": _value(dict, "a table of tool name = 'never', 'ask' or 'always'"),
     "timeout": _PERIOD, "enabled": _BOOL}
 _SERVER_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,29}")
+# The capabilities roost registers itself (daemon/tools, automations/reminders.py): a server's
+# name is its capability's, so it cannot be one of these (a test holds the list to the code).
+BUILTIN_CAPABILITIES = frozenset({"memory", "time", "tools", "files", "facts", "web",
+                                  "documents", "reminders"})
 # A value the file gives literally under one of these names is a secret in the file.
 _SECRETISH = re.compile("(?i)token|secret|password|passwd|api_?key|authorization|cookie")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -725,6 +729,10 @@ def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
         if not _SERVER_NAME.fullmatch(name):
             raise fail(where, "the name must be lowercase letters, digits, '-' and '_' "
                        "(at most 30), starting with a letter or digit")
+        if name in BUILTIN_CAPABILITIES:
+            raise fail(where, f"{name!r} is the name of one of roost's own capabilities; give "
+                       f"the server another name, such as "
+                       f"[mcp.servers.{_free_name(name, servers_table)}]")
         values = read(raw, where, _MCP_SERVER)
         if ("command" in values) == ("url" in values):
             raise fail(where, "needs either command (a stdio server) or url (streamable HTTP)")
@@ -751,6 +759,12 @@ def _mcp(table: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
         values["approve_tools"] = MappingProxyType(dict(values.get("approve_tools", {})))
         servers.append(McpServerSettings(name=name, missing=tuple(missing), **values))
     return McpSettings(servers=tuple(servers), **top)
+
+
+def _free_name(name: str, taken: Mapping[str, object]) -> str:
+    """A server name like `name` that is neither a built-in's nor another server's."""
+    candidates = [f"{name}-mcp", f"{name}-server", *(f"{name}-{n}" for n in range(2, 100))]
+    return next(c for c in candidates if c not in taken and c not in BUILTIN_CAPABILITIES)
 
 
 def _home(env: Mapping[str, str]) -> Path:

@@ -157,6 +157,8 @@ class Engine:
         if await asyncio.to_thread(self.store.inbox_add, inbound.to_doc()):
             if inbound.command == "stop":  # now: the chat's queue waits behind the reply
                 self.answering.stop(inbound)
+            elif self.parts.approvals is not None:  # told at once if a question holds the chat
+                self.parts.approvals.nudge(inbound.chat_key)
             self._depth[inbound.chat_key] = self._depth.get(inbound.chat_key, 0) + 1
             self._kick(inbound.chat_key)
         return True

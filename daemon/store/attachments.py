@@ -42,6 +42,7 @@ from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, id_time, new_id
 from daemon.store import atomic_write
 from daemon.store.documents.note import describe, kind_of
+from daemon.store.png import without_bad_ancillary_chunks
 
 FILE_KINDS = ("document", "voice", "audio", "video", "file")
 
@@ -254,6 +255,7 @@ def _decode(data: bytes, limits: AttachmentLimits, subject: str) -> Image.Image:
     """Open with the header checks first, verify the structure, then decode the pixels."""
     damaged = AttachmentError(f"{subject} could not be read as an image; it may be damaged —"
                               " please send it again.", "damaged")
+    data = without_bad_ancillary_chunks(data)  # as browsers do: see daemon.store.png
     with _DECODE_LOCK, warnings.catch_warnings():
         # Pillow warns above its own limit (MAX_IMAGE_PIXELS, left alone: it is process-wide);
         # we refuse instead, and no warning escapes.

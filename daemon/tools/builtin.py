@@ -37,6 +37,9 @@ SEARCH_MAX = 10
 # A conversation that ended this long before a file was stored cannot hold it (the slack
 # covers a clock set back); older ones are not read when looking for a file's message.
 FILE_SLACK = 86_400.0
+# tool_activate may wait for an MCP server that is starting; the wait bounds itself by the
+# server's start timeout, so this only catches what nothing else would.
+ACTIVATE_TIMEOUT = 900.0
 _MSG_REF = re.compile(rf"msg:({ID_PATTERN}):([0-9]{{1,12}})")
 _SUMMARY_REF = re.compile(rf"summary:({ID_PATTERN})")
 
@@ -277,6 +280,9 @@ async def tool_activate(ctx: ToolContext, name: str) -> str:
         return f"ERROR: no capability {name!r}; tool_search lists them."
     if capability.core or name in ctx.active:
         return f"{name} is already loaded."
+    if not capability.tools and name in ctx.registry.starting:  # an MCP server coming up
+        await ctx.registry.starting[name]()
+        capability = ctx.registry.capabilities[name]
     if not capability.tools:  # an MCP server that has not listed any (yet)
         problem = ctx.registry.problems.get(name)
         return (f"ERROR: {name} has no tools right now"
@@ -323,7 +329,8 @@ def register_builtin(registry: Registry) -> None:
             Tool("tool_search", "List capabilities that are not loaded yet.",
                  _schema({"query": {"type": "string"}}), tool_search),
             Tool("tool_activate", "Load a capability so its tools can be called.",
-                 _schema({"name": {"type": "string"}}, ("name",)), tool_activate),
+                 _schema({"name": {"type": "string"}}, ("name",)), tool_activate,
+                 timeout=ACTIVATE_TIMEOUT),
         )))
     registry.register(Capability(
         name="files", group="files",

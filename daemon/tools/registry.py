@@ -123,6 +123,9 @@ class Registry:
     capabilities: dict[str, Capability] = field(default_factory=dict)
     # Capabilities not working right now, with why (an MCP server that is down): /status.
     problems: dict[str, str] = field(default_factory=dict)
+    # Capabilities whose tools may still be coming (an MCP server starting): tool_activate
+    # awaits this (it bounds itself) before it answers.
+    starting: dict[str, Callable[[], Awaitable[object]]] = field(default_factory=dict)
 
     def register(self, capability: Capability) -> None:
         if capability.name in self.capabilities:

@@ -6,7 +6,8 @@ tool" before (remembered in `approvals.json`), "always" asks every time and offe
 "Always". The question goes to the chat as a notice with three buttons (Allow once / Always
 for this tool / Deny); the turn waits for the answer with the model released (a fold may use
 it meanwhile), at most `mcp.approve_timeout`: no answer counts as Deny. The model gets a result
-that says what the user decided.
+that says what the user decided. A message that comes meanwhile waits in the inbox for the next
+turn; the engine `nudge`s the question, whose turn tells the chat at once what it waits for.
 
 Only the person the chat belongs to may answer: in a private chat its owner, in a group the
 one whose message started the turn. A tap by anyone else is refused and logged. The waiting
@@ -30,6 +31,8 @@ from daemon.core.approval import (
     KEYS,
     NOT_WAITING,
     NOT_YOURS,
+    WAITING,
+    WAITING_TYPED,
     Answer,
     Button,
     Choice,
@@ -59,6 +62,7 @@ class _Waiting:
     tool: str
     answer: asyncio.Future[Choice] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
+    nudged: asyncio.Event = field(default_factory=asyncio.Event)  # a message came meanwhile
 
 
 class Approvals:
@@ -75,6 +79,14 @@ class Approvals:
         """The ids of the questions waiting for an answer in a chat, oldest first."""
         return [i for i, w in self._waiting.items()
                 if w.chat_key == chat_key and not w.answer.done()]
+
+    def nudge(self, chat_key: str) -> bool:
+        """A message came in a chat: if a question waits there, its turn tells the chat at once
+        that it waits (the message itself is answered after the turn). True if one waits."""
+        waiting = [self._waiting[i] for i in self.waiting_in(chat_key)]
+        for pending in waiting:
+            pending.nudged.set()
+        return bool(waiting)
 
     async def answer(self, answer: Answer) -> str:
         waiting = self._waiting.get(answer.approval_id)
@@ -127,11 +139,7 @@ class Approvals:
                       buttons=buttons(approval_id, always=tool.approve == "ask"))
             log.info("asked %s to approve %s (%s)", chat_key, tool.name, approval_id)
             async with released():
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        choice = await waiting.answer
-                except TimeoutError:
-                    choice = None
+                choice = await self._answer_of(waiting, ask)
         finally:
             del self._waiting[approval_id]
         log.info("approval %s for %s in %s: %s", approval_id, tool.name, chat_key,
@@ -148,6 +156,26 @@ class Approvals:
         if choice is Choice.ALWAYS:
             await asyncio.to_thread(self.book.grant, person, tool.name, self.clock())
         return None
+
+    async def _answer_of(self, waiting: _Waiting, ask: Ask) -> Choice | None:
+        """The answer, None when none came in time; each message meanwhile is told at once
+        what the chat waits for (from the turn, which owns the chat's outbox)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                while True:
+                    nudged = asyncio.ensure_future(waiting.nudged.wait())
+                    try:
+                        await asyncio.wait((waiting.answer, nudged),
+                                           return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        nudged.cancel()
+                    if waiting.answer.done():
+                        return waiting.answer.result()
+                    waiting.nudged.clear()
+                    typed = waiting.chat_key.startswith("console:")
+                    await ask(waiting.chat_key, WAITING_TYPED if typed else WAITING)
+        except TimeoutError:
+            return None
 
 
 def question(tool: Tool, arguments: Mapping[str, Any]) -> str | None:

@@ -68,6 +68,11 @@ TEXT_CALL_APOLOGY = ("I tried to use one of my tools but did not manage to. Coul
 CONTEXT_FULL_NOTE = ("\n\n[The answer stops here: this conversation fills the model's context "
                      "window. Send /compact or /new and ask for the rest.]")
 CUT_OFF_NOTE = "\n\n[The answer was cut off; ask me to go on.]"
+# Why an image a tool returned was refused (AttachmentError.reason), told to the model.
+TOOL_IMAGE_PROBLEMS = {"damaged": "it is damaged (it cannot be decoded)",
+                       "unsupported": "it is in a format roost cannot read",
+                       "too_large": "it is larger than roost accepts",
+                       "too_many_pixels": "it has more pixels than roost accepts"}
 
 Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
 Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
@@ -336,7 +341,11 @@ class ToolLoop:
             try:
                 stored.append(await asyncio.to_thread(store_image, data, self.attachments))
             except AttachmentError as exc:
-                notes.append(f"[an image of this result could not be used: {exc}]")
+                # Its message speaks to a user who sent a photo ("send it again"): here the
+                # tool made the image, and the model must not ask the user for it.
+                problem = TOOL_IMAGE_PROBLEMS.get(exc.reason, "roost could not use it")
+                notes.append(f"[the image {outcome.name} returned could not be used: {problem}; "
+                             "that is a problem of the tool, not of anything the user sent]")
         if stored and not self.vision:
             notes.append("[this model cannot see images, so the image is not shown]")
         return stored, "".join(f"\n{n}" for n in notes)

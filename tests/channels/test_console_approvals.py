@@ -65,3 +65,24 @@ async def test_y_allows_once_a_always_and_n_denies(
     with Store.open(tmp_path / "state", read_only=True) as store:
         (conversation,) = store.list_conversations(chat_key="console:local")
         assert "fake" in conversation.active_tools  # the activation is kept for later turns
+
+
+async def test_a_line_that_is_no_answer_is_told_what_the_question_waits_for(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    fake_ollama.script(call("tool_activate", name="fake"), call("fake__echo", text="one"),
+                       Reply("First done."), Reply("Now to your question."))
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout
+    await read_until(chat.stdout, "Ctrl-D to leave")
+    chat.stdin.write(b"echo one\n")
+    await read_until(chat.stdout, "[n] Deny")
+    chat.stdin.write(b"what is taking so long?\n")
+    await read_until(chat.stdout, "waiting for your answer to the question above; type y, a "
+                                  "or n, or /stop")
+    chat.stdin.write(b"y\n")
+    shown = await read_until(chat.stdout, "Now to your question.", 30)
+    assert shown.index("First done.") < shown.index("Now to your question.")
+    assert "what is taking so long?" in str(fake_ollama.chat_requests[-1]["messages"])
+    chat.stdin.close()
+    assert await chat.wait() == 0

@@ -37,6 +37,9 @@ from daemon.core.logs import mcp_log as log
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
+# What a wait for a start adds to the start timeout: the start's own timeout, begun earlier,
+# speaks first, so the waiter hears why it failed.
+START_SLACK = 5.0
 PING_EVERY = 15.0
 PING_TIMEOUT = 10.0
 MAX_PAGES = 20  # tools/list pages read at most
@@ -77,7 +80,7 @@ class Connection:
         self.listing: Listing | None = None
         self._session: ClientSession | None = None
         self._broken = asyncio.Event()
-        self._up = asyncio.Event()
+        self._settled = asyncio.Event()  # set while the state is not STARTING
         self._tried = asyncio.Event()  # set after the first attempt, whichever way it went
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -87,12 +90,14 @@ class Connection:
         if not self.settings.enabled:
             self.state, self.error = State.DISABLED, "disabled in the config (enabled = false)"
             self._tried.set()
+            self._settled.set()
             return
         if self.settings.missing:
             names = ", ".join(self.settings.missing)
             self.state, self.error = State.DOWN, (
                 f"needs {names} in the environment or $CREDENTIALS_DIRECTORY")
             self._tried.set()
+            self._settled.set()
             return
         if self.settings.command:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -114,10 +119,20 @@ class Connection:
         await self._tried.wait()
         return self.state is State.UP
 
+    async def ready(self) -> bool:
+        """True when the server is up, after waiting for a start under way (bounded by the
+        start timeout): the first request after roost starts finds the server coming up."""
+        if self.state is State.STARTING and self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.start_timeout + START_SLACK):
+                    await self._settled.wait()
+        return self.state is State.UP
+
     async def call(self, tool: str, arguments: dict[str, Any],
                    limit: float) -> types.CallToolResult:
         """Call a tool; `McpError` when the server is not up, the call timed out or failed on
         the protocol level (a tool's own error is a result with `is_error`)."""
+        await self.ready()
         session = self._session
         if session is None or self.state is not State.UP:
             raise McpError(f"the MCP server {self.name!r} is not running"
@@ -146,6 +161,7 @@ class Connection:
         backoff = BACKOFF_FIRST
         while not self._stopping.is_set():
             self.state = State.STARTING
+            self._settled.clear()
             self._broken.clear()
             try:
                 async with self._connected() as session:
@@ -161,6 +177,7 @@ class Connection:
                     if self.on_listed is not None:
                         self.on_listed(self.name, listing)
                     self._tried.set()
+                    self._settled.set()
                     await self._watch(session)
             except Exception as exc:  # the boundary of a server: whatever it did, retry later
                 # The start's timeout may come wrapped in the transport's exception group.
@@ -176,6 +193,7 @@ class Connection:
             if self.on_down is not None:
                 self.on_down(self.name, self.error or "it stopped")
             self._tried.set()
+            self._settled.set()
             log.warning("MCP server %s is down (%s); starting it again in %.0fs",
                         self.name, self.error or "it stopped", backoff)
             with contextlib.suppress(TimeoutError):

@@ -7,7 +7,9 @@ makes its calls fail (as error results), a doctor FAIL and a line in /status, ne
 that will not start.
 
 Each server is one capability named after it; its tools are `server__tool`, with simplified
-schemas (`daemon.tools.mcp.schema`), the server's timeout and its approval policy. Until a
+schemas (`daemon.tools.mcp.schema`), the server's timeout and its approval policy; a tool that
+must run as a task (`execution.taskSupport = "required"`) is left out, since roost makes plain
+calls only and such a tool fails every one. Until a
 server has listed its tools in this process, its capability is what it listed last time
 (`catalog`), so the prefix keeps its bytes across restarts.
 """
@@ -98,6 +100,7 @@ class McpServers:
                 self.registry.problems[name] = self._refused[name]
                 continue
             connection.start()
+            self.registry.starting[name] = connection.ready
             if connection.state is State.DOWN:  # a secret it names is not set
                 self._down(name, connection.error)
 
@@ -137,6 +140,9 @@ class McpServers:
 
     def _listed(self, name: str, listing: Listing) -> None:
         self.registry.problems.pop(name, None)
+        if task_only := not_offered(listing):
+            log.info("MCP server %s: %s must run as tasks, which roost does not do; not offered",
+                     name, ", ".join(task_only))
         server = next(s for s in self.settings.servers if s.name == name)
         try:
             self.registry.replace(self._capability(server, listing))
@@ -159,8 +165,8 @@ class McpServers:
     def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
         about = (one_line(server.description or listing.description, INDEX_CHARS)
                  or "an MCP server")
-        count = len(listing.tools)
-        tools = tuple(self._tool(server, t) for t in listing.tools)
+        tools = tuple(self._tool(server, t) for t in listing.tools if callable_here(t))
+        count = len(tools)
         return Capability(name=server.name, group=GROUP, tools=tools,
                           description=f"{about} ({count} tool{'s' if count != 1 else ''})")
 
@@ -185,6 +191,17 @@ class McpServers:
             return f"{ERROR_PREFIX}{exc}"
         return result_output(result, self.settings.result_max_chars,
                              f"the MCP server {server} ({tool})")
+
+
+def callable_here(tool: types.Tool) -> bool:
+    """Whether roost can call the tool: not when it must run as a task (task-augmented
+    execution, MCP 2025-11-25), which roost does not do."""
+    return tool.execution is None or tool.execution.task_support != "required"
+
+
+def not_offered(listing: Listing) -> list[str]:
+    """The server's own names of the tools it listed that the model is not offered."""
+    return [t.name for t in listing.tools if not callable_here(t)]
 
 
 def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:

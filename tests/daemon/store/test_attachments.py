@@ -179,6 +179,16 @@ def test_damaged_png_and_empty_data_are_refused_as_damaged(attachments: Path) ->
     refused(b"", attachments, "damaged")
 
 
+def test_png_with_a_bad_checksum_in_an_ancillary_chunk_is_accepted(attachments: Path) -> None:
+    # The PNG spec lets a decoder drop such a chunk; browsers and Telegram show the image.
+    profile = b"\x00" * 128  # the chunk's content does not matter once its checksum is wrong
+    data = bytearray(encode(Image.new("RGB", (40, 30), "red"), "PNG", icc_profile=profile))
+    at = data.index(b"iCCP")
+    data[at + 4 + 14] ^= 0xFF  # inside the compressed profile: its checksum no longer matches
+    stored = store_image(bytes(data), attachments)
+    assert (stored.width, stored.height) == (40, 30)
+
+
 def test_text_renamed_png_is_refused_as_unsupported(attachments: Path) -> None:
     data = b"Shopping list\n- eggs\n- milk\n" * 20
     message = refused(data, attachments, "unsupported", name_hint="notes.png")

@@ -8,19 +8,27 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemon.context.prefix import capability_index
-from daemon.core.config import ConfigError, McpServerSettings, McpSettings, load_settings
+from daemon.core.config import (
+    BUILTIN_CAPABILITIES,
+    ConfigError,
+    McpServerSettings,
+    McpSettings,
+    Settings,
+    load_settings,
+)
 from daemon.tools.builtin import ToolContext, tool_activate, tool_search
 from daemon.tools.mcp.connection import State
 from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry, ToolCall
+from daemon.turn.parts import builtin_registry
 from tests.conftest import wait_until
 from tests.fakes.mcp_results import unlabelled
 
@@ -35,11 +43,13 @@ def stdio(name: str = "fake", **extra: Any) -> McpServerSettings:
 async def running(state_dir: Path) -> AsyncIterator[Any]:
     started: list[McpServers] = []
 
-    async def run(*servers: McpServerSettings, **settings: Any) -> tuple[Registry, McpServers]:
+    async def run(*servers: McpServerSettings, wait: bool = True,
+                  **settings: Any) -> tuple[Registry, McpServers]:
         registry, mcp = with_servers(McpSettings(servers=servers, **settings), state_dir)
         await mcp.start()
         started.append(mcp)
-        await asyncio.wait_for(mcp.wait_started(), 60)
+        if wait:
+            await asyncio.wait_for(mcp.wait_started(), 60)
         return registry, mcp
 
     yield run
@@ -74,6 +84,18 @@ async def test_a_server_is_one_index_line_and_its_tools_load_on_activation(runni
     labelled = (await registry.run(ToolCall("fake__echo", {"text": "x"}), ctx, ctx.active)).content
     assert labelled.splitlines()[0].startswith("[tool result from the MCP server fake (echo); "
                                                "untrusted content")
+
+
+async def test_a_tool_that_must_run_as_a_task_is_not_offered(running: Any) -> None:
+    # roost does not do task-augmented calls: such a tool would fail on every call.
+    registry, _ = await running(stdio())
+    ctx = context(registry, [])
+    loaded = await tool_activate(ctx, "fake")
+    assert "fake__echo" in loaded and "research" not in loaded
+    assert "fake__research" not in json.dumps(registry.schemas(ctx.active))
+    assert "fake__research" not in await tool_search(context(registry, []), "research")
+    assert (await call(registry, "fake__research", question="q")).startswith(
+        "ERROR: no tool named 'fake__research'")
 
 
 async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: Any) -> None:
@@ -122,6 +144,38 @@ async def test_a_server_that_never_comes_up_fails_alone(running: Any) -> None:
     assert answer == "echo: still"
 
 
+def slow(delay: float, **extra: Any) -> McpServerSettings:
+    """The fake server, taking `delay` seconds to start (a real one importing its SDK)."""
+    return McpServerSettings(name="fake", command=sys.executable,
+                             args=(str(SERVER), "--delay", str(delay)), **extra)
+
+
+async def test_activating_a_server_that_is_still_starting_waits_for_it(running: Any) -> None:
+    registry, mcp = await running(slow(1.5), wait=False)
+    assert mcp.connections["fake"].state is State.STARTING
+    ctx = context(registry, [])
+    answer = await tool_activate(ctx, "fake")
+    assert answer.startswith("Loaded fake: you can call fake__echo")
+    assert ctx.active == ["fake"]
+    assert await call(registry, "fake__echo", text="first") == "echo: first"
+
+
+async def test_a_call_while_the_server_restarts_waits_for_it(running: Any) -> None:
+    _, first = await running(stdio())  # lists its tools once: the catalog has them
+    await first.stop()
+    registry, mcp = await running(slow(1.5), wait=False)
+    assert mcp.connections["fake"].state is State.STARTING
+    assert await call(registry, "fake__echo", text="early") == "echo: early"
+
+
+async def test_waiting_for_a_start_is_bounded_by_the_start_timeout(running: Any) -> None:
+    registry, _ = await running(slow(60), wait=False, start_timeout=1.0)
+    ctx = context(registry, [])
+    refused = await asyncio.wait_for(tool_activate(ctx, "fake"), 20)
+    assert refused.startswith("ERROR: fake has no tools right now (did not answer within 1s)")
+    assert ctx.active == []
+
+
 async def test_the_index_keeps_its_bytes_across_a_restart_before_the_server_is_up(
     running: Any, state_dir: Path
 ) -> None:
@@ -147,10 +201,11 @@ async def test_a_stdio_server_gets_none_of_roosts_secrets(
 async def test_a_program_that_does_not_speak_mcp_is_down_not_a_crash(running: Any) -> None:
     chatter = McpServerSettings(name="chatter", command=sys.executable, args=(
         "-c", "import time\nprint('hello, not JSON-RPC', flush=True)\ntime.sleep(60)"))
-    registry, mcp = await running(chatter, stdio(), start_timeout=2.0)
+    # Long enough for the fake to import the SDK on a loaded machine (3 s seen on 2 cores).
+    registry, mcp = await running(chatter, stdio(), start_timeout=8.0)
     status = {s.name: s for s in mcp.status()}
     assert status["chatter"].state == "down"
-    assert "did not answer within 2s" in status["chatter"].error
+    assert "did not answer within 8s" in status["chatter"].error
     assert await call(registry, "fake__echo", text="fine") == "echo: fine"
 
 
@@ -219,6 +274,45 @@ def test_config_reads_servers_and_refuses_secrets_in_the_file(tmp_path: Path) ->
         load_settings(path, {})
 
 
+@pytest.mark.parametrize("name", ["time", "memory", "web", "reminders"])
+def test_a_server_named_like_a_builtin_capability_is_a_config_error(
+    tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "roost.toml"
+    path.write_text(f'[mcp.servers.{name}]\ncommand = "uvx"\nargs = ["mcp-server-{name}"]\n',
+                    "utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, {})
+    assert str(refused.value) == (
+        f"mcp.servers.{name} in {path}: '{name}' is the name of one of roost's own "
+        f"capabilities; give the server another name, such as [mcp.servers.{name}-mcp]")
+    path.write_text('[mcp.servers.time]\ncommand = "uvx"\n'
+                    '[mcp.servers.time-mcp]\ncommand = "uvx"\n', "utf-8")
+    with pytest.raises(ConfigError, match=r"such as \[mcp\.servers\.time-server\]"):
+        load_settings(path, {})  # the first suggestion is taken
+
+
+def test_every_builtin_capability_name_is_reserved_for_the_config(
+    make_settings: Callable[..., Settings]
+) -> None:
+    names = set(builtin_registry(make_settings()).capabilities)
+    assert names <= BUILTIN_CAPABILITIES and "reminders" in BUILTIN_CAPABILITIES
+
+
+def test_doctor_and_run_refuse_a_server_named_time(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli.main import main
+
+    config = tmp_path / "roost.toml"
+    config.write_text('[mcp.servers.time]\ncommand = "uvx"\nargs = ["mcp-server-time"]\n',
+                      "utf-8")
+    for command in ("doctor", "run", "mcp"):
+        assert main([command, *(["list"] if command == "mcp" else []),
+                     "--config", str(config)]) == 78
+        assert "such as [mcp.servers.time-mcp]" in capsys.readouterr().err
+
+
 def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     from daemon.cli.main import main  # the command line, as a user runs it
@@ -234,6 +328,7 @@ def test_roost_mcp_list_test_and_doctor(tmp_path: Path, state_dir: Path,
     assert main(["mcp", "list", "--config", str(config)]) == 1  # one server is down
     shown = capsys.readouterr().out
     assert "fake (stdio): up" in shown and "fake__echo [approve: never]" in shown
+    assert "  not offered: research (must run as tasks, which roost does not do)" in shown
     assert "broken (stdio): down - command not found" in shown
     assert main(["mcp", "test", "fake", "--config", str(config)]) == 0
     assert "fake__address" in capsys.readouterr().out

@@ -134,3 +134,39 @@ async def test_an_old_mcp_result_is_stubbed_like_a_built_in_one(engine_with: Any
                  "fake__long_text"]
         assert len(shown) == 1
         assert shown[0].startswith("[result of fake__long_text: 3,156 characters")  # label too
+
+
+async def test_a_png_with_a_bad_checksum_in_its_colour_profile_is_shown(
+    engine_with: Any
+) -> None:
+    # Browsers and Telegram show it (the reference server's get-tiny-image is such a file).
+    vision = FakeModel(capabilities=("completion", "tools", "vision"))
+    async with FakeOllama(models=[vision]) as fake:
+        engine, channel = await engine_with(fake, McpServerSettings(
+            name="fake", command=sys.executable, args=(str(SERVER),), approve="never"))
+        fake.script(*calls(("tool_activate", {"name": "fake"}),
+                           ("fake__picture", {"kind": "bad_profile_checksum"})),
+                    Reply("A logo."))
+        await say(engine, "show me the logo")
+        (picture,) = [m for m in tool_messages(fake) if "image/png" in m["content"]]
+        assert "could not be used" not in picture["content"]
+        (image,) = picture["images"]
+        assert base64.b64decode(image).startswith(b"\x89PNG")
+        assert "A logo." in channel.texts()
+
+
+async def test_a_broken_image_from_a_tool_is_the_tools_problem(engine_with: Any) -> None:
+    vision = FakeModel(capabilities=("completion", "tools", "vision"))
+    async with FakeOllama(models=[vision]) as fake:
+        engine, _ = await engine_with(fake, McpServerSettings(
+            name="fake", command=sys.executable, args=(str(SERVER),), approve="never"))
+        fake.script(*calls(("tool_activate", {"name": "fake"}),
+                           ("fake__picture", {"kind": "broken"})), Reply("It was broken."))
+        await say(engine, "show me the broken one")
+        (picture,) = [m for m in tool_messages(fake) if "image/png" in m["content"]]
+        assert "images" not in picture
+        note = picture["content"].splitlines()[-1]
+        assert note == ("[the image fake__picture returned could not be used: it is damaged "
+                        "(it cannot be decoded); that is a problem of the tool, not of anything "
+                        "the user sent]")
+        assert "send it again" not in picture["content"]
