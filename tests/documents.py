@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from io import BytesIO
+from xml.sax.saxutils import escape as xml_escape
 
 import docx
 from openpyxl import Workbook
@@ -57,8 +59,10 @@ def broken_pdf() -> bytes:
 
 
 def word(paragraphs: list[str], *, table: list[list[str]] | None = None,
-         heading: str | None = None) -> bytes:
+         heading: str | None = None, title: str | None = None) -> bytes:
     document = docx.Document()
+    if title:
+        document.core_properties.title = title
     if heading:
         document.add_heading(heading, level=1)
     for text in paragraphs:
@@ -73,7 +77,9 @@ def word(paragraphs: list[str], *, table: list[list[str]] | None = None,
     return out.getvalue()
 
 
-def workbook(sheets: dict[str, list[list[object]]]) -> bytes:
+def workbook(sheets: dict[str, list[list[object]]], *, rename: str | None = None) -> bytes:
+    """`rename` gives the first sheet a name openpyxl would not write (newlines, any length),
+    as a hand-made file can."""
     book = Workbook()
     book.remove(book.active)
     for name, rows in sheets.items():
@@ -82,6 +88,22 @@ def workbook(sheets: dict[str, list[list[object]]]) -> bytes:
             sheet.append(row)
     out = BytesIO()
     book.save(out)
+    if rename is None:
+        return out.getvalue()
+    first = next(iter(sheets))
+    escaped = xml_escape(rename, {'"': "&quot;", "\n": "&#10;"})
+    return _rewritten(out.getvalue(), "xl/workbook.xml",
+                      lambda xml: xml.replace(f'name="{first}"', f'name="{escaped}"', 1))
+
+
+def _rewritten(archive: bytes, member: str, change: Callable[[str], str]) -> bytes:
+    out = BytesIO()
+    with zipfile.ZipFile(BytesIO(archive)) as old, zipfile.ZipFile(out, "w") as new:
+        for item in old.infolist():
+            data = old.read(item)
+            if item.filename == member:
+                data = change(data.decode()).encode()
+            new.writestr(item, data)
     return out.getvalue()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from daemon.core.errors import DocumentError
 from daemon.core.logs import store_log as log
+from daemon.store.documents.data import SHEET_MAX, as_data
 from daemon.store.documents.pool import WorkerPool, shared_pool
 
 PDF = "pdf"
@@ -41,7 +42,8 @@ def describe(path: Path, ref: str, kind: str, pool: WorkerPool | None = None) ->
 
 
 def _titled(title: object) -> str:
-    return f' titled "{title}"' if title else ""
+    # A title is the file's own words: bounded and neutralised, quoted as data.
+    return f' titled "{as_data(str(title))}"' if title else ""
 
 
 def _pdf(info: dict[str, object], ref: str) -> str:
@@ -67,9 +69,9 @@ def _docx(info: dict[str, object], ref: str) -> str:
 def _xlsx(info: dict[str, object], ref: str) -> str:
     sheets = info["sheets"]
     assert isinstance(sheets, list)
-    listed = ", ".join(f'"{s["name"]}" ({s["rows"]} rows x {s["cols"]} columns)'
-                       for s in sheets[:10])
+    listed = ", ".join(f'"{as_data(s["name"], SHEET_MAX)}" ({s["rows"]} rows x '
+                       f'{s["cols"]} columns)' for s in sheets[:10])
     more = f" and {len(sheets) - 10} more" if len(sheets) > 10 else ""
-    first = sheets[0]["name"] if sheets else ""
+    first = as_data(sheets[0]["name"], SHEET_MAX) if sheets else ""  # sheet.read accepts it
     return (f"a spreadsheet with sheets {listed}{more}: xlsx_read(\"{ref}\", \"{first}\", "
             f'"A1:H30") shows a range as a table ({ACTIVATE})')
