@@ -15,8 +15,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from io import BytesIO
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
@@ -28,7 +31,7 @@ from daemon.store.documents.data import as_data
 from daemon.store.documents.note import kind_of
 from daemon.store.facts import FactsBook, Person, matching
 from daemon.store.memory_index import MemoryIndex
-from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 from daemon.tools.scope import RecallScope, recall_scope
 
 READ_CAP_CHARS = 6_000
@@ -38,6 +41,7 @@ FILE_MAX_LINES = 200
 SEARCH_MAX = 10
 FILES_LISTED = 20
 FILES_LISTED_MAX = 50
+IMAGE_SUFFIXES = (".jpg", ".png")  # what store_image writes
 # A conversation that ended this long before a file was stored cannot hold it (the slack
 # covers a clock set back); older ones are not read when looking for a file's message.
 FILE_SLACK = 86_400.0
@@ -242,9 +246,23 @@ async def files_list(ctx: ToolContext, limit: int = FILES_LISTED) -> str:
         mime = str(doc.get("mime") or "")
         name = as_data(str(doc.get("name") or ""))
         kind = kind_of(name, mime)
-        lines.append(f'- {day} {doc.get("kind", "file")} "{name}" '
+        quoted = f' "{name}"' if name else ""
+        lines.append(f'- {day} {doc.get("kind", "file")}{quoted} '
                      f'({kind.upper() if kind else mime}): {doc["path"]}')
     return "\n".join(lines)
+
+
+async def image_view(ctx: ToolContext, ref: str) -> str | ToolOutput:
+    """An earlier image of the person's own, shown again to a model that can see (the turn
+    stores and attaches it as it does a tool's image, or notes that the model cannot see)."""
+    target = await asyncio.to_thread(sent_file, ctx, ref)
+    if target is None or target.suffix.lower() not in IMAGE_SUFFIXES:
+        return (f"ERROR: {ref!r} is not an image the user sent; files_list and the image's "
+                "note give paths like attachments/2026-12/<id>.jpg.")
+    data = await asyncio.to_thread(target.read_bytes)
+    with Image.open(BytesIO(data)) as image:
+        size = f"{image.width}x{image.height}"
+    return ToolOutput(f"The image {ref} ({size}) is attached to this result.", (data,))
 
 
 def _sent_files(ctx: ToolContext) -> list[tuple[float, Mapping[str, Any]]]:
@@ -375,4 +393,6 @@ def register_builtin(registry: Registry) -> None:
                     _schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
                              "to_line": {"type": "integer"}}, ("path",)), file_read),
                Tool("files_list", "The files the user sent, newest first, with their paths.",
-                    _schema({"limit": {"type": "integer"}}), files_list))))
+                    _schema({"limit": {"type": "integer"}}), files_list),
+               Tool("image_view", "Look again at an image the user sent earlier.",
+                    _schema({"ref": {"type": "string"}}, ("ref",)), image_view))))

@@ -9,17 +9,20 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from io import BytesIO
+from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from daemon.context.fold import merge_user_notes
 from daemon.core.config import Settings
 from daemon.store import Store
-from daemon.store.attachments import StoredFile, store_file
+from daemon.store.attachments import StoredFile, store_file, store_image
 from daemon.store.memory_index import MemoryIndex
 from daemon.tools.builtin import ToolContext, register_builtin
 from daemon.tools.documents import register_documents
-from daemon.tools.registry import Registry, ToolCall
+from daemon.tools.registry import Registry, ToolCall, ToolResult
 from tests import documents
 from tests.conftest import SettingsFactory
 
@@ -44,12 +47,14 @@ class Desk:
         return stored
 
     async def call(self, cid: str, tool: str, **arguments: object) -> str:
+        return (await self.call_result(cid, tool, **arguments)).content
+
+    async def call_result(self, cid: str, tool: str, **arguments: object) -> ToolResult:
         ctx = ToolContext(store=self.store, settings=self.settings, registry=self.registry,
                           conversation_id=cid, clock=time.time, index=self.index)
         self.index.sync(self.store)
-        result = await self.registry.run(ToolCall(tool, dict(arguments)), ctx,
-                                         ["documents", "files"])
-        return result.content
+        return await self.registry.run(ToolCall(tool, dict(arguments)), ctx,
+                                       ["documents", "files"])
 
 
 @pytest.fixture
@@ -98,3 +103,37 @@ async def test_a_pdf_sent_this_morning_is_reachable_after_a_fold_and_a_rotation(
     assert f"stored at {pdf.ref}" in read
     page = await desk.call(now, "pdf_read", path=pdf.ref, from_page=40, to_page=40)
     assert "Page 40: the part numbers of section 40 are P-440." in page
+
+
+def _photo(color: str) -> bytes:
+    out = BytesIO()
+    Image.new("RGB", (64, 48), color).save(out, "JPEG")
+    return out.getvalue()
+
+
+async def test_image_view_shows_an_earlier_photo_of_ones_own_and_nothing_else(
+        desk: Desk, tmp_path: Path) -> None:
+    attachments = desk.store.state_dir / "attachments"
+    morning = desk.store.create_conversation(ALICE, MORNING).id
+    photo = store_image(_photo("red"), attachments)
+    desk.store.append_message(morning, "user", "my new bike", created=MORNING + 60,
+                              attachments=(photo.to_doc(),))
+    now = _rotate(desk.store, ALICE, morning, time.time())
+    listed = await desk.call(now, "files_list")
+    assert f"image (image/jpeg): {photo.ref}" in listed, listed
+    shown = await desk.call_result(now, "image_view", ref=photo.ref)
+    assert shown.images == (photo.path.read_bytes(),) and not shown.error
+    assert "64x48" in shown.content
+
+    bobs = desk.store.create_conversation(BOB, MORNING).id
+    bob_photo = store_image(_photo("blue"), attachments)
+    desk.store.append_message(bobs, "user", "", created=MORNING + 90,
+                              attachments=(bob_photo.to_doc(),))
+    pdf = desk.send(now, documents.pdf(["a page"]), "a.pdf", time.time())
+    outside = tmp_path / "x.jpg"
+    outside.write_bytes(_photo("green"))
+    for ref in (bob_photo.ref, str(outside), "../../etc/passwd",
+                f"attachments/2026-12/../{outside.name}", pdf.ref):
+        refused = await desk.call_result(now, "image_view", ref=ref)
+        assert refused.images == () and refused.content.startswith("ERROR: "), ref
+        assert "is not an image the user sent" in refused.content
