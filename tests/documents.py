@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape as xml_escape
 
 import docx
 from openpyxl import Workbook
+from PIL import Image
 from pypdf import PdfWriter
 from pypdf.generic import (
     ArrayObject,
@@ -59,10 +60,14 @@ def broken_pdf() -> bytes:
 
 
 def word(paragraphs: list[str], *, table: list[list[str]] | None = None,
-         heading: str | None = None, title: str | None = None) -> bytes:
+         heading: str | None = None, title: str | None = None, pictures: int = 0) -> bytes:
     document = docx.Document()
     if title:
         document.core_properties.title = title
+    for _ in range(pictures):
+        picture = BytesIO()
+        Image.new("RGB", (40, 30), "orange").save(picture, "PNG")
+        document.add_picture(BytesIO(picture.getvalue()))
     if heading:
         document.add_heading(heading, level=1)
     for text in paragraphs:

@@ -109,6 +109,12 @@ class Documents:
             got = await self._open(ctx, path, "docx_read", first, last, READ_CAP_CHARS)
         except _Refusal as exc:
             return str(exc)
+        if not got["blocks"]:
+            images = got.get("images") or 0
+            if not images:
+                return f"{path} has no text."
+            return (f"{path} has no text, only {images} image{'' if images == 1 else 's'}; "
+                    "docx_read cannot show them.")
         if first > got["blocks"]:
             return f"ERROR: {path} has {got['blocks']} paragraphs; there is no {first}."
         body = "\n\n".join(text for _, text in got["items"])

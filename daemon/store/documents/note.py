@@ -60,7 +60,15 @@ def _pdf(info: dict[str, object], ref: str) -> str:
 def _docx(info: dict[str, object], ref: str) -> str:
     blocks = int(str(info["blocks"]))
     tables = int(str(info["tables"]))
+    images = int(str(info.get("images") or 0))
+    pictures = f"{images} image" + ("" if images == 1 else "s")
+    if not blocks:  # suggesting docx_read would only lead to an error
+        return (f"a Word document{_titled(info.get('title'))} with no text"
+                f"{f', only {pictures}' if images else ''}: docx_read finds no text in it"
+                + ("; if you can see images, ask the user to send the pages you need as photos"
+                   if images else ""))
     extra = f", {tables} table" + ("" if tables == 1 else "s") if tables else ""
+    extra += f", {pictures}" if images else ""
     return (f"a Word document{_titled(info.get('title'))} of {info['words']} words in {blocks} "
             f'paragraphs{extra}: docx_read("{ref}", 1, {min(blocks, 40) or 1}) reads them by '
             f"paragraph range ({ACTIVATE})")
