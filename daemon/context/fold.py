@@ -176,8 +176,8 @@ def merge_user_notes(previous: str, folded: Sequence[Message], first_seq: int | 
 def _file_line(doc: Mapping[str, object], created: float, tz: tzinfo) -> str:
     day = datetime.fromtimestamp(created, tz).strftime("%Y-%m-%d")
     name = " ".join(str(doc.get("name") or "").split()).translate(_DATA_QUOTES)[:USER_NOTE_CLIP]
-    return f'- (I sent a{"n" if str(doc.get("kind", "")).startswith(("a", "i")) else ""} ' \
-        f'{doc.get("kind", "file")}, "{name}", {day}: {doc["path"]})'
+    quoted = f' "{name}"' if name else ""
+    return f'- (a file I sent on {day}: {doc.get("kind", "file")}{quoted}, {doc["path"]})'
 
 
 def notes_need_condensing(notes: str, window: int, ratio: float) -> bool:

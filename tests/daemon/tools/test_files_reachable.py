@@ -86,7 +86,7 @@ async def test_a_pdf_sent_this_morning_is_reachable_after_a_fold_and_a_rotation(
         desk.store.append_message(morning, "user", f"chat line {n}", created=MORNING + 100 + n)
     notes = merge_user_notes("", desk.store.messages(morning))
     day = datetime.fromtimestamp(MORNING + 60, UTC).strftime("%Y-%m-%d")
-    assert f'- (I sent a document, "parts catalogue.pdf", {day}: {pdf.ref})' in notes
+    assert f'- (a file I sent on {day}: document "parts catalogue.pdf", {pdf.ref})' in notes
     now = _rotate(desk.store, ALICE, morning, time.time())
     bobs = desk.store.create_conversation(BOB, MORNING).id
     desk.send(bobs, documents.pdf(["not Alice's"]), "bob secrets.pdf", MORNING + 90)
@@ -118,6 +118,9 @@ async def test_image_view_shows_an_earlier_photo_of_ones_own_and_nothing_else(
     photo = store_image(_photo("red"), attachments)
     desk.store.append_message(morning, "user", "my new bike", created=MORNING + 60,
                               attachments=(photo.to_doc(),))
+    day = datetime.fromtimestamp(MORNING + 60, UTC).strftime("%Y-%m-%d")
+    notes = merge_user_notes("", desk.store.messages(morning))
+    assert f"- (a file I sent on {day}: image, {photo.ref})\n- my new bike" == notes
     now = _rotate(desk.store, ALICE, morning, time.time())
     listed = await desk.call(now, "files_list")
     assert f"image (image/jpeg): {photo.ref}" in listed, listed
