@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from io import BytesIO
+from xml.sax.saxutils import escape as xml_escape
 
 import docx
 from openpyxl import Workbook
+from PIL import Image
 from pypdf import PdfWriter
 from pypdf.generic import (
     ArrayObject,
@@ -57,8 +60,14 @@ def broken_pdf() -> bytes:
 
 
 def word(paragraphs: list[str], *, table: list[list[str]] | None = None,
-         heading: str | None = None) -> bytes:
+         heading: str | None = None, title: str | None = None, pictures: int = 0) -> bytes:
     document = docx.Document()
+    if title:
+        document.core_properties.title = title
+    for _ in range(pictures):
+        picture = BytesIO()
+        Image.new("RGB", (40, 30), "orange").save(picture, "PNG")
+        document.add_picture(BytesIO(picture.getvalue()))
     if heading:
         document.add_heading(heading, level=1)
     for text in paragraphs:
@@ -73,7 +82,9 @@ def word(paragraphs: list[str], *, table: list[list[str]] | None = None,
     return out.getvalue()
 
 
-def workbook(sheets: dict[str, list[list[object]]]) -> bytes:
+def workbook(sheets: dict[str, list[list[object]]], *, rename: str | None = None) -> bytes:
+    """`rename` gives the first sheet a name openpyxl would not write (newlines, any length),
+    as a hand-made file can."""
     book = Workbook()
     book.remove(book.active)
     for name, rows in sheets.items():
@@ -82,6 +93,22 @@ def workbook(sheets: dict[str, list[list[object]]]) -> bytes:
             sheet.append(row)
     out = BytesIO()
     book.save(out)
+    if rename is None:
+        return out.getvalue()
+    first = next(iter(sheets))
+    escaped = xml_escape(rename, {'"': "&quot;", "\n": "&#10;"})
+    return _rewritten(out.getvalue(), "xl/workbook.xml",
+                      lambda xml: xml.replace(f'name="{first}"', f'name="{escaped}"', 1))
+
+
+def _rewritten(archive: bytes, member: str, change: Callable[[str], str]) -> bytes:
+    out = BytesIO()
+    with zipfile.ZipFile(BytesIO(archive)) as old, zipfile.ZipFile(out, "w") as new:
+        for item in old.infolist():
+            data = old.read(item)
+            if item.filename == member:
+                data = change(data.decode()).encode()
+            new.writestr(item, data)
     return out.getvalue()
 
 

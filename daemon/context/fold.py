@@ -31,8 +31,9 @@ import itertools
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
 
 from daemon.context.budget import estimate_tokens
 from daemon.core.conversations import Message, SummaryState
@@ -44,6 +45,7 @@ NOTES_CAP_SHARE = 16
 NOTES_MIN_TOKENS = 160  # at 2,048 a 16th (128) held only two or three notes
 FOLD_MAX_CHARS = 120_000
 USER_NOTE_CLIP = 300
+_DATA_QUOTES = str.maketrans({"[": "(", "]": ")", '"': "'", "<": "‹", ">": "›"})  # a file name
 SUMMARY_MAX_CHARS = 6_000
 EXCERPT_FLOOR_CHARS = 160
 NOTES_HEADING = "=== USER NOTES ==="
@@ -153,11 +155,15 @@ def plan_fold(
 
 
 def merge_user_notes(previous: str, folded: Sequence[Message], first_seq: int | None = None,
-                     ) -> str:
+                     tz: tzinfo = UTC) -> str:
     """The previous notes plus each folded user message, verbatim, clipped to 300 characters;
-    not the conversation's first (`first_seq`), which the request carries whole anyway."""
+    not the conversation's first (`first_seq`), which the request carries whole anyway. A file
+    the user sent gets a line with its name, date and reference, so it stays one call away."""
     lines = [previous.rstrip()] if previous.strip() else []
     for message in folded:
+        if message.role == "user":
+            lines.extend(_file_line(doc, message.created, tz) for doc in message.attachments
+                         if doc.get("path"))
         if message.role != "user" or not message.content.strip() or message.seq == first_seq:
             continue
         text = " ".join(message.content.split())
@@ -165,6 +171,13 @@ def merge_user_notes(previous: str, folded: Sequence[Message], first_seq: int | 
             text = text[: USER_NOTE_CLIP - 1] + "…"
         lines.append(f"- {text}")
     return "\n".join(lines)
+
+
+def _file_line(doc: Mapping[str, object], created: float, tz: tzinfo) -> str:
+    day = datetime.fromtimestamp(created, tz).strftime("%Y-%m-%d")
+    name = " ".join(str(doc.get("name") or "").split()).translate(_DATA_QUOTES)[:USER_NOTE_CLIP]
+    quoted = f' "{name}"' if name else ""
+    return f'- (a file I sent on {day}: {doc.get("kind", "file")}{quoted}, {doc["path"]})'
 
 
 def notes_need_condensing(notes: str, window: int, ratio: float) -> bool:

@@ -41,6 +41,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, id_time, new_id
 from daemon.store import atomic_write
+from daemon.store.documents.data import as_data
 from daemon.store.documents.note import describe, kind_of
 from daemon.store.png import without_bad_ancillary_chunks
 
@@ -137,7 +138,7 @@ class StoredFile:
     def reference_note(self) -> str:
         """A compact note for the model. The content is never injected: the model reads it with
         `file_read` when it needs to, so a large file cannot flood the context window."""
-        parts = [self.name, self.mime, _human_size(self.size)]
+        parts = [as_data(self.name), self.mime, _human_size(self.size)]
         if self.line_count is not None:
             parts.append(f"{self.line_count} line" + ("" if self.line_count == 1 else "s"))
         note = f"[{self.kind}: {', '.join(parts)}, stored at {self.ref}"

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 
-from daemon.core.conversations import Conversation
+from daemon.core.conversations import Conversation, Message
 from daemon.core.errors import StoreError
 from daemon.core.logs import store_log as log
 from daemon.store import Store
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: file notes indexed with their message
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 BUDGET = 5_000  # rows bm25 may rank per query: about 15 ms here
 MAX_QUERY_CHARS = 20_000  # bounds the work on a pasted document; the terms are capped anyway
@@ -244,9 +244,9 @@ class MemoryIndex:
             text = f"{summary.summary}\n\n{summary.user_notes}".strip()
             new_hash = hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
             chat = conversation.chat_key
-            rows = [(m.content, f"msg:{cid}:{m.seq}", "message", cid, m.seq, m.role, m.created,
-                     chat) for m in new
-                    if m.content.strip() and not (m.role == "tool" and m.tool_name in ECHO_TOOLS)]
+            rows = [(body, f"msg:{cid}:{m.seq}", "message", cid, m.seq, m.role, m.created,
+                     chat) for m in new if (body := _searchable(m)).strip()
+                    and not (m.role == "tool" and m.tool_name in ECHO_TOOLS)]
             written = len(rows)
             with self._db:
                 self._db.executemany(_INSERT, rows)
@@ -374,6 +374,12 @@ class MemoryIndex:
             conversations = self._db.execute("SELECT count(*) FROM indexed").fetchone()[0]
             return {"messages": kinds.get("message", 0), "summaries": kinds.get("summary", 0),
                     "conversations": conversations, "dirty": len(self._dirty)}
+
+
+def _searchable(message: Message) -> str:
+    """The text and the file notes (name, kind, reference): a file's name finds it."""
+    notes = [str(doc["note"]) for doc in message.attachments if doc.get("note")]
+    return "\n".join([message.content, *notes]) if notes else message.content
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from io import BytesIO
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
@@ -24,9 +27,11 @@ from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
+from daemon.store.documents.data import as_data
+from daemon.store.documents.note import kind_of
 from daemon.store.facts import FactsBook, Person, matching
 from daemon.store.memory_index import MemoryIndex
-from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 from daemon.tools.scope import RecallScope, recall_scope
 
 READ_CAP_CHARS = 6_000
@@ -34,6 +39,9 @@ GET_CAP_CHARS = 12_000
 FILE_CAP_CHARS = 8_000
 FILE_MAX_LINES = 200
 SEARCH_MAX = 10
+FILES_LISTED = 20
+FILES_LISTED_MAX = 50
+IMAGE_SUFFIXES = (".jpg", ".png")  # what store_image writes
 # A conversation that ended this long before a file was stored cannot hold it (the slack
 # covers a clock set back); older ones are not read when looking for a file's message.
 FILE_SLACK = 86_400.0
@@ -123,7 +131,8 @@ async def conversation_read(
     used = 0
     for index, message in enumerate(messages):
         start = offset if index == 0 else 0
-        body = message.content[start:]
+        full = with_files(message)
+        body = full[start:]
         room = READ_CAP_CHARS - used
         if len(body) <= room:
             parts.append(f"{_header(message, tz)}\n{body}")
@@ -134,7 +143,7 @@ async def conversation_read(
             break
         end = start + room
         parts.append(f"{_header(message, tz)} (characters {start}-{end} of "
-                     f"{len(message.content)})\n{body[:room]}")
+                     f"{len(full)})\n{body[:room]}")
         parts.append(f'[more: conversation_read("{cid}", {message.seq}, {last}, offset={end})]')
         break
     return "\n".join(parts)
@@ -187,9 +196,9 @@ async def memory_get(ctx: ToolContext, ref: str) -> str:
     if not found:
         return f"ERROR: no message #{seq} in conversation {cid!r}"
     message = found[0]
-    body = message.content
+    body = full = with_files(message)
     if len(body) > GET_CAP_CHARS:
-        body = (body[:GET_CAP_CHARS] + f"\n[{len(message.content) - GET_CAP_CHARS:,} more "
+        body = (body[:GET_CAP_CHARS] + f"\n[{len(full) - GET_CAP_CHARS:,} more "
                 f'characters: conversation_read("{cid}", {seq}, {seq}, offset={GET_CAP_CHARS})]')
     return f"{_header(message, ctx.settings.daemon.tz)} in conversation {cid}\n{body}"
 
@@ -223,6 +232,58 @@ async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: in
         out.append(f"{number}: {line}")
         used += len(line) + 8
     return "\n".join(out)
+
+
+async def files_list(ctx: ToolContext, limit: int = FILES_LISTED) -> str:
+    """The files the person sent in the conversations recall may read, newest first: what a
+    reference like "the PDF I sent this morning" resolves against after any fold or rotation."""
+    limit = max(1, min(limit, FILES_LISTED_MAX))
+    found = await asyncio.to_thread(_sent_files, ctx)
+    if not found:
+        return "You have no stored files from the user in these conversations."
+    tz = ctx.settings.daemon.tz
+    lines = [f"{len(found)} file{'' if len(found) == 1 else 's'} you sent, newest first"
+             + (f" (the {limit} newest):" if len(found) > limit else ":")]
+    for created, doc in found[:limit]:
+        day = datetime.fromtimestamp(created, tz).strftime("%Y-%m-%d")
+        mime = str(doc.get("mime") or "")
+        name = as_data(str(doc.get("name") or ""))
+        kind = kind_of(name, mime)
+        quoted = f' "{name}"' if name else ""
+        lines.append(f'- {day} {doc.get("kind", "file")}{quoted} '
+                     f'({kind.upper() if kind else mime}): {doc["path"]}')
+    return "\n".join(lines)
+
+
+async def image_view(ctx: ToolContext, ref: str) -> str | ToolOutput:
+    """An earlier image of the person's own, shown again to a model that can see (the turn
+    stores and attaches it as it does a tool's image, or notes that the model cannot see)."""
+    target = await asyncio.to_thread(sent_file, ctx, ref)
+    if target is None or target.suffix.lower() not in IMAGE_SUFFIXES:
+        return (f"ERROR: {ref!r} is not an image the user sent; files_list and the image's "
+                "note give paths like attachments/2026-12/<id>.jpg.")
+    data = await asyncio.to_thread(target.read_bytes)
+    with Image.open(BytesIO(data)) as image:
+        size = f"{image.width}x{image.height}"
+    return ToolOutput(f"The image {ref} ({size}) is attached to this result.", (data,))
+
+
+def _sent_files(ctx: ToolContext) -> list[tuple[float, Mapping[str, Any]]]:
+    scope = ctx.recall_scope()
+    ids = dict.fromkeys([*sorted(scope.conversation_ids),
+                         *(c.id for key in sorted(scope.chat_keys)
+                           for c in ctx.store.list_conversations(chat_key=key))])
+    found = [(message.created, doc) for cid in ids if _visible(ctx, cid) is not None
+             for message in ctx.store.messages(cid) if message.role == "user"
+             for doc in message.attachments if doc.get("path")]
+    return sorted(found, key=lambda item: -item[0])
+
+
+def with_files(message: Message) -> str:
+    """A message's text and the notes of the files on it (name, kind, reference): what recall
+    shows, so a file stays reachable after the request no longer carries its message."""
+    notes = [str(doc["note"]) for doc in message.attachments if doc.get("note")]
+    return "\n".join([message.content, *notes]).strip() if notes else message.content
 
 
 def sent_file(ctx: ToolContext, ref: str) -> Path | None:
@@ -334,7 +395,11 @@ def register_builtin(registry: Registry) -> None:
         )))
     registry.register(Capability(
         name="files", group="files",
-        description="read text files the user sent, by line range",
+        description="list the files the user sent; read text files by line range",
         tools=(Tool("file_read", "Read lines of a file the user sent.",
                     _schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
-                             "to_line": {"type": "integer"}}, ("path",)), file_read),)))
+                             "to_line": {"type": "integer"}}, ("path",)), file_read),
+               Tool("files_list", "The files the user sent, newest first, with their paths.",
+                    _schema({"limit": {"type": "integer"}}), files_list),
+               Tool("image_view", "Look again at an image the user sent earlier.",
+                    _schema({"ref": {"type": "string"}}, ("ref",)), image_view))))

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from daemon.core.errors import DocumentError
+from daemon.store.documents.data import SHEET_MAX, as_data
 from daemon.store.documents.pool import WorkerPool, shared_pool
 from daemon.tools.builtin import ToolContext, sent_file
 from daemon.tools.registry import Capability, Registry, Tool
@@ -52,7 +53,7 @@ class Documents:
             return str(exc)
         layer = ("has a text layer" if info["text_layer"] else
                  "has no text layer on its first pages (a scan): pdf_read finds no text")
-        title = f', titled "{info["title"]}"' if info["title"] else ""
+        title = f', titled "{as_data(info["title"])}"' if info["title"] else ""
         text = f"{info['pages']} pages{title}; it {layer}."
         fields = info.get("fields") or []
         if fields:  # values typed into a form are not in the page text
@@ -108,6 +109,12 @@ class Documents:
             got = await self._open(ctx, path, "docx_read", first, last, READ_CAP_CHARS)
         except _Refusal as exc:
             return str(exc)
+        if not got["blocks"]:
+            images = got.get("images") or 0
+            if not images:
+                return f"{path} has no text."
+            return (f"{path} has no text, only {images} image{'' if images == 1 else 's'}; "
+                    "docx_read cannot show them.")
         if first > got["blocks"]:
             return f"ERROR: {path} has {got['blocks']} paragraphs; there is no {first}."
         body = "\n\n".join(text for _, text in got["items"])
@@ -123,11 +130,12 @@ class Documents:
             got = await self._open(ctx, path, "xlsx_read", sheet, cells.strip())
         except _Refusal as exc:
             return str(exc)
-        after = f'Sheet "{got["sheet"]}", cells {got["range"]}.'
+        sheet = as_data(got["sheet"], SHEET_MAX)  # follows the label, as roost's words
+        after = f'Sheet "{sheet}", cells {got["range"]}.'
         if got["more"]:
-            after += f' More rows: xlsx_read("{path}", "{got["sheet"]}", "{got["more"]}")'
+            after += f' More rows: xlsx_read("{path}", "{sheet}", "{got["more"]}")'
         if got.get("more_columns"):
-            after += (f' More columns: xlsx_read("{path}", "{got["sheet"]}", '
+            after += (f' More columns: xlsx_read("{path}", "{sheet}", '
                       f'"{got["more_columns"]}")')
         return labelled("spreadsheet cells", path, got["table"] or "(empty)", after)
 

@@ -304,7 +304,8 @@ class Folder:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
         # The first user message is not copied: every request carries it whole (replay).
         first_seq = next((m.seq for m in history if m.role == "user"), None)
-        notes = merge_user_notes(conversation.summary.user_notes, plan.messages, first_seq)
+        notes = merge_user_notes(conversation.summary.user_notes, plan.messages, first_seq,
+                                 self.settings.daemon.tz)
         condense = notes_need_condensing(notes, num_ctx, ratio)
         # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
         answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense

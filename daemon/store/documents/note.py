@@ -9,6 +9,7 @@ from pathlib import Path
 
 from daemon.core.errors import DocumentError
 from daemon.core.logs import store_log as log
+from daemon.store.documents.data import SHEET_MAX, as_data
 from daemon.store.documents.pool import WorkerPool, shared_pool
 
 PDF = "pdf"
@@ -41,7 +42,8 @@ def describe(path: Path, ref: str, kind: str, pool: WorkerPool | None = None) ->
 
 
 def _titled(title: object) -> str:
-    return f' titled "{title}"' if title else ""
+    # A title is the file's own words: bounded and neutralised, quoted as data.
+    return f' titled "{as_data(str(title))}"' if title else ""
 
 
 def _pdf(info: dict[str, object], ref: str) -> str:
@@ -58,7 +60,15 @@ def _pdf(info: dict[str, object], ref: str) -> str:
 def _docx(info: dict[str, object], ref: str) -> str:
     blocks = int(str(info["blocks"]))
     tables = int(str(info["tables"]))
+    images = int(str(info.get("images") or 0))
+    pictures = f"{images} image" + ("" if images == 1 else "s")
+    if not blocks:  # suggesting docx_read would only lead to an error
+        return (f"a Word document{_titled(info.get('title'))} with no text"
+                f"{f', only {pictures}' if images else ''}: docx_read finds no text in it"
+                + ("; if you can see images, ask the user to send the pages you need as photos"
+                   if images else ""))
     extra = f", {tables} table" + ("" if tables == 1 else "s") if tables else ""
+    extra += f", {pictures}" if images else ""
     return (f"a Word document{_titled(info.get('title'))} of {info['words']} words in {blocks} "
             f'paragraphs{extra}: docx_read("{ref}", 1, {min(blocks, 40) or 1}) reads them by '
             f"paragraph range ({ACTIVATE})")
@@ -67,9 +77,9 @@ def _docx(info: dict[str, object], ref: str) -> str:
 def _xlsx(info: dict[str, object], ref: str) -> str:
     sheets = info["sheets"]
     assert isinstance(sheets, list)
-    listed = ", ".join(f'"{s["name"]}" ({s["rows"]} rows x {s["cols"]} columns)'
-                       for s in sheets[:10])
+    listed = ", ".join(f'"{as_data(s["name"], SHEET_MAX)}" ({s["rows"]} rows x '
+                       f'{s["cols"]} columns)' for s in sheets[:10])
     more = f" and {len(sheets) - 10} more" if len(sheets) > 10 else ""
-    first = sheets[0]["name"] if sheets else ""
+    first = as_data(sheets[0]["name"], SHEET_MAX) if sheets else ""  # sheet.read accepts it
     return (f"a spreadsheet with sheets {listed}{more}: xlsx_read(\"{ref}\", \"{first}\", "
             f'"A1:H30") shows a range as a table ({ACTIVATE})')

@@ -11,6 +11,7 @@ from openpyxl.utils.cell import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import InvalidFileException
 
 from daemon.core.errors import DocumentError
+from daemon.store.documents.data import SHEET_MAX, as_data
 from daemon.store.documents.tables import markdown_table
 from daemon.store.documents.unzip import check_archive
 
@@ -45,7 +46,11 @@ def read(path: str, sheet: str, cells: str) -> dict[str, Any]:
     try:
         names = [ws.title for ws in book.worksheets]
         if sheet and sheet not in names:
-            raise DocumentError(f"there is no sheet {sheet!r}; the sheets are {names}")
+            # The note shows names as data (`as_data`): that form finds the sheet too.
+            listed = [as_data(name, SHEET_MAX) for name in names]
+            if sheet not in listed:
+                raise DocumentError(f"there is no sheet {sheet!r}; the sheets are {listed}")
+            sheet = names[listed.index(sheet)]
         ws = book[sheet] if sheet else book.worksheets[0]
         if cells:
             try:

@@ -255,7 +255,8 @@ async def test_a_capability_is_activated_and_used_in_the_same_turn(
                       Reply(content="The second line says: second line."))
     await setup.say("What is on line 2 of my notes?")
     results = tool_messages(setup)
-    assert results[0] == ("tool_activate", "Loaded files: you can call file_read now.")
+    assert results[0] == ("tool_activate",
+                          "Loaded files: you can call file_read, files_list, image_view now.")
     assert results[1][1].endswith("2: second line")
     conversation = setup.store.active_conversation(CHAT)
     assert conversation is not None and conversation.active_tools == ("files",)
