@@ -404,7 +404,8 @@ class TurnRunner:
         crashed) is tried once more at once; failing on, it is handled as unreachable."""
         model = self.settings.model
         crashed = False
-        for attempt in range(model.retry_attempts):
+        attempt = 0  # tries while Ollama is out; the quiet try after a 500 is not one of them
+        while True:
             stream.begin()
             try:
                 result = await self.llm.chat(messages, model=name, tools=tools,
@@ -417,14 +418,15 @@ class TurnRunner:
                                 chat_key, exc)
                     await asyncio.sleep(model.retry_backoff)
                     continue
-                await self._unreachable(attempt, exc, outage)
+                await self._unreachable(attempt, exc, outage)  # raises at the last attempt
+                attempt += 1
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 await self._unreachable(attempt, exc, outage)
+                attempt += 1
                 continue
             stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
-        raise AssertionError("retry_attempts is at least 1")
 
     async def _prepare(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,
