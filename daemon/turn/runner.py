@@ -36,10 +36,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from daemon.context.budget import (
-    RATIO_MAX,
     RATIO_MIN,
     calibrated_ratio,
     estimate_tokens,
+    overflow_ratio,
     recalibrate,
     request_budget,
 )
@@ -378,9 +378,8 @@ class TurnRunner:
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
             measured = exc.prompt_tokens
-            ratio = (calibrated_ratio(measured, prepared.raw_estimate(), prepared.overhead())
-                     * 1.05 if measured else prepared.ratio * 1.5)
-            ratio = min(max(ratio, prepared.ratio * 1.05, RATIO_MIN), RATIO_MAX)
+            ratio = overflow_ratio(prepared.ratio, stated=measured, raw=prepared.raw_estimate(),
+                                   overhead=prepared.overhead(), num_ctx=prepared.num_ctx)
             await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
                                     conversation.id,
                                     f"Ollama refused {measured} tokens (estimated "
