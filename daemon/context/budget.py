@@ -86,3 +86,15 @@ def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: 
     if measured >= ratio:
         return min(measured, ratio * RATIO_STEP), False
     return ratio + (measured - ratio) * (RATIO_DECAY_FAR if far_below else RATIO_DECAY), False
+
+
+def overflow_ratio(ratio: float, *, stated: int | None, raw: int, overhead: int,
+                   num_ctx: int) -> float:
+    """The ratio to refit a request at that Ollama refused as over the window: 5% over the
+    size it `stated`; without one (its Go runners say no size), what a cut proves, since the
+    prompt was over `num_ctx` by an unknown amount (`CUT_MARGIN`); always at least 5% up."""
+    if stated:
+        measured = calibrated_ratio(stated, raw, overhead) * 1.05
+    else:
+        measured = max(calibrated_ratio(num_ctx, raw, overhead) * CUT_MARGIN, ratio * 1.5)
+    return min(max(measured, ratio * 1.05, RATIO_MIN), RATIO_MAX)

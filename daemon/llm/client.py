@@ -50,7 +50,9 @@ _scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_schedul
                                                                 default=False)
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
-_OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length")
+# llama-server's refusal (with sizes), Ollama's own, and its Go runners' before #16031 (no sizes).
+_OVERFLOW_TEXTS = ("exceeds the available context size", "prompt is longer than the context length",
+                   "input length exceeds the context length")
 # A gateway in front of Ollama, or Ollama's own full queue ("server busy"): the server is out,
 # not the request wrong, so it is handled like a refused connection.
 _OUTAGE_STATUSES = (502, 503, 504)

@@ -36,10 +36,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from daemon.context.budget import (
-    RATIO_MAX,
     RATIO_MIN,
     calibrated_ratio,
     estimate_tokens,
+    overflow_ratio,
     recalibrate,
     request_budget,
 )
@@ -378,9 +378,8 @@ class TurnRunner:
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
             measured = exc.prompt_tokens
-            ratio = (calibrated_ratio(measured, prepared.raw_estimate(), prepared.overhead())
-                     * 1.05 if measured else prepared.ratio * 1.5)
-            ratio = min(max(ratio, prepared.ratio * 1.05, RATIO_MIN), RATIO_MAX)
+            ratio = overflow_ratio(prepared.ratio, stated=measured, raw=prepared.raw_estimate(),
+                                   overhead=prepared.overhead(), num_ctx=prepared.num_ctx)
             await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
                                     conversation.id,
                                     f"Ollama refused {measured} tokens (estimated "
@@ -404,7 +403,8 @@ class TurnRunner:
         crashed) is tried once more at once; failing on, it is handled as unreachable."""
         model = self.settings.model
         crashed = False
-        for attempt in range(model.retry_attempts):
+        attempt = 0  # tries while Ollama is out; the quiet try after a 500 is not one of them
+        while True:
             stream.begin()
             try:
                 result = await self.llm.chat(messages, model=name, tools=tools,
@@ -417,14 +417,15 @@ class TurnRunner:
                                 chat_key, exc)
                     await asyncio.sleep(model.retry_backoff)
                     continue
-                await self._unreachable(attempt, exc, outage)
+                await self._unreachable(attempt, exc, outage)  # raises at the last attempt
+                attempt += 1
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
                 await self._unreachable(attempt, exc, outage)
+                attempt += 1
                 continue
             stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
-        raise AssertionError("retry_attempts is at least 1")
 
     async def _prepare(
         self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,

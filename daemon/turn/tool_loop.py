@@ -31,10 +31,10 @@ from typing import Any
 
 from daemon.context.budget import (
     MESSAGE_OVERHEAD_TOKENS,
-    RATIO_MAX,
     SILENT_CUT_SHARE,
     calibrated_ratio,
     estimate_tokens,
+    overflow_ratio,
     recalibrate,
 )
 from daemon.context.compact import (
@@ -240,16 +240,15 @@ class ToolLoop:
 
     async def _refit(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
                      exc: ContextOverflow) -> None:
-        """Learn the ratio from the size Ollama states (5% over it; without one, 1.5 times the
-        turn's), and shrink `messages` in place to fit the budget at that ratio."""
+        """Learn the ratio from the size Ollama states (`overflow_ratio`), and shrink
+        `messages` in place to fit the budget at that ratio."""
         schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
                    if tools else 0)
         raw = request_tokens(messages, 1.0) + schemas
         before = self.ratio
         stated = exc.prompt_tokens
-        measured = (calibrated_ratio(stated, raw, _overhead(messages)) * 1.05 if stated
-                    else before * 1.5)
-        self.ratio = min(max(measured, before * 1.05), RATIO_MAX)
+        self.ratio = overflow_ratio(before, stated=stated, raw=raw, overhead=_overhead(messages),
+                                    num_ctx=self.num_ctx)
         # The budget was set with the schemas at the old ratio; they cost more at the new one.
         budget = self.budget - math.ceil(schemas * (self.ratio - before))
         messages[:] = shrink(messages, self.ratio, budget).messages

@@ -26,7 +26,10 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
   nested HTTP 400 (``exceed_context_size_error``) that llama-server based builds send; ``overflows``
   counts it. A request with ``truncate: false`` (``api/types.go`` ChatRequest; chatPrompt then
   keeps every message and llama-server refuses what is over ``num_ctx``) gets that 400 without any
-  cut; ``ignores_truncate`` makes the fake an older server that cuts regardless. ``shift`` is
+  cut; ``ignores_truncate`` makes the fake an older server that cuts regardless. With
+  ``go_runner`` it is an Ollama from before #16031 (its Go runners, ``runner/ollamarunner``
+  NewSequence): the refusal is a plain 400 ``the input length exceeds the context length``, no
+  sizes in it. ``shift`` is
   taken and not acted on (no reply here runs past the window).
 - Thinking: a model with the ``thinking`` capability thinks when ``think`` is unset (Ollama sets
   it to true), producing ``Reply.thinking`` or else ``FakeModel.default_thinking``; ``think: true``
@@ -208,6 +211,7 @@ class FakeOllama:
         self.gateway_status: int | None = None
         self.refuse_overlong = False  # 400 instead of cutting inside an overlong last message
         self.ignores_truncate = False  # a server older than `truncate`: cuts even when told not to
+        self.go_runner = False  # before #16031: refuses with the Go runner's words, no sizes
         self.reloads = 0
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
         self.report_cached = False  # send prompt_eval_cached_count (Ollama after #17943)
@@ -361,6 +365,8 @@ class FakeOllama:
         prompt_tokens, kept = self._fit(messages, body.get("tools"), num_ctx, truncate)
         if prompt_tokens > num_ctx:
             self.overflows += 1
+            if self.go_runner:
+                return _error(400, "the input length exceeds the context length")
             return _error(400, _overflow_text(prompt_tokens, num_ctx))
         cached = min(self._cached(model.name, kept, body.get("tools")), prompt_tokens - 1)
         self._cache[model.name] = (kept, body.get("tools"))

@@ -10,6 +10,7 @@ from daemon.context.budget import (
     RATIO_STEP,
     calibrated_ratio,
     estimate_tokens,
+    overflow_ratio,
     recalibrate,
     request_budget,
 )
@@ -116,6 +117,15 @@ def test_a_cut_moves_the_ratio_past_the_step_far_enough_for_the_request_to_fit()
     assert cut and ratio > RATIO_STEP and ratio >= 8_192 / 4_000
     assert recalibrate(2.0, count=8_190, raw=1_000, overhead=40, estimate=2_000,
                        num_ctx=8_192, whole=True) == (RATIO_MAX, True)
+
+
+def test_an_overflow_without_a_stated_size_refits_at_what_the_window_proves() -> None:
+    # Refused over an 8,192 window with no size said: the request was over 8,192 tokens, so
+    # at 1.0 a 4,000-token estimate was at least 2x off; 1.5x the old ratio would not fit.
+    ratio = overflow_ratio(1.0, stated=None, raw=4_000, overhead=40, num_ctx=8_192)
+    assert ratio * 4_000 > 8_192
+    stated = overflow_ratio(1.0, stated=5_000, raw=4_000, overhead=40, num_ctx=8_192)
+    assert 5_000 < stated * 4_000 < 5_600
 
 
 def test_a_count_far_below_an_overestimate_lowers_the_ratio_instead_of_raising_it() -> None:

@@ -79,6 +79,21 @@ async def test_a_second_cut_gets_the_user_a_clear_line(
     assert len(rig.turn_requests()) == 3
 
 
+async def test_an_overflow_refused_without_sizes_is_refitted_from_the_window(
+    rig_for: Callable[..., Any],  # noqa: F811
+) -> None:
+    # Ollama with Go runners (before #16031) refuses `truncate: false` over the window in plain
+    # words, without the sizes: the prompt was over num_ctx, which is enough to refit.
+    rig = await underestimating(rig_for)
+    rig.fake.ignores_truncate, rig.fake.go_runner = False, True
+    await rig.say("What does it say?", wait_fold=False)
+    assert rig.channel.texts("reply") == ["echo: first", "echo: What does it say?"]
+    assert rig.channel.texts("notice") == []
+    assert rig.fake.overflows == 1 and rig.fake.cuts == 0
+    events = rig.engine.parts.records.events("2026-12-01")
+    assert sum("overflow-retry" in e for e in events) == 1
+
+
 def overflow(prompt_tokens: int, n_ctx: int) -> Reply:
     """Ollama's 400 for a prompt over num_ctx (llama-server's nested body), as the fake sends."""
     message = (f"request ({prompt_tokens} tokens) exceeds the available context size ({n_ctx} "
@@ -180,6 +195,24 @@ async def test_an_overflow_after_a_tool_result_is_refitted_and_retried_once(
     assert pages.fake.count_tokens(retried["messages"], retried.get("tools")) < \
         pages.fake.count_tokens(refused[0]["messages"], refused[0].get("tools"))
     assert len(pages.events("overflow-retry")) == 1
+    assert pages.counted("overflow-retry") == 1
+
+
+async def test_an_overflow_without_sizes_after_a_tool_result_is_refitted_and_retried(
+    pages: Pages,
+) -> None:
+    refused: list[dict[str, Any]] = []
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if after_tools(body) and not refused:
+            refused.append(body)  # Ollama's Go runners (before #16031): no sizes in the 400
+            return Reply(status=400, error="the input length exceeds the context length")
+        return Reply("The page says: facts.") if after_tools(body) else fetch(0)
+
+    pages.fake.default_reply = answer
+    await pages.say("Read page p0 and tell me what it says.")
+    assert pages.channel.texts("reply") == ["The page says: facts."]
+    assert pages.channel.texts("notice") == []
     assert pages.counted("overflow-retry") == 1
 
 

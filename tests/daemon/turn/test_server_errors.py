@@ -50,3 +50,17 @@ async def test_a_500_that_names_the_request_is_reported_not_held(
     assert len(fake_ollama.chat_requests) == 1  # not the model server's fault: not retried
     await say(engine, "second")
     assert recording_channel.texts("reply") == ["echo: second"]
+
+
+async def test_a_persistent_500_with_one_attempt_configured_is_an_outage_too(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, engine_for,  # noqa: F811
+    recording_channel: RecordingChannel,
+) -> None:
+    # The quiet second try after a 500 is not one of `retry_attempts` (tries while Ollama is
+    # out): with 1 configured, a runner that keeps failing is still held and answered later.
+    fake_ollama.script(*[Reply(status=500, error=RUNNER_DIED)] * 3)
+    engine = await engine_for(fast(make_settings, fake_ollama, retry_attempts=1))
+    await say(engine, "are you there?")
+    assert recording_channel.texts("reply") == ["echo: are you there?"]
+    [notice] = recording_channel.texts("notice")
+    assert "saved" in notice and "answer" in notice and "inside roost" not in notice
