@@ -9,7 +9,9 @@
 * An answer cut off with `done_reason: "length"` is continued, a bounded number of times, unless
   the window is already full to within 512 tokens: then the turn ends with what it has and says so.
 * Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
-  in-memory messages and have the model write down the state of the task.
+  in-memory messages and have the model write down the state of the task. That state call is
+  not one of the turn's `max_calls` (it would eat the rounds the task needs); it can happen at
+  most once per tool round, so the turn stays bounded.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class ToolLoop:
         self.ratio = ratio
         self.clock = clock
         self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
+        self.safety_net = 0  # passes of the safety net this turn
 
     def tool_names(self) -> list[str]:
         return [t.name for c in self.registry.capabilities.values() for t in c.tools]
@@ -158,9 +161,7 @@ class ToolLoop:
         while True:
             if result.tool_calls and calls < self.max_calls:
                 tools_run += await self._run_tools(messages, result)
-                if calls + 2 <= self.max_calls:  # room for the state call and one more
-                    messages, compacted = await self._maybe_compact(messages, result)
-                    calls += compacted
+                messages = await self._maybe_compact(messages, result)
                 last = calls + 1 >= self.max_calls
                 if last:
                     messages = _with_note(messages, LAST_CALL_NUDGE)
@@ -277,17 +278,18 @@ class ToolLoop:
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult
-    ) -> tuple[list[ChatMessage], int]:
-        """The messages, shrunk and carrying a written state when they grew too large, and how
-        many model calls that took."""
-        estimate = request_tokens(messages, self.ratio)
+    ) -> list[ChatMessage]:
+        """The messages, shrunk and carrying a written state when they grew too large."""
+        schemas = self._schemas()
+        fixed = estimate_tokens(json.dumps(schemas, separators=(",", ":")), self.ratio)
+        estimate = request_tokens(messages, self.ratio) + fixed
         if not should_compact(estimate, last.prompt_eval_count, self.budget):
-            return messages, 0
+            return messages
         started = time.monotonic()
-        shrunk = shrink(messages, self.ratio, self.budget)
+        shrunk = shrink(messages, self.ratio, self.budget, fixed)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
-        state = await self._call(state_messages(shrunk.messages), self._schemas())
+        state = await self._call(state_messages(shrunk.messages), schemas)
         written = state.content.strip() or NO_STATE
         compacted = continue_from(shrunk.messages, written)
         await self._record("compaction", (
@@ -295,7 +297,8 @@ class ToolLoop:
             f"{shrunk.tokens_before} -> {request_tokens(compacted, self.ratio)} estimated "
             f"tokens (budget {self.budget}); state written in "
             f"{time.monotonic() - started:.1f}s"))
-        return compacted, 1
+        self.safety_net += 1
+        return compacted
 
     async def _record(self, kind: str, detail: str) -> None:
         await asyncio.to_thread(self.records.event, self.clock(), kind,

@@ -1,0 +1,116 @@
+"""The in-turn safety net on a long tool turn (issue 29, item 4): one pass reaches its target,
+its state call never costs the model a tool round, and an image a tool just returned is shown
+to the model before anything drops it."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from typing import Any
+
+from PIL import Image
+
+from daemon.context.compact import STATE_REQUEST, request_tokens
+from daemon.tools.registry import Capability, Tool, ToolOutput
+from daemon.turn.tool_loop import LAST_CALL_NUDGE
+from tests.daemon.tools.test_tools import Setup, call, last_user, setup_for, tool_messages
+from tests.fakes.ollama import Reply
+
+__all__ = ["setup_for"]  # the fixture, shared with the tool tests
+
+PAGE = 30_000
+STATE = "TASK: read pages\nPROGRESS: some read\nREMAINING: the rest\nDATA: facts\nDECISIONS: none"
+
+
+def page(n: int) -> str:
+    return (f"Page {n} line with facts. " * 1300)[:PAGE]
+
+
+def png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 30, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+def install_pages(setup: Setup, image_on: int | None = None) -> None:
+    async def fetch_page(context: object, n: int) -> str | ToolOutput:
+        if n == image_on:
+            return ToolOutput(page(n), images=(png(640, 480),))
+        return page(n)
+
+    setup.engine.parts.registry.register(Capability(
+        name="pages", core=True, description="fetch pages", tools=(Tool(
+            "fetch_page", "Fetch page n.",
+            {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            fetch_page),)))
+
+
+def reader() -> Callable[[dict[str, Any]], Reply]:
+    """A model that reads 30 KB pages one at a time until it is told to answer."""
+    fetched = iter(range(1, 100))
+
+    def answer(body: dict[str, Any]) -> Reply:
+        if STATE_REQUEST in last_user(body):
+            return Reply(content=STATE)
+        if not body.get("tools"):
+            return Reply(content="Here is what the pages say.")
+        return Reply(tool_calls=[call("fetch_page", n=next(fetched))])
+    return answer
+
+
+def state_calls(setup: Setup) -> int:
+    return sum(STATE_REQUEST in last_user(b) for b in setup.fake.chat_requests)
+
+
+async def test_the_30kb_pages_turn_reads_a_page_every_round_and_the_net_runs_seldom(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for()  # 8 model calls, an 8,192 window
+    install_pages(setup)
+    setup.fake.default_reply = reader()
+    await setup.say("Read the pages one by one and tell me what they say.")
+    # Every call but the last (which must answer) fetched a page: the safety net's state
+    # calls did not eat the turn's rounds.
+    assert len(tool_messages(setup)) == 7
+    assert setup.channel.texts("reply")[-1] == "Here is what the pages say."
+    assert LAST_CALL_NUDGE.strip() in str(setup.fake.chat_requests[-1]["messages"][-1])
+    # Each pass reaches half the budget, so 7 pages of ~1,200 tokens need at most 2 passes.
+    assert state_calls(setup) <= 2
+    budget = 8192 - 1024
+    for body in setup.fake.chat_requests:
+        tokens = setup.fake.count_tokens(body["messages"], body.get("tools"))
+        assert tokens <= budget
+        if STATE_REQUEST in last_user(body):  # a pass ends at half the budget, schemas included
+            assert tokens <= budget // 2 + 100
+    assert setup.fake.cuts == 0 and setup.fake.overflows == 0
+
+
+async def test_an_image_a_tool_just_returned_reaches_the_model_through_a_safety_net_pass(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for(capabilities=("completion", "tools", "vision"))
+    install_pages(setup, image_on=4)  # page 4 comes with a picture, and tips the net
+    setup.fake.default_reply = reader()
+    await setup.say("Read the pages one by one and tell me what they say.")
+    assert state_calls(setup) >= 1
+    first_state = next(i for i, b in enumerate(setup.fake.chat_requests)
+                       if STATE_REQUEST in last_user(b))
+    # The request after page 4's result (the state call, then the resumed turn) carries its
+    # image: the model is shown it before any pass may drop it.
+    after = setup.fake.chat_requests[first_state + 1]["messages"]
+    [with_image] = [m for m in after if m.get("images")]
+    assert "Page 4 line" in with_image["content"]
+    size = Image.open(io.BytesIO(base64.b64decode(with_image["images"][0]))).size
+    assert size == (640, 480)
+
+
+def test_images_in_a_turn_are_counted_by_their_pixels() -> None:
+    big = base64.b64encode(png(2048, 1024)).decode()
+    small = base64.b64encode(png(64, 64)).decode()
+    text: dict[str, Any] = {"role": "tool", "content": "x"}
+    with_big = request_tokens([{**text, "images": [big]}], 1.0)  # type: ignore[list-item]
+    with_small = request_tokens([{**text, "images": [small]}], 1.0)  # type: ignore[list-item]
+    plain = request_tokens([text], 1.0)  # type: ignore[list-item]
+    assert with_big - plain == 2048 * 1024 // 1024  # as replay counts a stored image
+    assert with_small - plain == 256  # the floor
