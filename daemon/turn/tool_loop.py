@@ -57,6 +57,8 @@ TEXT_CALL_APOLOGY = ("I tried to use one of my tools but did not manage to. Coul
 CONTEXT_FULL_NOTE = ("\n\n[The answer stops here: this conversation fills the model's context "
                      "window. Send /compact or /new and ask for the rest.]")
 CUT_OFF_NOTE = "\n\n[The answer was cut off; ask me to go on.]"
+# Shown to the user (status while it runs, a line above the reply), never stored as the model's.
+SAFETY_NET_LINE = "long turn: I condensed earlier tool results"
 
 Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
 Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
@@ -286,6 +288,8 @@ class ToolLoop:
         if not should_compact(estimate, last.prompt_eval_count, self.budget):
             return messages
         started = time.monotonic()
+        if self.status is not None:
+            self.status(SAFETY_NET_LINE)
         shrunk = shrink(messages, self.ratio, self.budget, fixed)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.

@@ -13,7 +13,7 @@ from PIL import Image
 
 from daemon.context.compact import STATE_REQUEST, request_tokens
 from daemon.tools.registry import Capability, Tool, ToolOutput
-from daemon.turn.tool_loop import LAST_CALL_NUDGE
+from daemon.turn.tool_loop import LAST_CALL_NUDGE, SAFETY_NET_LINE
 from tests.daemon.tools.test_tools import Setup, call, last_user, setup_for, tool_messages
 from tests.fakes.ollama import Reply
 
@@ -73,7 +73,7 @@ async def test_the_30kb_pages_turn_reads_a_page_every_round_and_the_net_runs_sel
     # Every call but the last (which must answer) fetched a page: the safety net's state
     # calls did not eat the turn's rounds.
     assert len(tool_messages(setup)) == 7
-    assert setup.channel.texts("reply")[-1] == "Here is what the pages say."
+    assert setup.channel.texts("reply")[-1].endswith("Here is what the pages say.")
     assert LAST_CALL_NUDGE.strip() in str(setup.fake.chat_requests[-1]["messages"][-1])
     # Each pass reaches half the budget, so 7 pages of ~1,200 tokens need at most 2 passes.
     assert state_calls(setup) <= 2
@@ -84,6 +84,26 @@ async def test_the_30kb_pages_turn_reads_a_page_every_round_and_the_net_runs_sel
         if STATE_REQUEST in last_user(body):  # a pass ends at half the budget, schemas included
             assert tokens <= budget // 2 + 100
     assert setup.fake.cuts == 0 and setup.fake.overflows == 0
+
+
+async def test_the_user_sees_a_line_when_the_net_ran_and_status_counts_its_passes(
+    setup_for: Callable[..., Any],
+) -> None:
+    setup: Setup = await setup_for()
+    install_pages(setup)
+    setup.fake.default_reply = reader()
+    await setup.say("Read the pages one by one and tell me what they say.")
+    [reply] = setup.channel.texts("reply")
+    assert "long turn: I condensed earlier tool results" in reply
+    assert reply.endswith("Here is what the pages say.")
+    assert SAFETY_NET_LINE in setup.channel.statuses  # also while it runs
+    # The line is for the user: the model's stored words stay its own.
+    stored = [m.content for m in setup.store.messages(setup.conversation_id())
+              if m.role == "assistant"]
+    assert stored[-1] == "Here is what the pages say."
+    passes = state_calls(setup)
+    await setup.say("/status")
+    assert f"Safety net: {passes} passes in long turns" in setup.channel.texts("notice")[-1]
 
 
 async def test_an_image_a_tool_just_returned_reaches_the_model_through_a_safety_net_pass(
