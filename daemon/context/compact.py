@@ -97,13 +97,11 @@ def should_compact(estimate: int, last_prompt_eval: int | None, budget: int) -> 
     return max(estimate, last_prompt_eval or 0) > TRIGGER_SHARE * budget
 
 
-def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int,
-           schemas: int = 0) -> Shrunk:
-    """The turn's messages cut down to half the budget (see the module docstring); `schemas`
-    is what the request's tool schemas take of it, estimated alike."""
+def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk:
+    """The turn's messages cut down to half the budget (see the module docstring)."""
     out = [dict(m) for m in messages]
     before = request_tokens(out, ratio)
-    target = TARGET_SHARE * budget - schemas
+    target = TARGET_SHARE * budget
     protected = _protected(out)
     images_dropped = 0
     answered = max((i for i, m in enumerate(out) if m.get("role") == "assistant"), default=-1)

@@ -314,7 +314,7 @@ class TurnRunner:
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
-            **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            **prepared.accounting(), "call": 1, "prompt_eval_count": first.prompt_eval_count,
             "prompt_eval_cached_count": first.prompt_eval_cached_count,
             "model_calls": done.calls, "tool_calls": done.tool_calls,
         })

@@ -27,6 +27,7 @@ from typing import Any
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, calibrated_ratio, estimate_tokens
 from daemon.context.compact import (
+    STATE_REQUEST,
     continue_from,
     request_tokens,
     should_compact,
@@ -148,6 +149,7 @@ class ToolLoop:
         self.clock = clock
         self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
         self.safety_net = 0  # passes of the safety net this turn
+        self.snapshots = 0  # requests after the first one kept in debug/
 
     def tool_names(self) -> list[str]:
         return [t.name for c in self.registry.capabilities.values() for t in c.tools]
@@ -206,7 +208,22 @@ class ToolLoop:
         self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
+        await self._snapshot(messages, tools, result)
         return result
+
+    async def _snapshot(self, messages: Sequence[ChatMessage],
+                        tools: list[dict[str, Any]] | None, result: ChatResult) -> None:
+        """Every request of a turn goes to `debug/` (the runner keeps the first): what the
+        model was sent, its estimate against the budget, and what Ollama counted."""
+        self.snapshots += 1
+        state = bool(messages) and messages[-1].get("content") == STATE_REQUEST
+        await asyncio.to_thread(self.records.snapshot, self.clock(),
+                                self.context.conversation_id, {
+            "call": self.snapshots + 1, "kind": "safety-net state" if state else "tool round",
+            "num_ctx": self.num_ctx, "budget": self.budget, "ratio": round(self.ratio, 4),
+            "estimate": request_tokens(messages, self.ratio),
+            "tool_schemas": len(tools or []), "prompt_eval_count": result.prompt_eval_count,
+            "messages": [_without_pixels(m) for m in messages]})
 
     def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
                tools: list[dict[str, Any]] | None) -> None:
@@ -283,14 +300,17 @@ class ToolLoop:
     ) -> list[ChatMessage]:
         """The messages, shrunk and carrying a written state when they grew too large."""
         schemas = self._schemas()
+        # The budget is the messages' (the schemas are taken off it already), while Ollama's
+        # count covers the schemas too: compared as it is, a pass that reached half the budget
+        # would look a schema's worth fuller and fire again a round later.
         fixed = estimate_tokens(json.dumps(schemas, separators=(",", ":")), self.ratio)
-        estimate = request_tokens(messages, self.ratio) + fixed
-        if not should_compact(estimate, last.prompt_eval_count, self.budget):
+        measured = max(0, last.prompt_eval_count - fixed) if last.prompt_eval_count else None
+        if not should_compact(request_tokens(messages, self.ratio), measured, self.budget):
             return messages
         started = time.monotonic()
         if self.status is not None:
             self.status(SAFETY_NET_LINE)
-        shrunk = shrink(messages, self.ratio, self.budget, fixed)
+        shrunk = shrink(messages, self.ratio, self.budget)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
         state = await self._call(state_messages(shrunk.messages), schemas)
@@ -311,6 +331,14 @@ class ToolLoop:
 
 def _overhead(messages: Sequence[ChatMessage]) -> int:
     return MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def _without_pixels(message: ChatMessage) -> dict[str, Any]:
+    """A message for the snapshot: its images as a count, not megabytes of base64."""
+    out: dict[str, Any] = dict(message)
+    if isinstance(out.get("images"), list):
+        out["images"] = f"{len(out['images'])} image(s)"
+    return out
 
 
 def _with_note(messages: Sequence[ChatMessage], note: str) -> list[ChatMessage]:
