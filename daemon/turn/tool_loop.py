@@ -219,7 +219,7 @@ class ToolLoop:
         state = bool(messages) and messages[-1].get("content") == STATE_REQUEST
         await asyncio.to_thread(self.records.snapshot, self.clock(),
                                 self.context.conversation_id, {
-            "call": self.snapshots + 1, "kind": "safety-net state" if state else "tool round",
+            "call": self.snapshots + 1, "kind": "safety-net state" if state else "turn",
             "num_ctx": self.num_ctx, "budget": self.budget, "ratio": round(self.ratio, 4),
             "estimate": request_tokens(messages, self.ratio),
             "tool_schemas": len(tools or []), "prompt_eval_count": result.prompt_eval_count,

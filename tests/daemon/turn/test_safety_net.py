@@ -135,6 +135,11 @@ def test_images_in_a_turn_are_counted_by_their_pixels() -> None:
     plain = request_tokens([text], 1.0)  # type: ignore[list-item]
     assert with_big - plain == 2048 * 1024 // 1024  # as replay counts a stored image
     assert with_small - plain == 256  # the floor
+    out = io.BytesIO()
+    Image.new("RGB", (1280, 960), (1, 2, 3)).save(out, "JPEG")
+    photo = base64.b64encode(out.getvalue()).decode()
+    with_photo = request_tokens([{**text, "images": [photo]}], 1.0)  # type: ignore[list-item]
+    assert with_photo - plain == 1280 * 960 // 1024
 
 
 async def test_debug_snapshots_keep_every_request_of_a_turn_and_50_in_all(
