@@ -7,8 +7,8 @@ One scripted conversation (`bench/scenario.py`: short chat, 2-6 KB answers, and 
 the model fetches a 10-40 KB web page) is played against the loopback fake Ollama three ways:
 
 1. roost: the real engine (store, model client, turn, tool loop, background fold) over HTTP. The
-   bench registers a core capability `web` with a `web_fetch(url)` tool through
-   `engine.parts.registry.register(...)`, the path an extra takes. On a tool turn the scripted model
+   bench puts a core capability `web` with a scripted `web_fetch(url)` tool in place of the
+   built-in one (`engine.parts.registry.replace(...)`). On a tool turn the scripted model
    answers the first call with a structured `web_fetch` call; the tool loop runs it through the
    registry, saves the call and the page as messages, and calls the model again with the result
    (capped in memory at a sixth of the budget), which the model answers. The in-turn compaction's
@@ -388,7 +388,9 @@ async def run_roost(fake: FakeOllama, turns: Sequence[Turn], state_dir: Path) ->
     llm = ModelClient(settings.model)
     engine = Engine(settings=settings, store=store, llm=llm,
                     channels={"console": RecordingChannel()}, clock=clock)
-    engine.parts.registry.register(web_capability(turns))  # as an extra registers its capability
+    # The scripted pages stand in for the built-in `web` capability (a real fetch would leave
+    # loopback); registering it anew fails since web became built in.
+    engine.parts.registry.replace(web_capability(turns))
     model = ScriptedModel(WINDOW)
     fake.default_reply = model
     cuts, overflows = fake.cuts, fake.overflows

@@ -1,6 +1,7 @@
 """The "long messages" profile of the sawtooth bench: does the cost of a turn stay flat?
 
     python bench/context_sawtooth.py --profile long [--turns 300] [--seed 7]
+    python bench/long_messages.py   (the same, with its defaults)
 
 One conversation of ~290-token user messages (by the fake's tokenizer) and ~150-token answers at
 window 8,192, played through the real engine against the fake Ollama. The model never answers a
@@ -27,12 +28,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too
 
 from bench.scenario import WORDS, is_fold
 from daemon.core.config import Settings
@@ -223,3 +227,7 @@ async def main(turns: int, seed: int) -> None:
           f"{WINDOW:,}, a model that ignores the notes format (seed {seed})\n")
     print(report(records, totals))
     print(f"\ntime: {time.perf_counter() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(300, 7))

@@ -144,6 +144,10 @@ class Commands:
         history = await asyncio.to_thread(self.store.messages, conversation.id)
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(conversation.created))
         lines.append(f"Conversation: {conversation.id}, {len(history)} messages, since {started}")
+        passes = sum(int(m.meta.get("safety_net") or 0) for m in history)
+        if passes:
+            lines.append(f"Safety net: {passes} passes in long turns (earlier tool results "
+                         "condensed within a turn)")
         try:
             prepared = await self.prompting.prepare(conversation, history, model=name)
             lines.append(f"Next request: about {prepared.request.estimate:,} of "

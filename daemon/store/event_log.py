@@ -2,7 +2,8 @@
 
 * `corpus/YYYY-MM-DD.log.md` (the day in `daemon.timezone`): one line per fold, rotation,
   overflow retry, silent cut, compaction, so an operator can read what happened to a conversation.
-* `debug/<id>.json`: the last 50 requests with their estimated tokens per part against the budget.
+* `debug/<id>.json`: the last 50 requests (every call of a turn) with their estimated tokens
+  against the budget.
 
 Synchronous; the daemon calls it through `asyncio.to_thread`. A failure to write a record is
 logged and never fails a turn.

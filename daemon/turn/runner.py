@@ -79,7 +79,7 @@ from daemon.turn.reply_stream import ReplyStream
 from daemon.turn.router import Router
 from daemon.turn.stopping import Stops
 from daemon.turn.streaming import STOPPED_MARK, Streaming, not_streamed
-from daemon.turn.tool_loop import LoopResult, ToolLoop
+from daemon.turn.tool_loop import SAFETY_NET_LINE, LoopResult, ToolLoop
 
 MAX_BACKOFF = 60.0
 RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
@@ -321,13 +321,15 @@ class TurnRunner:
                 "send another message to try again.", context.noted))
         ratio, _ = await self._calibrate(conversation, prepared, first)
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
+        if loop.safety_net:  # the user hears why a long turn may have lost detail
+            intro += f"({SAFETY_NET_LINE})\n\n"
         await asyncio.to_thread(
             self._save_reply, conversation, after, items, first,
-            confirmed(done.text, context.noted), intro, loop.prompt_tokens)
+            confirmed(done.text, context.noted), intro, loop.prompt_tokens, loop.safety_net)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
-            **prepared.accounting(), "prompt_eval_count": first.prompt_eval_count,
+            **prepared.accounting(), "call": 1, "prompt_eval_count": first.prompt_eval_count,
             "prompt_eval_cached_count": first.prompt_eval_cached_count,
             "model_calls": done.calls, "tool_calls": done.tool_calls,
         })
@@ -654,6 +656,7 @@ class TurnRunner:
         text: str,
         intro: str,
         prompt_tokens: int,
+        safety_net: int = 0,
     ) -> None:
         now = self.clock()
         meta = {
@@ -665,6 +668,7 @@ class TurnRunner:
             "eval_count": result.eval_count,
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,
+            **({"safety_net": safety_net} if safety_net else {}),  # passes, for /status
         }
         message = self.store.append_message(before.id, "assistant", text.strip() or EMPTY_REPLY,
                                             created=now, meta=meta)

@@ -9,7 +9,9 @@
 * An answer cut off with `done_reason: "length"` is continued, a bounded number of times, unless
   the window is already full to within 512 tokens: then the turn ends with what it has and says so.
 * Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
-  in-memory messages and have the model write down the state of the task.
+  in-memory messages and have the model write down the state of the task. That state call is
+  not one of the turn's `max_calls` (it would eat the rounds the task needs); it can happen at
+  most once per tool round, so the turn stays bounded.
 * A call Ollama refuses as over the window (after tool results, or the safety net's own) is
   refitted once: the turn's ratio learnt from the size Ollama states, the messages shrunk to
   fit at it, sent again; refused again, the turn ends with a plain line (daemon.turn.runner).
@@ -38,6 +40,7 @@ from daemon.context.budget import (
     recalibrate,
 )
 from daemon.context.compact import (
+    STATE_REQUEST,
     continue_from,
     request_tokens,
     should_compact,
@@ -73,6 +76,8 @@ TOOL_IMAGE_PROBLEMS = {"damaged": "it is damaged (it cannot be decoded)",
                        "unsupported": "it is in a format roost cannot read",
                        "too_large": "it is larger than roost accepts",
                        "too_many_pixels": "it has more pixels than roost accepts"}
+# Shown to the user (status while it runs, a line above the reply), never stored as the model's.
+SAFETY_NET_LINE = "long turn: I condensed earlier tool results"
 
 Call = Callable[[list[ChatMessage], list[dict[str, Any]] | None], Awaitable[ChatResult]]
 Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the message's seq
@@ -165,6 +170,8 @@ class ToolLoop:
         self.ratio = ratio
         self.clock = clock
         self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
+        self.safety_net = 0  # passes of the safety net this turn
+        self.snapshots = 0  # requests after the first one kept in debug/
 
     def tool_names(self) -> list[str]:
         return [t.name for c in self.registry.capabilities.values() for t in c.tools]
@@ -180,9 +187,7 @@ class ToolLoop:
         while True:
             if result.tool_calls and calls < self.max_calls:
                 tools_run += await self._run_tools(messages, result)
-                if calls + 2 <= self.max_calls:  # room for the state call and one more
-                    messages, compacted = await self._maybe_compact(messages, result)
-                    calls += compacted
+                messages = await self._maybe_compact(messages, result)
                 last = calls + 1 >= self.max_calls
                 if last:
                     messages = _with_note(messages, LAST_CALL_NUDGE)
@@ -236,6 +241,7 @@ class ToolLoop:
         self.prompt_tokens += result.prompt_eval_count or 0
         if result.prompt_eval_count:
             self._learn(result, messages, tools)
+        await self._snapshot(messages, tools, result)
         return result
 
     async def _refit(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
@@ -284,6 +290,19 @@ class ToolLoop:
             f"{self.num_ctx}); answer discarded, ratio {before:.2f} -> {ratio:.2f}, shrunk "
             f"to {request_tokens(messages, ratio)} estimated tokens, sent once more"))
         return True
+    async def _snapshot(self, messages: Sequence[ChatMessage],
+                        tools: list[dict[str, Any]] | None, result: ChatResult) -> None:
+        """Every request of a turn goes to `debug/` (the runner keeps the first): what the
+        model was sent, its estimate against the budget, and what Ollama counted."""
+        self.snapshots += 1
+        state = bool(messages) and messages[-1].get("content") == STATE_REQUEST
+        await asyncio.to_thread(self.records.snapshot, self.clock(),
+                                self.context.conversation_id, {
+            "call": self.snapshots + 1, "kind": "safety-net state" if state else "turn",
+            "num_ctx": self.num_ctx, "budget": self.budget, "ratio": round(self.ratio, 4),
+            "estimate": request_tokens(messages, self.ratio),
+            "tool_schemas": len(tools or []), "prompt_eval_count": result.prompt_eval_count,
+            "messages": [_without_pixels(m) for m in messages]})
 
     def _learn(self, result: ChatResult, messages: Sequence[ChatMessage],
                tools: list[dict[str, Any]] | None) -> None:
@@ -361,17 +380,23 @@ class ToolLoop:
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult
-    ) -> tuple[list[ChatMessage], int]:
-        """The messages, shrunk and carrying a written state when they grew too large, and how
-        many model calls that took."""
-        estimate = request_tokens(messages, self.ratio)
-        if not should_compact(estimate, last.prompt_eval_count, self.budget):
-            return messages, 0
+    ) -> list[ChatMessage]:
+        """The messages, shrunk and carrying a written state when they grew too large."""
+        schemas = self._schemas()
+        # The budget is the messages' (the schemas are taken off it already), while Ollama's
+        # count covers the schemas too: compared as it is, a pass that reached half the budget
+        # would look a schema's worth fuller and fire again a round later.
+        fixed = estimate_tokens(json.dumps(schemas, separators=(",", ":")), self.ratio)
+        measured = max(0, last.prompt_eval_count - fixed) if last.prompt_eval_count else None
+        if not should_compact(request_tokens(messages, self.ratio), measured, self.budget):
+            return messages
         started = time.monotonic()
+        if self.status is not None:
+            self.status(SAFETY_NET_LINE)
         shrunk = shrink(messages, self.ratio, self.budget)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
-        state = await self._call(state_messages(shrunk.messages), self._schemas())
+        state = await self._call(state_messages(shrunk.messages), schemas)
         written = state.content.strip() or NO_STATE
         compacted = continue_from(shrunk.messages, written)
         await self._record("compaction", (
@@ -379,7 +404,8 @@ class ToolLoop:
             f"{shrunk.tokens_before} -> {request_tokens(compacted, self.ratio)} estimated "
             f"tokens (budget {self.budget}); state written in "
             f"{time.monotonic() - started:.1f}s"))
-        return compacted, 1
+        self.safety_net += 1
+        return compacted
 
     async def _record(self, kind: str, detail: str) -> None:
         await asyncio.to_thread(self.records.event, self.clock(), kind,
@@ -388,6 +414,14 @@ class ToolLoop:
 
 def _overhead(messages: Sequence[ChatMessage]) -> int:
     return MESSAGE_OVERHEAD_TOKENS * len(messages)
+
+
+def _without_pixels(message: ChatMessage) -> dict[str, Any]:
+    """A message for the snapshot: its images as a count, not megabytes of base64."""
+    out: dict[str, Any] = dict(message)
+    if isinstance(out.get("images"), list):
+        out["images"] = f"{len(out['images'])} image(s)"
+    return out
 
 
 def _with_note(messages: Sequence[ChatMessage], note: str) -> list[ChatMessage]:
