@@ -75,6 +75,7 @@ class McpServers:
         self.settings = settings
         self.registry = registry
         self.catalog = Catalog(state_dir)
+        self._generation = 0  # of the listings, for the catalog's saves
         self._listings: dict[str, Listing] = {}
         self.connections = {
             s.name: Connection(s, log_dir=state_dir / "logs", start_timeout=settings.start_timeout,
@@ -151,14 +152,15 @@ class McpServers:
             return
         if self._listings.get(name) != listing:
             self._listings[name] = listing
-            snapshot = dict(self._listings)
-            task = asyncio.create_task(self._save(snapshot), name="roost-mcp-catalog")
+            self._generation += 1
+            task = asyncio.create_task(self._save(dict(self._listings), self._generation),
+                                       name="roost-mcp-catalog")
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _save(self, listings: dict[str, Listing]) -> None:
+    async def _save(self, listings: dict[str, Listing], generation: int) -> None:
         try:
-            await asyncio.to_thread(self.catalog.write, listings)
+            await asyncio.to_thread(self.catalog.write, listings, generation)
         except StoreError as exc:  # the next start lists the tools again: nothing is lost
             log.warning("could not save the MCP catalog: %s", exc)
 

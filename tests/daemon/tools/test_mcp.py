@@ -8,11 +8,13 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import types
 
 from daemon.context.prefix import capability_index
 from daemon.core.config import (
@@ -24,6 +26,7 @@ from daemon.core.config import (
     load_settings,
 )
 from daemon.tools.builtin import ToolContext, tool_activate, tool_search
+from daemon.tools.mcp.catalog import Catalog, Listing
 from daemon.tools.mcp.connection import State
 from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
@@ -356,3 +359,41 @@ def test_roost_approvals_list_and_revoke(state_dir: Path,
     assert main(["approvals", "revoke", "telegram:9"]) == 1
     assert main(["approvals", "revoke", "--tool", "fake__echo"]) == 0
     assert book.standing() == []
+
+
+def test_catalog_writes_from_many_threads_at_once_all_land_and_the_newest_wins(
+        state_dir: Path) -> None:
+    catalog = Catalog(state_dir)
+    tool = types.Tool(name="t", inputSchema={"type": "object"})
+    snapshots = [{f"s{i}": Listing(description=f"server {i}", tools=(tool,))
+                  for i in range(n + 1)} for n in range(12)]
+    failures: list[BaseException] = []
+    barrier = threading.Barrier(len(snapshots))
+
+    def write(generation: int) -> None:
+        barrier.wait()
+        try:
+            catalog.write(snapshots[generation], generation)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(g,)) for g in range(len(snapshots))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert failures == []
+    assert set(catalog.read()) == set(snapshots[-1])  # an older snapshot never lands last
+    assert not list((state_dir / "mcp").glob(".*.tmp"))
+
+
+async def test_six_servers_starting_at_once_save_one_catalog_and_the_index_survives_a_restart(
+        running: Any, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    names = [f"fake{i}" for i in range(6)]
+    registry, mcp = await running(*(stdio(name) for name in names))
+    before = capability_index(registry.index([]))
+    await mcp.stop()
+    await wait_until(lambda: set(Catalog(state_dir).read()) == set(names), 10)
+    assert "could not save the MCP catalog" not in caplog.text
+    again, _ = with_servers(McpSettings(servers=tuple(stdio(n) for n in names)), state_dir)
+    assert capability_index(again.index([])) == before
