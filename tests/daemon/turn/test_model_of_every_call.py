@@ -114,8 +114,9 @@ async def test_a_model_chats_safety_net_state_goes_to_its_model_at_its_window(
         if is_fold(body):
             return Reply("The user reads pages.")
         if body["messages"][-1]["role"] == "user":
-            return echo_reply(body) if "/model" in body["messages"][-1]["content"] \
-                else pages.pop(0)
+            if "/model" in body["messages"][-1]["content"]:
+                return echo_reply(body)
+        # After a safety-net pass the turn goes on from a user message: more pages, then done.
         return pages.pop(0) if pages else Reply("The pages say: facts.")
 
     fake.default_reply = answer

@@ -250,7 +250,8 @@ async def test_an_overflow_of_the_safety_net_summary_is_retried_once(pages: Page
     pages.fake.default_reply = answer
     await pages.say("Read the pages and tell me what they say.")
     assert len(states) >= 2, "the safety net never ran"
-    assert pages.channel.texts("reply") == ["The pages say: facts."]
+    assert pages.channel.texts("reply") == [
+        "(long turn: I condensed earlier tool results)\n\nThe pages say: facts."]
     assert pages.counted("overflow-retry") == 1
 
 
