@@ -37,10 +37,13 @@ class Failure(enum.Enum):
 class GraphError(ChannelError):
     """A Graph API call that failed; `code` is Meta's error code (0 when there was none)."""
 
-    def __init__(self, status: int, code: int, title: str) -> None:
+    def __init__(self, status: int, code: int, title: str, *, maybe_sent: bool = False) -> None:
         self.status = status
         self.code = code
         self.title = title
+        # The request left and its answer was lost (a dropped connection, a timeout): Meta may
+        # have taken the message, so sending it again may show it twice.
+        self.maybe_sent = maybe_sent
         super().__init__(f"HTTP {status}, code {code}: {title}")
 
     @property
@@ -184,10 +187,14 @@ class GraphClient:
                 if response.status == 200 and isinstance(answer, dict):
                     return answer
                 raise _error(response.status, answer)
-        except aiohttp.ClientError as exc:  # refused, reset, cut off: all worth a retry
+        except aiohttp.ClientConnectorError as exc:  # refused: nothing left, worth a retry
             raise GraphError(503, 0, f"cannot reach the Graph API: {exc}") from exc
+        except aiohttp.ClientError as exc:  # reset, cut off: worth a retry, maybe taken
+            raise GraphError(503, 0, f"cannot reach the Graph API: {exc}",
+                             maybe_sent=True) from exc
         except TimeoutError as exc:
-            raise GraphError(504, 0, "the Graph API did not answer in time") from exc
+            raise GraphError(504, 0, "the Graph API did not answer in time",
+                             maybe_sent=True) from exc
 
     def _require(self) -> aiohttp.ClientSession:
         if self._session is None:

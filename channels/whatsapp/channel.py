@@ -248,6 +248,8 @@ class WhatsAppChannel:
                 else:
                     wamid = await self.client.send_text(to, parts[index])
             except GraphError as exc:
+                if exc.maybe_sent:  # a retry may show it twice: counted (channels.progress)
+                    self.progress.answer_lost(outbound, index)
                 error = self._delivery_error(exc)
                 if error.window_closed:
                     await self.invite(outbound)

@@ -83,6 +83,7 @@ class Call:
 class _Fault:
     code: int = 0  # 0: drop the connection
     status: int | None = None
+    done: bool = False  # with code 0: a send is taken (it reaches the user), then the drop
 
 
 @dataclass
@@ -138,9 +139,10 @@ class FakeGraph:
         """Answer the next `times` calls of `kind` with Meta's error `code`."""
         self._faults[kind].extend([_Fault(code, status)] * times)
 
-    def drop_next(self, kind: str, times: int = 1) -> None:
-        """Close the connection of the next `times` calls of `kind` without an answer."""
-        self._faults[kind].extend([_Fault()] * times)
+    def drop_next(self, kind: str, times: int = 1, *, done: bool = False) -> None:
+        """Close the connection of the next `times` calls of `kind` without an answer; with
+        `done`, a send is taken first (the message reaches the user; roost never hears of it)."""
+        self._faults[kind].extend([_Fault(done=done)] * times)
 
     async def wait_for(self, kind: str, count: int = 1, timeout: float = 5.0) -> list[Call]:  # noqa: ASYNC109
         assert self._recorded is not None
@@ -187,12 +189,16 @@ class FakeGraph:
             self._recorded.notify_all()
         return call
 
-    def _fault(self, request: web.Request, kind: str) -> web.Response | None:
+    def _fault(self, request: web.Request, kind: str,
+               call: Call | None = None) -> web.Response | None:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return error(190, "Invalid OAuth access token - Cannot parse access token")
         if faults := self._faults[kind]:
             fault = faults.popleft()
             if not fault.code:
+                if fault.done and call is not None:
+                    call.accepted = True
+                    call.wamid = f"wamid.FAKE{next(self._ids):06d}"
                 if request.transport is not None:
                     request.transport.close()
                 return web.Response()  # never reaches the client
@@ -213,7 +219,7 @@ class FakeGraph:
         call = await self._record(request, kind, body)
         if request.match_info["number"] != PHONE_NUMBER_ID:
             return error(100, "Unsupported post request. Object with ID does not exist")
-        if (fault := self._fault(request, kind)) is not None:
+        if (fault := self._fault(request, kind, call)) is not None:
             return fault
         if body.get("messaging_product") != "whatsapp":
             return error(100, "The parameter messaging_product is required.")

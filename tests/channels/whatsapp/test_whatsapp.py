@@ -842,3 +842,16 @@ async def test_without_a_template_nothing_but_the_hold_happens(
     daemon = await start()
     await hold_reports(daemon, "report")
     assert graph.calls_of("template") == [] and graph.calls == []
+
+
+async def test_a_send_whose_answer_was_lost_goes_twice_and_is_counted(
+        start: Start, graph: FakeGraph) -> None:
+    # Meta took the message and the connection dropped before its answer: roost cannot know,
+    # sends it again (at least once), and /metrics says so.
+    daemon = await start()
+    graph.drop_next("send", done=True)
+    assert await daemon.post(webhook(text_message("wamid.l1", USER, "shaky line"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert graph.texts(USER) == ["echo: shaky line", "echo: shaky line"]
+    assert 'roost_parts_resent_total{channel="whatsapp"} 1.0' in await metrics_text(daemon)
