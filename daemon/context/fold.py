@@ -263,10 +263,18 @@ def fold_messages(
     if condense_notes:
         head += f"\n\n<user_notes>\n{notes}\n</user_notes>"
     fixed = FOLD_SYSTEM + head + ask
-    budget_chars = math.floor((prompt_budget - estimate_tokens(fixed, ratio) - 64) * 4 / ratio)
+    room = prompt_budget - estimate_tokens(fixed, ratio) - 64
+    budget_chars = math.floor(room * 4 / ratio)
     lines = [_describe(m) for m in plan.messages]
-    caps = excerpt_caps([len(line) for line in lines], int(budget_chars * 0.9))
-    body = "\n".join(_clip(line, c) for line, c in zip(lines, caps, strict=True))
+    # Four characters a token holds for prose; digits and punctuation cost more, so the body
+    # is measured and shrunk to the share it overshot by (a few rounds at most).
+    for _ in range(4):
+        caps = excerpt_caps([len(line) for line in lines], int(budget_chars * 0.9))
+        body = "\n".join(_clip(line, c) for line, c in zip(lines, caps, strict=True))
+        cost = estimate_tokens(body, ratio)
+        if cost <= room * 0.9:
+            break
+        budget_chars = math.floor(budget_chars * room * 0.85 / cost)
     return [
         {"role": "system", "content": FOLD_SYSTEM},
         {"role": "user", "content": f"{head}\n\n<new_messages>\n{body}\n</new_messages>\n\n{ask}"},

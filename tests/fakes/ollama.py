@@ -12,6 +12,8 @@ per-conversation calibration has something to learn:
   plus 768 per image, plus ceil(bytes of its compact-JSON ``tool_calls`` / 3);
 - the request's tool schemas cost ceil(bytes of their compact JSON, keys sorted / 3);
 - a reply's ``eval_count`` is ceil(utf-8 bytes of content + thinking / 3) plus its tool calls.
+- with ``tokenizer`` set (a real one from ``tests/fakes/tokenizers.py``), prompt texts are
+  counted by it instead of bytes/3, as a real server would count them.
 
 The behaviour follows Ollama 0.12.6 (``server/routes.go`` ChatHandler, ``server/prompt.go``
 chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked against its source:
@@ -148,20 +150,20 @@ def _compact(data: object, sort_keys: bool = False) -> str:
     return json.dumps(data, separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=False)
 
 
-def _tokens(text: str) -> int:
-    return math.ceil(len(text.encode("utf-8")) / 3)
+def _tokens(text: str, tokenizer: Callable[[str], int] | None = None) -> int:
+    return tokenizer(text) if tokenizer else math.ceil(len(text.encode("utf-8")) / 3)
 
 
-def _message_tokens(message: dict[str, Any]) -> int:
-    n = 4 + _tokens(str(message.get("content") or ""))
+def _message_tokens(message: dict[str, Any], tokenizer: Callable[[str], int] | None = None) -> int:
+    n = 4 + _tokens(str(message.get("content") or ""), tokenizer)
     n += 768 * len(message.get("images") or [])
     if message.get("tool_calls"):
-        n += _tokens(_compact(message["tool_calls"]))
+        n += _tokens(_compact(message["tool_calls"]), tokenizer)
     return n
 
 
-def _tools_tokens(tools: list[Any] | None) -> int:
-    return _tokens(_compact(tools, sort_keys=True)) if tools else 0
+def _tools_tokens(tools: list[Any] | None, tokenizer: Callable[[str], int] | None = None) -> int:
+    return _tokens(_compact(tools, sort_keys=True), tokenizer) if tools else 0
 
 
 def _now(ahead: timedelta = timedelta()) -> str:
@@ -216,6 +218,8 @@ class FakeOllama:
         self.loaded: dict[str, int] = {}  # model name -> num_ctx it is loaded with
         self.report_cached = False  # send prompt_eval_cached_count (Ollama after #17943)
         self.uncached_only = False  # prompt_eval_count without the cached part (0.30.x)
+        # A real tokenizer's count of a text (tests/fakes/tokenizers.py) instead of bytes/3.
+        self.tokenizer: Callable[[str], int] | None = None
         self.version = VERSION  # what /api/version says ("0.30.1" with uncached_only)
         self.cancelled = 0  # streams the client closed before their end
         # When each streamed answer wrote its first content: (time.monotonic(), the request).
@@ -309,7 +313,8 @@ class FakeOllama:
 
     def count_tokens(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> int:
         """The fake's "true" token count of a prompt (rule in the module docstring)."""
-        return sum(_message_tokens(m) for m in messages) + _tools_tokens(tools)
+        return (sum(_message_tokens(m, self.tokenizer) for m in messages)
+                + _tools_tokens(tools, self.tokenizer))
 
     def find_model(self, name: str) -> FakeModel | None:
         """The model called name; like Ollama, a missing tag means ":latest"."""
@@ -477,8 +482,8 @@ class FakeOllama:
         for old, new in zip(previous, messages[:-1], strict=False):
             if old != new:
                 break
-            cached += _message_tokens(new)
-        return cached + _tools_tokens(tools) if cached else 0
+            cached += _message_tokens(new, self.tokenizer)
+        return cached + _tools_tokens(tools, self.tokenizer) if cached else 0
 
     def _fit(self, messages: list[dict[str, Any]], tools: list[Any] | None,
              num_ctx: int, truncate: bool = True) -> tuple[int, list[dict[str, Any]]]:
@@ -492,7 +497,7 @@ class FakeOllama:
         for i, message in enumerate(messages[:-1]):
             if message.get("role") == "system":
                 continue
-            total -= _message_tokens(message)
+            total -= _message_tokens(message, self.tokenizer)
             dropped.add(i)
             # chatPrompt never starts on a tool result: its call goes with it.
             starts_on_tool = messages[i + 1].get("role") == "tool" and i + 1 < last

