@@ -19,6 +19,8 @@ Synchronous and serialised by one lock; the daemon calls it through `asyncio.to_
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -245,11 +247,18 @@ class AutomationState:
         the command that made it says the daemon did not answer)."""
         taken = []
         for path in sorted((self.state_dir / REQUESTS).glob("*.json")):
+            # Claimed by a rename first: two scans at once (the interval's and the console's
+            # Run now) cannot both take one request and run it twice.
+            claimed = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.taken")
             try:
-                taken.append(json.loads(path.read_text("utf-8")))
+                path.rename(claimed)
+            except OSError:
+                continue  # taken by the other scan
+            try:
+                taken.append(json.loads(claimed.read_text("utf-8")))
             except (OSError, ValueError):
                 pass  # half a request cannot be run; dropped below
-            path.unlink(missing_ok=True)
+            claimed.unlink(missing_ok=True)
         return taken
 
     def finished_reminders(self) -> list[dict[str, Any]]:

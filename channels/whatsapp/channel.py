@@ -261,7 +261,10 @@ class WhatsAppChannel:
             await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
 
     async def invite(self, outbound: Outbound) -> None:
-        """A reply is held for the 24-hour rule: the template, if one is set and due."""
+        """A reply is held for the 24-hour rule: the template, if one is set and due (not when
+        the reply goes to `fallback` instead: nothing would wait for the person's answer)."""
+        if self.settings.fallback:
+            return
         await self.invitations.invite(outbound.chat_key, wa_id_of(outbound.chat_key),
                                       outbound.text)
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from channels.whatsapp.api import GraphClient, GraphError
+from channels.whatsapp.api import Failure, GraphClient, GraphError
 from daemon.core.config import WhatsAppSettings
 from daemon.core.logs import whatsapp_log as log
 from daemon.core.messages import TEMPLATE_FLAG
@@ -25,7 +25,7 @@ from daemon.store.event_log import Records
 REFUSED_PAUSE = 3600.0  # after Meta refused the template, the next try waits this long
 PARAMETER_CHARS = 60
 # Meta refuses a parameter with a newline, a tab or more than four spaces in a row.
-_UNSENDABLE = re.compile(r"[\n\t]+| {4,}")
+_UNSENDABLE = re.compile(r"[\r\n\t]+| {4,}")
 
 
 class Invitations:
@@ -58,17 +58,27 @@ class Invitations:
                                                         self.settings.template_language,
                                                         parameter)
             except GraphError as exc:
-                log.warning("WhatsApp refused the template %r for %s: %s", name, chat_key, exc)
-                await asyncio.to_thread(self.store.set_chat_flag, chat_key, TEMPLATE_FLAG,
-                                        {**sent, "refused": now})
-                await self._note(chat_key, f"template {name} refused: {exc}")
+                if exc.maybe_sent:  # it may have gone out (and been billed): count it as sent
+                    await self._sent(chat_key, sent, now, f"template {name} probably sent "
+                                                          f"(its answer was lost: {exc})")
+                    return True
+                refused = exc.kind is Failure.REFUSED
+                log.warning("WhatsApp %s the template %r for %s: %s",
+                            "refused" if refused else "did not take", name, chat_key, exc)
+                if refused:  # a wrong name or parameter: not again for a while
+                    await asyncio.to_thread(self.store.set_chat_flag, chat_key, TEMPLATE_FLAG,
+                                            {**sent, "refused": now})
+                await self._note(chat_key, f"template {name} not sent: {exc}")
                 return False
-            count = int(sent.get("count") or 0) + 1
-            await asyncio.to_thread(self.store.set_chat_flag, chat_key, TEMPLATE_FLAG,
-                                    {"last": now, "count": count})
-            await self._note(chat_key, f"template {name} sent ({wamid}); the reply waits for "
-                                       "the person's answer")
+            await self._sent(chat_key, sent, now, f"template {name} sent ({wamid}); the reply "
+                                                  "waits for the person's answer")
             return True
+
+    async def _sent(self, chat_key: str, sent: dict[str, Any], now: float, detail: str) -> None:
+        count = int(sent.get("count") or 0) + 1
+        await asyncio.to_thread(self.store.set_chat_flag, chat_key, TEMPLATE_FLAG,
+                                {"last": now, "count": count})
+        await self._note(chat_key, detail)
 
     async def _note(self, chat_key: str, detail: str) -> None:
         if self.records is not None:
@@ -78,5 +88,5 @@ class Invitations:
 
 def preview(text: str) -> str:
     """The held reply's first words as a template parameter Meta accepts."""
-    flat = _UNSENDABLE.sub(" ", text).strip()
+    flat = _UNSENDABLE.sub(" ", text).strip() or "your reply"
     return flat if len(flat) <= PARAMETER_CHARS else flat[:PARAMETER_CHARS - 1].rstrip() + "…"

@@ -379,15 +379,22 @@ async def _template_check(settings: Settings) -> Check:
                      "the token needs whatsapp_business_management to read templates")
     finally:
         await client.close()
-    same = [t for t in found if t.get("language") == wa.template_language]
+    same = [t for t in found if t.get("name") == wa.template
+            and t.get("language") == wa.template_language]
     if not same:
         languages = ", ".join(str(t.get("language")) for t in found) or "none"
         return Check(name, False, f"no such template in {wa.template_language} "
                      f"(languages found: {languages})",
                      "create it in WhatsApp Manager, or set whatsapp.template_language")
     template = same[0]
-    body = " ".join(str(c.get("text") or "") for c in template.get("components") or []
-                    if isinstance(c, dict) and c.get("type") == "BODY")
+    parts = [c for c in template.get("components") or [] if isinstance(c, dict)]
+    body = " ".join(str(c.get("text") or "") for c in parts if c.get("type") == "BODY")
+    elsewhere = [c.get("type") for c in parts if c.get("type") != "BODY"
+                 and re.search(r"\{\{[^}]+\}\}", str(c.get("text") or ""))]
+    if template.get("parameter_format") == "NAMED" or elsewhere:
+        return Check(name, False, "it has named parameters or parameters outside its body; "
+                     "roost fills one numbered body parameter ({{1}}) at most",
+                     "use a template whose body has no parameter or {{1}}")
     wanted, has = int(wa.template_parameter), len(re.findall(r"\{\{\d+\}\}", body))
     if template.get("status") != "APPROVED":
         return Check(name, False, f"status {template.get('status')}: Meta sends only approved "

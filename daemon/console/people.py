@@ -84,10 +84,12 @@ class People:
         gone = self.approvals.revoke(person, tool)
         return f"{tool} asks again before each call." if gone else "No such grant."
 
-    def forget(self, session: ConsoleSession, name: str, number: int) -> str:
+    def forget(self, session: ConsoleSession, name: str, text: str) -> str:
+        """Forget the fact shown with these words (not a position: a fact added or forgotten
+        meanwhile, or a second tap, must not take another one)."""
         person = self._person(session, name)
         try:
-            fact = self.facts.remove(person, number)
+            fact = self.facts.remove_text(person, text)
         except FactError as exc:
             return f"Nothing forgotten: {exc}."
         return f"Forgotten: {fact.text}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -76,7 +77,7 @@ class Console:
         app.router.add_get(f"{PREFIX}/health", self._signed_in(self.health_page))
         app.router.add_post(f"{PREFIX}/automations/run", self._signed_in(self.run_now))
         app.router.add_post(f"{PREFIX}/people/{{action}}", self._signed_in(self.people_form))
-        app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:\\d+}}/{{index:\\d+}}",
+        app.router.add_get(f"{PREFIX}/c/{{cid}}/file/{{seq:[0-9]{{1,9}}}}/{{index:[0-9]{{1,4}}}}",
                            self._signed_in(self.download))
 
     # ---- the guard ----------------------------------------------------------------------
@@ -120,6 +121,12 @@ class Console:
         return self._page("signin.html", link=request.query.get("t", ""), signed_out=False)
 
     async def login(self, request: web.Request) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
+            # Another site posting a link of its own would sign this browser in as someone
+            # else (login CSRF): the form is only ever posted from roost's own page.
+            return self._page("message.html", status=403,
+                              text="This sign-in did not come from roost's own page.")
         link = str((await request.post()).get("t", ""))
         made = await asyncio.to_thread(self.keys.redeem, link, self.clock()) if link else None
         if made is None:
@@ -154,8 +161,7 @@ class Console:
 
     async def conversations(self, request: web.Request,
                             session: ConsoleSession) -> web.StreamResponse:
-        page = int(request.query.get("page", "0")) if request.query.get(
-            "page", "0").isdigit() else 0
+        page = _number(request.query.get("page", "0")) or 0
         rows, older = await asyncio.to_thread(
             views.conversation_rows, self.store(), session.covers, self.settings.model.name,
             self.settings.daemon.tz, page)
@@ -221,9 +227,9 @@ class Console:
         elif action == "revoke":
             done = await asyncio.to_thread(people.revoke, session, field.get("person", ""),
                                            field.get("tool", ""))
-        elif action == "forget" and field.get("number", "").isdigit():
+        elif action == "forget":
             done = await asyncio.to_thread(people.forget, session, field.get("person", ""),
-                                           int(field["number"]))
+                                           field.get("text", ""))
         elif action == "remember":
             done = await asyncio.to_thread(people.remember, session, field.get("person", ""),
                                            field.get("text", ""))
@@ -270,6 +276,11 @@ async def _form_token(request: web.Request) -> str:
 
 def _same(given: str, expected: str) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _number(text: str) -> int | None:
+    """A small plain number from a form or query (int() takes "²" and refuses huge ones)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,6}", text) else None
 
 
 def _see_other(location: str) -> web.Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from daemon.core.config import Settings
 from daemon.core.errors import DoesNotFit, LLMError
@@ -118,7 +119,8 @@ class Commands:
         name = flags.get(MODEL_FLAG) or model.name  # the chat's /model
         lines = [f"Model: {name} at {redact_url(model.host)}"]
         if templates := flags.get(TEMPLATE_FLAG, {}).get("count"):
-            last = time.strftime("%Y-%m-%d %H:%M", time.localtime(flags[TEMPLATE_FLAG]["last"]))
+            last = datetime.fromtimestamp(flags[TEMPLATE_FLAG]["last"],
+                                          self.settings.daemon.tz).strftime("%Y-%m-%d %H:%M")
             lines.append(f"WhatsApp templates sent to reopen this chat: {templates} (last "
                          f"{last}); Meta bills each one")
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)

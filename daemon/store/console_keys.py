@@ -118,12 +118,17 @@ class ConsoleKeys:
         """The file without what expired by `now` (None: everything)."""
         try:
             data = read_json(self.path) or {}
-        except CorruptFile as exc:  # sessions are cheap to make again: sign in anew
-            move_aside(self.path, str(exc), "every browser signs in to the console again")
-            data = {}
-        return {part: {k: v for k, v in data.get(part, {}).items()
-                       if now is None or v["expires"] > now}
-                for part in ("links", "sessions")}
+            kept = {part: {k: v for k, v in data.get(part, {}).items()
+                           if now is None or float(v["expires"]) > now}
+                    for part in ("links", "sessions")}
+            for entry in (*kept["links"].values(), *kept["sessions"].values()):
+                tuple(entry["scope"])
+        except (CorruptFile, AttributeError, KeyError, TypeError, ValueError) as exc:
+            # Sessions are cheap to make again: a broken file means signing in anew.
+            move_aside(self.path, str(exc) or type(exc).__name__,
+                       "every browser signs in to the console again")
+            return {"links": {}, "sessions": {}}
+        return kept
 
     def _write(self, data: dict[str, dict[str, Any]]) -> None:
         atomic_write(self.path, json.dumps(data, indent=1).encode("utf-8"), folder_owner=True)

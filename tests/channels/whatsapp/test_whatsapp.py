@@ -855,3 +855,19 @@ async def test_a_send_whose_answer_was_lost_goes_twice_and_is_counted(
     await daemon.settle()
     assert graph.texts(USER) == ["echo: shaky line", "echo: shaky line"]
     assert 'roost_parts_resent_total{channel="whatsapp"} 1.0' in await metrics_text(daemon)
+
+
+async def test_with_a_fallback_chat_no_template_is_sent(
+        start: Start, graph: FakeGraph, fake_telegram: FakeTelegram) -> None:
+    graph.templates.append(Template("report_ready"))
+    daemon = await start(whatsapp=TEMPLATE | {"fallback": "telegram:1111111"},
+                         telegram={"enabled": True, "mode": "polling",
+                                    "api_base": fake_telegram.api_base,
+                                    "file_base": fake_telegram.file_base,
+                                    "token": fake_telegram.token, "allow": (1111111,)})
+    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
+    assert await daemon.app[ENGINE].deliver(Outbound(chat_key=KEY, text="report",
+                                                     created=time.time()))
+    (call,) = await fake_telegram.wait_for("sendMessage")
+    assert "report" in call.params["text"]
+    assert graph.calls_of("template") == []  # nothing waits for an answer: none is billed

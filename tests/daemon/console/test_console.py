@@ -271,3 +271,42 @@ async def test_a_broken_sessions_file_means_signing_in_again_not_an_error(
         assert await sign_in(http, url, owner_link(settings, capsys)) == 303
         async with http.get(f"{url}/console/") as page:
             assert page.status == 200
+
+
+async def test_odd_numbers_in_addresses_are_not_errors(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, seeded = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        for page in ("²", "9" * 5000, "-1", "abc"):
+            async with http.get(f"{url}/console/", params={"page": page}) as answer:
+                assert answer.status == 200  # the first page
+        for path in (f"/console/c/{seeded.dana}/file/1/{'9' * 5000}",
+                     f"/console/c/{seeded.dana}/file/{'9' * 5000}/0",
+                     f"/console/c/{seeded.dana}/file/1/7"):
+            async with http.get(f"{url}{path}") as answer:
+                assert answer.status == 404
+
+
+@pytest.mark.parametrize("content", [b'{"sessions": {"x": {}}}', b'{"links": []}', b"[1, 2]"])
+async def test_a_sessions_file_of_the_wrong_shape_means_signing_in_again(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str],
+        content: bytes) -> None:
+    url, settings, _ = console
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        (settings.daemon.state_dir / "console.json").write_bytes(content)
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 401
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+
+
+async def test_a_sign_in_posted_from_another_site_is_refused(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    link = owner_link(settings, capsys)
+    async with jar() as http:
+        async with http.post(f"{url}/console/login", data={"t": link}, allow_redirects=False,
+                             headers={"Origin": "https://evil.example"}) as answer:
+            assert answer.status == 403
+        assert await sign_in(http, url, link) == 303  # the link was not used up
