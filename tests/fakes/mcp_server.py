@@ -24,8 +24,11 @@ from pydantic import BaseModel
 PNG_1X1 = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 
-server = MCPServer(name="fake", instructions="Test tools: echo, sleep, fail, image and more.\n"
-                   "Second line of instructions.")
+# A title in serverInfo and instructions under a Markdown heading, as server-everything ships them.
+server = MCPServer(name="fake", title="Fake Test Server",
+                   instructions="# Fake Server – Server Instructions\n\n"
+                                "Test tools: echo, sleep, fail, image and more.\n"
+                                "Second line of instructions.")
 
 
 class Address(BaseModel):

@@ -32,12 +32,11 @@ from daemon.tools.builtin import register_builtin
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
-from daemon.tools.mcp.schema import one_line, simplify, tool_name
+from daemon.tools.mcp.schema import index_words, one_line, simplify, tool_name
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
-INDEX_CHARS = 80  # of a server's description in its index line: 20 servers stay ~300 tokens
 
 
 @dataclass(frozen=True)
@@ -157,12 +156,11 @@ class McpServers:
             log.warning("could not save the MCP catalog: %s", exc)
 
     def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
-        about = (one_line(server.description or listing.description, INDEX_CHARS)
-                 or "an MCP server")
-        count = len(listing.tools)
+        about = index_words(server.description or listing.description)
+        count = f"{len(listing.tools)} tool{'s' if len(listing.tools) != 1 else ''}"
         tools = tuple(self._tool(server, t) for t in listing.tools)
         return Capability(name=server.name, group=GROUP, tools=tools,
-                          description=f"{about} ({count} tool{'s' if count != 1 else ''})")
+                          description=f"{about} ({count})" if about else count)
 
     def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
         return McpTool(

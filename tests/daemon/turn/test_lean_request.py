@@ -85,3 +85,10 @@ async def test_fresh_request_with_every_builtin_is_at_most_700_qwen_tokens(
     assert {"memory_search", "memory_remember", "tool_activate"} <= names
     assert qwen_tokens(body) <= 700
 
+
+async def test_fresh_request_with_100_mcp_tools_in_20_servers_is_at_most_1000_qwen_tokens(
+    make_settings: SettingsFactory, fake_ollama: FakeOllama, state_dir: Path
+) -> None:
+    body = await fresh_request(make_settings, fake_ollama, state_dir, 20)
+    assert "svc19" in body["messages"][0]["content"]
+    assert qwen_tokens(body) <= 1000
