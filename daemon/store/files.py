@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
@@ -45,9 +46,10 @@ def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True,
     `folder_owner`: written by root (a `sudo roost ...` command beside the system service), the
     file gets its folder's owner, so that the service's own user can still replace it.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Unique per call: threads of one process writing the same file must not share a temp file.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "xb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())

@@ -8,6 +8,7 @@ prefix, and only a server whose tools really changed changes its index line.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from daemon.tools.mcp.connection import Listing
 class Catalog:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "mcp" / "catalog.json"
+        self._lock = threading.Lock()  # writes come from worker threads; one at a time
 
     def read(self) -> dict[str, Listing]:
         try:
@@ -42,5 +44,6 @@ class Catalog:
                    "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                              for t in listing.tools]}
             for name, listing in sorted(listings.items())}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, dumps(data))
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, dumps(data))

@@ -79,10 +79,13 @@ class McpServers:
             for s in settings.servers}
         self._refused: dict[str, str] = {}  # servers whose name a built-in has
         self._writes: set[asyncio.Task[None]] = set()
+        self._saving = asyncio.Lock()
+        self._saved: dict[str, Listing] = {}
 
     def register(self) -> None:
         """One capability per server, from the catalog (or empty until it lists its tools)."""
         self._listings = self.catalog.read()
+        self._saved = dict(self._listings)
         for server in self.settings.servers:
             listing = self._listings.get(server.name, Listing("", ()))
             try:
@@ -144,14 +147,23 @@ class McpServers:
             return
         if self._listings.get(name) != listing:
             self._listings[name] = listing
-            snapshot = dict(self._listings)
-            task = asyncio.create_task(self._save(snapshot), name="roost-mcp-catalog")
+            task = asyncio.create_task(self._save(), name="roost-mcp-catalog")
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _save(self, listings: dict[str, Listing]) -> None:
+    async def _save(self) -> None:
+        """Write the newest listings, one write at a time; a change an earlier write already
+        carried is not written again."""
+        async with self._saving:
+            listings = dict(self._listings)
+            if listings == self._saved:
+                return
+            await self._write(listings)
+
+    async def _write(self, listings: dict[str, Listing]) -> None:
         try:
             await asyncio.to_thread(self.catalog.write, listings)
+            self._saved = listings
         except StoreError as exc:  # the next start lists the tools again: nothing is lost
             log.warning("could not save the MCP catalog: %s", exc)
 

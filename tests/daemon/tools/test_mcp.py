@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -293,3 +294,39 @@ def test_servers_that_never_came_up_are_not_listed_and_none_is_a_bare_mcp_server
     index = capability_index(registry.index([]))
     assert "- quiet: 1 tool" in index.splitlines()
     assert "never" not in index and "0 tools" not in index and "an MCP server" not in index
+
+
+async def test_servers_starting_at_once_leave_one_whole_catalog_and_the_same_index(
+    running: Any, state_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    servers = tuple(stdio(f"s{i}") for i in range(6))
+    registry, mcp = await running(*servers)
+    before = capability_index(registry.index([]))
+    assert all(f"- s{i}: Fake Test Server (9 tools)" in before for i in range(6))
+    await mcp.stop()
+    assert "could not save the MCP catalog" not in caplog.text
+    assert sorted(p.name for p in (state_dir / "mcp").iterdir()) == ["catalog.json"]
+    again, _ = with_servers(McpSettings(servers=servers), state_dir)  # none of them up
+    assert capability_index(again.index([])) == before
+
+
+def test_catalog_writes_from_several_threads_at_once_all_land_whole(state_dir: Path) -> None:
+    catalog = Catalog(state_dir)
+    tool = types.Tool(name="ping", input_schema={"type": "object"})
+    failed: list[Exception] = []
+
+    def write(n: int) -> None:
+        for _ in range(20):  # bounded
+            try:
+                catalog.write({f"s{n}": Listing(f"Server {n}", (tool,))})
+            except Exception as exc:  # any failure is the finding
+                failed.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+    assert len(catalog.read()) == 1  # one whole snapshot, never an interleaving
+    assert sorted(p.name for p in (state_dir / "mcp").iterdir()) == ["catalog.json"]
