@@ -298,7 +298,7 @@ def register_builtin(registry: Registry) -> None:
             Tool("memory_search", "Search past messages and summaries; ranked snippets "
                  "with refs.",
                  _schema({"query": {"type": "string"},
-                          "limit": {"type": "integer", "description": "1-10"}},
+                          "limit": {"type": "integer"}},
                          ("query",)), memory_search),
             Tool("memory_get", "One search result whole, by ref.",
                  _schema({"ref": {"type": "string"}}, ("ref",)), memory_get),
@@ -312,7 +312,7 @@ def register_builtin(registry: Registry) -> None:
     # the person's timezone, so the tool only cost ~60 tokens in every request (issue 29).
     registry.register(Capability(
         name="tools", core=True, group="basics",
-        description="find and load more capabilities",
+        description="find and load more tools",
         tools=(
             Tool("tool_search", "List capabilities not loaded yet.",
                  _schema({"query": {"type": "string"}}), tool_search),
