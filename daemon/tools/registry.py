@@ -158,8 +158,9 @@ class Registry:
     def index(self, active: Iterable[str]) -> list[CapabilityLine]:
         """The `<capabilities>` lines of the prefix for a conversation."""
         loaded = {c.name for c in self.loaded(active)}
+        # A server that never listed its tools is not offered: tool_activate would refuse it.
         return [CapabilityLine(c.name, c.description, c.name in loaded, c.group)
-                for c in self.capabilities.values()]
+                for c in self.capabilities.values() if c.tools]
 
     def search(self, query: str, active: Iterable[str]) -> list[Capability]:
         """Capabilities not loaded yet whose name, description or tools mention the query."""

@@ -282,7 +282,7 @@ async def test_a_restart_keeps_the_days_prefix_and_the_map_counts_what_was_there
     assert after == before
     # The map of Dec 1 counts the one conversation stored before it began (Nov 30's run).
     assert "Stored from 2026-11-30 to 2026-11-30: 1 conversation, 2 messages" in after
-    assert "No earlier conversations" in yesterday
+    assert "<memory_map>" not in yesterday  # nothing stored yet: no map at all
 
 
 async def test_two_command_line_runs_send_the_same_system_message(

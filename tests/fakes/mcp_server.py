@@ -52,8 +52,11 @@ PNG_BAD_ICCP = (PNG_1X1[:33]
 PNG_BROKEN = PNG_1X1[:33] + _chunk(b"IDAT", b"garbage") + _chunk(b"IEND", b"")
 
 
-server = FakeServer(name="fake", instructions="Test tools: echo, sleep, fail, image and more.\n"
-                   "Second line of instructions.")
+# A title in serverInfo and instructions under a Markdown heading, as server-everything ships them.
+server = FakeServer(name="fake", title="Fake Test Server",
+                    instructions="# Fake Server – Server Instructions\n\n"
+                                 "Test tools: echo, sleep, fail, image and more.\n"
+                                 "Second line of instructions.")
 
 
 class Address(BaseModel):

@@ -21,10 +21,7 @@ from daemon.tools.mcp.connection import Listing
 class Catalog:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "mcp" / "catalog.json"
-        # Servers list their tools at once on start; their saves run in threads. One at a time,
-        # and a snapshot older than the one on disk is dropped, so the newest always lands.
-        self._lock = threading.Lock()
-        self._written = -1
+        self._lock = threading.Lock()  # writes come from worker threads; one at a time
 
     def read(self) -> dict[str, Listing]:
         try:
@@ -41,16 +38,12 @@ class Catalog:
             out[name] = Listing(description=str(entry.get("description", "")), tools=tools)
         return out
 
-    def write(self, listings: dict[str, Listing], generation: int) -> None:
-        """Save the snapshot numbered `generation` (a later change has a larger number)."""
+    def write(self, listings: dict[str, Listing]) -> None:
         data: dict[str, Any] = {
             name: {"description": listing.description,
                    "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                              for t in listing.tools]}
             for name, listing in sorted(listings.items())}
         with self._lock:
-            if generation < self._written:
-                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, dumps(data))
-            self._written = generation

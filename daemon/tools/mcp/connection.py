@@ -233,7 +233,9 @@ class Connection:
             if not cursor:
                 break
         info = init.server_info
-        description = info.description or init.instructions or info.title or ""
+        # Its title names it; the instructions are for a model that loaded it (and often open
+        # with a Markdown heading), so they never make its index line.
+        description = info.title or info.description or ""
         return Listing(description=description, tools=tuple(tools))
 
     async def _watch(self, session: ClientSession) -> None:

@@ -34,12 +34,11 @@ from daemon.tools.builtin import register_builtin
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
-from daemon.tools.mcp.schema import one_line, simplify, tool_name
+from daemon.tools.mcp.schema import index_words, one_line, simplify, tool_name
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
-INDEX_CHARS = 80  # of a server's description in its index line: 20 servers stay ~300 tokens
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,6 @@ class McpServers:
         self.settings = settings
         self.registry = registry
         self.catalog = Catalog(state_dir)
-        self._generation = 0  # of the listings, for the catalog's saves
         self._listings: dict[str, Listing] = {}
         self.connections = {
             s.name: Connection(s, log_dir=state_dir / "logs", start_timeout=settings.start_timeout,
@@ -83,10 +81,13 @@ class McpServers:
             for s in settings.servers}
         self._refused: dict[str, str] = {}  # servers whose name a built-in has
         self._writes: set[asyncio.Task[None]] = set()
+        self._saving = asyncio.Lock()
+        self._saved: dict[str, Listing] = {}
 
     def register(self) -> None:
         """One capability per server, from the catalog (or empty until it lists its tools)."""
         self._listings = self.catalog.read()
+        self._saved = dict(self._listings)
         for server in self.settings.servers:
             listing = self._listings.get(server.name, Listing("", ()))
             try:
@@ -152,25 +153,32 @@ class McpServers:
             return
         if self._listings.get(name) != listing:
             self._listings[name] = listing
-            self._generation += 1
-            task = asyncio.create_task(self._save(dict(self._listings), self._generation),
-                                       name="roost-mcp-catalog")
+            task = asyncio.create_task(self._save(), name="roost-mcp-catalog")
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _save(self, listings: dict[str, Listing], generation: int) -> None:
+    async def _save(self) -> None:
+        """Write the newest listings, one write at a time; a change an earlier write already
+        carried is not written again."""
+        async with self._saving:
+            listings = dict(self._listings)
+            if listings == self._saved:
+                return
+            await self._write(listings)
+
+    async def _write(self, listings: dict[str, Listing]) -> None:
         try:
-            await asyncio.to_thread(self.catalog.write, listings, generation)
+            await asyncio.to_thread(self.catalog.write, listings)
+            self._saved = listings
         except StoreError as exc:  # the next start lists the tools again: nothing is lost
             log.warning("could not save the MCP catalog: %s", exc)
 
     def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
-        about = (one_line(server.description or listing.description, INDEX_CHARS)
-                 or "an MCP server")
+        about = index_words(server.description or listing.description)
         tools = tuple(self._tool(server, t) for t in listing.tools if callable_here(t))
-        count = len(tools)
+        count = f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"
         return Capability(name=server.name, group=GROUP, tools=tools,
-                          description=f"{about} ({count} tool{'s' if count != 1 else ''})")
+                          description=f"{about} ({count})" if about else count)
 
     def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
         return McpTool(

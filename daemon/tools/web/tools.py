@@ -150,8 +150,7 @@ def register_web(registry: Registry, settings: WebSettings, *,
                           _schema({"query": {"type": "string"},
                                    "limit": {"type": "integer", "description": "results, 1-8"}},
                                   "query"), web.web_search, settings.timeout + 5.0))
-    description = ("fetch web pages" + (" and search the web" if settings.search_backend else "")
-                   + ": current information, links the user pasted")
+    description = "fetch web pages" + (" and search the web" if settings.search_backend else "")
     registry.register(Capability(name="web", group="web", description=description,
                                  tools=tuple(tools)))
     return web

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import types
 
 from daemon.context.prefix import capability_index
 from daemon.core.config import McpServerSettings, McpSettings
@@ -113,7 +114,8 @@ async def test_status_names_a_server_that_never_came_up(engine_with: Any) -> Non
 
 def test_past_60_capabilities_the_index_collapses_mcp_servers_too(state_dir: Path) -> None:
     servers = tuple(McpServerSettings(name=f"svc{i:02d}", command="unused") for i in range(70))
-    Catalog(state_dir).write({s.name: Listing(f"Service {s.name}", ()) for s in servers}, 0)
+    ping = (types.Tool(name="ping", input_schema={"type": "object"}),)  # listed: in the index
+    Catalog(state_dir).write({s.name: Listing(f"Service {s.name}", ping) for s in servers})
     registry, _ = with_servers(McpSettings(servers), state_dir)
     index = capability_index(registry.index([]))
     assert len(index.splitlines()) == 61
