@@ -24,7 +24,6 @@ _TOOL_LINES = {
     "memory_search": "searching your conversations…",
     "memory_get": "reading an earlier message…",
     "conversation_read": "reading an earlier conversation…",
-    "current_time": "checking the time…",
     "tool_search": "looking for the right tool…",
     "tool_activate": "getting a tool ready…",
     "file_read": "reading your file…",
