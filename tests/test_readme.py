@@ -1,5 +1,5 @@
-"""README.md as a reader sees it, and roost.example.toml, which is generated from its
-configuration reference (scripts/example_config.py)."""
+"""README.md and docs/ as a reader sees them, and roost.example.toml, which is generated from the
+README's configuration reference (scripts/example_config.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,17 @@ from daemon.engine.memory_commands import MemoryCommands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 EXAMPLE = ROOT / "roost.example.toml"
+README_MAX_LINES = 750  # the front door: setup and use; depth goes to docs/
+
+
+def docs_pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def test_the_readme_stays_short_enough_to_read() -> None:
+    assert len(README.read_text("utf-8").splitlines()) <= README_MAX_LINES
 
 
 def generator() -> ModuleType:
@@ -45,8 +55,9 @@ def loose_table_rows(markdown: str) -> list[tuple[int, str]]:
     return loose
 
 
-def test_every_readme_table_is_whole() -> None:
-    assert loose_table_rows(README.read_text("utf-8")) == []
+def test_every_table_of_the_readme_and_docs_is_whole() -> None:
+    for page in [README, *docs_pages()]:
+        assert loose_table_rows(page.read_text("utf-8")) == [], page.name
 
 
 def test_a_cut_table_is_caught() -> None:
@@ -105,7 +116,7 @@ def test_the_body_limits_the_readme_gives_are_the_channels() -> None:
     from channels.whatsapp.channel import WhatsAppTuning
 
     mib = 1024 * 1024
-    text = " ".join(README.read_text("utf-8").split())
+    text = " ".join((DOCS / "security.md").read_text("utf-8").split())
     assert (f"{TelegramTuning.max_body // mib} MiB for a Telegram webhook's body and "
             f"{WhatsAppTuning.max_body // mib} MiB for a WhatsApp one") in text
 
@@ -133,7 +144,8 @@ def test_every_metric_is_in_the_metrics_table() -> None:
 
     exposed = {f"{family.name}_total" if family.type == "counter" else family.name
                for family in Metrics().registry.collect()} | set(_HELP)
-    tokens = MarkdownIt("commonmark").enable("table").parse(README.read_text("utf-8"))
+    page = (DOCS / "how-it-works.md").read_text("utf-8")
+    tokens = MarkdownIt("commonmark").enable("table").parse(page)
     documented: set[str] = set()
     for index, token in enumerate(tokens):
         if token.type == "td_open" and tokens[index - 1].type == "tr_open":
@@ -243,16 +255,50 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_every_link_inside_the_readme_and_to_docs_leads_somewhere() -> None:
-    parsed = tokens()
-    anchors = {slug(parsed[i + 1].content) for i, token in enumerate(parsed)
-               if token.type == "heading_open"}
-    links = [child.attrs["href"] for token in parsed if token.type == "inline"
-             for child in token.children or () if child.type == "link_open"]
-    assert links
-    for href in map(str, links):
-        if href.startswith("#"):
-            assert href[1:] in anchors, href
-        elif not re.match(r"[a-z]+:", href):  # a file of the repository
-            assert (ROOT / href.partition("#")[0]).exists(), href
+def parsed(page: Path) -> list[Token]:
+    return MarkdownIt("commonmark").enable("table").parse(page.read_text("utf-8"))
 
+
+def anchors(page: Path) -> set[str]:
+    tokens = parsed(page)
+    return {slug(tokens[i + 1].content) for i, token in enumerate(tokens)
+            if token.type == "heading_open"}
+
+
+def links(page: Path) -> list[str]:
+    return [str(child.attrs["href"]) for token in parsed(page) if token.type == "inline"
+            for child in token.children or () if child.type == "link_open"]
+
+
+def broken_links(page: Path) -> list[str]:
+    """Links of `page` to a heading or a file of the repository that lead nowhere."""
+    broken = []
+    for href in links(page):
+        if re.match(r"[a-z]+:", href):  # the web: not checked here
+            continue
+        path, _, fragment = href.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists() or (fragment and target.suffix == ".md"
+                                   and fragment not in anchors(target)):
+            broken.append(href)
+    return broken
+
+
+def test_every_link_of_the_readme_and_docs_leads_somewhere() -> None:
+    assert docs_pages() and links(README)
+    for page in [README, *docs_pages()]:
+        assert broken_links(page) == [], page.name
+
+
+def test_a_broken_link_is_caught(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other\n\n## A part\n", "utf-8")
+    page.write_text("# Here\n\n[a](#here) [b](other.md#a-part) [c](other.md#gone) "
+                    "[d](missing.md) [e](#nowhere) [f](https://example.org/x)\n", "utf-8")
+    assert broken_links(page) == ["other.md#gone", "missing.md", "#nowhere"]
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    linked = {(ROOT / href.partition("#")[0]).resolve() for href in links(README)
+              if href.startswith("docs/")}
+    assert {page.resolve() for page in docs_pages()} - linked == set()

@@ -428,7 +428,7 @@ async def test_a_second_instance_that_cannot_bind_changes_nothing_at_telegram(
 
 
 def test_json_body_of_healthz_is_documented() -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text("utf-8")
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "how-it-works.md").read_text("utf-8")
     for key in ("status", "reasons", "version", "model", "channels", "queued", "busy_chats",
                 "in_flight", "accepting"):
         assert f"`{key}`" in readme
