@@ -50,7 +50,7 @@ def _literal(default: str) -> str | None:
 
 
 def _example_values(section: str) -> dict[str, dict[str, str]]:
-    """Values of the README's complete example, per table (the first of an array of tables)."""
+    """Values of the README's example, per table (the first of an array of tables)."""
     example = re.findall(r"```toml\n(.*?)```", section, re.S)[-1]
     values: dict[str, dict[str, str]] = {}
     table = ""

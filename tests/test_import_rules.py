@@ -1,4 +1,4 @@
-"""Imports point one way: down the flow, never back up (README, "For developers").
+"""Imports point one way: down the flow, never back up (docs/developing.md).
 
 A layer may import only the layers listed for it in `ALLOWED` (and itself). An import inside a
 function or class body counts as well, and is reported on its own: hiding an import there to

@@ -1,6 +1,6 @@
 """The store: everything roost keeps, as TinyDB JSON files under the state directory.
 
-Layout (the README's "Where roost keeps things" explains it for operators)::
+Layout (docs/how-it-works.md, "Where roost keeps things", explains it for operators)::
 
     <state_dir>/
       roost.lock                     held by the one process that owns this directory

@@ -1,4 +1,4 @@
-"""Automations use the built-in capabilities like a chat does: the README's hourly "what
+"""Automations use the built-in capabilities like a chat does: docs/how-it-works.md's hourly "what
 changed on these pages" report fetches its pages through web_fetch (the loopback site,
 allowed by web.allow_hosts) and delivers what the model made of them."""
 
