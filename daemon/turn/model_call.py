@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from daemon.context.budget import RATIO_MIN, calibrated_ratio, overflow_ratio, recalibrate
@@ -57,7 +58,6 @@ def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
     return contextlib.nullcontext()
 
 
-
 class Outage:
     """The outage notice of one turn, said at most once: by whichever call first finds the
     model server unreachable, the model lookup before the request is built (the first thing
@@ -78,6 +78,17 @@ class Outage:
                 "I will keep trying and answer when it is back."))
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where one turn's calls come from and go: its chat, the model every call goes to, the
+    stream that shows the reply, the turn's outage notice."""
+
+    chat_key: str
+    model: str
+    stream: ReplyStream
+    outage: Outage
+
+
 class ModelCall:
     """The model calls of a turn (see the module docstring); `notify` tells the user of an
     outage or of an image the model cannot see, `working` shows the channel's "typing"."""
@@ -95,41 +106,37 @@ class ModelCall:
         self.working = working
 
     async def answer(
-        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: ReplyStream, outage: Outage, model: str,
-        new_images: bool,
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection,
         and one after a silent cut; a second cut raises `PromptCut`."""
         result, prepared, messages = await self._first_call(
-            chat_key, conversation, history, prepared, stream, outage, model, new_images)
+            site, conversation, history, prepared, new_images)
         ratio, cut = await self.calibrate(conversation, prepared, result)
         if not cut:
             return result, prepared, messages
         # The model saw only part of the prompt (often without its system message): its answer
         # is not delivered or stored, and none of its tool calls run. Built again at the ratio
         # the cut proves, the request is sent once more.
-        stream.discard()
-        refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
-        messages = await self._messages(chat_key, refit, model, notify=False)
-        result = await self.call(chat_key, messages, [dict(t) for t in refit.tools] or None,
-                                        stream, outage, model)
+        site.stream.discard()
+        refit = await self.prompting.prepare(conversation, history, ratio=ratio,
+                                             model=site.model)
+        messages = await self._messages(site, refit, notify=False)
+        result = await self.call(site, messages, [dict(t) for t in refit.tools] or None)
         again, cut = await self.calibrate(conversation, refit, result)
         if cut:
             raise PromptCut(result.prompt_eval_count or 0, refit.num_ctx, again)
         return result, refit, messages
 
     async def _first_call(
-        self, chat_key: str, conversation: Conversation, history: Sequence[Message],
-        prepared: Prepared, stream: ReplyStream, outage: Outage, model: str,
-        new_images: bool,
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
         """The first model call, with exactly one refit and retry after an overflow rejection."""
         try:
-            messages = await self._messages(chat_key, prepared, model, notify=new_images)
-            result = await self.call(chat_key, messages,
-                                            [dict(t) for t in prepared.tools] or None,
-                                            stream, outage, model)
+            messages = await self._messages(site, prepared, notify=new_images)
+            result = await self.call(site, messages, [dict(t) for t in prepared.tools] or None)
             return result, prepared, messages
         except ContextOverflow as exc:
             # Ollama refused before streaming anything: learn the real size, refit, try once more.
@@ -141,18 +148,16 @@ class ModelCall:
                                     f"Ollama refused {measured} tokens (estimated "
                                     f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
                                     f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self.prompting.prepare(conversation, history, ratio=ratio, model=model)
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio,
+                                                 model=site.model)
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
-                messages = await self._messages(chat_key, refit, model, notify=False)
-            result = await self.call(chat_key, messages,
-                                            [dict(t) for t in refit.tools] or None,
-                                            stream, outage, model)
+                messages = await self._messages(site, refit, notify=False)
+            result = await self.call(site, messages, [dict(t) for t in refit.tools] or None)
             return result, refit, messages
 
     async def call(
-        self, chat_key: str, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
-        stream: ReplyStream, outage: Outage, name: str,
+        self, site: Site, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
         """Call the model, retrying with backoff while it is unreachable (a refused connection,
         or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
@@ -161,42 +166,43 @@ class ModelCall:
         crashed = False
         attempt = 0  # tries while Ollama is out; the quiet try after a 500 is not one of them
         while True:
-            stream.begin()
+            site.stream.begin()
             try:
-                result = await self.llm.chat(messages, model=name, tools=tools,
-                                             on_delta=stream.delta, on_thinking=stream.thinking,
-                                             while_held=lambda: self.working(chat_key))
+                result = await self.llm.chat(messages, model=site.model, tools=tools,
+                                             on_delta=site.stream.delta,
+                                             on_thinking=site.stream.thinking,
+                                             while_held=lambda: self.working(site.chat_key))
             except ModelCrashed as exc:
                 if not crashed:  # one failure is often the runner's alone: again, quietly
                     crashed = True
                     log.warning("Ollama failed on a request for %s (%s); trying once more",
-                                chat_key, exc)
+                                site.chat_key, exc)
                     await asyncio.sleep(model.retry_backoff)
                     continue
-                await self._unreachable(attempt, exc, outage)  # raises at the last attempt
+                await self._unreachable(attempt, exc, site.outage)  # raises at the last attempt
                 attempt += 1
                 continue
             except (LLMUnavailable, LLMTimeout) as exc:
-                await self._unreachable(attempt, exc, outage)
+                await self._unreachable(attempt, exc, site.outage)
                 attempt += 1
                 continue
-            stream.end(result, [t["function"]["name"] for t in tools or ()])
+            site.stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
 
     async def prepare(
-        self, chat_key: str, conversation: Conversation, history: Sequence[Message], model: str,
-        outage: Outage,
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
     ) -> Prepared:
         """The first request of the turn, retried like a model call while Ollama is
         unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
         for attempt in range(self.settings.model.retry_attempts):
             try:
                 try:
-                    return await self.prompting.prepare(conversation, history, model=model)
+                    return await self.prompting.prepare(conversation, history,
+                                                        model=site.model)
                 except DoesNotFit as exc:
-                    return await self._refit_lower(conversation, history, model, exc)
+                    return await self._refit_lower(conversation, history, site.model, exc)
             except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
-                await self._unreachable(attempt, exc, outage)
+                await self._unreachable(attempt, exc, site.outage)
         raise AssertionError("retry_attempts is at least 1")
 
     async def _refit_lower(
@@ -241,13 +247,13 @@ class ModelCall:
         await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
 
     async def _messages(
-        self, chat_key: str, prepared: Prepared, model: str, *, notify: bool = True
+        self, site: Site, prepared: Prepared, *, notify: bool = True
     ) -> list[ChatMessage]:
         """The request's messages with the newest image's pixels, if the model can see them."""
         messages = [dict(m) for m in prepared.request.messages]
         if not prepared.request.images:
             return messages
-        info = await self.llm.model_info(model)
+        info = await self.llm.model_info(site.model)
         attachments = self.store.state_dir / "attachments"
         for index, images in prepared.request.images.items():
             if "vision" in info.capabilities:
@@ -257,12 +263,12 @@ class ModelCall:
                         for i in images]
                     continue
                 except AttachmentError as exc:
-                    log.warning("image of %s unreadable: %s", chat_key, exc)
+                    log.warning("image of %s unreadable: %s", site.chat_key, exc)
             messages[index] = {**messages[index], "content": (
                 f"{messages[index].get('content') or ''}\n[an image was sent; this model cannot "
                 "see images, so it is not shown]").lstrip()}
             if notify:
-                await self.notify(chat_key, (
+                await self.notify(site.chat_key, (
                     f"The model {info.name} cannot see images, so I only know that you sent "
                     "one. Describe it in words, or use a vision model."))
         return messages

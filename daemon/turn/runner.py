@@ -1,22 +1,20 @@
 """One turn: the chat's pending messages in, one reply out.
 
-The turn is a thin coordinator over the store, the pure context functions and the model client:
+The turn is a thin coordinator over the store, the pure context functions and the model client,
+sequencing the steps its parts own:
 
 1. route the chat to its active conversation and append the pending user messages, each marked
    with its inbox id, so they are on disk before the model is called (and appended only once,
-   however often the turn is retried);
+   however often the turn is retried) (`Journal`, daemon/turn/journal.py);
 2. if the last request reached its budget and no background fold landed since, fold first, as
    the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
    preamble + tail, fitted to the budget);
 3. call Ollama, streaming the reply to the channel's sink for the turn (with a line about
-   thinking and tools), in a part of the turn that /stop can cancel, retrying with backoff
-   while it is unreachable (a refused connection, a 502/503/504, or 500s: one is tried again
-   at once, more are an outage; a 500 naming the request is reported);
-   an overflow rejection (before anything streamed) recalibrates, refits and retries once;
-   an answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is
-   discarded, and the request rebuilt at the ratio the cut proves and sent once more;
-4. calibrate the token ratio from Ollama's `prompt_eval_count`;
-5. save the reply, put it in the outbox and only then clear the inbox items.
+   thinking and tools), in a part of the turn that /stop can cancel, retrying while it is
+   unreachable, refitting once after an overflow rejection or a silent cut (`ModelCall`,
+   daemon/turn/model_call.py); then the tool calls and continuations (`ToolLoop`);
+4. calibrate the token ratio from Ollama's `prompt_eval_count` (`ModelCall.calibrate`);
+5. save the reply, put it in the outbox and only then clear the inbox items (`Journal`).
 
 A stopped turn (/stop) keeps what was written as its reply, marked "(stopped)", saved and
 queued like any other. A crash between any two steps is finished on the next start: inbox items
@@ -33,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from daemon.core.config import Settings
-from daemon.core.conversations import Conversation
+from daemon.core.conversations import Conversation, Message
 from daemon.core.errors import (
     ContextOverflow,
     DoesNotFit,
@@ -60,7 +58,7 @@ from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.journal import Journal
 from daemon.turn.model_call import MAX_BACKOFF as MAX_BACKOFF
-from daemon.turn.model_call import ModelCall, Notify, Outage, Working, not_shown
+from daemon.turn.model_call import ModelCall, Notify, Outage, Site, Working, not_shown
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.reply_stream import ReplyStream
 from daemon.turn.router import Router
@@ -92,6 +90,21 @@ class TurnResult:
     conversation_id: str | None = None
     # The request had to leave messages out, or nearly: fold now rather than at the threshold.
     crowded: bool = False
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One turn's state between its recorded messages and its reply."""
+
+    site: Site
+    items: Sequence[Inbound]
+    recorded: Conversation  # as recorded: what a turn without a reply saves
+    conversation: Conversation  # as answered: after a fold landed, with the tools loaded
+    history: Sequence[Message]
+    intro: str  # the line above the reply, for the user only
+    context: ToolContext
+    new_images: bool  # this turn's messages carry a photo
+    sink: ReplySink
 
 
 def _person(chat_key: str, items: Sequence[Inbound]) -> str | None:
@@ -177,6 +190,19 @@ class TurnRunner:
         )
         if not items:  # every one was answered before a crash; the replies are queued again
             return TurnResult(Outcome.ANSWERED, conversation.id)
+        turn = await self._begin(chat_key, model, conversation, items, sink, outage)
+        try:
+            answer = await self.stops.run(chat_key, self._answer(turn))
+        except Stopped:
+            return await self._stopped(turn)
+        except (DoesNotFit, LLMError) as exc:
+            return await self._failed(turn, exc)
+        return await self._answered(turn, *answer)
+
+    async def _begin(self, chat_key: str, model: str, conversation: Conversation,
+                     items: Sequence[Inbound], sink: ReplySink, outage: Outage) -> _Turn:
+        """The turn's state once its messages are recorded: a fold it owes landed, the history
+        read, the reply stream opened, the tools the messages call for loaded."""
         recorded = conversation  # touched, not yet saved: see Journal.record_user_messages
         if self.folder is not None and self.folder.owes(conversation.id):
             # The last request reached its budget and no background fold landed since: fold
@@ -187,17 +213,12 @@ class TurnRunner:
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
-        stream = ReplyStream(sink, intro)
+        site = Site(chat_key, model, ReplyStream(sink, intro), outage)
         answering = {i.id for i in items}
-        # The newest photo stays in every later request (as pixels, or as a note for a model
-        # that cannot see): the user hears that it cannot be seen once, on the turn it came.
-        new_images = any(a.get("kind") == "image" for m in history
-                         if m.role == "user" and m.meta.get("inbox_id") in answering
-                         for a in m.attachments)
+        sent = [a for m in history if m.role == "user" and m.meta.get("inbox_id") in answering
+                for a in m.attachments]
         if FILES_CAPABILITY not in conversation.active_tools and any(
-                a.get("kind") != "image" for m in history
-                if m.role == "user" and m.meta.get("inbox_id") in answering
-                for a in m.attachments):
+                a.get("kind") != "image" for a in sent):
             # The user sent a file (or a message so long it was kept as one): the model will
             # want file_read, so load it now rather than
             # spending two model calls on tool_activate.
@@ -210,78 +231,94 @@ class TurnRunner:
                                                  self.settings.identities),
                               facts=self.facts,
                               person=person_of(conversation.chat_key, self.settings))
+        # The newest photo stays in every later request (as pixels, or as a note for a model
+        # that cannot see): the user hears that it cannot be seen once, on the turn it came.
+        new_images = any(a.get("kind") == "image" for a in sent)
+        return _Turn(site, items, recorded, conversation, history, intro, context, new_images,
+                     sink)
 
-        async def answer() -> tuple[Prepared, ChatResult, ToolLoop, LoopResult]:
-            prepared = await self.model_call.prepare(chat_key, conversation, history, model, outage)
-            first, prepared, messages = await self.model_call.answer(
-                chat_key, conversation, history, prepared, stream, outage, model,
-                new_images)
-            loop = ToolLoop(
-                registry=self.registry, context=context, records=self.records,
-                call=lambda messages, tools: self.model_call.call(
-                    chat_key, messages, tools, stream, outage, model),
-                save=lambda role, content, **fields: self.journal.save_step(
-                    conversation.id, role, content, **fields),
-                max_calls=self.settings.model.max_calls, budget=prepared.budget,
-                num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
-                status=sink.status,
-                vision="vision" in (await self.llm.model_info(model)).capabilities,
-                attachments=self.store.state_dir / "attachments",
-                whole=self.llm.counts_whole_prompt,
-                approve=functools.partial(
-                    self.approvals.check, chat_key=chat_key, person=_person(chat_key, items),
-                    ask=self.ask, released=self.llm.waiting_for_user)
-                if self.approvals is not None else None,
-            )
-            return prepared, first, loop, await loop.run(messages, first)
+    async def _answer(self, turn: _Turn) -> tuple[Prepared, ChatResult, ToolLoop, LoopResult]:
+        """The part of the turn /stop can cancel: the first call, then the tool loop."""
+        prepared = await self.model_call.prepare(turn.site, turn.conversation, turn.history)
+        first, prepared, messages = await self.model_call.answer(
+            turn.site, turn.conversation, turn.history, prepared, turn.new_images)
+        loop = await self._tool_loop(turn, prepared)
+        return prepared, first, loop, await loop.run(messages, first)
 
-        try:
-            prepared, first, loop, done = await self.stops.run(chat_key, answer())
-        except Stopped:
-            kept = stream.kept([t.name for c in self.registry.capabilities.values()
-                                for t in c.tools])
-            after = replace(conversation, active_tools=tuple(context.active))
-            await asyncio.to_thread(
-                self.journal.save_reply, conversation, after, items, ChatResult(content=kept),
-                f"{kept.rstrip()}\n\n{STOPPED_MARK}" if kept.strip() else STOPPED_MARK,
-                intro, 0)
-            await asyncio.to_thread(self.records.event, self.clock(), "stopped",
-                                    conversation.id, f"stopped after {len(kept)} characters")
-            log.info("turn for %s stopped by the user", conversation.id)
-            return TurnResult(Outcome.ANSWERED, conversation.id)
-        except DoesNotFit as exc:
+    async def _tool_loop(self, turn: _Turn, prepared: Prepared) -> ToolLoop:
+        chat_key, model = turn.site.chat_key, turn.site.model
+        return ToolLoop(
+            registry=self.registry, context=turn.context, records=self.records,
+            call=functools.partial(self.model_call.call, turn.site),
+            save=functools.partial(self.journal.save_step, turn.conversation.id),
+            max_calls=self.settings.model.max_calls, budget=prepared.budget,
+            num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
+            status=turn.sink.status,
+            vision="vision" in (await self.llm.model_info(model)).capabilities,
+            attachments=self.store.state_dir / "attachments",
+            whole=self.llm.counts_whole_prompt,
+            approve=functools.partial(
+                self.approvals.check, chat_key=chat_key, person=_person(chat_key, turn.items),
+                ask=self.ask, released=self.llm.waiting_for_user)
+            if self.approvals is not None else None,
+        )
+
+    async def _stopped(self, turn: _Turn) -> TurnResult:
+        """/stop: what was written so far is the reply, marked "(stopped)"."""
+        conversation = turn.conversation
+        kept = turn.site.stream.kept([t.name for c in self.registry.capabilities.values()
+                                      for t in c.tools])
+        after = replace(conversation, active_tools=tuple(turn.context.active))
+        await asyncio.to_thread(
+            self.journal.save_reply, conversation, after, turn.items, ChatResult(content=kept),
+            f"{kept.rstrip()}\n\n{STOPPED_MARK}" if kept.strip() else STOPPED_MARK,
+            turn.intro, 0)
+        await asyncio.to_thread(self.records.event, self.clock(), "stopped",
+                                conversation.id, f"stopped after {len(kept)} characters")
+        log.info("turn for %s stopped by the user", conversation.id)
+        return TurnResult(Outcome.ANSWERED, conversation.id)
+
+    async def _failed(self, turn: _Turn, exc: DoesNotFit | LLMError) -> TurnResult:
+        """A turn without a reply: parked while the model server is out, else a notice."""
+        recorded, items, noted = turn.recorded, turn.items, turn.context.noted
+        if isinstance(exc, DoesNotFit):
             # Messages are excerpted to fit, so only the fixed part can be too large: a window
             # too small for the setup, not a message too long.
             return await self._fail(recorded, items, (
                 f"The model's context window is too small for this conversation's setup (about "
                 f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
                 "saved; raise model.window or lower model.response_reserve."))
-        except ModelNotFound as exc:
+        if isinstance(exc, ModelNotFound):
             return await self._fail(recorded, items, (
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
-        except (LLMUnavailable, LLMTimeout, ModelCrashed):
+        if isinstance(exc, (LLMUnavailable, LLMTimeout, ModelCrashed)):
             await asyncio.to_thread(self.store.save_conversation, recorded)
-            return TurnResult(Outcome.PARKED, conversation.id)
-        except ContextOverflow as exc:
+            return TurnResult(Outcome.PARKED, turn.conversation.id)
+        if isinstance(exc, ContextOverflow):
             # Refitted and retried once already: the user gets a plain line, not Ollama's body.
-            log.warning("turn for %s does not fit the window: %s", conversation.id, exc)
+            log.warning("turn for %s does not fit the window: %s", turn.conversation.id, exc)
             if isinstance(exc, PromptCut):  # the next message starts from what the cut proved
                 recorded = replace(recorded, token_ratio=exc.ratio)
-            return await self._fail(recorded, items, confirmed(TOO_LARGE, context.noted))
-        except LLMError as exc:
-            log.warning("turn for %s failed: %s", conversation.id, exc)
-            # A fact kept before the error is still said (nothing is saved silently).
-            return await self._fail(recorded, items, confirmed(
-                f"The model server answered with an error: {exc}. Your message is saved; "
-                "send another message to try again.", context.noted))
+            return await self._fail(recorded, items, confirmed(TOO_LARGE, noted))
+        log.warning("turn for %s failed: %s", turn.conversation.id, exc)
+        # A fact kept before the error is still said (nothing is saved silently).
+        return await self._fail(recorded, items, confirmed(
+            f"The model server answered with an error: {exc}. Your message is saved; "
+            "send another message to try again.", noted))
+
+    async def _answered(self, turn: _Turn, prepared: Prepared, first: ChatResult,
+                        loop: ToolLoop, done: LoopResult) -> TurnResult:
+        """Calibrate, save and queue the reply, keep the turn's snapshot."""
+        conversation, intro = turn.conversation, turn.intro
         ratio, _ = await self.model_call.calibrate(conversation, prepared, first)
-        after = replace(conversation, token_ratio=ratio, active_tools=tuple(context.active))
+        after = replace(conversation, token_ratio=ratio, active_tools=tuple(turn.context.active))
         if loop.safety_net:  # the user hears why a long turn may have lost detail
             intro += f"({SAFETY_NET_LINE})\n\n"
         await asyncio.to_thread(
-            self.journal.save_reply, conversation, after, items, first,
-            confirmed(done.text, context.noted), intro, loop.prompt_tokens, loop.safety_net)
+            self.journal.save_reply, conversation, after, turn.items, first,
+            confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,
+            loop.safety_net)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
