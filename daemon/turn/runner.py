@@ -64,7 +64,7 @@ from daemon.turn.reply_stream import ReplyStream
 from daemon.turn.router import Router
 from daemon.turn.stopping import Stops
 from daemon.turn.streaming import STOPPED_MARK, Streaming, not_streamed
-from daemon.turn.tool_loop import SAFETY_NET_LINE, LoopResult, ToolLoop
+from daemon.turn.tool_loop import SAFETY_NET_LINE, LoopParts, LoopResult, ToolLoop
 
 FILES_CAPABILITY = "files"
 NEW_CONVERSATION_LINE = (
@@ -247,21 +247,21 @@ class TurnRunner:
 
     async def _tool_loop(self, turn: _Turn, prepared: Prepared) -> ToolLoop:
         chat_key, model = turn.site.chat_key, turn.site.model
-        return ToolLoop(
+        parts = LoopParts(
             registry=self.registry, context=turn.context, records=self.records,
             call=functools.partial(self.model_call.call, turn.site),
             save=functools.partial(self.journal.save_step, turn.conversation.id),
-            max_calls=self.settings.model.max_calls, budget=prepared.budget,
-            num_ctx=prepared.num_ctx, ratio=prepared.ratio, clock=self.clock,
-            status=turn.sink.status,
-            vision="vision" in (await self.llm.model_info(model)).capabilities,
-            attachments=self.store.state_dir / "attachments",
-            whole=self.llm.counts_whole_prompt,
+            clock=self.clock, status=turn.sink.status,
             approve=functools.partial(
                 self.approvals.check, chat_key=chat_key, person=_person(chat_key, turn.items),
                 ask=self.ask, released=self.llm.waiting_for_user)
             if self.approvals is not None else None,
+            vision="vision" in (await self.llm.model_info(model)).capabilities,
+            attachments=self.store.state_dir / "attachments",
+            whole=self.llm.counts_whole_prompt,
         )
+        return ToolLoop(parts, max_calls=self.settings.model.max_calls, budget=prepared.budget,
+                        num_ctx=prepared.num_ctx, ratio=prepared.ratio)
 
     async def _stopped(self, turn: _Turn) -> TurnResult:
         """/stop: what was written so far is the reply, marked "(stopped)"."""
