@@ -347,13 +347,7 @@ class FoldCall:
             await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
                                     conversation_id, f"not stored: {problem}")
             raise LLMError(f"{problem}; not stored")
-        kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
-        if trimmed:
-            await asyncio.to_thread(
-                self.records.event, self.clock(), "notes-trimmed", conversation_id,
-                f"{trimmed} user notes left the prompt, trivia first (cap "
-                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
-                "messages stay in the store")
+        kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio)
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,
@@ -370,6 +364,18 @@ class FoldCall:
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
         return FoldOutcome(len(plan.messages), state, folds=1)
+
+    async def _kept_notes(self, conversation_id: str, notes: str, num_ctx: int,
+                          ratio: float) -> str:
+        """The user notes within their cap; the ones left out are recorded as an event."""
+        kept_notes, trimmed = trim_notes(notes, num_ctx, ratio)
+        if trimmed:
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "notes-trimmed", conversation_id,
+                f"{trimmed} user notes left the prompt, trivia first (cap "
+                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
+                "messages stay in the store")
+        return kept_notes
 
     async def _answer(self, conversation_id: str, model: str, messages: list[dict[str, str]],
                       answer_tokens: int, foreground: bool) -> str:
