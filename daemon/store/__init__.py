@@ -148,7 +148,186 @@ def _locked(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-class Store:
+class _Queues:
+    """The work in flight: inbox, outbox, quarantine, raw updates, dedupe keys, chat flags.
+    Part of the `Store` facade (its record keepers are made in `Store.__init__`), kept apart
+    from the conversations so that neither half is a long read."""
+
+    _lock: threading.RLock
+    _updates_lock: threading.Lock
+    inbox: ItemFolder
+    outbox: ItemFolder
+    quarantine: ItemFolder
+    updates: UpdateBatches
+    dedupe: Dedupe
+    flags: ChatFlags
+
+    # ---- inbox, outbox, quarantine ---------------------------------------------------------
+
+    @_locked
+    def inbox_add(self, item: Mapping[str, Any]) -> bool:
+        """Persist an inbound message before it is acknowledged to the platform; False (and
+        nothing written) when an item with its id was added before, so a channel that submits
+        again after a crash does not make roost answer twice."""
+        if self.inbox_known(item["id"]):
+            return False
+        self.inbox.add(item)
+        return True
+
+    @_locked
+    def inbox_known(self, item_id: str) -> bool:
+        """Whether an item with this id was ever added (pending, or answered since)."""
+        return item_id in self.inbox.items or f"inbox:{item_id}" in self.dedupe
+
+    @_locked
+    def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        """Inbound messages not yet answered, oldest first."""
+        return self.inbox.pending("received", chat_key)
+
+    @_locked
+    def inbox_update(self, item_id: str, **fields: Any) -> None:
+        """Rewrite fields of a pending inbound message (its transcript, before its turn), so a
+        turn tried again after a restart or an outage does not do that work twice."""
+        self.inbox.update(item_id, fields)
+
+    @_locked
+    def inbox_done(self, item_ids: list[str]) -> None:
+        """Forget inbox items whose messages are now in their conversation (remembering their
+        ids first, so that the same message submitted again is recognised)."""
+        self.dedupe.claim((f"inbox:{i}" for i in item_ids), time.time())
+        for item_id in item_ids:
+            self.inbox.remove(item_id)
+
+    @_locked
+    def outbox_add(self, item: Mapping[str, Any]) -> None:
+        """Persist a reply before it is sent, so a crash cannot lose it."""
+        self.outbox.add(item)
+
+    @_locked
+    def outbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        """Replies and notices not yet delivered, oldest first."""
+        return self.outbox.pending("created", chat_key)
+
+    @_locked
+    def outbox_update(self, item_id: str, *, durable_rename: bool = True, **fields: Any) -> None:
+        """Record delivery progress on an outbox item (e.g. how many parts were sent).
+
+        `durable_rename=False` is for the record after each part: it is the window in which a
+        crash sends a part twice, and the folder's fsync was most of it (see `atomic_write`).
+        A power cut that undoes it brings back the item's previous progress: one part is sent
+        again, as after a crash in that window, and nothing is lost.
+        """
+        self.outbox.update(item_id, fields, durable_rename=durable_rename)
+
+    @_locked
+    def outbox_done(self, item_id: str) -> None:
+        self.outbox.remove(item_id)
+
+    @_locked
+    def mark_sent(self, item_id: str, now: float) -> None:
+        """An outbox item reached the platform: remember that, then forget the item. A crash
+        between the two leaves the item queued but known as sent, so it is not sent again."""
+        self.dedupe.claim([f"sent:{item_id}"], now)
+        self.outbox.remove(item_id)
+
+    @_locked
+    def was_sent(self, item_id: str) -> bool:
+        return f"sent:{item_id}" in self.dedupe
+
+    @_locked
+    def quarantine_add(self, kind: str, key: str, item: Mapping[str, Any], error: str,
+                       now: float) -> None:
+        """Keep an item that failed twice, with its error, out of the way of its chat; `roost
+        doctor` lists it. Written before the caller removes the item from its queue."""
+        self.quarantine.add({"id": f"{kind}:{key}", "kind": kind, "key": key,
+                             "chat_key": str(item.get("chat_key", "")), "error": error,
+                             "quarantined": now, "item": dict(item)})
+
+    @_locked
+    def quarantined(self) -> list[dict[str, Any]]:
+        """Items set aside after failing, oldest first."""
+        return self.quarantine.pending("quarantined")
+
+    # ---- raw updates, dedupe, chat flags ----------------------------------------------------
+
+    # The raw updates have a lock of their own: the intake's group commit must not wait for a
+    # turn's writes. Marking one done takes the main lock for its dedupe key, then this one;
+    # never both at once.
+
+    def updates_accept(self, channel: str, key: str, payload: Mapping[str, Any],
+                       received: float) -> bool:
+        """Persist a raw platform payload before the platform gets its 200, unless `key` was
+        seen before (a redelivery): then False."""
+        return self.updates_accept_many(channel, [(key, payload, received)])[0]
+
+    def updates_accept_many(
+        self, channel: str, items: Iterable[tuple[str, Mapping[str, Any], float]]
+    ) -> list[bool]:
+        """The group commit: persist every payload whose key is new in one file, one fsync;
+        for each item, whether it was new. A key is new when it is neither pending nor done
+        (remembered) nor earlier in the same call."""
+        with self._updates_lock:
+            fresh: list[dict[str, Any]] = []
+            taken: set[str] = set()
+            answers = []
+            for key, payload, received in items:
+                new = key not in taken and not self.updates.known(key)
+                answers.append(new)
+                if new:
+                    taken.add(key)
+                    fresh.append({"channel": channel, "key": key, "payload": dict(payload),
+                                  "received": received})
+            self.updates.add(fresh)
+            return answers
+
+    def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
+                    received: float) -> None:
+        """Persist a raw payload without the redelivery check (`updates_accept` has it)."""
+        with self._updates_lock:
+            self.updates.add([{"channel": channel, "key": key, "payload": dict(payload),
+                               "received": received}])
+
+    def updates_pending(self, channel: str) -> list[dict[str, Any]]:
+        with self._updates_lock:
+            return self.updates.of_channel(channel)
+
+    def updates_done(self, key: str, *, remember: bool = True) -> None:
+        """A payload is handled. Its key is remembered for the keep period so a redelivery is
+        dropped; `remember=False` for payloads that left nothing behind (a stranger's message),
+        which then cost no lasting state: a redelivery is simply dropped again."""
+        if remember:
+            with self._lock:
+                self.dedupe.claim([key], time.time())
+        with self._updates_lock:
+            self.updates.done(key)
+
+    @_locked
+    def dedupe_claim(self, key: str, now: float) -> bool:
+        """Record `key` as seen; False if it was seen before (a redelivery)."""
+        return bool(self.dedupe.claim([key], now))
+
+    @_locked
+    def set_chat_flag(self, chat_key: str, flag: str, value: Any) -> None:
+        """Remember something about a chat (e.g. `blocked`: the user blocked the bot); None
+        removes the flag."""
+        self.flags.set(chat_key, flag, value)
+
+    @_locked
+    def chat_flags(self, chat_key: str) -> dict[str, Any]:
+        return self.flags.get(chat_key)
+
+    @_locked
+    def chats_with_flag(self, flag: str) -> dict[str, Any]:
+        """Each chat that has `flag`, with its value."""
+        return self.flags.having(flag)
+
+    @_locked
+    def chats_flagged(self, flag: str) -> int:
+        """How many chats have `flag` now (e.g. undeliverable, for /metrics)."""
+        return self.flags.count(flag)
+
+
+class Store(_Queues):
     """All of roost's persistent state, one facade over the record keepers; see the module
     docstring for the design."""
 
@@ -390,170 +569,6 @@ class Store:
             first=min((d["created"] for d in docs), default=None),
             last=last,
         )
-
-    # ---- inbox, outbox, quarantine ---------------------------------------------------------
-
-    @_locked
-    def inbox_add(self, item: Mapping[str, Any]) -> bool:
-        """Persist an inbound message before it is acknowledged to the platform; False (and
-        nothing written) when an item with its id was added before, so a channel that submits
-        again after a crash does not make roost answer twice."""
-        if self.inbox_known(item["id"]):
-            return False
-        self.inbox.add(item)
-        return True
-
-    @_locked
-    def inbox_known(self, item_id: str) -> bool:
-        """Whether an item with this id was ever added (pending, or answered since)."""
-        return item_id in self.inbox.items or f"inbox:{item_id}" in self.dedupe
-
-    @_locked
-    def inbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
-        """Inbound messages not yet answered, oldest first."""
-        return self.inbox.pending("received", chat_key)
-
-    @_locked
-    def inbox_update(self, item_id: str, **fields: Any) -> None:
-        """Rewrite fields of a pending inbound message (its transcript, before its turn), so a
-        turn tried again after a restart or an outage does not do that work twice."""
-        self.inbox.update(item_id, fields)
-
-    @_locked
-    def inbox_done(self, item_ids: list[str]) -> None:
-        """Forget inbox items whose messages are now in their conversation (remembering their
-        ids first, so that the same message submitted again is recognised)."""
-        self.dedupe.claim((f"inbox:{i}" for i in item_ids), time.time())
-        for item_id in item_ids:
-            self.inbox.remove(item_id)
-
-    @_locked
-    def outbox_add(self, item: Mapping[str, Any]) -> None:
-        """Persist a reply before it is sent, so a crash cannot lose it."""
-        self.outbox.add(item)
-
-    @_locked
-    def outbox_pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
-        """Replies and notices not yet delivered, oldest first."""
-        return self.outbox.pending("created", chat_key)
-
-    @_locked
-    def outbox_update(self, item_id: str, *, durable_rename: bool = True, **fields: Any) -> None:
-        """Record delivery progress on an outbox item (e.g. how many parts were sent).
-
-        `durable_rename=False` is for the record after each part: it is the window in which a
-        crash sends a part twice, and the folder's fsync was most of it (see `atomic_write`).
-        A power cut that undoes it brings back the item's previous progress: one part is sent
-        again, as after a crash in that window, and nothing is lost.
-        """
-        self.outbox.update(item_id, fields, durable_rename=durable_rename)
-
-    @_locked
-    def outbox_done(self, item_id: str) -> None:
-        self.outbox.remove(item_id)
-
-    @_locked
-    def mark_sent(self, item_id: str, now: float) -> None:
-        """An outbox item reached the platform: remember that, then forget the item. A crash
-        between the two leaves the item queued but known as sent, so it is not sent again."""
-        self.dedupe.claim([f"sent:{item_id}"], now)
-        self.outbox.remove(item_id)
-
-    @_locked
-    def was_sent(self, item_id: str) -> bool:
-        return f"sent:{item_id}" in self.dedupe
-
-    @_locked
-    def quarantine_add(self, kind: str, key: str, item: Mapping[str, Any], error: str,
-                       now: float) -> None:
-        """Keep an item that failed twice, with its error, out of the way of its chat; `roost
-        doctor` lists it. Written before the caller removes the item from its queue."""
-        self.quarantine.add({"id": f"{kind}:{key}", "kind": kind, "key": key,
-                             "chat_key": str(item.get("chat_key", "")), "error": error,
-                             "quarantined": now, "item": dict(item)})
-
-    @_locked
-    def quarantined(self) -> list[dict[str, Any]]:
-        """Items set aside after failing, oldest first."""
-        return self.quarantine.pending("quarantined")
-
-    # ---- raw updates, dedupe, chat flags ----------------------------------------------------
-
-    # The raw updates have a lock of their own: the intake's group commit must not wait for a
-    # turn's writes. Marking one done takes the main lock for its dedupe key, then this one;
-    # never both at once.
-
-    def updates_accept(self, channel: str, key: str, payload: Mapping[str, Any],
-                       received: float) -> bool:
-        """Persist a raw platform payload before the platform gets its 200, unless `key` was
-        seen before (a redelivery): then False."""
-        return self.updates_accept_many(channel, [(key, payload, received)])[0]
-
-    def updates_accept_many(
-        self, channel: str, items: Iterable[tuple[str, Mapping[str, Any], float]]
-    ) -> list[bool]:
-        """The group commit: persist every payload whose key is new in one file, one fsync;
-        for each item, whether it was new. A key is new when it is neither pending nor done
-        (remembered) nor earlier in the same call."""
-        with self._updates_lock:
-            fresh: list[dict[str, Any]] = []
-            taken: set[str] = set()
-            answers = []
-            for key, payload, received in items:
-                new = key not in taken and not self.updates.known(key)
-                answers.append(new)
-                if new:
-                    taken.add(key)
-                    fresh.append({"channel": channel, "key": key, "payload": dict(payload),
-                                  "received": received})
-            self.updates.add(fresh)
-            return answers
-
-    def updates_add(self, channel: str, key: str, payload: Mapping[str, Any],
-                    received: float) -> None:
-        """Persist a raw payload without the redelivery check (`updates_accept` has it)."""
-        with self._updates_lock:
-            self.updates.add([{"channel": channel, "key": key, "payload": dict(payload),
-                               "received": received}])
-
-    def updates_pending(self, channel: str) -> list[dict[str, Any]]:
-        with self._updates_lock:
-            return self.updates.of_channel(channel)
-
-    def updates_done(self, key: str, *, remember: bool = True) -> None:
-        """A payload is handled. Its key is remembered for the keep period so a redelivery is
-        dropped; `remember=False` for payloads that left nothing behind (a stranger's message),
-        which then cost no lasting state: a redelivery is simply dropped again."""
-        if remember:
-            with self._lock:
-                self.dedupe.claim([key], time.time())
-        with self._updates_lock:
-            self.updates.done(key)
-
-    @_locked
-    def dedupe_claim(self, key: str, now: float) -> bool:
-        """Record `key` as seen; False if it was seen before (a redelivery)."""
-        return bool(self.dedupe.claim([key], now))
-
-    @_locked
-    def set_chat_flag(self, chat_key: str, flag: str, value: Any) -> None:
-        """Remember something about a chat (e.g. `blocked`: the user blocked the bot); None
-        removes the flag."""
-        self.flags.set(chat_key, flag, value)
-
-    @_locked
-    def chat_flags(self, chat_key: str) -> dict[str, Any]:
-        return self.flags.get(chat_key)
-
-    @_locked
-    def chats_with_flag(self, flag: str) -> dict[str, Any]:
-        """Each chat that has `flag`, with its value."""
-        return self.flags.having(flag)
-
-    @_locked
-    def chats_flagged(self, flag: str) -> int:
-        """How many chats have `flag` now (e.g. undeliverable, for /metrics)."""
-        return self.flags.count(flag)
 
     # ---- internals -------------------------------------------------------------------------
 
