@@ -47,14 +47,10 @@ import functools
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
-
-from tinydb import TinyDB
-from tinydb.table import Document
 
 from daemon.core.conversations import Conversation, Message, Role, SummaryState
 from daemon.core.errors import StoreError
@@ -77,6 +73,7 @@ from daemon.store.queues import (
     UpdateBatches,
 )
 from daemon.store.segments import SEGMENT_MAX_BYTES, SEGMENT_MAX_MESSAGES, MessageLog
+from daemon.store.summaries import Summaries
 
 __all__ = [
     "DEDUPE_KEEP_SECONDS",
@@ -95,7 +92,6 @@ __all__ = [
 ]
 
 QUARANTINE_FIELDS = ("kind", "key", "chat_key", "error", "quarantined")
-_CACHED_SUMMARIES = 64
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -353,7 +349,7 @@ class Store(_Queues):
         self.quarantine = ItemFolder(files, state_dir / "quarantine", QUARANTINE_FIELDS,
                                      read_only=read_only)
         self.flags = ChatFlags(files, state_dir / "chats.json")
-        self._summaries: OrderedDict[str, TinyDB] = OrderedDict()
+        self.summaries = Summaries(files, self.log, read_only=read_only)
 
     # ---- opening and closing ---------------------------------------------------------------
 
@@ -411,7 +407,7 @@ class Store(_Queues):
         """Release the state directory. Every write is already on disk; nothing to flush."""
         with self._lock:
             self.log.forget()
-            self._summaries.clear()
+            self.summaries.forget()
             if self._lock_file is not None:
                 os.close(self._lock_file)
                 self._lock_file = None
@@ -482,14 +478,13 @@ class Store(_Queues):
         extra: dict[str, Any] = {}
         if conversation.status != "active":
             extra = {"messages": self.log.count(conversation.id),
-                     "summarised": self.files.exists(self._summary_path(conversation.id))}
+                     "summarised": self.summaries.exists(conversation.id)}
         self.book.save(index_doc(conversation), **extra)
 
     @_locked
     def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
         """Replace the conversation's summary state (one summary per conversation)."""
-        db = self._summary_db(conversation_id)
-        db.table("summary").upsert(Document(summary.to_doc(), doc_id=1))
+        self.summaries.save(conversation_id, summary)
 
     # ---- messages --------------------------------------------------------------------------
 
@@ -551,7 +546,7 @@ class Store(_Queues):
                 ended = doc["last_active"]
             elif before is None:
                 messages += self.log.count(doc["id"])
-                summaries += self.files.exists(self._summary_path(doc["id"]))
+                summaries += self.summaries.exists(doc["id"])
                 ended = doc["last_active"]
             else:
                 stored = [m.created for m in self.log.messages(doc["id"]) if m.created < cutoff]
@@ -572,28 +567,6 @@ class Store(_Queues):
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _summary_path(self, conversation_id: str) -> Path:
-        return self.log.folder(conversation_id) / "summary.json"
-
-    def _summary_db(self, conversation_id: str) -> TinyDB:
-        db = self._summaries.get(conversation_id)
-        if db is not None:
-            self._summaries.move_to_end(conversation_id)
-            return db
-        path = self._summary_path(conversation_id)
-        db = self.files.db(path)
-        try:
-            db.table("summary").get(doc_id=1)
-        except CorruptFile as exc:
-            if self.read_only:
-                raise
-            self.files.move_aside(path, str(exc), "continuing without it")
-            db = self.files.db(path)
-        self._summaries[conversation_id] = db
-        while len(self._summaries) > _CACHED_SUMMARIES:
-            self._summaries.popitem(last=False)
-        return db
-
     def _current(self, doc: Mapping[str, Any]) -> Conversation:
         conversation = self._with_summary(doc)
         if conversation.status != "active":
@@ -605,9 +578,7 @@ class Store(_Queues):
 
     def _with_summary(self, doc: Mapping[str, Any]) -> Conversation:
         conversation = Conversation.from_doc(doc)
-        found = self._summary_db(conversation.id).table("summary").get(doc_id=1)
-        summary = SummaryState.from_doc(found) if isinstance(found, Mapping) else SummaryState()
-        return replace(conversation, summary=summary)
+        return replace(conversation, summary=self.summaries.get(conversation.id))
 
     def _migrate(self, migrations: tuple[Migration, ...]) -> None:
         keepers = Keepers(files=self.files, state_dir=self.state_dir, book=self.book,
