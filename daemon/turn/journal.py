@@ -103,7 +103,7 @@ class Journal:
                             conversation.id, exc)
         if items:
             # Touched here, saved once per turn: with the reply (`save_reply`), or when the
-            # turn ends without one (`_fail`, parked). Until then the appended messages are
+            # turn ends without one (`unanswered`, `parked`). Until then the appended messages are
             # the activity on disk, and `Store.active_conversation` counts them, so a crash
             # in between rotates no sooner than if this had been saved.
             conversation = conversation.touched(now)
@@ -171,6 +171,17 @@ class Journal:
         self.store.inbox_done([i.id for i in items])
         # Only the index record: a fold meanwhile wrote the summary to its own file.
         self.store.save_conversation(after.touched(now))
+
+    def unanswered(self, conversation: Conversation, items: Sequence[Inbound]) -> None:
+        """A turn ended without a reply (the user got a notice): the conversation is saved as
+        recorded and the items leave the inbox; their messages stay in the conversation."""
+        self.store.save_conversation(conversation)
+        self.store.inbox_done([i.id for i in items])
+
+    def parked(self, conversation: Conversation) -> None:
+        """The model server is out: the conversation is saved as recorded; the items stay in
+        the inbox and the turn is tried again when it is back."""
+        self.store.save_conversation(conversation)
 
     def _requeue(self, conversation: Conversation, message: Message) -> None:
         outbound = self._outbound_for(conversation, message, "")

@@ -147,12 +147,9 @@ class TurnRunner:
         self.ask = ask
         self.settings = settings
         self.facts = facts
-        self.working = working
         self.folder = folder
         self.store = store
         self.llm = llm
-        self.router = router
-        self.prompting = prompting
         self.registry = registry
         self.index = index
         self.records = records
@@ -293,7 +290,7 @@ class TurnRunner:
                 f"The model {exc.model!r} is not available on the Ollama server at "
                 f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
         if isinstance(exc, (LLMUnavailable, LLMTimeout, ModelCrashed)):
-            await asyncio.to_thread(self.store.save_conversation, recorded)
+            await asyncio.to_thread(self.journal.parked, recorded)
             return TurnResult(Outcome.PARKED, turn.conversation.id)
         if isinstance(exc, ContextOverflow):
             # Refitted and retried once already: the user gets a plain line, not Ollama's body.
@@ -336,7 +333,6 @@ class TurnRunner:
     async def _fail(self, conversation: Conversation, items: Sequence[Inbound],
                     text: str) -> TurnResult:
         await self.notify(conversation.chat_key, text)
-        await asyncio.to_thread(self.store.save_conversation, conversation)
-        await asyncio.to_thread(self.store.inbox_done, [i.id for i in items])
+        await asyncio.to_thread(self.journal.unanswered, conversation, items)
         return TurnResult(Outcome.FAILED)
 
