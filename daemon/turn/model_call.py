@@ -1,4 +1,7 @@
-"""The model calls of a turn's first request: outage, refit and retry, calibration.
+"""The model calls of a turn: outage, refit and retry, calibration.
+
+Every call of the turn goes through `ModelCall.call` (the tool loop's too); the first request
+is built (`prepare`) and answered (`answer`) here, the rest of the turn in `ToolLoop`.
 
 * A call is retried with backoff while Ollama is unreachable (a refused connection, a
   502/503/504, or 500s: one is tried again at once, more are an outage; a 500 naming the request
