@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", parents=[common],
         help="check the config, the state directory, Ollama and Telegram; exit 1 on a problem")
     doctor.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
+    _add_conversations(commands, common)
+    _add_pairing(commands, common)
+    _add_automations(commands, common)
+    add_memory_parser(commands, common)
+    _add_mcp(commands, common)
+    _add_console_and_approvals(commands, common)
+    return parser
+
+
+def _add_conversations(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                       common: argparse.ArgumentParser) -> None:
+    """`roost conversations list|show|export`."""
     conversations = commands.add_parser("conversations", parents=[common],
                                         help="list, show or export stored conversations")
     actions = conversations.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -98,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="a conversation as JSON, every message byte for byte")
     export.add_argument("id", help="conversation id (a unique prefix is enough) or a chat "
                                    "(telegram:1111111): its active conversation")
+
+
+def _add_pairing(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                 common: argparse.ArgumentParser) -> None:
+    """`roost pairing list|approve|deny|revoke`."""
     pairing = commands.add_parser("pairing", parents=[common],
                                   help="list, approve or deny senders waiting with a code; "
                                        "revoke an approved one")
@@ -111,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                               help="remove an approved sender (they must pair again)")
     revoke.add_argument("sender", metavar="CHANNEL:SENDER",
                         help="as `pairing list` shows it: telegram:<user id> or whatsapp:<wa_id>")
+
+
+def _add_automations(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                     common: argparse.ArgumentParser) -> None:
+    """`roost automations list|run|remind`."""
     automations = commands.add_parser("automations", parents=[common],
                                       help="list or run automations, add a reminder")
     jobs = automations.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -124,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
                         help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
-    add_memory_parser(commands, common)
+
+
+def _add_mcp(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+             common: argparse.ArgumentParser) -> None:
+    """`roost mcp list|test`."""
     mcp = commands.add_parser("mcp", parents=[common], help="the configured MCP servers")
     servers = mcp.add_subparsers(dest="action", metavar="ACTION", required=True)
     servers.add_parser("list", parents=[common],
@@ -132,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     test = servers.add_parser("test", parents=[common],
                               help="start one server and list its tools; calls nothing")
     test.add_argument("name", help="the server's name, as in [mcp.servers.NAME]")
+
+
+def _add_console_and_approvals(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                               common: argparse.ArgumentParser) -> None:
+    """`roost console` and `roost approvals list|revoke`."""
     console = commands.add_parser("console", parents=[common],
                                   help="print a sign-in link to the web console")
     console.add_argument("--revoke-all", action="store_true",
@@ -145,7 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
     revoke_always.add_argument("person", nargs="?", default=None,
                                help="as `approvals list` shows it, e.g. telegram:1111111")
     revoke_always.add_argument("--tool", default=None, help="only this tool (server__tool)")
-    return parser
 
 
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:

@@ -242,7 +242,37 @@ def build_request(
     fixed += estimate(tail_note, ratio)
     tally = _Tally(entries, fixed, ratio, estimate)
 
-    decayed = condensed = omitted = cut = 0
+    decayed, condensed, omitted, cut, more = _fit(entries, conversation_id, reader, tally,
+                                                  budget)
+    shortened += more
+
+    messages, images = _render(entries, preamble, system, tail_note)
+    parts = _parts(system, preamble, messages, images, ratio, estimate)
+    return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
+                   stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut,
+                   shortened=shortened)
+
+
+def _parts(system: ChatMessage, preamble: Sequence[ChatMessage], messages: Sequence[ChatMessage],
+           images: Mapping[int, Sequence[Mapping[str, JSONValue]]], ratio: float,
+           estimate: Estimator) -> dict[str, int]:
+    """The request's estimate by part: the prefix, the summary preamble, the tail (with its
+    images)."""
+    tail_tokens = sum(chat_tokens(m, ratio, estimate) for m in messages[1 + len(preamble):])
+    tail_tokens += sum(image_tokens(i) for group in images.values() for i in group)
+    parts = {
+        "prefix": chat_tokens(system, ratio, estimate),
+        "summary": sum(chat_tokens(m, ratio, estimate) for m in preamble),
+        "tail": tail_tokens,
+    }
+    return parts
+
+
+def _fit(entries: list[_Entry], conversation_id: str, reader: str | None, tally: _Tally,
+         budget: int) -> tuple[int, int, int, int, int]:
+    """Shrink `entries` to the budget, the cheapest loss first; how many were decayed,
+    condensed, omitted, cut and shortened. Raises `DoesNotFit` when nothing more can go."""
+    decayed = condensed = omitted = cut = shortened = 0
     if tally.total() > budget:
         decayed = _decay(entries, tally, budget)
     if tally.total() > budget:
@@ -258,23 +288,12 @@ def build_request(
     if tally.total() > budget:
         condensed += _condense(entries, conversation_id, tally, budget, protected=True)
     if tally.total() > budget:
-        shortened += _shorten(entries, reader, tally, budget)
+        shortened = _shorten(entries, reader, tally, budget)
     if tally.total() > budget:
         omitted += _drop(entries, tally, budget, protected=True)
     if tally.total() > budget:
         raise DoesNotFit(tally.total(), budget)
-
-    messages, images = _render(entries, preamble, system, tail_note)
-    tail_tokens = sum(chat_tokens(m, ratio, estimate) for m in messages[1 + len(preamble):])
-    tail_tokens += sum(image_tokens(i) for group in images.values() for i in group)
-    parts = {
-        "prefix": chat_tokens(system, ratio, estimate),
-        "summary": sum(chat_tokens(m, ratio, estimate) for m in preamble),
-        "tail": tail_tokens,
-    }
-    return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
-                   stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut,
-                   shortened=shortened)
+    return decayed, condensed, omitted, cut, shortened
 
 
 class _Tally:

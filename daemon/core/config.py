@@ -591,6 +591,47 @@ def read_secret(name: str, env: Mapping[str, str], config: Path | None = None) -
         raise ConfigError(name, f"cannot read the credential: {error}", str(path)) from None
 
 
+def _check_together(model: ModelSettings, telegram: TelegramSettings, whatsapp: WhatsAppSettings,
+                    fail: Callable[[str, str], ConfigError]) -> None:
+    """The settings that are wrong only together with others."""
+    for key, broken, problem in (
+        ("model.response_reserve", model.response_reserve >= model.window,
+         f"must be less than model.window ({model.window})"),
+        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
+         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
+         "public HTTPS URL of /webhooks/telegram); without a public address, set "
+         'mode = "polling"'),
+        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
+         "is required when WhatsApp is enabled"),
+    ):
+        if broken:
+            raise fail(key, problem)
+
+
+def _automations(raw_jobs: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
+                 fail: Callable[[str, str], ConfigError]) -> list[AutomationSettings]:
+    """`[[automations]]`: each a table of known keys, its name unique."""
+    if not isinstance(raw_jobs, list):
+        raise fail("automations", "expected an array of tables ([[automations]])")
+    jobs: list[AutomationSettings] = []
+    for i, table in enumerate(raw_jobs):
+        # Every error about an automation names it, so the user knows which table to fix.
+        label = table.get("name") if isinstance(table, dict) else None
+        try:
+            job = read(table, f"automations[{i}]", _AUTOMATION)
+            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
+                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
+            if job["name"] in {other.name for other in jobs}:
+                raise fail(f"automations[{i}].name", "is used by another automation")
+        except ConfigError as error:
+            if not isinstance(label, str):
+                raise
+            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
+                              error.source) from None
+        jobs.append(AutomationSettings(**job))
+    return jobs
+
+
 def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str]) -> Settings:
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(key, problem, str(path) if path else None)
@@ -630,38 +671,8 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
             tables["telegram"]["file_base"] = _file_base(tables["telegram"]["api_base"])
     telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
     whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
-    for key, broken, problem in (
-        ("model.response_reserve", model.response_reserve >= model.window,
-         f"must be less than model.window ({model.window})"),
-        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
-         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
-         "public HTTPS URL of /webhooks/telegram); without a public address, set "
-         'mode = "polling"'),
-        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
-         "is required when WhatsApp is enabled"),
-    ):
-        if broken:
-            raise fail(key, problem)
-
-    raw_jobs = document.get("automations", [])
-    if not isinstance(raw_jobs, list):
-        raise fail("automations", "expected an array of tables ([[automations]])")
-    jobs: list[AutomationSettings] = []
-    for i, table in enumerate(raw_jobs):
-        # Every error about an automation names it, so the user knows which table to fix.
-        label = table.get("name") if isinstance(table, dict) else None
-        try:
-            job = read(table, f"automations[{i}]", _AUTOMATION)
-            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
-                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
-            if job["name"] in {other.name for other in jobs}:
-                raise fail(f"automations[{i}].name", "is used by another automation")
-        except ConfigError as error:
-            if not isinstance(label, str):
-                raise
-            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
-                              error.source) from None
-        jobs.append(AutomationSettings(**job))
+    _check_together(model, telegram, whatsapp, fail)
+    jobs = _automations(document.get("automations", []), read, fail)
     # [variables] takes any key; read() still checks that it is a table of strings.
     raw = document.get("variables", {})
     variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))

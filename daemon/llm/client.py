@@ -7,19 +7,16 @@ the model, which costs seconds and throws away its prompt cache.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
 import json
 import re
-import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Callable,
     Coroutine,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -37,17 +34,10 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
-    Preempted,
 )
 from daemon.core.logs import llm_log as log
 from daemon.core.redact import redact_url
-
-# Set while an automation runs (see `ModelClient.scheduled`): its calls queue behind turns.
-# A context variable, so the turn path it shares with chats needs no priority argument. The
-# model is not carried here: the turn passes it down explicitly, so that the budget, num_ctx
-# and capabilities are all looked up for the model the request goes to.
-_scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_scheduled",
-                                                                default=False)
+from daemon.llm.gate import ModelGate
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 # llama-server's refusal (with sizes), Ollama's own, and its Go runners' before #16031 (no sizes).
@@ -67,7 +57,6 @@ _REQUEST_FAULT_TEXTS = ("template:", "image", "does not support", "unmarshal")
 OLLAMA_ERRORS: tuple[type[Exception], ...] = (
     ollama.ResponseError, ollama.RequestError, httpx.HTTPError, OSError, ValueError)
 
-Call = Callable[[], Coroutine[Any, Any, "ChatResult"]]  # one model call, made when it may go
 # A call's (on_delta, on_thinking): where its pieces of content and of thinking go.
 _Callbacks = tuple[Callable[[str], None] | None, Callable[[str], None] | None]
 
@@ -218,16 +207,10 @@ class ModelClient:
             timeout=httpx.Timeout(settings.timeout, connect=10.0),
             transport=_CountsTransport(),
         )
-        self._gate = asyncio.Semaphore(settings.concurrency)
+        self.gate = ModelGate(settings.concurrency)
         self._info: dict[str, ModelInfo] = {}
-        self._background: set[asyncio.Task[ChatResult]] = set()
         self._system_only_first: set[str] = set()
         self._full_counts: bool | None = None
-        self.in_flight = 0
-        self.waiting = 0
-        self.turns_active = 0
-        self.scheduled_waiting = 0
-        self._changed = asyncio.Event()  # replaced (after being set) whenever the gate may free
 
     async def close(self) -> None:
         await self._client.close()
@@ -336,130 +319,42 @@ class ModelClient:
         # queued would never be awaited.
         call = functools.partial(self._observed, name, num_ctx, options, messages, tools,
                                  (on_delta, on_thinking), background, think)
-        if background:
-            return await self._background_call(call)
-        if _scheduled.get():
-            return await self._scheduled_call(call)
-        await self._acquire_interactive()
-        self.in_flight += 1
-        try:
-            async with while_held() if while_held is not None else contextlib.nullcontext():
-                return await call()
-        finally:
-            self.in_flight -= 1
-            self._gate.release()
-            self._poke()
+        return await self.gate.call(call, background=background, while_held=while_held)
 
-    @contextlib.contextmanager
-    def scheduled(self) -> Iterator[None]:
-        """Calls made inside (an automation's run, on the turn path) queue
-        behind interactive turns: each waits until no turn waits for or holds the model, and
-        then holds one request slot for its one call, so a user's message waits behind at most
-        that one call. Unlike a fold's call it is never cancelled: a run's work is not thrown
-        away."""
-        token = _scheduled.set(True)
-        try:
-            yield
-        finally:
-            _scheduled.reset(token)
+    # The gate's, kept here for the callers that hold the client (see daemon/llm/gate.py).
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one of the model's request slots for other work on the same GPU (a
-        transcription), queued as the caller's own model call would be: from a chat, ahead of
-        folds (a running fold call is stopped) and of automations; inside `scheduled`, behind
-        every turn. What runs in the slot is not a request to Ollama (`in_flight` does not
-        count it)."""
-        if _scheduled.get():
-            await self._acquire_scheduled()
-        else:
-            await self._acquire_interactive()
-        try:
-            yield
-        finally:
-            self._gate.release()
-            self._poke()
+    def scheduled(self) -> contextlib.AbstractContextManager[None]:
+        return self.gate.scheduled()
 
-    def _poke(self) -> None:
-        """Wake the scheduled calls waiting for room; each looks again."""
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.gate.slot()
 
-    async def _acquire_interactive(self) -> None:
-        """A slot for a chat's call: ahead of folds (a running fold call is cancelled) and of
-        automations."""
-        self.waiting += 1
-        try:
-            if self._gate.locked():
-                for task in list(self._background):
-                    task.cancel()
-            await self._gate.acquire()
-        finally:
-            self.waiting -= 1
-            self._poke()
+    def turn(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held for a whole turn (`ModelGate.turn`); the observer hears how long it took."""
+        return self.gate.turn(self._turn_done)
 
-    async def _acquire_scheduled(self) -> None:
-        """A slot for an automation's call: once no turn waits for or holds the model."""
-        self.scheduled_waiting += 1
-        try:
-            while self._no_room_for_background() or self._gate.locked():
-                await self._changed.wait()
-            # Free and nobody interactive waiting: acquire() returns without suspending, so
-            # no turn can arrive in between.
-            await self._gate.acquire()
-        finally:
-            self.scheduled_waiting -= 1
+    def waiting_for_user(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.gate.waiting_for_user()
 
-    async def _scheduled_call(self, call: Call) -> ChatResult:
-        await self._acquire_scheduled()
-        self.in_flight += 1
-        try:
-            return await call()
-        finally:
-            self.in_flight -= 1
-            self._gate.release()
-            self._poke()
+    @property
+    def in_flight(self) -> int:
+        return self.gate.in_flight
 
-    @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """Held for a whole turn: between its model calls (while tools run) no background call
-        may slip into the turn's request slot and evict its prompt from Ollama's cache; one
-        running there is stopped.
+    @property
+    def waiting(self) -> int:
+        return self.gate.waiting
 
-        An automation's run (inside `scheduled`) is not an interactive turn: it neither counts
-        here nor stops anything; its calls queue instead."""
-        if _scheduled.get():
-            yield
-            return
-        self.turns_active += 1
-        if self._no_room_for_background():
-            for task in list(self._background):
-                task.cancel()
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.turns_active -= 1
-            self._poke()
-            if self.observer is not None:
-                self.observer.turn_done(time.monotonic() - started)
+    @property
+    def turns_active(self) -> int:
+        return self.gate.turns_active
 
-    @contextlib.asynccontextmanager
-    async def waiting_for_user(self) -> AsyncIterator[None]:
-        """Inside a turn, while it waits for the user (an approval): the turn gives up its
-        claim on the model, so a background fold may use it meanwhile; taken back after."""
-        if _scheduled.get():
-            yield
-            return
-        self.turns_active -= 1
-        self._poke()
-        try:
-            yield
-        finally:
-            self.turns_active += 1
-            if self._no_room_for_background():
-                for task in list(self._background):
-                    task.cancel()
+    @property
+    def scheduled_waiting(self) -> int:
+        return self.gate.scheduled_waiting
+
+    def _turn_done(self, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer.turn_done(seconds)
 
     async def _observed(
         self,
@@ -477,33 +372,6 @@ class ModelClient:
         if self.observer is not None:
             self.observer.model_call(messages, result, background)
         return result
-
-    def _no_room_for_background(self) -> bool:
-        """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""
-        return bool(self.waiting) or self.turns_active >= self.settings.concurrency
-
-    async def _background_call(self, call: Call) -> ChatResult:
-        if self._no_room_for_background():
-            raise Preempted("turns are using the model")
-        await self._gate.acquire()
-        if self._no_room_for_background():  # a turn arrived while we queued: it goes first
-            self._gate.release()
-            raise Preempted("a turn needs the model")
-        inner = asyncio.create_task(call())
-        self._background.add(inner)
-        self.in_flight += 1
-        try:
-            return await inner
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if inner.cancelled() and current is not None and not current.cancelling():
-                raise Preempted("a turn needs the model") from None
-            raise
-        finally:
-            self.in_flight -= 1
-            self._background.discard(inner)
-            self._gate.release()
-            self._poke()
 
     async def _stream_adapting(
         self,

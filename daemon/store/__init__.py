@@ -47,14 +47,10 @@ import functools
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
-
-from tinydb import TinyDB
-from tinydb.table import Document
 
 from daemon.core.conversations import Conversation, Message, Role, SummaryState
 from daemon.core.errors import StoreError
@@ -77,6 +73,7 @@ from daemon.store.queues import (
     UpdateBatches,
 )
 from daemon.store.segments import SEGMENT_MAX_BYTES, SEGMENT_MAX_MESSAGES, MessageLog
+from daemon.store.summaries import Summaries
 
 __all__ = [
     "DEDUPE_KEEP_SECONDS",
@@ -95,7 +92,6 @@ __all__ = [
 ]
 
 QUARANTINE_FIELDS = ("kind", "key", "chat_key", "error", "quarantined")
-_CACHED_SUMMARIES = 64
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -148,248 +144,19 @@ def _locked(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-class Store:
-    """All of roost's persistent state, one facade over the record keepers; see the module
-    docstring for the design."""
+class _Queues:
+    """The work in flight: inbox, outbox, quarantine, raw updates, dedupe keys, chat flags.
+    Part of the `Store` facade (its record keepers are made in `Store.__init__`), kept apart
+    from the conversations so that neither half is a long read."""
 
-    def __init__(self, files: Files, *, read_only: bool = False) -> None:
-        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations,
-        or `Store.over(files)`."""
-        self.files = files
-        self.state_dir = state_dir = files.root
-        self.read_only = read_only
-        self._lock = threading.RLock()
-        self._updates_lock = threading.Lock()
-        self._lock_file: int | None = None
-        self.meta = files.db(state_dir / "meta.json")
-        self.book = ConversationBook(files, state_dir / "conversations", read_only=read_only)
-        self.log = MessageLog(files, state_dir / "conversations", read_only=read_only)
-        self.dedupe = Dedupe(files, state_dir / "dedupe", read_only=read_only)
-        self.updates = UpdateBatches(files, state_dir / "intake", self.dedupe,
-                                     read_only=read_only)
-        self.inbox = ItemFolder(files, state_dir / "inbox", ("chat_key", "received"),
-                                read_only=read_only)
-        self.outbox = ItemFolder(files, state_dir / "outbox", ("chat_key", "created"),
-                                 read_only=read_only)
-        self.quarantine = ItemFolder(files, state_dir / "quarantine", QUARANTINE_FIELDS,
-                                     read_only=read_only)
-        self.flags = ChatFlags(files, state_dir / "chats.json")
-        self._summaries: OrderedDict[str, TinyDB] = OrderedDict()
-
-    # ---- opening and closing ---------------------------------------------------------------
-
-    @classmethod
-    def open(cls, state_dir: Path, *, read_only: bool = False) -> Store:
-        """Open (creating if needed) a state directory, owning it until `close()`.
-
-        `read_only` is for looking while the daemon runs (`roost conversations`): no lock, no
-        migrations, and a corrupt file is reported instead of moved. Reading is safe during
-        writes because every write is an atomic rename.
-        """
-        if read_only:
-            if not (state_dir / "meta.json").exists():
-                if (state_dir / "index.json").exists():
-                    raise StoreError(f"the state in {state_dir} is from an earlier version of "
-                                     "roost; start the daemon once to convert it")
-                raise NoState(f"no roost state in {state_dir}")
-            return cls(DiskFiles(state_dir), read_only=True)
-        try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-            for sub in ("conversations", "attachments", "corpus", "debug"):
-                (state_dir / sub).mkdir(exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create state directory {state_dir}: {exc}") from exc
-        lock_fd = os.open(state_dir / "roost.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise StoreError(
-                f"another roost process is using {state_dir}; stop it first "
-                "(or give this one its own daemon.state_dir)"
-            ) from None
-        try:
-            store = cls.over(DiskFiles(state_dir))
-        except BaseException:
-            os.close(lock_fd)
-            raise
-        store._lock_file = lock_fd
-        return store
-
-    @classmethod
-    def over(cls, files: Files, *, migrations: tuple[Migration, ...] = MIGRATIONS) -> Store:
-        """Open a store over `files` (`MemoryFiles()` in tests) as `open` does, without the
-        directory lock: migrations run, finished work is dropped, active conversations are
-        checked. `migrations` is for a test of one migration: the schema up to it."""
-        files.remove_stale_temp_files()
-        store = cls(files)
-        store._migrate(migrations)
-        store._drop_finished()
-        store._check_active_conversations()
-        return store
-
-    def close(self) -> None:
-        """Release the state directory. Every write is already on disk; nothing to flush."""
-        with self._lock:
-            self.log.forget()
-            self._summaries.clear()
-            if self._lock_file is not None:
-                os.close(self._lock_file)
-                self._lock_file = None
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # ---- conversations ---------------------------------------------------------------------
-
-    @_locked
-    def create_conversation(
-        self, chat_key: str, now: float, *, after_idle: bool = False, token_ratio: float = 1.0
-    ) -> Conversation:
-        """Start a new active conversation for `chat_key`."""
-        conversation = Conversation.start(chat_key, now, after_idle=after_idle,
-                                          token_ratio=token_ratio)
-        self.book.create(conversation, self.log.folder(conversation.id))
-        self.log.created(conversation.id)
-        return conversation
-
-    @_locked
-    def get_conversation(self, conversation_id: str) -> Conversation | None:
-        """The conversation with its summary; an active one as recent as its newest message
-        (see `active_conversation`)."""
-        doc = self.book.get(conversation_id)
-        return self._current(doc) if doc else None
-
-    @_locked
-    def active_conversation(self, chat_key: str) -> Conversation | None:
-        """The chat's active conversation, if it has one.
-
-        Its `last_active` counts its newest message too: a turn saves the record once, with
-        the reply, and the user messages it appended before are activity all the same (when a
-        crash cuts the turn short, idle rotation still counts from them). Callers read the
-        messages next, so loading them here costs nothing extra."""
-        doc = self.book.active_of(chat_key)
-        return self._current(doc) if doc else None
-
-    @_locked
-    def newest_conversation(self, chat_key: str) -> Conversation | None:
-        """The chat's most recent conversation, active or archived, found without going
-        through the others (a new conversation starts from its token ratio)."""
-        doc = self.book.newest_of(chat_key)
-        return Conversation.from_doc(doc) if doc else None
-
-    @_locked
-    def list_conversations(
-        self, chat_key: str | None = None, status: str | None = None
-    ) -> list[Conversation]:
-        """Conversations, oldest first, optionally of one chat or one status. The active ones
-        come from the active list alone, so listing them costs the active set, not history."""
-        docs = self.book.active_docs() if status == "active" else self.book.all()
-        found = [
-            Conversation.from_doc(d)
-            for d in docs
-            if (chat_key is None or d["chat_key"] == chat_key)
-            and (status is None or d["status"] == status)
-        ]
-        return sorted(found, key=lambda c: c.created)
-
-    @_locked
-    def save_conversation(self, conversation: Conversation) -> None:
-        """Update a conversation's record (status, last_active, token ratio). Archiving fixes
-        its message count and whether it has a summary in the archive, for the memory map."""
-        extra: dict[str, Any] = {}
-        if conversation.status != "active":
-            extra = {"messages": self.log.count(conversation.id),
-                     "summarised": self.files.exists(self._summary_path(conversation.id))}
-        self.book.save(index_doc(conversation), **extra)
-
-    @_locked
-    def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
-        """Replace the conversation's summary state (one summary per conversation)."""
-        db = self._summary_db(conversation_id)
-        db.table("summary").upsert(Document(summary.to_doc(), doc_id=1))
-
-    # ---- messages --------------------------------------------------------------------------
-
-    @_locked
-    def append_message(
-        self,
-        conversation_id: str,
-        role: Role,
-        content: str,
-        *,
-        created: float,
-        **fields: Any,
-    ) -> Message:
-        """Append one message; it is on disk when this returns. Returns it with id and seq."""
-        messages = self.log.messages(conversation_id)
-        seq = messages[-1].seq + 1 if messages else 1
-        message = Message(id=new_id(created), seq=seq, role=role, content=content,
-                          created=created, **fields)
-        self.log.append(conversation_id, message)
-        return message
-
-    @_locked
-    def messages(
-        self, conversation_id: str, from_seq: int = 1, to_seq: int | None = None
-    ) -> list[Message]:
-        """The conversation's messages with `from_seq <= seq <= to_seq`, in order; none for
-        an id that is not one of roost's (nothing on disk is looked up for it)."""
-        if not is_id(conversation_id):
-            return []
-        loaded = self.log.messages(conversation_id)
-        if not loaded:
-            return []
-        # Seqs run 1, 2, 3...: slice instead of filtering every message.
-        base = loaded[0].seq
-        start = max(from_seq - base, 0)
-        stop = len(loaded) if to_seq is None else max(to_seq - base + 1, 0)
-        return loaded[start:stop]
-
-    @_locked
-    def message_count(self, conversation_id: str) -> int:
-        return len(self.log.messages(conversation_id))
-
-    @_locked
-    def stats(self, before: float | None = None) -> StoreStats:
-        """Counts for the memory map: conversations, messages, summaries, and the date span.
-        Archived conversations carry their counts; only active ones are looked at.
-
-        With `before`, only what was stored before that time counts (a summary counts from
-        its first fold), so every process on a day counts the same however much is written
-        that day: the memory map is the day's, not the process's."""
-        cutoff = float("inf") if before is None else before
-        docs = [d for d in self.book.all() if d["created"] < cutoff]
-        messages = summaries = 0
-        last: float | None = None
-        for doc in docs:
-            if "messages" in doc and doc["last_active"] < cutoff:  # archived before the cutoff
-                messages += doc["messages"]
-                summaries += bool(doc.get("summarised"))
-                ended = doc["last_active"]
-            elif before is None:
-                messages += self.log.count(doc["id"])
-                summaries += self.files.exists(self._summary_path(doc["id"]))
-                ended = doc["last_active"]
-            else:
-                stored = [m.created for m in self.log.messages(doc["id"]) if m.created < cutoff]
-                messages += len(stored)
-                summary = self._with_summary(doc).summary
-                first_fold = summary.first_folded_at or summary.folded_at
-                summaries += bool(summary.through_seq and first_fold is not None
-                                  and first_fold < cutoff)
-                ended = max(stored, default=doc["created"])
-            last = ended if last is None else max(last, ended)
-        return StoreStats(
-            conversations=len(docs),
-            messages=messages,
-            summaries=summaries,
-            first=min((d["created"] for d in docs), default=None),
-            last=last,
-        )
+    _lock: threading.RLock
+    _updates_lock: threading.Lock
+    inbox: ItemFolder
+    outbox: ItemFolder
+    quarantine: ItemFolder
+    updates: UpdateBatches
+    dedupe: Dedupe
+    flags: ChatFlags
 
     # ---- inbox, outbox, quarantine ---------------------------------------------------------
 
@@ -555,29 +322,250 @@ class Store:
         """How many chats have `flag` now (e.g. undeliverable, for /metrics)."""
         return self.flags.count(flag)
 
-    # ---- internals -------------------------------------------------------------------------
 
-    def _summary_path(self, conversation_id: str) -> Path:
-        return self.log.folder(conversation_id) / "summary.json"
+class Store(_Queues):
+    """All of roost's persistent state, one facade over the record keepers; see the module
+    docstring for the design."""
 
-    def _summary_db(self, conversation_id: str) -> TinyDB:
-        db = self._summaries.get(conversation_id)
-        if db is not None:
-            self._summaries.move_to_end(conversation_id)
-            return db
-        path = self._summary_path(conversation_id)
-        db = self.files.db(path)
+    def __init__(self, files: Files, *, read_only: bool = False) -> None:
+        """Use `Store.open(path)`, which also takes the directory's lock and runs migrations,
+        or `Store.over(files)`."""
+        self.files = files
+        self.state_dir = state_dir = files.root
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._updates_lock = threading.Lock()
+        self._lock_file: int | None = None
+        self.meta = files.db(state_dir / "meta.json")
+        self.book = ConversationBook(files, state_dir / "conversations", read_only=read_only)
+        self.log = MessageLog(files, state_dir / "conversations", read_only=read_only)
+        self.dedupe = Dedupe(files, state_dir / "dedupe", read_only=read_only)
+        self.updates = UpdateBatches(files, state_dir / "intake", self.dedupe,
+                                     read_only=read_only)
+        self.inbox = ItemFolder(files, state_dir / "inbox", ("chat_key", "received"),
+                                read_only=read_only)
+        self.outbox = ItemFolder(files, state_dir / "outbox", ("chat_key", "created"),
+                                 read_only=read_only)
+        self.quarantine = ItemFolder(files, state_dir / "quarantine", QUARANTINE_FIELDS,
+                                     read_only=read_only)
+        self.flags = ChatFlags(files, state_dir / "chats.json")
+        self.summaries = Summaries(files, self.log, read_only=read_only)
+
+    # ---- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, state_dir: Path, *, read_only: bool = False) -> Store:
+        """Open (creating if needed) a state directory, owning it until `close()`.
+
+        `read_only` is for looking while the daemon runs (`roost conversations`): no lock, no
+        migrations, and a corrupt file is reported instead of moved. Reading is safe during
+        writes because every write is an atomic rename.
+        """
+        if read_only:
+            if not (state_dir / "meta.json").exists():
+                if (state_dir / "index.json").exists():
+                    raise StoreError(f"the state in {state_dir} is from an earlier version of "
+                                     "roost; start the daemon once to convert it")
+                raise NoState(f"no roost state in {state_dir}")
+            return cls(DiskFiles(state_dir), read_only=True)
         try:
-            db.table("summary").get(doc_id=1)
-        except CorruptFile as exc:
-            if self.read_only:
-                raise
-            self.files.move_aside(path, str(exc), "continuing without it")
-            db = self.files.db(path)
-        self._summaries[conversation_id] = db
-        while len(self._summaries) > _CACHED_SUMMARIES:
-            self._summaries.popitem(last=False)
-        return db
+            state_dir.mkdir(parents=True, exist_ok=True)
+            for sub in ("conversations", "attachments", "corpus", "debug"):
+                (state_dir / sub).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create state directory {state_dir}: {exc}") from exc
+        lock_fd = os.open(state_dir / "roost.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StoreError(
+                f"another roost process is using {state_dir}; stop it first "
+                "(or give this one its own daemon.state_dir)"
+            ) from None
+        try:
+            store = cls.over(DiskFiles(state_dir))
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        store._lock_file = lock_fd
+        return store
+
+    @classmethod
+    def over(cls, files: Files, *, migrations: tuple[Migration, ...] = MIGRATIONS) -> Store:
+        """Open a store over `files` (`MemoryFiles()` in tests) as `open` does, without the
+        directory lock: migrations run, finished work is dropped, active conversations are
+        checked. `migrations` is for a test of one migration: the schema up to it."""
+        files.remove_stale_temp_files()
+        store = cls(files)
+        store._migrate(migrations)
+        store._drop_finished()
+        store._check_active_conversations()
+        return store
+
+    def close(self) -> None:
+        """Release the state directory. Every write is already on disk; nothing to flush."""
+        with self._lock:
+            self.log.forget()
+            self.summaries.forget()
+            if self._lock_file is not None:
+                os.close(self._lock_file)
+                self._lock_file = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- conversations ---------------------------------------------------------------------
+
+    @_locked
+    def create_conversation(
+        self, chat_key: str, now: float, *, after_idle: bool = False, token_ratio: float = 1.0
+    ) -> Conversation:
+        """Start a new active conversation for `chat_key`."""
+        conversation = Conversation.start(chat_key, now, after_idle=after_idle,
+                                          token_ratio=token_ratio)
+        self.book.create(conversation, self.log.folder(conversation.id))
+        self.log.created(conversation.id)
+        return conversation
+
+    @_locked
+    def get_conversation(self, conversation_id: str) -> Conversation | None:
+        """The conversation with its summary; an active one as recent as its newest message
+        (see `active_conversation`)."""
+        doc = self.book.get(conversation_id)
+        return self._current(doc) if doc else None
+
+    @_locked
+    def active_conversation(self, chat_key: str) -> Conversation | None:
+        """The chat's active conversation, if it has one.
+
+        Its `last_active` counts its newest message too: a turn saves the record once, with
+        the reply, and the user messages it appended before are activity all the same (when a
+        crash cuts the turn short, idle rotation still counts from them). Callers read the
+        messages next, so loading them here costs nothing extra."""
+        doc = self.book.active_of(chat_key)
+        return self._current(doc) if doc else None
+
+    @_locked
+    def newest_conversation(self, chat_key: str) -> Conversation | None:
+        """The chat's most recent conversation, active or archived, found without going
+        through the others (a new conversation starts from its token ratio)."""
+        doc = self.book.newest_of(chat_key)
+        return Conversation.from_doc(doc) if doc else None
+
+    @_locked
+    def list_conversations(
+        self, chat_key: str | None = None, status: str | None = None
+    ) -> list[Conversation]:
+        """Conversations, oldest first, optionally of one chat or one status. The active ones
+        come from the active list alone, so listing them costs the active set, not history."""
+        docs = self.book.active_docs() if status == "active" else self.book.all()
+        found = [
+            Conversation.from_doc(d)
+            for d in docs
+            if (chat_key is None or d["chat_key"] == chat_key)
+            and (status is None or d["status"] == status)
+        ]
+        return sorted(found, key=lambda c: c.created)
+
+    @_locked
+    def save_conversation(self, conversation: Conversation) -> None:
+        """Update a conversation's record (status, last_active, token ratio). Archiving fixes
+        its message count and whether it has a summary in the archive, for the memory map."""
+        extra: dict[str, Any] = {}
+        if conversation.status != "active":
+            extra = {"messages": self.log.count(conversation.id),
+                     "summarised": self.summaries.exists(conversation.id)}
+        self.book.save(index_doc(conversation), **extra)
+
+    @_locked
+    def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
+        """Replace the conversation's summary state (one summary per conversation)."""
+        self.summaries.save(conversation_id, summary)
+
+    # ---- messages --------------------------------------------------------------------------
+
+    @_locked
+    def append_message(
+        self,
+        conversation_id: str,
+        role: Role,
+        content: str,
+        *,
+        created: float,
+        **fields: Any,
+    ) -> Message:
+        """Append one message; it is on disk when this returns. Returns it with id and seq."""
+        messages = self.log.messages(conversation_id)
+        seq = messages[-1].seq + 1 if messages else 1
+        message = Message(id=new_id(created), seq=seq, role=role, content=content,
+                          created=created, **fields)
+        self.log.append(conversation_id, message)
+        return message
+
+    @_locked
+    def messages(
+        self, conversation_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Message]:
+        """The conversation's messages with `from_seq <= seq <= to_seq`, in order; none for
+        an id that is not one of roost's (nothing on disk is looked up for it)."""
+        if not is_id(conversation_id):
+            return []
+        loaded = self.log.messages(conversation_id)
+        if not loaded:
+            return []
+        # Seqs run 1, 2, 3...: slice instead of filtering every message.
+        base = loaded[0].seq
+        start = max(from_seq - base, 0)
+        stop = len(loaded) if to_seq is None else max(to_seq - base + 1, 0)
+        return loaded[start:stop]
+
+    @_locked
+    def message_count(self, conversation_id: str) -> int:
+        return len(self.log.messages(conversation_id))
+
+    @_locked
+    def stats(self, before: float | None = None) -> StoreStats:
+        """Counts for the memory map: conversations, messages, summaries, and the date span.
+        Archived conversations carry their counts; only active ones are looked at.
+
+        With `before`, only what was stored before that time counts (a summary counts from
+        its first fold), so every process on a day counts the same however much is written
+        that day: the memory map is the day's, not the process's."""
+        cutoff = float("inf") if before is None else before
+        docs = [d for d in self.book.all() if d["created"] < cutoff]
+        messages = summaries = 0
+        last: float | None = None
+        for doc in docs:
+            if "messages" in doc and doc["last_active"] < cutoff:  # archived before the cutoff
+                messages += doc["messages"]
+                summaries += bool(doc.get("summarised"))
+                ended = doc["last_active"]
+            elif before is None:
+                messages += self.log.count(doc["id"])
+                summaries += self.summaries.exists(doc["id"])
+                ended = doc["last_active"]
+            else:
+                stored = [m.created for m in self.log.messages(doc["id"]) if m.created < cutoff]
+                messages += len(stored)
+                summary = self._with_summary(doc).summary
+                first_fold = summary.first_folded_at or summary.folded_at
+                summaries += bool(summary.through_seq and first_fold is not None
+                                  and first_fold < cutoff)
+                ended = max(stored, default=doc["created"])
+            last = ended if last is None else max(last, ended)
+        return StoreStats(
+            conversations=len(docs),
+            messages=messages,
+            summaries=summaries,
+            first=min((d["created"] for d in docs), default=None),
+            last=last,
+        )
+
+    # ---- internals -------------------------------------------------------------------------
 
     def _current(self, doc: Mapping[str, Any]) -> Conversation:
         conversation = self._with_summary(doc)
@@ -590,9 +578,7 @@ class Store:
 
     def _with_summary(self, doc: Mapping[str, Any]) -> Conversation:
         conversation = Conversation.from_doc(doc)
-        found = self._summary_db(conversation.id).table("summary").get(doc_id=1)
-        summary = SummaryState.from_doc(found) if isinstance(found, Mapping) else SummaryState()
-        return replace(conversation, summary=summary)
+        return replace(conversation, summary=self.summaries.get(conversation.id))
 
     def _migrate(self, migrations: tuple[Migration, ...]) -> None:
         keepers = Keepers(files=self.files, state_dir=self.state_dir, book=self.book,

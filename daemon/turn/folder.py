@@ -86,7 +86,8 @@ class Folder:
         self.llm = llm
         self.records = records
         self.clock = clock
-        self.on_fold = on_fold  # told which conversation got a new summary (the search index)
+        self.fold_call = FoldCall(settings=settings, store=store, llm=llm, records=records,
+                                  clock=clock, on_fold=on_fold)
         self.retry_after_failure = retry_after_failure  # the first pause; doubled up to RETRY_MAX
         self._tasks: dict[str, asyncio.Task[FoldOutcome]] = {}
         self._retry_at: dict[str, float] = {}
@@ -95,7 +96,11 @@ class Folder:
         self._owed: set[str] = set()  # conversations whose next turn must fold first
         self._landing: dict[str, int] = {}  # turns waiting in `land` for the fold in flight
         self._stopped = False
-        self.calls = 0  # model calls spent on folds (for /status and the benchmark)
+
+    @property
+    def calls(self) -> int:
+        """Model calls spent on folds (for /status and the benchmark)."""
+        return self.fold_call.calls
 
     def busy(self, conversation_id: str) -> bool:
         task = self._tasks.get(conversation_id)
@@ -145,7 +150,7 @@ class Folder:
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
         try:
-            outcome = await self._fold(conversation_id, force=True, keep_tokens=None,
+            outcome = await self.fold_call.fold(conversation_id, force=True, keep_tokens=None,
                                        foreground=True)
         except LLMError as exc:
             log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
@@ -223,7 +228,7 @@ class Folder:
         if retry and not await self._retry_wanted(conversation_id):
             return FoldOutcome(0, None, "the conversation is archived; not retried")
         try:
-            outcome = await self._fold(conversation_id, force, keep_tokens)
+            outcome = await self.fold_call.fold(conversation_id, force, keep_tokens)
         except Preempted:
             if await self._retry_wanted(conversation_id):
                 self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
@@ -286,7 +291,23 @@ class Folder:
             return
         self._start(conversation_id, force=urgent, retry=True)  # checks it is still active
 
-    async def _fold(
+
+class FoldCall:
+    """One fold: read the conversation, plan, ask the model, check its answer, and write the
+    summary if nothing changed meanwhile. `on_fold` is told which conversation got a new
+    summary (the search index)."""
+
+    def __init__(self, *, settings: Settings, store: Store, llm: ModelClient, records: Records,
+                 clock: Callable[[], float], on_fold: Callable[[str], None] | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.records = records
+        self.clock = clock
+        self.on_fold = on_fold
+        self.calls = 0  # model calls spent on folds (for /status and the benchmark)
+
+    async def fold(
         self, conversation_id: str, force: bool, keep_tokens: int | None,
         foreground: bool = False,
     ) -> FoldOutcome:
@@ -326,13 +347,7 @@ class Folder:
             await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
                                     conversation_id, f"not stored: {problem}")
             raise LLMError(f"{problem}; not stored")
-        kept_notes, trimmed = trim_notes(condensed or notes, num_ctx, ratio)
-        if trimmed:
-            await asyncio.to_thread(
-                self.records.event, self.clock(), "notes-trimmed", conversation_id,
-                f"{trimmed} user notes left the prompt, trivia first (cap "
-                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
-                "messages stay in the store")
+        kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio)
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,
@@ -349,6 +364,18 @@ class Folder:
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
         return FoldOutcome(len(plan.messages), state, folds=1)
+
+    async def _kept_notes(self, conversation_id: str, notes: str, num_ctx: int,
+                          ratio: float) -> str:
+        """The user notes within their cap; the ones left out are recorded as an event."""
+        kept_notes, trimmed = trim_notes(notes, num_ctx, ratio)
+        if trimmed:
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "notes-trimmed", conversation_id,
+                f"{trimmed} user notes left the prompt, trivia first (cap "
+                f"{notes_cap_tokens(num_ctx)} tokens; the model did not condense them); the "
+                "messages stay in the store")
+        return kept_notes
 
     async def _answer(self, conversation_id: str, model: str, messages: list[dict[str, str]],
                       answer_tokens: int, foreground: bool) -> str:

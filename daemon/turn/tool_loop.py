@@ -128,53 +128,47 @@ def could_become_text_tool_call(text: str) -> bool:
     return not stripped or stripped.startswith(("{", "[", "```", "<tool", "<|tool", "<function"))
 
 
+@dataclass(frozen=True)
+class LoopParts:
+    """What one turn's loop works with. `call` is the turn's model call and `save` the journal's
+    save of a tool call or result (returning its seq); `status` shows the channel's progress
+    line while a tool runs; `approve` asks the user for a tool that needs a yes (None: nobody
+    can be asked). `vision`: the model sees the images a tool returns (stored under
+    `attachments`); otherwise it gets a note that it cannot. `whole` says whether the server's
+    prompt counts include cached tokens (`ModelClient.counts_whole_prompt`); without it only a
+    count that fills num_ctx is taken for a cut."""
+
+    registry: Registry
+    context: ToolContext
+    records: Records
+    call: Call
+    save: Save
+    clock: Callable[[], float]
+    status: Callable[[str], None] | None = None
+    approve: Approve | None = None
+    vision: bool = False
+    attachments: Path | None = None
+    whole: Callable[[], Awaitable[bool]] | None = None
+
+
 class ToolLoop:
     """Runs the rest of a turn after its first model call; see the module docstring."""
 
-    def __init__(
-        self,
-        *,
-        registry: Registry,
-        context: ToolContext,
-        records: Records,
-        call: Call,
-        save: Save,
-        max_calls: int,
-        budget: int,
-        num_ctx: int,
-        ratio: float,
-        clock: Callable[[], float],
-        status: Callable[[str], None] | None = None,
-        approve: Approve | None = None,
-        vision: bool = False,
-        attachments: Path | None = None,
-        whole: Callable[[], Awaitable[bool]] | None = None,
-    ) -> None:
-        """`vision`: the model sees the images a tool returns (stored under `attachments`);
-        otherwise it gets a note that it cannot. `whole` says whether the server's prompt counts
-        include cached tokens (`ModelClient.counts_whole_prompt`); without it only a count that
-        fills num_ctx is taken for a cut."""
-        self.whole = whole
-        self.approve = approve
-        self.vision = vision
-        self.attachments = attachments
-        self.registry = registry
-        self.status = status  # the channel's progress line while a tool runs
-        self.context = context
-        self.records = records
-        self.call = call
-        self.save = save
+    def __init__(self, parts: LoopParts, *, max_calls: int, budget: int, num_ctx: int,
+                 ratio: float) -> None:
+        """`budget`, `num_ctx` and `ratio` are the first request's; the ratio is raised as
+        Ollama's counts come in."""
+        self.parts = parts
         self.max_calls = max_calls
         self.budget = budget
         self.num_ctx = num_ctx
         self.ratio = ratio
-        self.clock = clock
         self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
         self.safety_net = 0  # passes of the safety net this turn
         self.snapshots = 0  # requests after the first one kept in debug/
 
     def tool_names(self) -> list[str]:
-        return [t.name for c in self.registry.capabilities.values() for t in c.tools]
+        return [t.name for c in self.parts.registry.capabilities.values() for t in c.tools]
 
     async def run(self, messages: list[ChatMessage], first: ChatResult) -> LoopResult:
         result, calls, tools_run = first, 1, 0
@@ -229,13 +223,13 @@ class ToolLoop:
         over the window, `messages` are refitted in place (the caller goes on with them) and
         sent once more; a second refusal is raised."""
         try:
-            result = await self.call(messages, tools)
+            result = await self.parts.call(messages, tools)
         except ContextOverflow as exc:
             await self._refit(messages, tools, exc)
-            result = await self.call(messages, tools)
+            result = await self.parts.call(messages, tools)
         if await self._cut(result, messages, tools):
             # The model saw part of the prompt: its answer (and any tool call) is dropped.
-            result = await self.call(messages, tools)
+            result = await self.parts.call(messages, tools)
             if await self._cut(result, messages, tools):
                 raise PromptCut(result.prompt_eval_count or 0, self.num_ctx, self.ratio)
         self.prompt_tokens += result.prompt_eval_count or 0
@@ -275,8 +269,8 @@ class ToolLoop:
         raw = request_tokens(messages, 1.0) + schemas
         estimate = request_tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
         whole = result.prompt_eval_cached_count is not None
-        if not whole and self.whole is not None and count < SILENT_CUT_SHARE * estimate:
-            whole = await self.whole()  # asked only when the count could mark a cut
+        if not whole and self.parts.whole is not None and count < SILENT_CUT_SHARE * estimate:
+            whole = await self.parts.whole()  # asked only when the count could mark a cut
         before = self.ratio
         ratio, cut = recalibrate(before, count=count, raw=raw, overhead=_overhead(messages),
                                  estimate=estimate, num_ctx=self.num_ctx, whole=whole)
@@ -296,8 +290,8 @@ class ToolLoop:
         model was sent, its estimate against the budget, and what Ollama counted."""
         self.snapshots += 1
         state = bool(messages) and messages[-1].get("content") == STATE_REQUEST
-        await asyncio.to_thread(self.records.snapshot, self.clock(),
-                                self.context.conversation_id, {
+        await asyncio.to_thread(self.parts.records.snapshot, self.parts.clock(),
+                                self.parts.context.conversation_id, {
             "call": self.snapshots + 1, "kind": "safety-net state" if state else "turn",
             "num_ctx": self.num_ctx, "budget": self.budget, "ratio": round(self.ratio, 4),
             "estimate": request_tokens(messages, self.ratio),
@@ -314,20 +308,21 @@ class ToolLoop:
         self.ratio = max(self.ratio, measured)
 
     def _schemas(self) -> list[dict[str, Any]]:
-        return self.registry.schemas(self.context.active)
+        return self.parts.registry.schemas(self.parts.context.active)
 
     async def _run_tools(self, messages: list[ChatMessage], result: ChatResult) -> int:
         calls = [dict(c) for c in result.tool_calls]
-        await self.save("assistant", result.content, tool_calls=tuple(calls))
+        await self.parts.save("assistant", result.content, tool_calls=tuple(calls))
         messages.append({"role": "assistant", "content": result.content,
                          "tool_calls": calls})  # type: ignore[dict-item]
         for raw in calls:
             call = ToolCall.from_ollama(raw)
-            if self.status is not None:
-                self.status(tool_line(call.name))
+            if self.parts.status is not None:
+                self.parts.status(tool_line(call.name))
             refused = await self._approval(call)
             outcome = (ToolResult(call.name, refused, error=True) if refused is not None
-                       else await self.registry.run(call, self.context, self.context.active))
+                       else await self.parts.registry.run(call, self.parts.context,
+                                                          self.parts.context.active))
             # The model sees at most a sixth of the budget of one result, so the three newest
             # (which compaction never cuts) fit in half of it. The store keeps all of it, and
             # remembers the cap so that replay shows the same bytes on later turns.
@@ -336,14 +331,14 @@ class ToolLoop:
             meta = {**({"error": True} if outcome.error else {}),
                     **({"shown_chars": cap} if shown else {})}
             stored, note = await self._images(outcome)
-            seq = await self.save("tool", outcome.content + note, tool_name=call.name, meta=meta,
-                                  attachments=tuple(s.to_doc() for s in stored))
-            content = (shown_result(self.context.conversation_id, seq, outcome.content, cap)
+            seq = await self.parts.save("tool", outcome.content + note, tool_name=call.name,
+                                        meta=meta, attachments=tuple(s.to_doc() for s in stored))
+            content = (shown_result(self.parts.context.conversation_id, seq, outcome.content, cap)
                        if shown else outcome.content) + note
             message: ChatMessage = {"role": "tool", "content": content, "tool_name": call.name}
-            if stored and self.vision and self.attachments is not None:
+            if stored and self.parts.vision and self.parts.attachments is not None:
                 message["images"] = [  # type: ignore[typeddict-unknown-key]
-                    await asyncio.to_thread(read_image_base64, s.to_doc(), self.attachments)
+                    await asyncio.to_thread(read_image_base64, s.to_doc(), self.parts.attachments)
                     for s in stored]
             messages.append(message)
         return len(calls)
@@ -351,32 +346,32 @@ class ToolLoop:
     async def _images(self, outcome: ToolResult) -> tuple[list[StoredImage], str]:
         """A tool's images, checked and stored like a user's (Pillow, downscaled); and the
         note the model gets when it cannot see them or one was refused."""
-        if not outcome.images or self.attachments is None:
+        if not outcome.images or self.parts.attachments is None:
             return [], ""
         stored: list[StoredImage] = []
         notes: list[str] = []
         for data in outcome.images:
             try:
-                stored.append(await asyncio.to_thread(store_image, data, self.attachments))
+                stored.append(await asyncio.to_thread(store_image, data, self.parts.attachments))
             except AttachmentError as exc:
                 # Its message speaks to a user who sent a photo ("send it again"): here the
                 # tool made the image, and the model must not ask the user for it.
                 problem = TOOL_IMAGE_PROBLEMS.get(exc.reason, "roost could not use it")
                 notes.append(f"[the image {outcome.name} returned could not be used: {problem}; "
                              "that is a problem of the tool, not of anything the user sent]")
-        if stored and not self.vision:
+        if stored and not self.parts.vision:
             notes.append("[this model cannot see images, so the image is not shown]")
         return stored, "".join(f"\n{n}" for n in notes)
 
     async def _approval(self, call: ToolCall) -> str | None:
         """None when the call may run (or fails on its own: an unknown tool, bad arguments,
         which nobody need approve); else the result that stands in for it."""
-        tool = self.registry.tool(call.name, self.context.active)
+        tool = self.parts.registry.tool(call.name, self.parts.context.active)
         if tool is None or tool.approve == "never" or tool.check(call.arguments)[1]:
             return None
-        if self.approve is None:
+        if self.parts.approve is None:
             return NOBODY_TO_ASK.format(name=tool.name)
-        return await self.approve(tool, tool.check(call.arguments)[0])
+        return await self.parts.approve(tool, tool.check(call.arguments)[0])
 
     async def _maybe_compact(
         self, messages: list[ChatMessage], last: ChatResult
@@ -391,8 +386,8 @@ class ToolLoop:
         if not should_compact(request_tokens(messages, self.ratio), measured, self.budget):
             return messages
         started = time.monotonic()
-        if self.status is not None:
-            self.status(SAFETY_NET_LINE)
+        if self.parts.status is not None:
+            self.parts.status(SAFETY_NET_LINE)
         shrunk = shrink(messages, self.ratio, self.budget)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
@@ -408,8 +403,8 @@ class ToolLoop:
         return compacted
 
     async def _record(self, kind: str, detail: str) -> None:
-        await asyncio.to_thread(self.records.event, self.clock(), kind,
-                                self.context.conversation_id, detail)
+        await asyncio.to_thread(self.parts.records.event, self.parts.clock(), kind,
+                                self.parts.context.conversation_id, detail)
 
 
 def _overhead(messages: Sequence[ChatMessage]) -> int:

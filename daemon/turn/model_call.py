@@ -1,0 +1,305 @@
+"""The model calls of a turn: outage, refit and retry, calibration.
+
+Every call of the turn goes through `ModelCall.call` (the tool loop's too); the first request
+is built (`prepare`) and answered (`answer`) here, the rest of the turn in `ToolLoop`.
+
+* A call is retried with backoff while Ollama is unreachable (a refused connection, a
+  502/503/504, or 500s: one is tried again at once, more are an outage; a 500 naming the request
+  is reported), and the user is told once a turn (`Outage`). Building the first request asks
+  `/api/show`, so it is retried the same way.
+* A request whose fixed part does not fit at the conversation's ratio is built again at a lower
+  one (`_refit_lower`) rather than refused.
+* An overflow rejection (before anything streamed) recalibrates, refits and retries once; an
+  answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is discarded,
+  and the request rebuilt at the ratio the cut proves and sent once more.
+* The conversation's token ratio is calibrated from Ollama's `prompt_eval_count`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.context.budget import RATIO_MIN, calibrated_ratio, overflow_ratio, recalibrate
+from daemon.context.replay import ChatMessage
+from daemon.core.config import Settings
+from daemon.core.conversations import Conversation, Message
+from daemon.core.errors import (
+    AttachmentError,
+    ContextOverflow,
+    DoesNotFit,
+    LLMError,
+    LLMTimeout,
+    LLMUnavailable,
+    ModelCrashed,
+    PromptCut,
+)
+from daemon.core.logs import turn_log as log
+from daemon.llm.client import ChatResult, ModelClient
+from daemon.store import Store
+from daemon.store.attachments import read_image_base64
+from daemon.store.event_log import Records
+from daemon.turn.prompting import Prepared, Prompting
+from daemon.turn.reply_stream import ReplyStream
+
+MAX_BACKOFF = 60.0
+# The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
+# is built once more at this one rather than refused: the ratio may be what is wrong.
+RATIO_START = 1.0
+
+Notify = Callable[[str, str], Awaitable[None]]  # (chat_key, text) -> notice delivered
+# The channel's "working" context for a chat (typing...), entered while a
+# call of the chat's turn holds the model, so it shows only for the chat being answered.
+Working = Callable[[str], AbstractAsyncContextManager[None]]
+
+
+def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
+class Outage:
+    """The outage notice of one turn, said at most once: by whichever call first finds the
+    model server unreachable, the model lookup before the request is built (the first thing
+    to fail after a start with Ollama down) or a model call."""
+
+    def __init__(self, notify: Notify, chat_key: str, host: str, announce: bool) -> None:
+        self.notify = notify
+        self.chat_key = chat_key
+        self.host = host
+        self.pending = announce
+
+    async def tell(self, exc: LLMError) -> None:
+        if self.pending:
+            self.pending = False
+            state = ("keeps failing" if isinstance(exc, ModelCrashed) else "is not answering")
+            await self.notify(self.chat_key, (
+                f"The model server at {self.host} {state}. Your message is saved; "
+                "I will keep trying and answer when it is back."))
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where one turn's calls come from and go: its chat, the model every call goes to, the
+    stream that shows the reply, the turn's outage notice."""
+
+    chat_key: str
+    model: str
+    stream: ReplyStream
+    outage: Outage
+
+
+class ModelCall:
+    """The model calls of a turn (see the module docstring); `notify` tells the user of an
+    outage or of an image the model cannot see, `working` shows the channel's "typing"."""
+
+    def __init__(self, *, settings: Settings, store: Store, llm: ModelClient,
+                 prompting: Prompting, records: Records, notify: Notify,
+                 clock: Callable[[], float], working: Working) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.prompting = prompting
+        self.records = records
+        self.notify = notify
+        self.clock = clock
+        self.working = working
+
+    async def answer(
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, new_images: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection,
+        and one after a silent cut; a second cut raises `PromptCut`."""
+        result, prepared, messages = await self._first_call(
+            site, conversation, history, prepared, new_images)
+        ratio, cut = await self.calibrate(conversation, prepared, result)
+        if not cut:
+            return result, prepared, messages
+        # The model saw only part of the prompt (often without its system message): its answer
+        # is not delivered or stored, and none of its tool calls run. Built again at the ratio
+        # the cut proves, the request is sent once more.
+        site.stream.discard()
+        refit = await self.prompting.prepare(conversation, history, ratio=ratio,
+                                             model=site.model)
+        messages = await self._messages(site, refit, notify=False)
+        result = await self.call(site, messages, [dict(t) for t in refit.tools] or None)
+        again, cut = await self.calibrate(conversation, refit, result)
+        if cut:
+            raise PromptCut(result.prompt_eval_count or 0, refit.num_ctx, again)
+        return result, refit, messages
+
+    async def _first_call(
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, new_images: bool,
+    ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
+        """The first model call, with exactly one refit and retry after an overflow rejection."""
+        try:
+            messages = await self._messages(site, prepared, notify=new_images)
+            result = await self.call(site, messages, [dict(t) for t in prepared.tools] or None)
+            return result, prepared, messages
+        except ContextOverflow as exc:
+            # Ollama refused before streaming anything: learn the real size, refit, try once more.
+            measured = exc.prompt_tokens
+            ratio = overflow_ratio(prepared.ratio, stated=measured, raw=prepared.raw_estimate(),
+                                   overhead=prepared.overhead(), num_ctx=prepared.num_ctx)
+            await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
+                                    conversation.id,
+                                    f"Ollama refused {measured} tokens (estimated "
+                                    f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}, refitted and retried once")
+            refit = await self.prompting.prepare(conversation, history, ratio=ratio,
+                                                 model=site.model)
+            messages = [dict(m) for m in refit.request.messages]
+            if refit.request.images:  # already attached or noted on the first try
+                messages = await self._messages(site, refit, notify=False)
+            result = await self.call(site, messages, [dict(t) for t in refit.tools] or None)
+            return result, refit, messages
+
+    async def call(
+        self, site: Site, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
+    ) -> ChatResult:
+        """Call the model, retrying with backoff while it is unreachable (a refused connection,
+        or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
+        crashed) is tried once more at once; failing on, it is handled as unreachable."""
+        model = self.settings.model
+        crashed = False
+        attempt = 0  # tries while Ollama is out; the quiet try after a 500 is not one of them
+        while True:
+            site.stream.begin()
+            try:
+                result = await self.llm.chat(messages, model=site.model, tools=tools,
+                                             on_delta=site.stream.delta,
+                                             on_thinking=site.stream.thinking,
+                                             while_held=lambda: self.working(site.chat_key))
+            except ModelCrashed as exc:
+                if not crashed:  # one failure is often the runner's alone: again, quietly
+                    crashed = True
+                    log.warning("Ollama failed on a request for %s (%s); trying once more",
+                                site.chat_key, exc)
+                    await asyncio.sleep(model.retry_backoff)
+                    continue
+                await self._unreachable(attempt, exc, site.outage)  # raises at the last attempt
+                attempt += 1
+                continue
+            except (LLMUnavailable, LLMTimeout) as exc:
+                await self._unreachable(attempt, exc, site.outage)
+                attempt += 1
+                continue
+            site.stream.end(result, [t["function"]["name"] for t in tools or ()])
+            return result
+
+    async def prepare(
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+    ) -> Prepared:
+        """The first request of the turn, retried like a model call while Ollama is
+        unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
+        for attempt in range(self.settings.model.retry_attempts):
+            try:
+                try:
+                    return await self.prompting.prepare(conversation, history,
+                                                        model=site.model)
+                except DoesNotFit as exc:
+                    return await self._refit_lower(conversation, history, site.model, exc)
+            except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
+                await self._unreachable(attempt, exc, site.outage)
+        raise AssertionError("retry_attempts is at least 1")
+
+    async def _refit_lower(
+        self, conversation: Conversation, history: Sequence[Message], model: str,
+        exc: DoesNotFit,
+    ) -> Prepared:
+        """Only the prefix and summary were left, and they did not fit at the conversation's
+        ratio: an overestimate must not lock the conversation. Build the request at the ratio
+        where that part fits (it scales with the ratio), else at the starting one; Ollama's
+        count of what is sent calibrates the ratio again. Raises `DoesNotFit` when even the
+        starting ratio leaves no room: then the window is too small."""
+        ratio = conversation.token_ratio
+        fitting = max(ratio * exc.budget / exc.needed * 0.95, RATIO_MIN)
+        tries = [r for r in (fitting, RATIO_START) if r < ratio]
+        if not tries:
+            raise exc
+        for lower in sorted(set(tries), reverse=True):
+            try:
+                prepared = await self.prompting.prepare(conversation, history, model=model,
+                                                        ratio=lower)
+            except DoesNotFit as again:
+                exc = again
+                continue
+            await asyncio.to_thread(
+                self.records.event, self.clock(), "ratio-reset", conversation.id,
+                f"the fixed part needed {exc.needed} of {exc.budget} tokens at ratio "
+                f"{ratio:.2f}; built again at {lower:.2f}")
+            log.warning("conversation %s: request did not fit at ratio %.2f; built at %.2f",
+                        conversation.id, ratio, lower)
+            return prepared
+        raise exc
+
+    async def _unreachable(self, attempt: int, exc: LLMError, outage: Outage) -> None:
+        """After a failed try: log, tell the user (once a turn), re-raise after the last try,
+        else wait the backoff."""
+        model = self.settings.model
+        log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
+                    self.llm.host, attempt + 1, model.retry_attempts, exc)
+        await outage.tell(exc)
+        if attempt + 1 == model.retry_attempts:
+            raise exc
+        await asyncio.sleep(min(model.retry_backoff * 2**attempt, MAX_BACKOFF))
+
+    async def _messages(
+        self, site: Site, prepared: Prepared, *, notify: bool = True
+    ) -> list[ChatMessage]:
+        """The request's messages with the newest image's pixels, if the model can see them."""
+        messages = [dict(m) for m in prepared.request.messages]
+        if not prepared.request.images:
+            return messages
+        info = await self.llm.model_info(site.model)
+        attachments = self.store.state_dir / "attachments"
+        for index, images in prepared.request.images.items():
+            if "vision" in info.capabilities:
+                try:
+                    messages[index]["images"] = [  # type: ignore[assignment]
+                        await asyncio.to_thread(read_image_base64, dict(i), attachments)
+                        for i in images]
+                    continue
+                except AttachmentError as exc:
+                    log.warning("image of %s unreadable: %s", site.chat_key, exc)
+            messages[index] = {**messages[index], "content": (
+                f"{messages[index].get('content') or ''}\n[an image was sent; this model cannot "
+                "see images, so it is not shown]").lstrip()}
+            if notify:
+                await self.notify(site.chat_key, (
+                    f"The model {info.name} cannot see images, so I only know that you sent "
+                    "one. Describe it in words, or use a vision model."))
+        return messages
+
+    async def calibrate(
+        self, conversation: Conversation, prepared: Prepared, result: ChatResult
+    ) -> tuple[float, bool]:
+        """The conversation's new token ratio from Ollama's count (`recalibrate`), and whether
+        Ollama cut the prompt silently (recorded as an event). Whether the count includes the
+        cached part is asked of the server only when the reading would lower the ratio or mark
+        a cut."""
+        count = result.prompt_eval_count
+        raw = prepared.raw_estimate()
+        if not count or prepared.request.images or raw <= 0:
+            return prepared.ratio, False
+        estimate = prepared.request.estimate + prepared.tool_tokens
+        whole = (result.prompt_eval_cached_count is not None
+                 or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
+                 or await self.llm.counts_whole_prompt())
+        ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
+                                 overhead=prepared.overhead(), estimate=estimate,
+                                 num_ctx=prepared.num_ctx, whole=whole)
+        if cut:
+            await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
+                                    conversation.id,
+                                    f"Ollama evaluated {count} tokens of about {estimate} sent "
+                                    f"(num_ctx {prepared.num_ctx}); ratio {prepared.ratio:.2f} "
+                                    f"-> {ratio:.2f}")
+            log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
+                        conversation.id, count, estimate)
+        return ratio, cut
