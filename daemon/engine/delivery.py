@@ -244,9 +244,11 @@ class Delivery:
         log.warning("a %s for %s could not be delivered: %s", outbound.kind, chat_key, exc)
         await asyncio.to_thread(self.records.event, self.clock(), "undelivered", where, str(exc))
         await self._tell_refused(outbound, str(exc))
-        if outbound.kind == "reply":  # a notice that fails is not announced by another
-            notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice",
-                              text=f"A reply could not be delivered ({exc}). Ask again if "
-                                   "you need it; the conversation goes on.")
+        if outbound.kind != "notice":  # a notice that fails is not announced by another
+            text = (f"A reply could not be delivered ({exc}). Ask again if you need it; the "
+                    "conversation goes on." if outbound.kind == "reply" else
+                    f"The voice note could not be delivered ({exc}); the reply is written "
+                    "above.")
+            notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice", text=text)
             await asyncio.to_thread(self.store.outbox_add, notice.to_doc())
             self.wake(chat_key)  # sent by this worker's next pass, after this flush
