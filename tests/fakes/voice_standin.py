@@ -15,7 +15,8 @@ VOICE_NOTE = FIXTURES / "media" / "voice-note.opus.ogg"
 
 
 class SpeakingStandIn(Speaking):
-    """Records the texts it was given; `fail` makes it refuse, `gate` makes it wait."""
+    """Records the texts it was given; `fail` makes it refuse, `gate` makes it wait, `delay`
+    stands for a backend's time (seconds)."""
 
     def __init__(self, attachments: Path, *, seconds: float = 3.0) -> None:
         self.attachments = attachments
@@ -24,11 +25,14 @@ class SpeakingStandIn(Speaking):
         self.fail: str | None = None
         self.gate: asyncio.Event | None = None
         self.source = VOICE_NOTE
+        self.delay = 0.0
 
     async def speak(self, text: str) -> VoiceNote:
         self.texts.append(text)
         if self.gate is not None:
             await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         if self.fail is not None:
             raise VoiceError(self.fail, "unavailable")
         self.attachments.mkdir(parents=True, exist_ok=True)
