@@ -25,7 +25,7 @@ from tests.channels.telegram.test_telegram import (
 )
 from tests.conftest import SettingsFactory, wait_until
 from tests.daemon.voice.recordings import OPUS
-from tests.fakes.ollama import FakeOllama
+from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.transcription import FakeTranscriber
 from tests.fakes.voice_standin import VOICE_NOTE, SpeakingStandIn
@@ -201,3 +201,21 @@ async def test_a_restart_between_the_reply_and_its_voice_note_sends_the_voice_no
     assert texts(fake_telegram) == ["Spoken after a restart."]  # the reply went once
     assert voice.params["reply_parameters"]["message_id"] == 1
     assert daemon.store.outbox_pending() == [] and len(fake_ollama.chat_requests) == 1
+
+
+async def test_drafts_show_the_text_as_written_and_the_voice_note_follows_the_final_text(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+        speech: SpeakingStandIn) -> None:
+    daemon = await start(speech)
+    answer = " ".join(f"word{i}" for i in range(150))  # a few seconds at 100 tokens/s
+    fake_ollama.script(Reply(content=answer, tokens_per_second=100))
+    assert await daemon.post(voice_note(1, fake_telegram)) == 200
+    await fake_telegram.wait_for("sendMessageDraft", timeout=10)
+    assert fake_telegram.calls_to("sendVoice") == [] and speech.texts == []
+    (voice,) = await fake_telegram.wait_for("sendVoice", timeout=20)
+    await daemon.settle()
+    assert fake_telegram.drafts[0]["text"] and fake_telegram.drafts[0]["text"] in answer
+    (final,) = fake_telegram.calls_to("sendMessage")
+    assert all(d.time <= final.time for d in fake_telegram.calls_to("sendMessageDraft"))
+    assert final.time <= voice.time and texts(fake_telegram) == [answer]
+    assert speech.texts == [answer]
