@@ -56,6 +56,7 @@ from channels.telegram.drafts import Draft
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
+from channels.telegram.voice import send_voice
 from channels.webhooks import read_at_most
 from channels.working import kept_up
 from daemon.core.approval import Approver
@@ -85,6 +86,7 @@ COMMANDS = (
     ("transcript", "What I heard in your last voice note"),
     ("stop", "Stop the reply being written"),
     ("model", "List the models, or switch this chat: /model NAME"),
+    ("voice", "Voice replies: /voice on, off or auto"),
     ("remember", "Keep a fact about you for every conversation"),
     ("memory", "The facts roost keeps about you, numbered"),
     ("forget", "Forget fact number N (see /memory)"),
@@ -283,6 +285,10 @@ class TelegramChannel:
 
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress after each one."""
+        if outbound.kind == "voice":  # a spoken reply: channels/telegram/voice.py
+            with _delivery_errors():
+                await send_voice(self.bot, outbound)
+            return
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
         done, ids = self.progress.start(outbound)

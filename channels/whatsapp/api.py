@@ -1,7 +1,8 @@
 """The WhatsApp Business Cloud API (Graph API) as roost uses it: plain aiohttp calls.
 
-`POST /{version}/{phone_number_id}/messages` sends a text, or marks a received message read with
-the typing indicator; `GET /{version}/{media_id}` gives a media file's short-lived URL, which is
+`POST /{version}/{phone_number_id}/messages` sends a text (or an uploaded audio file, after
+`POST /{version}/{phone_number_id}/media`), or marks a received message read with the typing
+indicator; `GET /{version}/{media_id}` gives a media file's short-lived URL, which is
 downloaded with the same bearer token. Graph errors come back as
 `{"error": {"message", "type", "code", "error_subcode", "error_data": {"details"}}}`; they are
 raised as `GraphError` with the code, and `kind_of` says what roost does about each.
@@ -84,6 +85,34 @@ class GraphClient:
         payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
                                    "to": to, "type": "text",
                                    "text": {"preview_url": False, "body": body}}
+        if reply_to:
+            payload["context"] = {"message_id": reply_to}
+        answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
+        messages = answer.get("messages")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            return str(messages[0].get("id") or "")
+        return ""
+
+    async def upload_media(self, data: bytes, mime: str, name: str) -> str:
+        """Upload a file for a later send (multipart: `file`, `type`, `messaging_product`);
+        returns the media id Meta gave it."""
+        form = aiohttp.FormData()
+        form.add_field("messaging_product", "whatsapp")
+        form.add_field("type", mime)
+        form.add_field("file", data, filename=name, content_type=mime)
+        answer = await self._call("POST", f"/{self.settings.phone_number_id}/media", None,
+                                  form=form)
+        media_id = answer.get("id")
+        if not isinstance(media_id, str) or not media_id:
+            raise GraphError(200, 0, "the upload answer has no id")
+        return media_id
+
+    async def send_audio(self, to: str, media_id: str, *, voice: bool,
+                         reply_to: str | None = None) -> str:
+        """Send an uploaded audio file, as a voice message with `voice`; returns the wamid."""
+        audio: dict[str, Any] = {"id": media_id, **({"voice": True} if voice else {})}
+        payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
+                                   "to": to, "type": "audio", "audio": audio}
         if reply_to:
             payload["context"] = {"message_id": reply_to}
         answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
@@ -175,11 +204,12 @@ class GraphClient:
         """`GET /{phone_number_id}`: proves the token is valid for this number (doctor)."""
         return await self._call("GET", f"/{self.settings.phone_number_id}", None)
 
-    async def _call(self, method: str, path: str,
-                    payload: dict[str, Any] | None) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, payload: dict[str, Any] | None, *,
+                    form: aiohttp.FormData | None = None) -> dict[str, Any]:
         session = self._require()
         try:
-            async with session.request(method, self.base + path, json=payload) as response:
+            async with session.request(method, self.base + path, json=payload,
+                                       data=form) as response:
                 try:
                     answer = await response.json(content_type=None)
                 except ValueError:

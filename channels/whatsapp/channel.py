@@ -59,6 +59,7 @@ from channels.whatsapp.payloads import (
     parse_webhook,
     wa_id_of,
 )
+from channels.whatsapp.voice import send_voice
 from channels.working import kept_up
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver
 from daemon.core.config import AttachmentSettings, WhatsAppSettings
@@ -235,14 +236,17 @@ class WhatsAppChannel:
             # back to `WhatsApp._record_status`.)
             await self.invite(outbound)
             raise self._window_closed("more than 24 hours since the user last wrote")
-        parts = split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT)
+        parts = ([outbound.text] if outbound.kind == "voice"  # one voice note: voice.py
+                 else split_text(to_whatsapp(outbound.text), WHATSAPP_LIMIT))
         if outbound.buttons and len(parts[-1]) > BUTTONS_BODY_LIMIT:
             parts.append("Your answer:")  # the buttons' message takes a shorter body
         done, ids = self.progress.start(outbound)
         for index in range(done, len(parts)):
             await self.progress.attempt(outbound, index)
             try:
-                if outbound.buttons and index + 1 == len(parts):  # an approval question
+                if outbound.kind == "voice":
+                    wamid = await send_voice(self.client, to, outbound)
+                elif outbound.buttons and index + 1 == len(parts):  # an approval question
                     wamid = await self.client.send_buttons(
                         to, parts[index], [(b.id, b.label) for b in outbound.buttons])
                 else:

@@ -71,6 +71,7 @@ from daemon.tools.registry import Registry
 from daemon.turn.parts import TurnParts, builtin_registry
 from daemon.voice.backends import build_backend
 from daemon.voice.hearing import Hearing, no_wait
+from daemon.voice.speaking import Speaking, build_speaking
 
 EX_UNAVAILABLE, EX_OSERR, EX_CANTCREAT = 69, 71, 73
 
@@ -102,14 +103,17 @@ AUTOMATIONS = web.AppKey("automations", Automations)
 MCP = web.AppKey("mcp", McpServers)
 REGISTRY = web.AppKey("registry", Registry)
 CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
+SPEAKING = web.AppKey("speaking", Speaking)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
 def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
               telegram_tuning: TelegramTuning | None = None,
               whatsapp_tuning: WhatsAppTuning | None = None,
-              tuning: Tuning | None = None) -> web.Application:
-    """The application with its parts registered; nothing runs until it is started."""
+              tuning: Tuning | None = None,
+              speaking: Speaking | None = None) -> web.Application:
+    """The application with its parts registered; nothing runs until it is started.
+    `speaking` speaks replies (none: built from the `[speech]` settings)."""
     tuning = tuning or Tuning()
     metrics = Metrics()
     rejections = RejectionLog()
@@ -126,6 +130,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     counted: dict[str, Channel] = {name: _Counted(channel, metrics)
                                    for name, channel in (channels or {}).items()}
     app[CHANNELS] = counted
+    if (speaking := speaking or build_speaking(settings)) is not None:
+        app[SPEAKING] = speaking
     # Channels open before the engine (it delivers through them) and start receiving after it
     # (they feed it), so they stop receiving first.
     opening: list[Context] = []
@@ -239,7 +245,7 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
                     hold=llm.slot if settings.voice.queue_with_model else no_wait,
                     observe=metrics.transcription)
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
-                    hooks=hooks, voice=voice)
+                    hooks=hooks, voice=voice, speaking=app.get(SPEAKING))
     app[ENGINE] = engine
     await engine.start()
     yield

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 from daemon.core.approval import Button
 from daemon.core.ids import new_id
 
-OutboundKind = Literal["reply", "notice"]
+OutboundKind = Literal["reply", "notice", "voice"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,10 @@ class Outbound:
     # Answers offered under the message (an approval question); a channel that cannot show
     # buttons lists them (channels.console).
     buttons: tuple[Button, ...] = ()
+    # A "voice" item (a reply spoken, its text the words): the OGG/Opus file once synthesised
+    # and its length in seconds (daemon.engine.voice_replies).
+    audio: str | None = None
+    seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.id:

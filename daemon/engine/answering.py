@@ -20,6 +20,7 @@ from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
 from daemon.engine.memory_commands import MemoryCommands
 from daemon.engine.model_choice import ModelChoice
+from daemon.engine.voice_replies import VoiceReplies
 from daemon.store.facts import FactsBook
 from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
@@ -34,8 +35,10 @@ class Answering:
     """See the module docstring; `notify` sends a notice through the chat's outbox."""
 
     def __init__(self, parts: TurnParts, channels: Mapping[str, Channel],
-                 notify: Ask, voice: Hearing | None = None) -> None:
+                 notify: Ask, voice: Hearing | None = None,
+                 speech: VoiceReplies | None = None) -> None:
         self.parts = parts
+        self.speech = speech  # /voice
         self.voice = voice  # transcribes voice notes before their turn
         self.channels = channels
         self.notify = notify
@@ -108,6 +111,8 @@ class Answering:
             return NOTHING_TO_STOP
         if command == "model":
             return await self.models.run(inbound.chat_key, inbound.text)
+        if command == "voice" and self.speech is not None:
+            return await self.speech.command(inbound.chat_key, inbound.text)
         return await self.commands.run(command, inbound.chat_key)
 
     def _streaming(self, chat_key: str) -> contextlib.AbstractAsyncContextManager[ReplySink]:

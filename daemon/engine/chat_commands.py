@@ -1,5 +1,6 @@
 """Chat commands every channel understands: /new, /compact, /status, /help (and /start);
-/stop and /model are answered by daemon/engine/answering.py (stopping and model_choice.py)."""
+/stop, /model and /voice are answered by daemon/engine/answering.py (stopping, model_choice.py
+and voice_replies.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ HELP = (
     "/compact - fold the older part of this conversation into its summary now\n"
     "/status - model, window and the size of this conversation\n"
     "/transcript - what I heard in your last voice note or audio file\n"
+    "/voice on|off|auto - answer with voice notes always, never, or when you send one\n"
     "/stop - stop the reply being written (what it wrote so far is kept)\n"
     "/model - list the models; /model NAME - switch this chat to another one\n"
     "/remember TEXT - keep a fact about you for every conversation\n"
@@ -46,7 +48,7 @@ class Commands:
     """Runs a command for a chat and returns the text to send back."""
 
     names = frozenset({"new", "compact", "status", "help", "start", "stop", "model",
-                       "transcript", "console"})
+                       "transcript", "console", "voice"})
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from daemon.core.errors import DeliveryError
 from daemon.core.ids import inbound_id
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import Channel, Outbound
+from daemon.engine.voice_replies import VoiceReplies
 from daemon.store import Store
 from daemon.store.event_log import Records
 
@@ -53,7 +54,9 @@ class Delivery:
 
     def __init__(self, *, settings: Settings, store: Store, records: Records,
                  channels: Mapping[str, Channel], clock: Callable[[], float],
-                 wake: Callable[[str], None], hooks: DeliveryHooks | None = None) -> None:
+                 wake: Callable[[str], None], hooks: DeliveryHooks | None = None,
+                 voice: VoiceReplies | None = None) -> None:
+        self.voice = voice  # speaks replies: queues and synthesises their voice notes
         self.settings = settings
         self.store = store
         self.records = records
@@ -138,6 +141,11 @@ class Delivery:
             if await asyncio.to_thread(self.store.was_sent, outbound.id):
                 await asyncio.to_thread(self.store.outbox_done, outbound.id)  # crash after send
                 continue
+            if self.voice is not None:
+                spoken = await self.voice.ready(outbound)
+                if spoken is None:  # not spoken: the line that says so is queued
+                    continue
+                outbound = spoken
             try:
                 assert channel is not None
                 await channel.send(outbound)
@@ -236,9 +244,11 @@ class Delivery:
         log.warning("a %s for %s could not be delivered: %s", outbound.kind, chat_key, exc)
         await asyncio.to_thread(self.records.event, self.clock(), "undelivered", where, str(exc))
         await self._tell_refused(outbound, str(exc))
-        if outbound.kind == "reply":  # a notice that fails is not announced by another
-            notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice",
-                              text=f"A reply could not be delivered ({exc}). Ask again if "
-                                   "you need it; the conversation goes on.")
+        if outbound.kind != "notice":  # a notice that fails is not announced by another
+            text = (f"A reply could not be delivered ({exc}). Ask again if you need it; the "
+                    "conversation goes on." if outbound.kind == "reply" else
+                    f"The voice note could not be delivered ({exc}); the reply is written "
+                    "above.")
+            notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice", text=text)
             await asyncio.to_thread(self.store.outbox_add, notice.to_doc())
             self.wake(chat_key)  # sent by this worker's next pass, after this flush

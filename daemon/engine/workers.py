@@ -26,6 +26,7 @@ from daemon.engine.answering import Answering
 from daemon.engine.delivery import Delivery, DeliveryHooks
 from daemon.engine.quarantine import Quarantine
 from daemon.engine.upkeep import Upkeep, bounded
+from daemon.engine.voice_replies import VoiceReplies
 from daemon.intake.quarantine import ATTEMPTS
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -33,6 +34,7 @@ from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF
 from daemon.voice.hearing import Hearing
+from daemon.voice.speaking import Speaking
 
 # The chat whose worker the current task is, or works for (a turn's stoppable part runs in a
 # task of its own, which inherits this): a notice from there goes out at once.
@@ -57,10 +59,12 @@ class Engine:
         index: MemoryIndex | None = None,
         hooks: DeliveryHooks | None = None,
         voice: Hearing | None = None,
+        speaking: Speaking | None = None,
     ) -> None:
         """`parts` are shared with the automations (built here when not given, on `index`);
         `hooks` listen to the outbox (see DeliveryHooks); `voice` transcribes recordings
-        before their turn (none: they reach the model as attachment notes). The index is
+        before their turn (none: they reach the model as attachment notes); `speaking` speaks
+        replies (daemon.engine.voice_replies; none: roost does not speak). The index is
         filled at start() and closed at stop(): an engine runs once."""
         self.settings = settings
         self.store = store
@@ -68,10 +72,12 @@ class Engine:
         self.clock = clock
         self.parts = parts or TurnParts.build(settings=settings, store=store, llm=llm,
                                               index=index, clock=clock)
+        self.speech = VoiceReplies(store=store, speaking=speaking, hold=llm.slot, clock=clock,
+                                   wake=self._kick)
         self.delivery = Delivery(settings=settings, store=store, records=self.parts.records,
                                  channels=self.channels, clock=clock, wake=self._kick,
-                                 hooks=hooks)
-        self.answering = Answering(self.parts, self.channels, self.notify, voice)
+                                 hooks=hooks, voice=self.speech)
+        self.answering = Answering(self.parts, self.channels, self.notify, voice, self.speech)
         self.upkeep = Upkeep(self.parts, lambda: {
             k for k in self._workers if k in self._in_turn or self._depth.get(k)})
         self._workers: dict[str, asyncio.Task[None]] = {}

@@ -7,6 +7,10 @@ It follows Meta's documented wire format (Cloud API reference, Graph API v23.0):
   ``{"messaging_product": "whatsapp", "contacts": [{"input", "wa_id"}], "messages": [{"id"}]}``;
   a read receipt (``status: read``, optionally ``typing_indicator: {"type": "text"}``) answers
   ``{"success": true}``. A body over 4096 characters is refused (code 100).
+* ``POST /{version}/{phone_number_id}/media`` (multipart: ``file``, ``type``,
+  ``messaging_product``) uploads a file for a later send and answers ``{"id": media_id}``; a file
+  that is not what its ``type`` says (an OGG without Opus) is refused with 131053 (media upload
+  error). An ``audio`` send (``{"id", "voice"?}``) must name an uploaded file.
 * ``GET /{version}/{media_id}`` answers ``{"messaging_product", "url", "mime_type", "sha256",
   "file_size", "id"}``; the url is served by this fake and, like Meta's lookaside URLs, needs the
   same bearer token.
@@ -34,7 +38,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 API_VERSION = "v23.0"
 PHONE_NUMBER_ID = "277321005464405"
@@ -42,10 +46,11 @@ DISPLAY_NUMBER = "15550953877"
 TEXT_LIMIT = 4096
 
 # HTTP status Meta answers with for an error code.
-_STATUS_OF = {131047: 400, 131056: 429, 130429: 429, 190: 401, 131026: 400, 100: 400,
+_STATUS_OF = {131053: 400, 131047: 400, 131056: 429, 130429: 429, 190: 401, 131026: 400, 100: 400,
               131000: 500, 2: 503}
 _TITLES = {
     131047: "Re-engagement message",
+    131053: "Media upload error",
     131056: "(Business Account, Consumer Account) pair rate limit hit",
     130429: "Rate limit hit",
     131000: "Something went wrong",
@@ -71,7 +76,7 @@ class Template:
 class Call:
     method: str
     path: str
-    kind: str  # send, template, read, media, download, number, templates
+    kind: str  # send, template, read, upload, media, download, number, templates
     body: dict[str, Any]
     authorization: str
     accepted: bool = False  # Meta answered 200
@@ -115,7 +120,13 @@ class FakeGraph:
     def texts(self, to: str | None = None) -> list[str]:
         """The text of each accepted message (an interactive one's body)."""
         return [c.body["interactive"]["body"]["text"] if c.body.get("type") == "interactive"
-                else c.body["text"]["body"] for c in self.sent if to is None or c.body["to"] == to]
+                else c.body["text"]["body"] for c in self.sent
+                if c.body.get("type") != "audio" and (to is None or c.body["to"] == to)]
+
+    def audio_sent(self, to: str | None = None) -> list[dict[str, Any]]:
+        """The `audio` object of each accepted audio message ({"id", "voice"?})."""
+        return [c.body["audio"] for c in self.sent
+                if c.body.get("type") == "audio" and (to is None or c.body["to"] == to)]
 
     def templates_sent(self, to: str | None = None) -> list[dict[str, Any]]:
         """The `template` object of each accepted template message."""
@@ -160,6 +171,7 @@ class FakeGraph:
         self._recorded = asyncio.Condition()
         app = web.Application()
         app.router.add_post("/{version}/{number}/messages", self._messages)
+        app.router.add_post("/{version}/{number}/media", self._upload)
         app.router.add_get("/download/{media_id}", self._download)
         app.router.add_get("/{version}/{object_id}", self._object)
         app.router.add_get("/{version}/{waba_id}/message_templates", self._templates)
@@ -229,6 +241,8 @@ class FakeGraph:
             return web.json_response({"success": True})
         if body.get("type") == "template":
             return self._template_send(call, body)
+        if body.get("type") == "audio":
+            return self._audio_send(call, body)
         text = (body.get("text") or {}).get("body") if body.get("type") == "text" else None
         if body.get("type") == "interactive":
             if problem := _interactive_problem(body.get("interactive")):
@@ -238,6 +252,43 @@ class FakeGraph:
             return error(100, "Invalid parameter")
         if len(text) > TEXT_LIMIT:
             return error(100, "Param text['body'] must be at most 4096 characters long.")
+        call.accepted = True
+        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        return web.json_response({"messaging_product": "whatsapp",
+                                  "contacts": [{"input": body["to"], "wa_id": body["to"]}],
+                                  "messages": [{"id": wamid}]})
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """A media upload: the file is kept (under `media`, as an inbound file would be) and
+        its id answered; the call records the form's fields, the file's name, type and size."""
+        fields: dict[str, Any] = {}
+        content = b""
+        if request.content_type == "multipart/form-data":
+            async for part in await request.multipart():
+                if isinstance(part, BodyPartReader) and part.name == "file":
+                    content = bytes(await part.read())
+                    fields["filename"] = part.filename
+                    fields["content_type"] = part.headers.get("Content-Type")
+                elif isinstance(part, BodyPartReader) and part.name is not None:
+                    fields[part.name] = await part.text()
+        call = await self._record(request, "upload", fields | {"size": len(content)})
+        if (fault := self._fault(request, "upload")) is not None:
+            return fault
+        if fields.get("messaging_product") != "whatsapp":
+            return error(100, "The parameter messaging_product is required.")
+        if not content or not fields.get("type"):
+            return error(100, "The parameter file is required.")
+        if str(fields["type"]).startswith("audio/ogg") and not content.startswith(b"OggS"):
+            return error(131053, _TITLES[131053])
+        media_id = f"{next(self._ids):016d}"
+        self.media[media_id] = (content, str(fields["type"]))
+        call.accepted = True
+        return web.json_response({"id": media_id})
+
+    def _audio_send(self, call: Call, body: dict[str, Any]) -> web.Response:
+        audio = body.get("audio")
+        if not isinstance(audio, dict) or audio.get("id") not in self.media or not body.get("to"):
+            return error(131053, _TITLES[131053])
         call.accepted = True
         wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
         return web.json_response({"messaging_product": "whatsapp",

@@ -52,7 +52,7 @@ from aiohttp import BodyPartReader, web
 METHODS = (  # the Bot API methods the fake answers
     "getMe setWebhook deleteWebhook getWebhookInfo getUpdates sendMessage editMessageText"
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
-    " answerCallbackQuery editMessageReplyMarkup sendMessageDraft"
+    " answerCallbackQuery editMessageReplyMarkup sendMessageDraft sendVoice"
 ).split()
 MESSAGE_LIMIT = 4096
 RAW_TEXT_LIMIT = 32768  # bytes of `text` as sent, checked before parse_mode is applied
@@ -61,7 +61,8 @@ CAPTION_LIMIT = 1024
 # Free-text parameters: never JSON-decoded, even when they look like a number.
 _TEXT_PARAMS = frozenset(
     "text caption parse_mode secret_token url ip_address action file_id language_code"
-    " inline_message_id business_connection_id message_effect_id photo document description".split()
+    " inline_message_id business_connection_id message_effect_id photo document description"
+    " voice".split()
 )
 # Without allowed_updates (or with an empty list) Telegram delivers all update kinds but these.
 _OPT_IN_UPDATES = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
@@ -532,6 +533,16 @@ class FakeTelegram:
         document = self._sent_file(call, "document")
         name = document.file_path.rpartition("/")[2]
         return self._send_media(call, document=document.info() | {"file_name": name})
+
+    async def _send_voice(self, call: Call) -> dict[str, Any]:
+        """A voice note: OGG/Opus (its upload kept, under `files`) shows as a Voice; another
+        format goes out as a Document, as Telegram does with it."""
+        voice = self._sent_file(call, "voice")
+        if not voice.content.startswith(b"OggS"):
+            return self._send_media(call, document=voice.info() | {"file_name": "voice"})
+        duration = call.params.get("duration")
+        return self._send_media(call, voice=voice.info() | {
+            "duration": duration if isinstance(duration, int) else 0, "mime_type": "audio/ogg"})
 
     def _sent_file(self, call: Call, kind: str) -> _File:
         """The file a sendPhoto/sendDocument names: an upload (kept for getFile) or a file_id."""
