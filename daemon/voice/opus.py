@@ -2,9 +2,10 @@
 48 kHz (what Telegram's `sendVoice` and WhatsApp's `voice: true` audio play as a voice bubble).
 
 PyAV (FFmpeg and libopus in its wheel) decodes and encodes; no container code of our own. A
-server's own Ogg Opus in mono is kept as it is; anything else (WAV, MP3, FLAC, stereo Opus) is
-decoded, resampled and encoded at a speech bitrate. Synchronous and CPU-bound: the caller runs
-it in a thread. PyAV is the `speech` extra, imported on first use.
+server's own Ogg Opus in mono at a speech bitrate is kept as it is; anything else (WAV, MP3,
+FLAC, stereo or high-bitrate Opus) is decoded, resampled and encoded at a speech bitrate.
+Synchronous and CPU-bound: the caller runs it in a thread. PyAV is the `speech` extra, imported
+on first use.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from daemon.core.errors import VoiceError
 
 RATE = 48_000
 BIT_RATE = 32_000  # speech at 32 kb/s: a minute is about 240 KB, under WhatsApp's 512 KB
+# A server's Opus is kept up to half again our bitrate; above, it is encoded again, so a minute
+# stays under WhatsApp's 512 KB for a voice bubble.
+_KEPT_BYTES_PER_SECOND = BIT_RATE / 8 * 1.5
 EXTRA = "pip install 'roost[speech]'"  # what installs PyAV beside roost
 
 
@@ -48,7 +52,8 @@ def voice_note(audio: bytes, cap_seconds: float) -> Encoded:
             stream = source.streams.audio[0]
             seconds = (source.duration or 0) / 1_000_000
             if (source.format.name == "ogg" and stream.codec_context.name == "opus"
-                    and stream.channels == 1 and 0 < seconds <= cap_seconds):
+                    and stream.channels == 1 and 0 < seconds <= cap_seconds
+                    and len(audio) <= seconds * _KEPT_BYTES_PER_SECOND):
                 return Encoded(audio, seconds, kept=True)
             data, seconds = _encode(av, source, stream, cap_seconds)
     except (av.FFmpegError, ValueError, OSError) as exc:
@@ -64,7 +69,10 @@ def _encode(av: Any, source: Any, stream: Any, cap_seconds: float) -> tuple[byte
     cap = int(cap_seconds * RATE)
     samples = 0
     with av.open(out, "w", format="ogg") as sink:
-        encoder = sink.add_stream("libopus", rate=RATE, layout="mono")
+        # 60 ms frames and a middling complexity: a quarter of libopus's default encoding
+        # time (which is tuned for music) for speech that sounds the same at this bitrate.
+        encoder = sink.add_stream("libopus", rate=RATE, layout="mono",
+                                  options={"frame_duration": "60", "compression_level": "5"})
         encoder.bit_rate = BIT_RATE
         # PyAV resamples each decoded frame to the encoder's format, layout and rate.
         for frame in source.decode(stream):

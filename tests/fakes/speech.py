@@ -122,14 +122,17 @@ class FakeSpeaker:
         return web.Response(body=audio, content_type=_CONTENT_TYPES[fmt])
 
 
-def tone(seconds: float, fmt: str) -> bytes:
-    """`seconds` of a 220 Hz tone, encoded by PyAV as `fmt` ("mp3", "opus" or "wav")."""
+def tone(seconds: float, fmt: str, bit_rate: int = 32_000) -> bytes:
+    """`seconds` of a 220 Hz tone, encoded by PyAV as `fmt` ("mp3", "opus" or "wav"); a
+    compressed format at `bit_rate` (32 kb/s: a voice's)."""
     import av
 
     container, codec, rate, layout = _ENCODING[fmt]
     out = io.BytesIO()
     with av.open(out, "w", format=container) as sink:
         stream: Any = sink.add_stream(codec, rate=rate, layout=layout)
+        if fmt != "wav":
+            stream.bit_rate = bit_rate
         total = int(seconds * rate)
         chunk = 4800
         for start in range(0, total, chunk):

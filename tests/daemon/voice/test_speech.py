@@ -16,10 +16,11 @@ import pytest
 from daemon.core.config import SpeechSettings
 from daemon.core.errors import VoiceError
 from daemon.store import Store
+from daemon.voice.opus import voice_note
 from daemon.voice.speaking import Speaking, VoiceNote, build_speaking, readiness
 from tests.daemon.cli.test_doctor import doctor, failed, write_config
 from tests.fakes.ollama import FakeOllama
-from tests.fakes.speech import FakeSpeaker
+from tests.fakes.speech import FakeSpeaker, tone
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("av") is None,
                                 reason="needs PyAV ('.[speech]' or '.[test]')")
@@ -137,6 +138,15 @@ async def test_the_http_request_is_openais_json_and_opus_is_kept_as_sent(
                          "input": "The meeting is at 3 pm. Bring the agenda."}
     assert sent.headers["Content-Type"] == "application/json" and not sent.authorization
     assert opened(note, store)[:4] == ("ogg", "opus", 1, 48_000)
+
+
+def test_a_servers_opus_above_a_voice_bitrate_is_encoded_again() -> None:
+    # 96 kb/s would put a one-minute reply over WhatsApp's 512 KB for a voice bubble.
+    kept = voice_note(tone(10, "opus"), 60)
+    big = tone(10, "opus", bit_rate=96_000)
+    again = voice_note(big, 60)
+    assert kept.kept and not again.kept
+    assert len(again.data) < len(big) / 2 and abs(again.seconds - 10) < 0.1
 
 
 async def test_a_server_refusing_opus_is_asked_for_wav_which_is_encoded(
