@@ -66,3 +66,11 @@ def test_a_first_sentence_longer_than_the_budget_is_cut_at_a_word() -> None:
 def test_nothing_to_say_is_empty() -> None:
     assert spoken_text("", max_seconds=60) == Spoken("", False)
     assert spoken_text("---\n\n<br>", max_seconds=60).text in ("", "br.")
+
+
+def test_spoken_text_of_spoken_text_is_the_same() -> None:
+    # Speaking.speak makes the spoken text itself: given spoken_text's result, it says the same.
+    for markdown in ("## Plan\n\n- **milk**\n\n```\ncode\n```\n\nSee https://x.org/a/b/c.",
+                     "Eight words are in this sentence right here. " * 40):
+        once = spoken_text(markdown, max_seconds=20)
+        assert spoken_text(once.text, max_seconds=20) == Spoken(once.text, False)
