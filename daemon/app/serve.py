@@ -130,7 +130,7 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     counted: dict[str, Channel] = {name: _Counted(channel, metrics)
                                    for name, channel in (channels or {}).items()}
     app[CHANNELS] = counted
-    if (speaking := speaking or build_speaking(settings)) is not None:
+    if speaking is not None:  # else built from the settings with the engine
         app[SPEAKING] = speaking
     # Channels open before the engine (it delivers through them) and start receiving after it
     # (they feed it), so they stop receiving first.
@@ -244,8 +244,10 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     voice = Hearing(settings.voice, store, build_backend(settings.voice),
                     hold=llm.slot if settings.voice.queue_with_model else no_wait,
                     observe=metrics.transcription)
+    # The voice replies hold the model slot around each synthesis: Speaking itself waits for none.
+    speaking = app.get(SPEAKING) or build_speaking(settings.speech, store)
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
-                    hooks=hooks, voice=voice, speaking=app.get(SPEAKING))
+                    hooks=hooks, voice=voice, speaking=speaking)
     app[ENGINE] = engine
     await engine.start()
     yield
@@ -253,6 +255,8 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     # After serve() drained, this drains no more: the grace runs once.
     await engine.stop(budget.drain, budget.unwind)
     await voice.close()
+    if speaking is not None:
+        await speaking.close()
     log.info("engine stopped")
 
 

@@ -42,6 +42,7 @@ from daemon.core.redact import redact_url
 from daemon.llm.client import OLLAMA_ERRORS, ModelClient
 from daemon.store import NoState, Store, quarantined_items
 from daemon.voice.backends import build_backend
+from daemon.voice.speaking import readiness as speech_readiness
 
 log = logging.getLogger("roost.doctor")
 
@@ -91,6 +92,8 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
     for check in await _guarded("automations", asyncio.to_thread(_automation_checks, settings)):
         say(check)
     for check in await _guarded("voice", _voice_checks(settings)):
+        say(check)
+    for check in await _guarded("speech", _speech_checks(settings)):
         say(check)
     for check in await _guarded("mcp", _mcp_checks(settings)):
         say(check)
@@ -342,6 +345,14 @@ def _automation_checks(settings: Settings) -> list[Check]:
                 f"uses {automation.model}, not {settings.model.name}: on one GPU each run "
                 "unloads the chat model and loads that one (slow, and the chat's cache is lost)")))
     return checks
+
+
+async def _speech_checks(settings: Settings) -> list[Check]:
+    """The speech backend speaks a short test sentence, encoded as a voice note."""
+    ready = await speech_readiness(settings.speech)
+    if ready is None:
+        return [Check("speech", True, "off: replies are text only")]
+    return [Check(f"speech ({settings.speech.backend})", ready.ok, ready.detail, ready.fix)]
 
 
 async def _voice_checks(settings: Settings) -> list[Check]:

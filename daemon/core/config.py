@@ -32,6 +32,7 @@ SECRETS: Mapping[str, Mapping[str, str]] = {
     "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
                  "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"},
     "voice": {"key": "ROOST_VOICE_KEY"},
+    "speech": {"key": "ROOST_SPEECH_KEY"},
     "web": {"ollama_api_key": "ROOST_OLLAMA_API_KEY"}}
 OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
 # What @BotFather gives: the bot's id, a colon, then letters, digits, '-' and '_'.
@@ -132,6 +133,22 @@ class VoiceSettings:
 
 
 @dataclass(frozen=True)
+class SpeechSettings:
+    """Voice replies synthesised from the reply's text (daemon/voice/speaking.py); off unless a
+    backend is named."""
+
+    backend: str = "off"  # "http" (an OpenAI-compatible server) or "espeak-ng" (a subprocess)
+    url: str = "http://127.0.0.1:8000/v1/audio/speech"  # the http backend's endpoint
+    model: str = "tts-1"  # the server's model id (speaches: "speaches-ai/Kokoro-82M-v1.0-ONNX")
+    voice: str | None = None  # the server's voice ("alloy"), or espeak-ng's ("en-us")
+    speed: float = 1.0  # 0.5 to 2.0, 1 is the engine's normal rate
+    max_duration: float = 60.0  # seconds of speech at most; the rest of the reply is written
+    timeout: float = 60.0  # seconds one synthesis may take
+    queue_with_model: bool = True  # wait for a model slot, as a model call does (one GPU)
+    key: str | None = field(default=None, repr=False)  # ROOST_SPEECH_KEY, for the http backend
+
+
+@dataclass(frozen=True)
 class WebSettings:
     searxng_url: str | None = None  # a SearXNG instance for web_search (JSON format enabled)
     ollama_search_url: str = OLLAMA_WEB_SEARCH  # used when ROOST_OLLAMA_API_KEY is set
@@ -212,6 +229,7 @@ class Settings:
         default_factory=lambda: MappingProxyType({}))
     web: WebSettings = WebSettings()
     voice: VoiceSettings = field(default_factory=VoiceSettings)
+    speech: SpeechSettings = field(default_factory=SpeechSettings)
     mcp: McpSettings = field(default_factory=McpSettings)
     console: ConsoleSettings = ConsoleSettings()
 
@@ -250,6 +268,16 @@ def _value(kind: type, what: str, ok: Callable[[Any], object] | None = None, rul
         return value if then is None else then(value)
 
     return convert
+
+
+def _speed(value: Any) -> float:
+    """A speaking rate: a TOML integer or float from 0.5 to 2.0."""
+    if type(value) not in (int, float):
+        raise _Bad(f"expected a number such as 1.2, got "
+                   f"{_TOML_TYPES.get(type(value), 'date/time')}")
+    if not 0.5 <= value <= 2.0:
+        raise _Bad(f"must be 0.5 to 2.0, got {value!r}")
+    return float(value)
 
 
 def _array(item: Convert) -> Convert:
@@ -448,6 +476,16 @@ _SPECS: Mapping[str, _Spec] = {
         "language": _like("[a-z]{2,3}", "a language code such as 'en' or 'de'"),
         "device": _one_of("auto", "cpu", "cuda"), "compute_type": _STRING,
         "max_duration": _PERIOD, "timeout": _PERIOD, "queue_with_model": _BOOL},
+    "speech": {
+        "backend": _one_of("off", "http", "espeak-ng"), "url": _URL, "model": _STRING,
+        # Given to espeak-ng as `-v <voice>`: a name, never something read as an option.
+        "voice": _like("[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}",
+                       "a voice name such as 'alloy' or 'en-us'"),
+        "speed": _speed,
+        "max_duration": _value(str, "a duration string such as '60s'",
+                               lambda v: 1 <= _seconds(v) <= 600, "must be 1s to 10m",
+                               _seconds),
+        "timeout": _PERIOD, "queue_with_model": _BOOL},
     "web": {
         "searxng_url": _BASE_URL, "ollama_search_url": _URL, "allow_private": _BOOL,
         "allow_hosts": _array(_value(str, "a host name or address", _host_name,
@@ -686,6 +724,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         identities=_identities(document.get("identities", {}), fail),
         web=WebSettings(**tables["web"], **secrets["web"]),
         voice=VoiceSettings(**tables["voice"], **secrets["voice"]),
+        speech=SpeechSettings(**tables["speech"], **secrets["speech"]),
         console=ConsoleSettings(**tables["console"]))
 
 

@@ -32,7 +32,6 @@ FLAG = "voice"
 Mode = Literal["on", "off", "auto"]
 MODES: tuple[Mode, ...] = ("on", "off", "auto")
 SPOKEN_CHANNELS = ("telegram", "whatsapp")  # the platforms with voice notes
-MAX_SECONDS = 120.0  # of speech per reply, until [speech] max_duration merges
 CUT_LINE = "(The voice note reads the start; the rest is written above.)"
 HOW_TO_TURN_ON = ("Speech is off on this roost: set a [speech] backend in the config "
                   "(\"espeak-ng\", or \"http\" with the url of a speech server) and restart.")
@@ -44,7 +43,7 @@ class VoiceReplies:
     def __init__(self, *, store: Store, speaking: Speaking | None,
                  hold: Callable[[], AbstractAsyncContextManager[None]],
                  clock: Callable[[], float], wake: Callable[[str], None],
-                 max_seconds: float = MAX_SECONDS) -> None:
+                 max_seconds: float) -> None:
         """`wake` has the chat's worker look at its outbox again (an item queued here)."""
         self.store = store
         self.wake = wake

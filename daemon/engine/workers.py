@@ -33,7 +33,7 @@ from daemon.store import Store
 from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF
-from daemon.voice.hearing import Hearing
+from daemon.voice.hearing import Hearing, no_wait
 from daemon.voice.speaking import Speaking
 
 # The chat whose worker the current task is, or works for (a turn's stoppable part runs in a
@@ -72,8 +72,11 @@ class Engine:
         self.clock = clock
         self.parts = parts or TurnParts.build(settings=settings, store=store, llm=llm,
                                               index=index, clock=clock)
-        self.speech = VoiceReplies(store=store, speaking=speaking, hold=llm.slot, clock=clock,
-                                   wake=self._kick)
+        speech = settings.speech
+        self.speech = VoiceReplies(
+            store=store, speaking=speaking, clock=clock, wake=self._kick,
+            hold=llm.slot if speech.queue_with_model else no_wait,
+            max_seconds=speech.max_duration)
         self.delivery = Delivery(settings=settings, store=store, records=self.parts.records,
                                  channels=self.channels, clock=clock, wake=self._kick,
                                  hooks=hooks, voice=self.speech)

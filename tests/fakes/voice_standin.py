@@ -1,5 +1,7 @@
-"""A stand-in for roost's speech (daemon.voice.speaking) until the real backends merge: each
-reply spoken is a copy of the real voice-note fixture under the attachments folder."""
+"""A speech stand-in for delivery tests (daemon.voice.speaking's interface): each reply spoken
+is a copy of the real voice-note fixture under the attachments folder, and a test can make it
+fail or wait. The real backends are tested in tests/daemon/voice/test_speech*.py, and once
+through the daemon in tests/channels/telegram/test_telegram_voice.py."""
 
 from __future__ import annotations
 
@@ -39,3 +41,6 @@ class SpeakingStandIn(Speaking):
         path = self.attachments / f"spoken-{len(self.texts)}.ogg"
         await asyncio.to_thread(shutil.copyfile, self.source, path)
         return VoiceNote(path, self.seconds, path.stat().st_size)
+
+    async def close(self) -> None:
+        pass

@@ -5,6 +5,7 @@ outbox and python-telegram-bot to the fake Bot API as sendMessage, then sendVoic
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from daemon.app.serve import build_app
 from daemon.engine.voice_replies import CUT_LINE, HOW_TO_TURN_ON
+from daemon.voice.spoken import REST_IS_WRITTEN, spoken_text
 from tests.channels.telegram.test_telegram import (
     CHAT_KEY,
     FAST,
@@ -50,13 +52,15 @@ async def start(fake_telegram: FakeTelegram, fake_ollama: FakeOllama, whisper: F
     """roost with Telegram, transcription and the given speech (None: speech off)."""
     running: list[Daemon] = []
 
-    async def run(speaking: SpeakingStandIn | None) -> Daemon:
+    async def run(speaking: SpeakingStandIn | None,
+                  speech: dict[str, Any] | None = None) -> Daemon:
         telegram = {"enabled": True, "mode": "webhook", "webhook_url": HOOK_URL,
                     "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
                     "allow": (USER,), "token": fake_telegram.token, "secret": SECRET}
         settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
                                  telegram=telegram,
-                                 voice={"backend": "http", "url": whisper.url})
+                                 voice={"backend": "http", "url": whisper.url},
+                                 speech=speech or {})
         app = build_app(settings, telegram_tuning=FAST, speaking=speaking)
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
@@ -178,7 +182,9 @@ async def test_a_long_reply_says_the_rest_is_written_and_stores_the_words_alone(
     conversation = daemon.store.active_conversation(CHAT_KEY)
     assert conversation is not None
     assert daemon.store.messages(conversation.id)[-1].content == long
-    assert speech.texts[0].endswith("word299")
+    # A minute at 2.5 words a second (speech.max_duration's default), then the pointer.
+    assert speech.texts[0].startswith("word0 word1 ") and "word149" not in speech.texts[0]
+    assert speech.texts[0].endswith(REST_IS_WRITTEN)
 
 
 async def test_a_restart_between_the_reply_and_its_voice_note_sends_the_voice_note_once(
@@ -218,4 +224,23 @@ async def test_drafts_show_the_text_as_written_and_the_voice_note_follows_the_fi
     (final,) = fake_telegram.calls_to("sendMessage")
     assert all(d.time <= final.time for d in fake_telegram.calls_to("sendMessageDraft"))
     assert final.time <= voice.time and texts(fake_telegram) == [answer]
-    assert speech.texts == [answer]
+    assert speech.texts == [spoken_text(answer, max_seconds=60).text]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+async def test_espeak_ng_from_the_config_speaks_the_reply_as_a_real_voice_note(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
+    av = pytest.importorskip("av")
+    daemon = await start(None, {"backend": "espeak-ng"})
+    fake_ollama.script("Water the plants at six.")
+    await said(daemon, fake_telegram, voice_note(7, fake_telegram), 1)
+    (voice,) = await fake_telegram.wait_for("sendVoice", timeout=60)
+    await daemon.settle()
+    path = daemon.store.state_dir / "spoken.ogg"
+    path.write_bytes(voice.files["voice"])
+    with av.open(str(path)) as container:
+        (stream,) = container.streams.audio
+        assert stream.codec_context.name == "opus" and stream.codec_context.channels == 1
+        assert container.duration is not None and container.duration > 500_000  # > 0.5 s
+    assert voice.params["duration"] >= 1
+    assert daemon.store.outbox_pending() == []

@@ -1,0 +1,172 @@
+"""The speech backends: an OpenAI-compatible server over HTTP, or espeak-ng as a subprocess.
+
+Each turns text into audio bytes in whatever format it produces (`daemon.voice.opus` makes the
+voice note), or raises `VoiceError` with a plain reason ("unavailable": down or missing;
+"failed": it refused). Neither blocks the event loop.
+
+The HTTP request is OpenAI's `POST /v1/audio/speech`, JSON `{"model", "input", "voice",
+"response_format", "speed"}`, answered with the audio bytes. roost asks for "opus" (Ogg Opus,
+kept as it is); speaches answers 422 to it (its formats are mp3, flac, wav and pcm), so a 400 or
+422 to "opus" is asked once more as "wav", which every server speaks, and remembered.
+Kokoro-FastAPI, openedai-speech and LocalAI answer "opus" themselves.
+
+espeak-ng runs as `espeak-ng --stdout --stdin -v <voice> -s <words a minute>`: the text goes
+on stdin, never on the command line, so a reply starting with "-" is read, not taken as an
+option; it is killed when it outlives the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from daemon.core.config import SpeechSettings
+from daemon.core.errors import VoiceError
+from daemon.core.logs import voice_log as log
+from daemon.core.redact import redact_url
+
+_OUTAGE_STATUSES = (502, 503, 504)
+_FORMAT_REFUSED = (400, 422)
+ESPEAK = "espeak-ng"
+ESPEAK_WPM = 175  # espeak-ng's own default rate, which speed = 1.0 keeps
+DEFAULT_VOICES = {"http": "alloy", "espeak-ng": "en"}
+
+
+class SpeechBackend(Protocol):
+    """Turns text into audio bytes."""
+
+    where: str  # how the user and the log are told which backend it is, without credentials
+
+    async def synthesize(self, text: str) -> bytes:
+        """The text spoken, in the backend's format; VoiceError with a plain reason."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def build_speech_backend(settings: SpeechSettings) -> SpeechBackend | None:
+    """The configured backend, or None when speech is off."""
+    if settings.backend == "http":
+        return HttpSpeech(settings)
+    if settings.backend == "espeak-ng":
+        return EspeakSpeech(settings)
+    return None
+
+
+def speech_endpoint(url: str) -> str:
+    """`speech.url` as OpenAI clients take it (`http://host:8000/v1`, or the bare host) gets
+    OpenAI's path; any other path is the endpoint itself."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path in ("", "/v1"):
+        path = "/v1/audio/speech"
+    return parts._replace(path=path).geturl()
+
+
+class HttpSpeech:
+    """An OpenAI-compatible speech server (see the module docstring)."""
+
+    def __init__(self, settings: SpeechSettings) -> None:
+        self.settings = settings
+        self.url = speech_endpoint(settings.url)
+        self.where = f"the speech server at {redact_url(self.url)}"
+        self.format = "opus"  # "wav" once the server has refused opus
+        self._session: aiohttp.ClientSession | None = None
+
+    async def synthesize(self, text: str) -> bytes:
+        status, body = await self._post(text, self.format)
+        if status in _FORMAT_REFUSED and self.format == "opus":
+            log.info("%s refused opus (%d): asking for wav", self.where, status)
+            status, body = await self._post(text, "wav")
+            if status == 200:
+                self.format = "wav"
+        if status == 200 and body:
+            return body
+        problem = _problem(body)
+        log.warning("speech server answered %d: %s", status, problem)
+        reason = "unavailable" if status in _OUTAGE_STATUSES else "failed"
+        raise VoiceError(f"{self.where} answered {status}: {problem}"[:300], reason)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _post(self, text: str, response_format: str) -> tuple[int, bytes]:
+        s = self.settings
+        payload = {"model": s.model, "input": text, "voice": s.voice or DEFAULT_VOICES["http"],
+                   "response_format": response_format, "speed": s.speed}
+        headers = {"Authorization": f"Bearer {s.key}"} if s.key else {}
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        try:
+            async with asyncio.timeout(s.timeout):
+                async with self._session.post(self.url, json=payload,
+                                              headers=headers) as response:
+                    return response.status, await response.read()
+        except TimeoutError as exc:
+            raise VoiceError(f"{self.where} did not finish within {s.timeout:g}s",
+                             "unavailable") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("speech server unreachable: %s", redact_url(str(exc)))
+            raise VoiceError(f"{self.where} is not answering", "unavailable") from exc
+
+
+def _problem(body: bytes) -> str:
+    """What an error body says: OpenAI's `{"error": {"message"}}`, FastAPI's `{"detail"}`."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace").strip() or "an empty answer"
+    if isinstance(doc, dict):
+        error = doc.get("error") or doc.get("detail")
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error:
+            return str(error)[:200]
+    return "an answer that is not audio"
+
+
+class EspeakSpeech:
+    """espeak-ng from the distribution's packages (see the module docstring)."""
+
+    def __init__(self, settings: SpeechSettings) -> None:
+        self.settings = settings
+        self.where = "espeak-ng"
+
+    async def synthesize(self, text: str) -> bytes:
+        s = self.settings
+        program = shutil.which(ESPEAK)
+        if program is None:
+            raise VoiceError("espeak-ng is not installed (apt install espeak-ng)", "unavailable")
+        # A voice from the config file (checked there): a name that cannot read as an option.
+        voice = s.voice or DEFAULT_VOICES["espeak-ng"]
+        process = await asyncio.create_subprocess_exec(
+            program, "--stdout", "--stdin", "-v", voice, "-s", str(round(ESPEAK_WPM * s.speed)),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            async with asyncio.timeout(s.timeout):
+                out, err = await process.communicate(text.encode("utf-8"))
+        except TimeoutError as exc:
+            raise VoiceError(f"espeak-ng did not finish within {s.timeout:g}s",
+                             "unavailable") from exc
+        finally:
+            if process.returncode is None:  # timed out or cancelled: it does not live on
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if process.returncode != 0 or not out:
+            why = err.decode("utf-8", "replace").strip().splitlines()
+            raise VoiceError(f"espeak-ng failed (exit {process.returncode}): "
+                             f"{why[-1] if why else 'no audio'}"[:300], "failed")
+        return out
+
+    async def close(self) -> None:
+        return None
