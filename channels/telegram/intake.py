@@ -155,6 +155,9 @@ class TelegramIntake:
         first = batch[0]
         if await first.submitted_before(self.store):
             return Outcome.DONE
+        # Also when this update starts no turn (an unsupported kind of message).
+        if released := await self.engine.release(key):
+            log.info("%s wrote again: %d held replies go out", key, released)
         if edited and not await self._seen(key, message.message_id):
             # The model never read the original (sent before roost ran, or not meant for the
             # bot until the edit): to it, this is a new message.
@@ -190,7 +193,6 @@ class TelegramIntake:
             platform_id=str(message.message_id), sender=str(message.from_user.id),
             attachments=tuple(attachments), meta=meta,
         )
-        await self._unblock(key)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
     async def _seen(self, key: str, message_id: int) -> bool:
@@ -208,14 +210,6 @@ class TelegramIntake:
                        for m in self.store.messages(conversation.id) if m.role == "user")
 
         return await asyncio.to_thread(look)
-
-    async def _unblock(self, key: str) -> None:
-        """A user who blocked the bot and writes again has unblocked it."""
-        flags = await asyncio.to_thread(self.store.chat_flags, key)
-        if "undeliverable" in flags:
-            await asyncio.to_thread(self.store.set_chat_flag, key, "undeliverable", None)
-            log.info("%s writes again: no longer marked as blocked", key)
-
 
 @dataclass(frozen=True)
 class Envelope:

@@ -92,11 +92,9 @@ MAX_DEPTH = 40  # JSON nesting of a webhook body (Meta's nest about ten levels)
 class Engine(Submitter, Protocol):
     """What WhatsApp needs of the engine besides submitting messages: its delivery holds the
     replies refused for the 24-hour rule (`deliver` with `held`) and lets them go when the
-    user writes again (`release`, which answers how many)."""
+    user writes again (`release`, as every channel)."""
 
     async def deliver(self, outbound: Outbound) -> bool: ...
-
-    async def release(self, chat_key: str) -> int: ...
 
 
 @dataclass(frozen=True)
