@@ -55,7 +55,7 @@ from channels.telegram.callbacks import Callbacks
 from channels.telegram.drafts import Draft
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
-from channels.telegram.updates import UPDATE_KINDS, BotIdentity, address_of
+from channels.telegram.parse import UPDATE_KINDS, BotIdentity, address_of
 from channels.webhooks import read_at_most
 from channels.working import kept_up
 from daemon.core.approval import Approver

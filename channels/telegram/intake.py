@@ -29,7 +29,7 @@ from telegram import Update
 
 from channels.telegram.callbacks import Callbacks
 from channels.telegram.media import UNSUPPORTED, MediaFetcher
-from channels.telegram.updates import (
+from channels.telegram.parse import (
     MAX_DEPTH,
     UPDATE_KINDS,
     BotIdentity,

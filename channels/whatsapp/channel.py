@@ -46,7 +46,7 @@ from channels.whatsapp.api import (
 )
 from channels.whatsapp.invite import Invitations
 from channels.whatsapp.media import WhatsAppMedia
-from channels.whatsapp.payloads import (
+from channels.whatsapp.parse import (
     SIGNATURE_HEADER,
     NotAWebhook,
     Signature,
@@ -353,7 +353,7 @@ class WhatsAppIntake:
             return False
         if (choice := approval_reply(message.body)) is not None:
             # A tap on an approval question's button: an answer for the waiting turn, never
-            # a message for the model (payloads.describe would read it as one).
+            # a message for the model (parse.describe would read it as one).
             said = NOT_WAITING
             if self.approver is not None:
                 said = await self.approver.answer(Answer(

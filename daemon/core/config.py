@@ -460,7 +460,7 @@ _AUTOMATION: _Spec = {
     "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
                        then=_schedule),
     "prompt": _STRING,
-    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram/updates.py
+    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram/parse.py
     # keys it (topic ids start at 1; the General topic has none).
     "deliver": _array(_like("telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local|log",
                             "a known target ('telegram:<chat id>', 'telegram:<chat id>:<topic>', "
