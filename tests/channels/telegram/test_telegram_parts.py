@@ -16,7 +16,7 @@ import pytest
 from telegram import Bot, PhotoSize
 
 from channels.formatting import split_telegram, split_text
-from channels.telegram.channel import SMALLER_PIECE, TelegramChannel, visible_text
+from channels.telegram.delivery import SMALLER_PIECE, TelegramChannel, visible_text
 from channels.telegram.media import best_photo
 from channels.telegram.parse import (
     BotIdentity,
