@@ -26,7 +26,7 @@ from channels.media import attachment_limits
 from channels.webhooks import read_at_most, too_deep
 from channels.whatsapp.api import REENGAGEMENT, GraphClient
 from channels.whatsapp.delivery import REENGAGEMENT_NOTE, SentPart, WhatsAppChannel
-from channels.whatsapp.intake import MAX_AGE, Engine, WhatsAppIntake
+from channels.whatsapp.intake import MAX_AGE, SubmitAndDeliver, WhatsAppIntake
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import (
     SIGNATURE_HEADER,
@@ -91,7 +91,7 @@ class WhatsApp:
     async def open(self) -> None:
         await self.client.start()
 
-    async def start(self, engine: Engine, approver: Approver | None = None) -> None:
+    async def start(self, engine: SubmitAndDeliver, approver: Approver | None = None) -> None:
         """Resume, then take messages; approval button replies go to `approver`."""
         self.intake = WhatsAppIntake(store=self.store, engine=engine, channel=self.channel,
                                      media=self.media, allow=self.settings.allow,

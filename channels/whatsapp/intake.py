@@ -31,10 +31,11 @@ UNSUPPORTED = ("I can read text, photos, voice notes, audio, video, documents, l
 MAX_AGE = 7 * 24 * 3600.0
 
 
-class Engine(Submitter, Protocol):
-    """What WhatsApp needs of the engine besides submitting messages: its delivery holds the
-    replies refused for the 24-hour rule (`deliver` with `held`) and lets them go when the
-    user writes again (`release`, as every channel)."""
+class SubmitAndDeliver(Submitter, Protocol):
+    """The port WhatsApp is handed at start (the engine behind it): what every channel has
+    (submit, notify, release when the user wrote again) and `deliver`, to queue a reply of its
+    own: a part Meta took and then refused for the 24-hour rule, sent again to the fallback chat
+    or held until the user writes."""
 
     async def deliver(self, outbound: Outbound) -> bool: ...
 
@@ -46,7 +47,7 @@ def message_key(wamid: str) -> str:
 class WhatsAppIntake:
     """WhatsApp messages into the shared intake, and out of it to the engine (its Handler)."""
 
-    def __init__(self, *, store: Store, engine: Engine, channel: WhatsAppChannel,
+    def __init__(self, *, store: Store, engine: SubmitAndDeliver, channel: WhatsAppChannel,
                  media: WhatsAppMedia, allow: Collection[str], access: Access | None = None,
                  clock: Callable[[], float] = time.time, max_age: float = MAX_AGE,
                  approver: Approver | None = None) -> None:
