@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from daemon.core import crontab
 from daemon.core.errors import ConfigError, RoostError
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
@@ -321,76 +322,16 @@ def _listen(text: str) -> tuple[str, int]:
     return match[1] or match[3], int(match[2] or match[4])
 
 
-# (field, lowest, highest, names); 0 and 7 are both Sunday, as in crontab(5).
-_CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
-    ("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
-    ("month", 1, 12, tuple("jan feb mar apr may jun jul aug sep oct nov dec".split())),
-    ("day of week", 0, 7, tuple("sun mon tue wed thu fri sat".split())))
-
-
-def _crontab(text: str) -> str:
-    fields = text.split()
-    if len(fields) != 5:
-        raise _Bad(f"expected 5 crontab fields (minute hour day month weekday), got {text!r}")
-    for field_text, (name, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
-        for item in field_text.split(","):
-            # Only what crontab(5) and APScheduler both read: *, a, a-b, */n, a-b/n, and lists.
-            match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([1-9][0-9]*))?", item)
-            if not match or (match[4] and not (match[1] == "*" or match[3])):
-                raise _Bad(f"{name} field {field_text!r} is not valid crontab syntax")
-            bounds = [_cron_value(token, name, low, high, names) for token in match.group(2, 3)
-                      if token]
-            if bounds != sorted(bounds):
-                raise _Bad(f"{name} field {field_text!r}: the range runs backwards")
-    _check_runs(fields)
-    return text
-
-
-_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # 29 February: leap years
-
-
-def _check_runs(fields: list[str]) -> None:
-    """A day of month that no month of the schedule has (`0 0 30 2 *`) never runs: an error
-    rather than an automation that silently never fires. With a weekday as well, crontab runs
-    on either, so such a line still runs on that weekday."""
-    day, month, weekday = fields[2], fields[3], fields[4]
-    if day == "*" or weekday != "*":
-        return
-    days = _expand(day, *_CRON_FIELDS[2][1:])
-    months = _expand(month, *_CRON_FIELDS[3][1:])
-    if not any(d <= _MONTH_DAYS[m - 1] for d in days for m in months):
-        raise _Bad(f"the schedule {' '.join(fields)!r} never runs: no month of it has day "
-                   f"{day}")
-
-
-def _expand(field_text: str, low: int, high: int, names: tuple[str, ...]) -> set[int]:
-    """The values a (validated) crontab field matches."""
-    values: set[int] = set()
-    for item in field_text.split(","):
-        match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([1-9][0-9]*))?", item)
-        assert match is not None  # checked by _crontab
-        first = low if match[1] == "*" else _cron_value(match[2], "", low, high, names)
-        last = (high if match[1] == "*" or (match[4] and not match[3]) else
-                _cron_value(match[3] or match[2], "", low, high, names))
-        values.update(range(first, last + 1, int(match[4] or 1)))
-    return values
-
-
 def _schedule(text: str) -> str:
     if text.startswith("every "):
         every = text.removeprefix("every ").strip()
         if _seconds(every) < 60 or _seconds(every) % 60:
             raise _Bad(f"'every' takes whole minutes, at least '1m', got {every!r}")
         return text
-    return _crontab(text)
-
-
-def _cron_value(token: str, name: str, low: int, high: int, names: tuple[str, ...]) -> int:
-    if token.lower() in names:
-        return names.index(token.lower()) + low
-    if not re.fullmatch("[0-9]+", token) or not low <= int(token) <= high:
-        raise _Bad(f"{name} field: {token!r} is not a number in {low}-{high}")
-    return int(token)
+    try:
+        return crontab.check(text)
+    except ValueError as exc:
+        raise _Bad(str(exc)) from None
 
 
 def _ollama_duration(text: str) -> bool:
