@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from daemon.core.config.values import (
     _BOOL,
@@ -14,6 +16,7 @@ from daemon.core.config.values import (
     _Spec,
     _value,
 )
+from daemon.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,28 @@ _AUTOMATION: _Spec = {
     "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
                       "must be at least 1s", _seconds)}
 _AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
+
+
+def _automations(raw_jobs: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
+                 fail: Callable[[str, str], ConfigError]) -> tuple[AutomationSettings, ...]:
+    """The `[[automations]]` array, each table checked against its spec; an error names the
+    automation when it has a name."""
+    if not isinstance(raw_jobs, list):
+        raise fail("automations", "expected an array of tables ([[automations]])")
+    jobs: list[AutomationSettings] = []
+    for i, table in enumerate(raw_jobs):
+        # Every error about an automation names it, so the user knows which table to fix.
+        label = table.get("name") if isinstance(table, dict) else None
+        try:
+            job = read(table, f"automations[{i}]", _AUTOMATION)
+            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
+                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
+            if job["name"] in {other.name for other in jobs}:
+                raise fail(f"automations[{i}].name", "is used by another automation")
+        except ConfigError as error:
+            if not isinstance(label, str):
+                raise
+            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
+                              error.source) from None
+        jobs.append(AutomationSettings(**job))
+    return tuple(jobs)

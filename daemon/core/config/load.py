@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from daemon.core.config.automations import _AUTOMATION, _AUTOMATION_REQUIRED, AutomationSettings
+from daemon.core.config.automations import _AUTOMATION, AutomationSettings, _automations
 from daemon.core.config.credentials import (
     SECRETS,
     SYSTEM_CONFIG,
@@ -203,25 +203,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         if broken:
             raise fail(key, problem)
 
-    raw_jobs = document.get("automations", [])
-    if not isinstance(raw_jobs, list):
-        raise fail("automations", "expected an array of tables ([[automations]])")
-    jobs: list[AutomationSettings] = []
-    for i, table in enumerate(raw_jobs):
-        # Every error about an automation names it, so the user knows which table to fix.
-        label = table.get("name") if isinstance(table, dict) else None
-        try:
-            job = read(table, f"automations[{i}]", _AUTOMATION)
-            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
-                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
-            if job["name"] in {other.name for other in jobs}:
-                raise fail(f"automations[{i}].name", "is used by another automation")
-        except ConfigError as error:
-            if not isinstance(label, str):
-                raise
-            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
-                              error.source) from None
-        jobs.append(AutomationSettings(**job))
+    jobs = _automations(document.get("automations", []), read, fail)
     # [variables] takes any key; read() still checks that it is a table of strings.
     raw = document.get("variables", {})
     variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))
@@ -230,7 +212,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
-        automations=tuple(jobs), variables=MappingProxyType(variables), source=path,
+        automations=jobs, variables=MappingProxyType(variables), source=path,
         credentials=credentials_dir(env, path),
         identities=_identities(document.get("identities", {}), fail),
         web=WebSettings(**tables["web"], **secrets["web"]),
