@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -151,6 +151,23 @@ def _read_document(path: Path | None) -> Mapping[str, Any]:
     return document
 
 
+def _check_together(model: ModelSettings, telegram: TelegramSettings, whatsapp: WhatsAppSettings,
+                    fail: Callable[[str, str], ConfigError]) -> None:
+    """The settings that are wrong only together with others."""
+    for key, broken, problem in (
+        ("model.response_reserve", model.response_reserve >= model.window,
+         f"must be less than model.window ({model.window})"),
+        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
+         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
+         "public HTTPS URL of /webhooks/telegram); without a public address, set "
+         'mode = "polling"'),
+        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
+         "is required when WhatsApp is enabled"),
+    ):
+        if broken:
+            raise fail(key, problem)
+
+
 def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str]) -> Settings:
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(key, problem, str(path) if path else None)
@@ -190,18 +207,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
             tables["telegram"]["file_base"] = _file_base(tables["telegram"]["api_base"])
     telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
     whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
-    for key, broken, problem in (
-        ("model.response_reserve", model.response_reserve >= model.window,
-         f"must be less than model.window ({model.window})"),
-        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
-         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
-         "public HTTPS URL of /webhooks/telegram); without a public address, set "
-         'mode = "polling"'),
-        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
-         "is required when WhatsApp is enabled"),
-    ):
-        if broken:
-            raise fail(key, problem)
+    _check_together(model, telegram, whatsapp, fail)
 
     jobs = _automations(document.get("automations", []), read, fail)
     # [variables] takes any key; read() still checks that it is a table of strings.
