@@ -6,8 +6,9 @@ album), and lets only what roost may handle into the store: an update of a kind 
 handle, without a usable chat, nested absurdly deep, or from someone not on the allow list is
 logged and dropped, costing no state. The rest goes to `intake.durable.Intake`, which persists it
 (group commit), dedupes by update id, and feeds it back here, in order per chat, to `process`:
-python-telegram-bot reads it, `admit` decides in full (groups, mentions), then translation
-(text, media downloads) into one `Inbound` and `engine.submit`. An update PTB cannot read fails
+python-telegram-bot reads it, `admit` decides in full (groups, mentions), `engine.release` hears
+that the user wrote again, then translation (text, media downloads) into one `Inbound` and
+`engine.submit`. An update PTB cannot read fails
 there, and the intake quarantines it after a second try. Photos sent as an album share a
 `media_group_id` and arrive as separate updates; the intake groups them for `album_window`
 seconds into one Inbound.
