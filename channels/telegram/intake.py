@@ -8,10 +8,9 @@ logged and dropped, costing no state. The rest goes to `intake.durable.Intake`, 
 (group commit), dedupes by update id, and feeds it back here, in order per chat, to `process`:
 python-telegram-bot reads it, `admit` decides in full (groups, mentions), `engine.release` hears
 that the user wrote again, then translation (text, media downloads) into one `Inbound` and
-`engine.submit`. An update PTB cannot read fails
-there, and the intake quarantines it after a second try. Photos sent as an album share a
-`media_group_id` and arrive as separate updates; the intake groups them for `album_window`
-seconds into one Inbound.
+`engine.submit`. An update PTB cannot read fails there, and the intake quarantines it after a
+second try. Photos sent as an album share a `media_group_id` and arrive as separate updates; the
+intake groups them for `album_window` seconds into one Inbound.
 
 A crash between the 200 and the end of processing leaves the raw update stored, and the intake
 resumes it at the next start. The Inbound's id is derived from the update, so when the crash
