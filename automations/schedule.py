@@ -5,8 +5,8 @@ Pure functions, no clock of their own. Three differences between crontab and APS
 
 * Weekday numbers. APScheduler 3.x counts 0 as Monday (its `from_crontab` documents the
   mismatch and keeps it for compatibility); crontab counts 0 and 7 as Sunday. The weekday field
-  is expanded to crontab day numbers and handed over as names (`sun`, `mon`, ...), which both
-  read the same way.
+  is expanded to crontab day numbers (`daemon.core.crontab`, which also validates every line
+  the config takes) and handed over as names (`sun`, `mon`, ...), which both read the same way.
 * Day of month *and* day of week. When both are restricted, crontab runs on days matching
   either; APScheduler requires both. roost builds an `OrTrigger` of the two then.
 * Daylight saving. Slot arithmetic is done on absolute (UTC) time, so that a wall-clock time
@@ -26,7 +26,6 @@ saving. Any other (`every 90m`) is an `IntervalTrigger` of elapsed time anchored
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta, tzinfo
 
 from apscheduler.triggers.base import BaseTrigger
@@ -34,10 +33,9 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from daemon.core import crontab
 from daemon.core.config import parse_duration
 
-DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 INTERVAL_ANCHOR = (2000, 1, 1)
 
 
@@ -49,41 +47,19 @@ def crontab_weekdays(field: str) -> str:
     """
     if field == "*":
         return "*"
-    days: set[int] = set()
-    for item in field.split(","):
-        match = re.fullmatch(r"(\*|(\w+)(?:-(\w+))?)(?:/([0-9]+))?", item)
-        if not match:
-            raise ValueError(f"day of week field {field!r} is not valid crontab syntax")
-        step = int(match[4] or 1)
-        if match[1] == "*":
-            low, high = 0, 7
-        else:
-            low = _day_number(match[2])
-            high = _day_number(match[3]) if match[3] else (7 if match[4] else low)
-        days.update(day % 7 for day in range(low, high + 1, step))
-    return ",".join(DAY_NAMES[day] for day in sorted(days))
-
-
-def _day_number(token: str) -> int:
-    token = token.lower()
-    if token in DAY_NAMES:
-        return DAY_NAMES.index(token)
-    number = int(token)
-    if not 0 <= number <= 7:
-        raise ValueError(f"day of week {token!r} is not in 0-7")
-    return number
+    return ",".join(crontab.DAY_NAMES[day] for day in sorted(crontab.weekdays(field)))
 
 
 def build_trigger(schedule: str, tz: tzinfo) -> BaseTrigger:
     """The trigger of a schedule as the config accepts it (see the module docstring)."""
     if schedule.startswith("every "):
         seconds = parse_duration(schedule.removeprefix("every ").strip(), "schedule")
-        as_cron = _every_as_crontab(int(seconds) // 60)
+        as_cron = crontab.every_as_crontab(int(seconds) // 60)
         if as_cron is None:
             anchor = datetime(*INTERVAL_ANCHOR, tzinfo=tz)
             return IntervalTrigger(seconds=int(seconds), start_date=anchor, timezone=tz)
         schedule = as_cron
-    minute, hour, day, month, weekday = schedule.split()
+    minute, hour, day, month, weekday = crontab.fields(schedule)
     weekdays = crontab_weekdays(weekday)
 
     def cron(day: str, day_of_week: str) -> CronTrigger:
@@ -93,18 +69,6 @@ def build_trigger(schedule: str, tz: tzinfo) -> BaseTrigger:
     if day != "*" and weekdays != "*":
         return OrTrigger([cron(day, "*"), cron("*", weekdays)])
     return cron(day, weekdays)
-
-
-def _every_as_crontab(minutes: int) -> str | None:
-    """`every N` that divides an hour or a day, as the crontab line that keeps it on the wall
-    clock (an elapsed-time interval would drift by an hour across daylight saving)."""
-    if minutes < 60 and 60 % minutes == 0:
-        return f"*/{minutes} * * * *"
-    if minutes == 24 * 60:
-        return "0 0 * * *"
-    if minutes < 24 * 60 and minutes % 60 == 0 and 24 % (minutes // 60) == 0:
-        return f"0 */{minutes // 60} * * *"
-    return None
 
 
 def next_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:
@@ -164,11 +128,11 @@ def every_occurrence(schedule: str) -> bool:
     once. (Vixie cron draws the same line.)"""
     if schedule.startswith("every "):
         seconds = parse_duration(schedule.removeprefix("every ").strip(), "schedule")
-        as_cron = _every_as_crontab(int(seconds) // 60)
+        as_cron = crontab.every_as_crontab(int(seconds) // 60)
         if as_cron is None:
             return True  # elapsed time: each occurrence is a new one
         schedule = as_cron  # `every 1d` is a fixed time, 00:00
-    minute, hour = schedule.split()[:2]
+    minute, hour = crontab.fields(schedule)[:2]
     return minute.startswith("*") or hour.startswith("*")
 
 

@@ -77,7 +77,7 @@ PLATFORMS = frozenset(p.parent.name for p in (ROOT / "channels").glob("*/__init_
 
 
 def platform_of(module: str) -> str | None:
-    """`channels.telegram.updates` -> `telegram`; None for a shared channel module."""
+    """`channels.telegram.parse` -> `telegram`; None for a shared channel module."""
     parts = module.split(".")
     return parts[1] if parts[0] == "channels" and len(parts) > 1 and parts[1] in PLATFORMS \
         else None
@@ -216,11 +216,11 @@ def test_a_channel_reaching_the_model_is_reported() -> None:
 
 
 def test_a_channel_borrowing_from_another_is_reported() -> None:
-    borrowed = "from channels.telegram.updates import too_deep\n"
+    borrowed = "from channels.telegram.parse import too_deep\n"
     (violation,) = check_source("channels.whatsapp.channel", borrowed)
     assert "only channels/telegram may import channels/telegram" in str(violation)
     (violation,) = check_source("channels.webhooks", borrowed)  # shared code imports no platform
-    assert violation.imported == "channels.telegram.updates"
+    assert violation.imported == "channels.telegram.parse"
     assert check_source("channels.telegram.intake", borrowed) == []
     assert check_source("channels.whatsapp.channel", "from channels.webhooks import too_deep\n"
                         ) == []

@@ -15,7 +15,7 @@ from typing import Any
 from telegram import Bot
 from telegram.error import TelegramError
 
-from channels.telegram.updates import chat_key
+from channels.telegram.parse import chat_key
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver, parse
 from daemon.core.logs import telegram_log as log
 

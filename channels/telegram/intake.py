@@ -6,11 +6,11 @@ album), and lets only what roost may handle into the store: an update of a kind 
 handle, without a usable chat, nested absurdly deep, or from someone not on the allow list is
 logged and dropped, costing no state. The rest goes to `intake.durable.Intake`, which persists it
 (group commit), dedupes by update id, and feeds it back here, in order per chat, to `process`:
-python-telegram-bot reads it, `admit` decides in full (groups, mentions), then translation
-(text, media downloads) into one `Inbound` and `engine.submit`. An update PTB cannot read fails
-there, and the intake quarantines it after a second try. Photos sent as an album share a
-`media_group_id` and arrive as separate updates; the intake groups them for `album_window`
-seconds into one Inbound.
+python-telegram-bot reads it, `admit` decides in full (groups, mentions), `engine.release` hears
+that the user wrote again, then translation (text, media downloads) into one `Inbound` and
+`engine.submit`. An update PTB cannot read fails there, and the intake quarantines it after a
+second try. Photos sent as an album share a `media_group_id` and arrive as separate updates; the
+intake groups them for `album_window` seconds into one Inbound.
 
 A crash between the 200 and the end of processing leaves the raw update stored, and the intake
 resumes it at the next start. The Inbound's id is derived from the update, so when the crash
@@ -29,7 +29,7 @@ from telegram import Update
 
 from channels.telegram.callbacks import Callbacks
 from channels.telegram.media import UNSUPPORTED, MediaFetcher
-from channels.telegram.updates import (
+from channels.telegram.parse import (
     MAX_DEPTH,
     UPDATE_KINDS,
     BotIdentity,
@@ -155,6 +155,9 @@ class TelegramIntake:
         first = batch[0]
         if await first.submitted_before(self.store):
             return Outcome.DONE
+        # Also when this update starts no turn (an unsupported kind of message).
+        if released := await self.engine.release(key):
+            log.info("%s wrote again: %d held replies go out", key, released)
         if edited and not await self._seen(key, message.message_id):
             # The model never read the original (sent before roost ran, or not meant for the
             # bot until the edit): to it, this is a new message.
@@ -190,7 +193,6 @@ class TelegramIntake:
             platform_id=str(message.message_id), sender=str(message.from_user.id),
             attachments=tuple(attachments), meta=meta,
         )
-        await self._unblock(key)
         return Outcome.DONE if await self.engine.submit(inbound) else Outcome.LATER
 
     async def _seen(self, key: str, message_id: int) -> bool:
@@ -208,14 +210,6 @@ class TelegramIntake:
                        for m in self.store.messages(conversation.id) if m.role == "user")
 
         return await asyncio.to_thread(look)
-
-    async def _unblock(self, key: str) -> None:
-        """A user who blocked the bot and writes again has unblocked it."""
-        flags = await asyncio.to_thread(self.store.chat_flags, key)
-        if "undeliverable" in flags:
-            await asyncio.to_thread(self.store.set_chat_flag, key, "undeliverable", None)
-            log.info("%s writes again: no longer marked as blocked", key)
-
 
 @dataclass(frozen=True)
 class Envelope:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from telegram import Bot, ReplyParameters
 
-from channels.telegram.updates import address_of
+from channels.telegram.parse import address_of
 from daemon.core.messages import Outbound
 
 

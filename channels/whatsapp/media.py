@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from channels.whatsapp.api import Failure, GraphClient, GraphError
-from channels.whatsapp.payloads import Described
+from channels.whatsapp.parse import Described
 from daemon.core.errors import AttachmentError, ChannelError
 from daemon.core.logs import whatsapp_log as log
 from daemon.store.attachments import AttachmentLimits, store_file, store_image

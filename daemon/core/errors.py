@@ -25,8 +25,8 @@
     └── ChannelError                a messaging platform refused, failed or sent nonsense
         ├── DeliveryError           a reply could not be delivered
         ├── GraphError              (channels.whatsapp.api) a Graph API call failed
-        ├── NotAnUpdate             (channels.telegram.updates) also a ValueError: not an Update
-        └── NotAWebhook             (channels.whatsapp.payloads) also a ValueError: not a webhook
+        ├── NotAnUpdate             (channels.telegram.parse) also a ValueError: not an Update
+        └── NotAWebhook             (channels.whatsapp.parse) also a ValueError: not a webhook
 
 The classes named with a module live there, next to the code that raises them, because they
 carry that module's details (Meta's error codes, a store file). Every other exception class in

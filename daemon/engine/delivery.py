@@ -67,6 +67,7 @@ class Delivery:
         self._failures: dict[str, int] = {}
         # Chats with held replies, so that a user's message costs no store read to find none.
         self._held: set[str] = set()
+        self._unmarked: set[str] = set()  # chats known not to be marked undeliverable
 
     def resumed(self, docs: Iterable[Mapping[str, Any]]) -> None:
         """The outbox a previous run left (read once at the start)."""
@@ -93,7 +94,10 @@ class Delivery:
         return added
 
     async def release(self, chat_key: str) -> int:
-        """The user wrote: the replies held for that go out. Returns how many."""
+        """The user wrote again, on whatever platform: a chat marked undeliverable (they had
+        blocked the bot) is unmarked, and the replies held for that go out. Returns how many.
+        The one place both happen, so every channel calls this and nothing else for it."""
+        await self._unblock(chat_key)
         if chat_key not in self._held:
             return 0
 
@@ -107,6 +111,16 @@ class Delivery:
         released = await asyncio.to_thread(clear)
         self.wake(chat_key)
         return released
+
+    async def _unblock(self, chat_key: str) -> None:
+        """Read the chat's mark once per process (only `_give_up` sets it later, and it
+        forgets the chat here): a message then costs no store call."""
+        if chat_key in self._unmarked:
+            return
+        if "undeliverable" in await asyncio.to_thread(self.store.chat_flags, chat_key):
+            await asyncio.to_thread(self.store.set_chat_flag, chat_key, "undeliverable", None)
+            log.info("%s writes again: no longer marked as blocked", chat_key)
+        self._unmarked.add(chat_key)
 
     def delay(self, chat_key: str) -> float:
         """How long the worker waits before trying a failed delivery again."""
@@ -126,7 +140,7 @@ class Delivery:
             return True
         if docs and "undeliverable" in await asyncio.to_thread(self.store.chat_flags, chat_key):
             # The platform refused this chat for good (the user blocked the bot); the replies
-            # stay in the conversation. The channel clears the mark when the user writes again.
+            # stay in the conversation. `release` clears the mark when the user writes again.
             log.info("dropping %d replies for %s: the chat is marked undeliverable",
                      len(docs), chat_key)
             for doc in docs:
@@ -235,6 +249,7 @@ class Delivery:
         where = outbound.conversation_id or chat_key
         if exc.chat_blocked:
             log.warning("giving up delivery to %s: %s", chat_key, exc)
+            self._unmarked.discard(chat_key)
             await asyncio.to_thread(self.store.set_chat_flag, chat_key, "undeliverable",
                                     self.clock())
             await asyncio.to_thread(self.records.event, self.clock(), "undeliverable", where,

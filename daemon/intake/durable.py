@@ -51,6 +51,11 @@ class Submitter(Protocol):
 
     async def notify(self, chat_key: str, text: str) -> None: ...
 
+    async def release(self, chat_key: str) -> int:
+        """The user wrote again: held replies go out, a blocked chat is unmarked (how many
+        replies that released)."""
+        ...
+
 
 class Outcome(enum.Enum):
     DONE = "done"  # handled: remember the key so a redelivery is dropped

@@ -6,7 +6,7 @@ in the pairing book (`Access`), may talk; a stranger gets a pairing code when
 stored state either way. `Gate.pace` holds every served sender to `access.rate_limit` messages a
 minute. Over the limit a message is not dropped: the channel waits (the update stays stored) and
 answers it later, and the sender is told once per flood. What is the channel's own (groups,
-mentions, bots: e.g. `channels.telegram.updates.admit`) stays in the channel.
+mentions, bots: e.g. `channels.telegram.parse.admit`) stays in the channel.
 """
 
 from __future__ import annotations

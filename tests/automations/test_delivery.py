@@ -12,7 +12,7 @@ from telegram import Bot
 
 from automations.commands import list_automations
 from automations.scheduler import Automations
-from channels.telegram.channel import TelegramChannel
+from channels.telegram.delivery import TelegramChannel
 from daemon.app.serve import AUTOMATIONS, build_app
 from daemon.core.config import Settings
 from daemon.engine.delivery import DeliveryHooks

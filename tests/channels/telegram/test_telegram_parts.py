@@ -16,9 +16,9 @@ import pytest
 from telegram import Bot, PhotoSize
 
 from channels.formatting import split_telegram, split_text
-from channels.telegram.channel import SMALLER_PIECE, TelegramChannel, visible_text
+from channels.telegram.delivery import SMALLER_PIECE, TelegramChannel, visible_text
 from channels.telegram.media import best_photo
-from channels.telegram.updates import (
+from channels.telegram.parse import (
     BotIdentity,
     NotAnUpdate,
     address_of,

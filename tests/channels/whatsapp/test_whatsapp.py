@@ -26,7 +26,8 @@ from aiohttp import web
 from PIL import Image
 
 from channels.telegram.channel import TelegramTuning
-from channels.whatsapp.channel import UNSUPPORTED, WEBHOOK_PATH, WhatsAppTuning
+from channels.whatsapp.channel import WEBHOOK_PATH, WhatsAppTuning
+from channels.whatsapp.intake import UNSUPPORTED
 from daemon.app.serve import ENGINE, METRICS, STORE, WHATSAPP, build_app
 from daemon.core.conversations import Message
 from daemon.core.messages import Outbound

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from channels.whatsapp.payloads import (
+from channels.whatsapp.parse import (
     Described,
     NotAWebhook,
     Signature,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from channels.whatsapp.api import GraphClient
-from channels.whatsapp.channel import WhatsAppChannel
+from channels.whatsapp.delivery import WhatsAppChannel
 from daemon.core.config import WhatsAppSettings
 from daemon.store import Store
 from tests.conftest import wait_until

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from channels.telegram.updates import chat_key
+from channels.telegram.parse import chat_key
 from daemon.core.config import (
     DEFAULT_HOST,
     SYSTEM_CONFIG,

@@ -1,0 +1,75 @@
+"""[[automations]]: one scheduled prompt each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.core.config.values import (
+    _BOOL,
+    _STRING,
+    _array,
+    _like,
+    _schedule,
+    _seconds,
+    _Spec,
+    _value,
+)
+from daemon.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AutomationSettings:
+    name: str
+    schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
+    prompt: str
+    deliver: tuple[str, ...]  # "telegram:<chat id>", "whatsapp:<wa_id>", "console:local", "log"
+    model: str | None = None  # None: the chat model (another one means a reload on one GPU)
+    enabled: bool = True
+    quiet: str | None = None  # a reply that is exactly this token is not delivered
+    grace: float = 300.0  # APScheduler's misfire_grace_time; also how long a run retries
+    timeout: float = 600.0  # a run still going after this long is stopped and recorded
+
+
+_AUTOMATION: _Spec = {
+    "name": _like("[a-z0-9_-]+", "lowercase letters, digits, '-' and '_'"),
+    "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
+                       then=_schedule),
+    "prompt": _STRING,
+    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram/parse.py
+    # keys it (topic ids start at 1; the General topic has none).
+    "deliver": _array(_like("telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local|log",
+                            "a known target ('telegram:<chat id>', 'telegram:<chat id>:<topic>', "
+                            "'whatsapp:<wa_id>', 'console:local' or 'log')")),
+    "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
+    "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
+                    "must be at least 1s", _seconds),
+    "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
+                      "must be at least 1s", _seconds)}
+_AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
+
+
+def _automations(raw_jobs: Any, read: Callable[[Any, str, _Spec], dict[str, Any]],
+                 fail: Callable[[str, str], ConfigError]) -> tuple[AutomationSettings, ...]:
+    """The `[[automations]]` array, each table checked against its spec; an error names the
+    automation when it has a name."""
+    if not isinstance(raw_jobs, list):
+        raise fail("automations", "expected an array of tables ([[automations]])")
+    jobs: list[AutomationSettings] = []
+    for i, table in enumerate(raw_jobs):
+        # Every error about an automation names it, so the user knows which table to fix.
+        label = table.get("name") if isinstance(table, dict) else None
+        try:
+            job = read(table, f"automations[{i}]", _AUTOMATION)
+            if missing := [key for key in _AUTOMATION_REQUIRED if not job.get(key)]:
+                raise fail(f"automations[{i}].{missing[0]}", "is required and must not be empty")
+            if job["name"] in {other.name for other in jobs}:
+                raise fail(f"automations[{i}].name", "is used by another automation")
+        except ConfigError as error:
+            if not isinstance(label, str):
+                raise
+            raise ConfigError(error.key, f"automation {label!r}: {error.problem}",
+                              error.source) from None
+        jobs.append(AutomationSettings(**job))
+    return tuple(jobs)

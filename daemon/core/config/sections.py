@@ -1,0 +1,227 @@
+"""The settings of the plain tables ([daemon], [model], [telegram], ...) and their specs."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from daemon.core.config.values import (
+    _BASE_URL,
+    _BOOL,
+    _DIGITS,
+    _DURATION,
+    _PERIOD,
+    _STRING,
+    _URL,
+    _array,
+    _at_least,
+    _host_name,
+    _like,
+    _listen,
+    _ollama_duration,
+    _one_of,
+    _seconds,
+    _Spec,
+    _speed,
+    _valid_zone,
+    _value,
+)
+
+DEFAULT_HOST = "http://127.0.0.1:11434"
+OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
+# What @BotFather gives: the bot's id, a colon, then letters, digits, '-' and '_'.
+BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+MALFORMED_TOKEN = ("does not look like a bot token (digits, a colon, then letters, digits, - "
+                   "and _, with no quotes or spaces): copy it again from @BotFather")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    state_dir: Path  # TinyDB files, attachments, corpus/, debug/
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8780
+    timezone: str = "UTC"
+    idle_rotation: float = 3 * 3600.0  # seconds idle before a chat starts a new conversation
+    shutdown_grace: float = 20.0  # seconds the whole stop may take on SIGTERM (most for turns)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    host: str = DEFAULT_HOST
+    name: str = "qwen3:4b"
+    window: int = 8192  # num_ctx, before capping at the model's context_length
+    response_reserve: int = 1024
+    keep_alive: str = "30m"  # passed to Ollama unchanged
+    concurrency: int = 1
+    timeout: float = 300.0  # seconds of silence before a request counts as timed out
+    retry_attempts: int = 5  # tries while Ollama is unreachable, then the turn is parked
+    retry_backoff: float = 2.0  # seconds before the first retry, doubled each time
+    max_calls: int = 8  # model calls one turn may make (tool rounds, continuations)
+    think: bool = False  # let a thinking model think on chat turns (never on background calls)
+
+
+@dataclass(frozen=True)
+class TelegramSettings:
+    enabled: bool = False
+    mode: str = "webhook"  # or "polling"; a file without mode: webhook only with a webhook_url
+    webhook_url: str | None = None
+    api_base: str = "https://api.telegram.org/bot"
+    file_base: str = "https://api.telegram.org/file/bot"
+    allow: tuple[int, ...] = ()  # user ids
+    streaming: str = "draft"  # or "off": replies shown as they are written (sendMessageDraft)
+    draft_interval: float = 0.7  # seconds between two draft updates of one chat
+    token: str | None = field(default=None, repr=False)
+    secret: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class WhatsAppSettings:
+    enabled: bool = False
+    phone_number_id: str | None = None
+    api_base: str = "https://graph.facebook.com"
+    api_version: str = "v23.0"
+    allow: tuple[str, ...] = ()  # wa_ids, digits only
+    fallback: str | None = None  # a chat key for replies WhatsApp refuses after 24 hours
+    # An approved template sent when a reply is held by the 24-hour rule ("reply to see it")
+    template: str | None = None
+    template_language: str = "en_US"
+    template_parameter: bool = False  # its one body parameter: the held reply's first words
+    template_interval: float = 24 * 3600.0  # at most one template per chat this often
+    business_account_id: str | None = None  # the WABA, for doctor's check of the template
+    token: str | None = field(default=None, repr=False)
+    app_secret: str | None = field(default=None, repr=False)
+    verify_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class AccessSettings:
+    unknown_senders: str = "pair"  # or "ignore"
+    rate_limit: int = 20  # messages a minute per sender; more wait and are answered later
+
+
+@dataclass(frozen=True)
+class AttachmentSettings:
+    image_max_side: int = 1024  # pixels of the longer side after downscaling
+    image_max_mb: int = 20  # an image larger than this is refused with a clear message
+    file_max_mb: int = 50  # likewise for documents, voice notes and other files
+
+
+@dataclass(frozen=True)
+class VoiceSettings:
+    """Transcription of voice notes and audio (daemon/voice/); off unless a backend is named."""
+
+    backend: str = "off"  # "http" (an OpenAI-compatible server) or "faster-whisper" (in-process)
+    url: str = "http://127.0.0.1:8000/v1/audio/transcriptions"  # the http backend's endpoint
+    model: str = "small"  # the server's model id, or faster-whisper's size name or directory
+    language: str | None = None  # e.g. "de"; None lets the model detect it
+    device: str = "auto"  # faster-whisper: "auto", "cpu" or "cuda"
+    compute_type: str = "default"  # faster-whisper: "int8", "float16", ...
+    max_duration: float = 600.0  # seconds; a longer recording is not transcribed
+    timeout: float = 120.0  # seconds one transcription may take
+    queue_with_model: bool = True  # wait for a model slot, as a model call does (one GPU)
+    key: str | None = field(default=None, repr=False)  # ROOST_VOICE_KEY, for the http backend
+
+
+@dataclass(frozen=True)
+class SpeechSettings:
+    """Voice replies synthesised from the reply's text (daemon/voice/speaking.py); off unless a
+    backend is named."""
+
+    backend: str = "off"  # "http" (an OpenAI-compatible server) or "espeak-ng" (a subprocess)
+    url: str = "http://127.0.0.1:8000/v1/audio/speech"  # the http backend's endpoint
+    model: str = "tts-1"  # the server's model id (speaches: "speaches-ai/Kokoro-82M-v1.0-ONNX")
+    voice: str | None = None  # the server's voice ("alloy"), or espeak-ng's ("en-us")
+    speed: float = 1.0  # 0.5 to 2.0, 1 is the engine's normal rate
+    max_duration: float = 60.0  # seconds of speech at most; the rest of the reply is written
+    timeout: float = 60.0  # seconds one synthesis may take
+    queue_with_model: bool = True  # wait for a model slot, as a model call does (one GPU)
+    key: str | None = field(default=None, repr=False)  # ROOST_SPEECH_KEY, for the http backend
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    searxng_url: str | None = None  # a SearXNG instance for web_search (JSON format enabled)
+    ollama_search_url: str = OLLAMA_WEB_SEARCH  # used when ROOST_OLLAMA_API_KEY is set
+    allow_private: bool = False  # let web_fetch reach loopback, LAN and link-local addresses
+    allow_hosts: tuple[str, ...] = ()  # host names or addresses web_fetch may reach anyway
+    timeout: float = 20.0  # seconds for one fetch, redirects included
+    max_mb: int = 5  # a page larger than this is refused, not cut
+    ollama_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def search_backend(self) -> str | None:
+        """"searxng", "ollama" or None (then there is no web_search tool)."""
+        if self.searxng_url:
+            return "searxng"
+        return "ollama" if self.ollama_api_key else None
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    enabled: bool = True  # the web console under /console/ on daemon.listen
+    url: str | None = None  # how a browser reaches roost (a proxy's https address), for links
+
+
+# What each table may hold; [[automations]] and [variables] are read separately.
+_SPECS: Mapping[str, _Spec] = {
+    "daemon": {
+        "state_dir": _STRING, "listen": _value(str, "a string 'host:port'", then=_listen),
+        "timezone": _value(str, "an IANA time zone name", _valid_zone,
+                           "must be an IANA time zone name such as 'Europe/Berlin'"),
+        "idle_rotation": _PERIOD, "shutdown_grace": _DURATION},
+    "console": {"enabled": _BOOL, "url": _URL},
+    "model": {
+        "host": _BASE_URL, "name": _STRING, "window": _at_least(512),
+        "response_reserve": _at_least(1), "concurrency": _at_least(1),
+        "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
+                             "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
+        "timeout": _PERIOD, "retry_attempts": _at_least(1), "retry_backoff": _DURATION,
+        "max_calls": _at_least(1), "think": _BOOL},
+    "telegram": {
+        "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
+        "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id")),
+        "streaming": _one_of("draft", "off"),
+        "draft_interval": _value(str, "a duration string such as '700ms'",
+                                 lambda v: 0.1 <= _seconds(v) <= 60, "must be 100ms to 60s",
+                                 _seconds)},
+    "whatsapp": {
+        "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
+        "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
+        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'"),
+        "template": _like("[a-z0-9_]{1,512}", "a template's name: lowercase letters, digits, _"),
+        "template_language": _like("[a-z]{2,3}(_[A-Z]{2})?", "a language code such as 'en_US'"),
+        "template_parameter": _BOOL, "template_interval": _PERIOD,
+        "business_account_id": _DIGITS},
+    "access": {"unknown_senders": _one_of("pair", "ignore"), "rate_limit": _at_least(1)},
+    "attachments": {
+        "image_max_side": _at_least(64), "image_max_mb": _at_least(1),
+        "file_max_mb": _at_least(1)},
+    "voice": {
+        "backend": _one_of("off", "http", "faster-whisper"), "url": _URL, "model": _STRING,
+        "language": _like("[a-z]{2,3}", "a language code such as 'en' or 'de'"),
+        "device": _one_of("auto", "cpu", "cuda"), "compute_type": _STRING,
+        "max_duration": _PERIOD, "timeout": _PERIOD, "queue_with_model": _BOOL},
+    "speech": {
+        "backend": _one_of("off", "http", "espeak-ng"), "url": _URL, "model": _STRING,
+        # Given to espeak-ng as `-v <voice>`: a name, never something read as an option.
+        "voice": _like("[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}",
+                       "a voice name such as 'alloy' or 'en-us'"),
+        "speed": _speed,
+        "max_duration": _value(str, "a duration string such as '60s'",
+                               lambda v: 1 <= _seconds(v) <= 600, "must be 1s to 10m",
+                               _seconds),
+        "timeout": _PERIOD, "queue_with_model": _BOOL},
+    "web": {
+        "searxng_url": _BASE_URL, "ollama_search_url": _URL, "allow_private": _BOOL,
+        "allow_hosts": _array(_value(str, "a host name or address", _host_name,
+                                     "must be a bare host name or address (no scheme or port)",
+                                     lambda v: v.strip("[]").lower())),
+        "timeout": _PERIOD, "max_mb": _at_least(1)},
+}
