@@ -62,6 +62,7 @@ OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget befor
 FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of the budget
 # The newest message is cut to the room left in finer steps: it is sent once as the newest.
 CURRENT_STEP_CHARS = 16
+STAMP_PERIOD = 900.0  # seconds: a user message in a new quarter hour carries the time
 EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
 
 JSONScalar = str | int | float | bool | None
@@ -190,8 +191,18 @@ def excerpt(text: str, keep: int, label: str) -> str:
 def sent_stamp(created: float, tz: tzinfo) -> str:
     """The clock on a user message: when it was sent, in the user's timezone. It rides at the
     end of the message and never changes, so the newest one tells the model the time and the
-    prompt cache still matches every earlier byte, the previous reply included."""
-    return "\n\n[sent " + datetime.fromtimestamp(created, tz).strftime("%a %Y-%m-%d %H:%M") + "]"
+    prompt cache still matches every earlier byte, the previous reply included. Short, with
+    words for the month: a tokenizer makes every digit a token (18 Qwen tokens, was 22)."""
+    when = datetime.fromtimestamp(created, tz)
+    return f"\n\n[sent {when:%a} {when.day} {when:%b %Y %H:%M}]"
+
+
+def stamp_due(created: float, previous: float | None) -> bool:
+    """Whether a user message carries its stamp: the first one, and one sent in another
+    quarter hour than the user's message before it. Only when the time may have moved: each
+    stamp costs about 18 tokens, and a small model copies a stamp it sees on every message.
+    It depends on the two messages alone, so a message's bytes never change later."""
+    return previous is None or created // STAMP_PERIOD != previous // STAMP_PERIOD
 
 
 def build_request(
@@ -372,6 +383,7 @@ def _entries(
     entries: list[_Entry] = []
     group = -1
     stubbed = 0
+    last_user: float | None = None  # when the user's message before this one was sent
     for i, message in enumerate(tail):
         previous = entries[-1] if entries else None
         # A tool result joins the group of the call before it: they are kept or dropped together.
@@ -402,7 +414,9 @@ def _entries(
         if message.seq == first_user:
             content += opening
         if tz is not None and message.role == "user":
-            content += sent_stamp(message.created, tz)
+            if stamp_due(message.created, last_user):
+                content += sent_stamp(message.created, tz)
+            last_user = message.created
         suffix = content[len(text):] if text and content.startswith(text) else ""
         entries.append(_Entry(
             message=message, content=content, group=group,

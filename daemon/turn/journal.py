@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from daemon.context.budget import estimate_tokens, request_budget
+from daemon.context.echoes import without_framing
 from daemon.context.facts import facts_note
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message, Role
@@ -165,7 +166,8 @@ class Journal:
             "num_ctx": result.num_ctx,
             **({"safety_net": safety_net} if safety_net else {}),  # passes, for /status
         }
-        message = self.store.append_message(before.id, "assistant", text.strip() or EMPTY_REPLY,
+        message = self.store.append_message(before.id, "assistant",
+                                            without_framing(text.strip()) or EMPTY_REPLY,
                                             created=now, meta=meta)
         self.store.outbox_add(self._outbound_for(after, message, intro).to_doc())
         self.store.inbox_done([i.id for i in items])

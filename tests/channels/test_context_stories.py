@@ -382,3 +382,15 @@ async def test_a_model_without_tools_gets_no_tool_words_and_the_room_left_for_a_
     # The paste is shortened to the room really left, not by halves that waste a part of it.
     budget = 2048 - 512
     assert story.real_tokens(last) >= 0.9 * budget
+
+
+async def test_a_reply_copying_roosts_stamp_is_sent_stored_and_replayed_without_it(
+    story_for: Callable[..., Any],
+) -> None:
+    story: Story = await story_for()
+    story.fake.script("Pickle is your cat.\n[Sender] - Wed 2026-12-02 at 30:52 UTC by Dana")
+    await story.say("what's my cat's name?")
+    assert story.seen() == ["Pickle is your cat."]
+    await story.say("thanks")
+    replayed = [str(m.get("content")) for m in story.turns()[-1]["messages"]]
+    assert "Pickle is your cat." in replayed and not any("[Sender]" in m for m in replayed)

@@ -958,3 +958,22 @@ def test_a_failed_tool_result_decays_three_times_slower_than_a_successful_one() 
     contents = {seq_of(m): str(m["content"]) for m in tight.messages}
     assert tight.decayed >= 1 and "[TRUNCATED" in contents[ok.seq]
     assert contents[failed.seq] == failed.content
+
+
+def test_the_time_is_stamped_when_it_may_have_moved_and_never_changes_later() -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    start = 1_764_700_200.0  # a quarter hour's first second
+    said = [Message(id=f"M{seq}", seq=seq, role=role, content=text, created=start + at)
+            for seq, role, text, at in ((1, "user", "hi", 0), (2, "assistant", "hello", 5),
+                                        (3, "user", "and?", 120),  # the same quarter hour
+                                        (4, "assistant", "yes", 125),
+                                        (5, "user", "later", 3_600))]
+    first = build_request(conversation_id="c", prefix="P", history=said[:4], budget=4_000,
+                          tz=berlin)
+    then = build_request(conversation_id="c", prefix="P", history=said, budget=4_000, tz=berlin)
+    contents = [str(m["content"]) for m in then.messages[1:]]
+    assert contents[0] == "hi\n\n[sent Tue 2 Dec 2025 19:30]"
+    assert contents[2] == "and?"  # two minutes later: the stamp above still holds
+    assert contents[4] == "later\n\n[sent Tue 2 Dec 2025 20:30]"
+    # What was sent before is sent again byte for byte: the prompt cache keeps matching.
+    assert [m["content"] for m in first.messages] == [m["content"] for m in then.messages[:5]]

@@ -156,7 +156,7 @@ async def test_a_fact_kept_mid_conversation_rides_on_the_next_message_and_stays(
     assert third[0]["messages"][0]["content"] == first
     asked = second[0]["messages"][-1]["content"]
     assert asked.startswith("what is my code?\n\n[Facts changed since this conversation began: "
-                            f"now kept: {LOCKER}; I prefer metric units]\n\n[sent ")
+                            f"now kept: {LOCKER}; I prefer metric units]")
     # ...and it is replayed with the same bytes on the turns after, so the cache holds.
     assert asked in [m["content"] for m in third[0]["messages"]]
     assert "Facts changed" not in third[0]["messages"][-1]["content"]

@@ -440,11 +440,11 @@ async def test_status_and_compact(rig_for: Callable[..., Any]) -> None:
     assert "Window: 8,192 tokens" in status and "20 messages" in status
     # The budget shown is the one the turns' requests are fitted to (window less the reply's
     # reserve less the tool schemas), as recorded with the last request (the schemas' estimate
-    # moves a token or so with the calibration).
+    # moves a few tokens with the calibration).
     last = json.loads(max((rig.store.state_dir / "debug").glob("*.json")).read_text("utf-8"))
     found = re.search(r"of ([\d,]+) tokens", status)
     assert found is not None and "Summary: none yet" in status
-    assert abs(int(found.group(1).replace(",", "")) - last["budget"]) <= 3 < 7_168 - last["budget"]
+    assert abs(int(found.group(1).replace(",", "")) - last["budget"]) <= 12 < 7_168 - last["budget"]
     await rig.say("/compact")
     # Everything but the newest exchange: 18 of the 20 messages.
     assert rig.channel.texts("notice")[-1].startswith("Folded 18 messages")
