@@ -69,10 +69,11 @@ def _encode(av: Any, source: Any, stream: Any, cap_seconds: float) -> tuple[byte
     cap = int(cap_seconds * RATE)
     samples = 0
     with av.open(out, "w", format="ogg") as sink:
-        # 60 ms frames and a middling complexity: a quarter of libopus's default encoding
-        # time (which is tuned for music) for speech that sounds the same at this bitrate.
+        # 60 ms frames and the lowest complexity: a sixth of libopus's default encoding time
+        # (tuned for music) for speech that whisper-tiny still hears word for word
+        # (tests/daemon/voice/test_speech_roundtrip.py); bench/speech.py shows the time.
         encoder = sink.add_stream("libopus", rate=RATE, layout="mono",
-                                  options={"frame_duration": "60", "compression_level": "5"})
+                                  options={"frame_duration": "60", "compression_level": "0"})
         encoder.bit_rate = BIT_RATE
         # PyAV resamples each decoded frame to the encoder's format, layout and rate.
         for frame in source.decode(stream):
