@@ -10,6 +10,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +49,16 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
+def waiting(driver: object, seconds: float) -> Any:
+    """A WebDriverWait that also looks again at an element the page replaced while it read
+    it (each action re-renders the page: the element found a moment before is stale)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    return WebDriverWait(driver, seconds,  # type: ignore[arg-type]
+                         ignored_exceptions=(StaleElementReferenceException,))
+
+
 def shot(driver: object, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))  # type: ignore[attr-defined]
@@ -57,7 +68,6 @@ def shot(driver: object, name: str) -> None:
 async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
         console: tuple[str, Settings, Seeded], browser: object, size: str) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.wait import WebDriverWait
 
     url, settings, _ = console
     driver = browser
@@ -68,7 +78,7 @@ async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
         driver.get(f"{url}/console/login?t={link}")  # type: ignore[attr-defined]
         shot(driver, f"{size}-sign-in")
         driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
-        wait = WebDriverWait(driver, 20)  # type: ignore[arg-type]
+        wait = waiting(driver, 20)
         rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"),
                           message=driver.page_source)  # type: ignore[attr-defined]
         cells = {r.text.split()[0]: r.text.split() for r in rows}
@@ -94,7 +104,6 @@ async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
 async def test_approve_a_pairing_and_revoke_a_grant_by_tapping(
         rig: Rig, browser: object) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.wait import WebDriverWait
 
     code = seed_access(rig)
     driver = browser
@@ -104,7 +113,7 @@ async def test_approve_a_pairing_and_revoke_a_grant_by_tapping(
         driver.set_window_size(*SIZES["phone"])  # type: ignore[attr-defined]
         driver.get(f"{rig.url}/console/login?t={link}")  # type: ignore[attr-defined]
         driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
-        wait = WebDriverWait(driver, 20)  # type: ignore[arg-type]
+        wait = waiting(driver, 20)
         wait.until(lambda d: d.find_element(By.LINK_TEXT, "People")).click()
         row = wait.until(lambda d: d.find_element(By.XPATH, f"//div[span[contains(., '{code}')]]"))
         shot(driver, "phone-people")
@@ -126,7 +135,6 @@ async def test_approve_a_pairing_and_revoke_a_grant_by_tapping(
 async def test_run_an_automation_by_tapping(automation_daemon: tuple[str, Path],
                                             fake_ollama: FakeOllama, browser: object) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.wait import WebDriverWait
 
     url, state_dir = automation_daemon
     fake_ollama.script("Sunny, 21 degrees.")
@@ -137,7 +145,7 @@ async def test_run_an_automation_by_tapping(automation_daemon: tuple[str, Path],
         driver.set_window_size(*SIZES["desktop"])  # type: ignore[attr-defined]
         driver.get(f"{url}/console/login?t={link}")  # type: ignore[attr-defined]
         driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
-        wait = WebDriverWait(driver, 30)  # type: ignore[arg-type]
+        wait = waiting(driver, 30)
         wait.until(lambda d: d.find_element(By.LINK_TEXT, "Automations")).click()
         wait.until(lambda d: d.find_element(By.XPATH, "//button[text()='Run now']")).click()
         assert "probe runs now" in wait.until(lambda d: d.find_element(By.ID, "done")).text
