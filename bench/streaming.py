@@ -13,6 +13,9 @@ runs with `telegram.streaming = "off"` are the baseline. Printed:
   answer's seconds counted from its first token to its message;
 * drafts that reached the Bot API after the reply's message, and final messages sent twice
   (both goal 0);
+* time from the model's last token (the fake wrote the stream's end) to the reply's
+  `sendMessage` at the fake Bot API, p50 and p90, with streaming and without (goal: the same
+  within a few milliseconds: the reply does not wait behind a draft);
 * end-to-end turn time (the update posted -> the last part sent) with streaming over without
   (goal <= 1.05x).
 
@@ -82,6 +85,7 @@ class Run:
         self.bounds: list[float] = []
         self.typing: list[int] = []  # of the calls, "typing…" before the first draft
         self.turn_times: list[float] = []
+        self.after_last: list[float] = []  # the model's last token -> the reply's sendMessage
         self.late_drafts = 0
         self.twice = 0
         self._next_update = 1
@@ -133,6 +137,10 @@ class Run:
                       if text in json.dumps(body["messages"][-1])), None)
         if drafts and first is not None:
             self.latencies.append(drafts[0].time - first)
+        last = next((t for t, body in reversed(ollama.last_token)
+                     if text in json.dumps(body["messages"][-1])), None)
+        if last is not None:
+            self.after_last.append(finals[0].time - last)
         self.calls_per_reply.append(len(mine))
         self.typing.append(sum(c.method == "sendChatAction" for c in mine))
         # The answer's seconds as written: from its first token to its message (the fake's
@@ -188,6 +196,10 @@ async def main() -> None:
               f"{statistics.median(off.calls_per_reply):.0f} calls")
         print(f"  drafts after the final message: {on.late_drafts}; final messages sent twice: "
               f"{on.twice + off.twice}")
+        print(f"  last token -> reply sent: streaming p50 {_p(on.after_last, 0.5) * 1000:.0f} ms"
+              f", p90 {_p(on.after_last, 0.9) * 1000:.0f} ms; off p50 "
+              f"{_p(off.after_last, 0.5) * 1000:.0f} ms, p90 {_p(off.after_last, 0.9) * 1000:.0f}"
+              f" ms (goal: within a few ms)")
         ratio = statistics.median(on.turn_times) / statistics.median(off.turn_times)
         print(f"  turn time: streaming {statistics.median(on.turn_times):.2f} s, off "
               f"{statistics.median(off.turn_times):.2f} s: {ratio:.3f}x (goal <= 1.05x)")

@@ -9,8 +9,9 @@ that dies mid-stream, leaves nothing behind in the chat.
 One `Draft` per turn. The first draft goes as soon as there is something to show, then at most
 one per `interval` (one chat's drafts never pile up behind each other), each through
 python-telegram-bot's rate limiter with every other call, so many chats at once stay under
-Telegram's limits. Leaving the turn (`close`) sends no more drafts and waits for the one on the
-wire, so no draft follows the reply it previews.
+Telegram's limits. Leaving the turn (`close`) sends no more drafts and cancels the one waiting
+in the rate limiter or on the wire: the reply must not wait behind its own preview (a draft
+answered after the reply went out changes nothing the user keeps; a draft is ephemeral).
 
 What a draft shows: the reply so far rendered like the reply itself (markdown-it closes an
 unclosed fence or emphasis, so the HTML is always balanced), cut like the reply into parts of
@@ -41,7 +42,6 @@ from telegram.error import BadRequest, Forbidden, TelegramError
 from channels.formatting import TELEGRAM_LIMIT, html_visible_length, split_telegram
 from daemon.core.logs import telegram_log as log
 
-CLOSE_WAIT = 2.0  # seconds the end of a turn waits for a draft on the wire
 # Telegram's answer for a chat that takes no drafts (a group, a channel): not tried again there.
 NOT_HERE = "TEXTDRAFT_PEER_INVALID"
 
@@ -70,7 +70,7 @@ class Draft:
         self.parts: list[str] = []  # the finished parts sent as messages (HTML)
         self.part_ids: list[str] = []
         self._parts_refused = False
-        self._sending_part = False
+        self._part: asyncio.Task[bool] | None = None  # the finished part on its way, if any
         self.draft_id = next_draft_id()
         self.sent = 0  # drafts Telegram took
         self._text = ""
@@ -98,23 +98,23 @@ class Draft:
         self._task = asyncio.create_task(self._run(), name=f"roost-draft-{self.chat_id}")
 
     async def close(self) -> None:
-        """No more drafts; the one on the wire is waited for (at most CLOSE_WAIT seconds)."""
+        """No more drafts: the one under way is cancelled at once. A finished part on its way
+        as a message is waited for (PTB's timeouts bound it): cut off, it could reach the chat
+        unrecorded, and the reply's delivery would send it again."""
         self._closing.set()
         self._wake.set()
         task, self._task = self._task, None
         if task is None:
             return
-        done, _ = await asyncio.wait([task], timeout=CLOSE_WAIT)
-        while not done and self._sending_part:
-            # A part on its way as a message is waited for (PTB's timeouts bound it): cut
-            # off, it could reach the chat unrecorded.
-            done, _ = await asyncio.wait([task], timeout=CLOSE_WAIT)
-        if not done:  # stuck in the rate limiter's wait: cancelled there, it never goes out
+        if not task.done():
             task.cancel()
-            await asyncio.wait([task])
-        elif not task.cancelled() and task.exception() is not None:
-            # A bug in the preview must read as one, but never costs the reply.
-            log.error("drafts for %d failed", self.chat_id, exc_info=task.exception())
+        await asyncio.wait([task])
+        if self._part is not None:
+            await asyncio.wait([self._part])
+        for ended in (task, self._part):
+            if ended is not None and not ended.cancelled() and ended.exception() is not None:
+                # A bug in the preview must read as one, but never costs the reply.
+                log.error("drafts for %d failed", self.chat_id, exc_info=ended.exception())
 
     async def _run(self) -> None:
         while True:
@@ -124,6 +124,8 @@ class Draft:
             self._wake.clear()
             parts = split_telegram(self._text) if self._text.strip() else []
             await self._send_finished(parts[:-1])
+            if self._closing.is_set():
+                return
             if not await self._send(self.preview(parts)):
                 return
             with contextlib.suppress(TimeoutError):
@@ -139,18 +141,22 @@ class Draft:
         if self.send_part is None or self._parts_refused:
             return
         for part in finished[len(self.parts):]:
-            self._sending_part = True
-            try:
-                sent = await self.send_part(part)
-            finally:
-                self._sending_part = False
-            if sent is None:  # refused: the reply's delivery sends it, and all after it
-                self._parts_refused = True
+            # Shielded: closing cancels this task, never a part half sent or not yet recorded.
+            self._part = asyncio.create_task(self._send_part(part, self.send_part))
+            if not await asyncio.shield(self._part):
                 return
-            self.parts.append(part)
-            self.part_ids.append(sent)
-            if self.keep is not None:
-                await self.keep(list(self.part_ids))
+
+    async def _send_part(self, part: str,
+                         send_part: Callable[[str], Awaitable[str | None]]) -> bool:
+        sent = await send_part(part)
+        if sent is None:  # refused: the reply's delivery sends it, and all after it
+            self._parts_refused = True
+            return False
+        self.parts.append(part)
+        self.part_ids.append(sent)
+        if self.keep is not None:
+            await self.keep(list(self.part_ids))
+        return True
 
     def preview(self, parts: list[str]) -> str:
         """The HTML the draft shows now: the part being written, and the line about work."""

@@ -224,6 +224,7 @@ class FakeOllama:
         self.cancelled = 0  # streams the client closed before their end
         # When each streamed answer wrote its first content: (time.monotonic(), the request).
         self.first_content: list[tuple[float, dict[str, Any]]] = []
+        self.last_token: list[tuple[float, dict[str, Any]]] = []  # when a stream's end went out
         self.streaming = 0  # answers being streamed now
         self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
         self._queue: deque[Reply] = deque()
@@ -460,6 +461,8 @@ class FakeOllama:
             if obj["done"]:  # the final object's clock includes the streaming
                 obj |= {"created_at": _now(), "total_duration": time.monotonic_ns() - started}
             await response.write(_compact(obj).encode() + b"\n")
+            if obj["done"]:
+                self.last_token.append((time.monotonic(), body))
             if not written and obj.get("message", {}).get("content"):
                 written = True
                 self.first_content.append((time.monotonic(), body))
