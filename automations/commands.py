@@ -1,9 +1,9 @@
-"""`roost automations list | run NAME | remind WHEN TEXT --to TARGET`."""
+"""`roost automations list | remind WHEN TEXT --to TARGET`, and `run NAME` while the daemon
+runs (daemon/cli/automation_run.py runs it when none does)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import sys
 import time
@@ -14,18 +14,13 @@ from zoneinfo import ZoneInfo
 from automations.reminders import new_reminder
 from automations.runner import RunResult, manual_run_id
 from automations.schedule import build_trigger, next_fire
-from automations.scheduler import SCAN_EVERY, Automations
+from automations.scheduler import SCAN_EVERY
 from automations.state import AutomationState
 from automations.when import split_when
 from daemon.core.config import AutomationSettings, Settings
-from daemon.core.errors import StoreError
 from daemon.core.ids import new_id
-from daemon.engine.workers import Engine
 from daemon.intake.pairing import PairingBook
-from daemon.llm.client import ModelClient
-from daemon.store import Store, in_use
-from daemon.tools.mcp.servers import with_servers
-from daemon.turn.parts import TurnParts, builtin_registry
+from daemon.store import in_use
 
 EX_USAGE = 2
 TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local")
@@ -85,52 +80,7 @@ def outcome(run: dict[str, Any], tz: ZoneInfo) -> str:
     return text
 
 
-async def run_automation(settings: Settings, name: str) -> int:
-    """Run one automation now against the configured Ollama and print the reply (it is
-    recorded as a manual run, not delivered). Needs the state directory to itself."""
-    automation = next((a for a in settings.automations if a.name == name), None)
-    if automation is None:
-        known = ", ".join(a.name for a in settings.automations) or "none configured"
-        print(f"roost: no automation named {name!r} (known: {known})", file=sys.stderr)
-        return 1
-    try:
-        store = Store.open(settings.daemon.state_dir)
-    except StoreError as exc:
-        if "another roost process" not in str(exc):
-            raise
-        result = await _ask_the_daemon(settings, automation)
-    else:
-        llm = ModelClient(settings.model)
-        # The same tools as a scheduled run: the built-ins and the MCP servers, started here.
-        registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
-                                                    settings.daemon.state_dir,
-                                                    builtin_registry(settings))
-        engine = Engine(settings=settings, store=store, llm=llm, channels={},
-                        parts=TurnParts.build(settings=settings, store=store, llm=llm,
-                                              registry=registry))
-        automations = Automations(engine.parts, engine)
-        try:
-            await servers.start()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(servers.wait_started(), settings.mcp.start_timeout)
-            result = await automations.runner.run(automation, None, deliver=False)
-        finally:
-            await automations.stop()
-            await servers.stop()
-            engine.parts.index.close()
-            await llm.close()
-            store.close()
-    if result.status == "failed":
-        print(f"roost: the run failed: {result.error}", file=sys.stderr)
-        return 1
-    print(result.text)
-    if result.status == "quiet":
-        print(f"(the quiet token {automation.quiet!r}: a scheduled run delivers nothing)",
-              file=sys.stderr)
-    return 0
-
-
-async def _ask_the_daemon(settings: Settings, automation: AutomationSettings) -> RunResult:
+async def ask_the_daemon(settings: Settings, automation: AutomationSettings) -> RunResult:
     """The daemon owns the state directory: ask it to run the automation (it looks every
     SCAN_EVERY seconds) and wait for the run's record."""
     state = AutomationState(settings.daemon.state_dir, read_only=True)

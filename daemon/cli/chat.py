@@ -27,6 +27,7 @@ from types import FrameType
 from typing import TextIO
 
 from channels.console import CHAT_KEY, ConsoleChannel, read_line
+from daemon.app.assembly import standalone_core
 from daemon.app.chat_socket import SOCKET_NAME
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError, LLMUnavailable, StoreError
@@ -34,11 +35,8 @@ from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.core.redact import redact_url
 from daemon.engine.chat_commands import Commands
 from daemon.engine.memory_commands import MemoryCommands
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.tools.mcp.servers import with_servers
-from daemon.turn.parts import TurnParts, builtin_registry
 
 EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 HISTORY_FILE = "chat_history"
@@ -245,35 +243,30 @@ async def _local(settings: Settings, shown: _Shown,
         raise
     # The MCP servers start with the chat (waited for, bounded, so that the first message
     # finds their tools); one that does not come up is said once.
-    registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
-                                                settings.daemon.state_dir,
-                                                builtin_registry(settings))
-    parts = TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": shown},
-                    parts=parts)
-    approvals = parts.approvals
-    assert approvals is not None  # TurnParts.build makes them
-
-    async def ask(line: str) -> None:
-        # y, a or n while an approval question waits answers it (the daemon's chat socket
-        # does the same); anything else is a message.
-        if not await approvals.answer_typed(CHAT_KEY, line):
-            await engine.submit(Inbound(chat_key=CHAT_KEY, text=line, received=engine.clock()))
-        await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
-
     try:
-        await servers.start()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(servers.wait_started(), settings.mcp.start_timeout)
-        for down in servers.down():
-            err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
-        await engine.start()
-        await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is shown first
-        await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
-        yield ask, lambda: engine.stop_reply(CHAT_KEY)
+        async with standalone_core(settings, store, llm, {"console": shown}) as core:
+            engine = core.engine
+            approvals = engine.parts.approvals
+            assert approvals is not None  # TurnParts.build makes them
+
+            async def ask(line: str) -> None:
+                # y, a or n while an approval question waits answers it (the daemon's chat
+                # socket does the same); anything else is a message.
+                if not await approvals.answer_typed(CHAT_KEY, line):
+                    await engine.submit(Inbound(chat_key=CHAT_KEY, text=line,
+                                                received=engine.clock()))
+                await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
+
+            for down in core.servers.down():
+                err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
+            await engine.start()
+            try:
+                await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is first
+                await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
+                yield ask, lambda: engine.stop_reply(CHAT_KEY)
+            finally:
+                await engine.stop(grace=0)
     finally:
-        await engine.stop(grace=0)
-        await servers.stop()
         await llm.close()
         store.close()
 

@@ -45,6 +45,7 @@ _HEAVY = {
     "chat": "daemon.cli.chat",
     "doctor": "daemon.cli.doctor",
     "automations": "automations.commands",
+    "automations run": "daemon.cli.automation_run",
     "init": "daemon.cli.init",
     "mcp": "daemon.cli.mcp",
 }
@@ -263,7 +264,8 @@ def _automations(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "list":
         return int(automation_commands.list_automations(settings))
     if args.action == "run":
-        return int(asyncio.run(automation_commands.run_automation(settings, args.name)))
+        run = _load("automations run").run_automation
+        return int(asyncio.run(run(settings, args.name)))
     return int(automation_commands.remind(settings, args.words, args.to))
 
 

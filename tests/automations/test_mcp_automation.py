@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from automations.commands import run_automation
+from daemon.cli.automation_run import run_automation
 from daemon.core.config import McpServerSettings, McpSettings
 from tests.automations.conftest import automation
 from tests.conftest import SettingsFactory

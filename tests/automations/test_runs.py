@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from automations.commands import run_automation
 from automations.schedule import slot_key
 from automations.state import AutomationState
+from daemon.cli.automation_run import run_automation
 from daemon.core.errors import StoreError
 from daemon.core.messages import Inbound, Outbound
 from daemon.store import Store
