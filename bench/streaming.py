@@ -19,7 +19,8 @@ runs with `telegram.streaming = "off"` are the baseline. Printed:
 * end-to-end turn time (the update posted -> the last part sent) with streaming over without
   (goal <= 1.05x).
 
-Run: `python bench/streaming.py` (about 6 minutes at the defaults).
+Run: `python bench/streaming.py` (about 6 minutes at the defaults); issue 31's figure:
+`python bench/streaming.py --replies 40 --tokens 120 --tps 60 --bot-latency 0.1`.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def update(update_id: int, user: int, text: str) -> dict[str, Any]:
 class Run:
     """One configuration (streaming on or off) against fresh fakes and a fresh state."""
 
-    def __init__(self, streaming: str, tps: float, tokens: int) -> None:
+    def __init__(self, streaming: str, tps: float, tokens: int, latency: float = 0.0) -> None:
         self.streaming = streaming
+        self.latency = latency
         self.answer = " ".join(["lorem"] * (tokens * 3 // 6))[: tokens * 3]  # tokens of 3 bytes
         self.tps = tps
         self.latencies: list[float] = []
@@ -93,6 +95,7 @@ class Run:
     async def go(self, chats: int, rounds: int) -> None:
         users = [FIRST_USER + i for i in range(chats)]
         async with FakeOllama() as ollama, FakeTelegram(started=users) as telegram:
+            telegram.latency = self.latency
             ollama.default_reply = lambda body: Reply(content=self.answer,
                                                       tokens_per_second=self.tps)
             with tempfile.TemporaryDirectory() as state:
@@ -173,11 +176,14 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--replies", type=int, default=5, help="replies in a row, one chat")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the 10 chats")
+    parser.add_argument("--bot-latency", type=float, default=0.0,
+                        help="seconds the fake Bot API takes per call (Telegram is ~0.05-0.2 s "
+                             "away); a draft on the wire at the last token shows then")
     args = parser.parse_args()
     for chats, rounds in ((1, args.replies), (10, args.rounds)):
         results = {}
         for streaming in ("draft", "off"):
-            run = Run(streaming, args.tps, args.tokens)
+            run = Run(streaming, args.tps, args.tokens, args.bot_latency)
             await run.go(chats, rounds)
             results[streaming] = run
         on, off = results["draft"], results["off"]

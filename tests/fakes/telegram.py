@@ -134,6 +134,7 @@ class FakeTelegram:
         self.host = "127.0.0.1"
         self.port = 0
         self.long_poll_cap = 1.0  # getUpdates waits at most this long, whatever its timeout
+        self.latency = 0.0  # seconds each call takes to be answered, as over the internet
         self.calls: list[Call] = []
         self.sent_messages: list[dict[str, Any]] = []
         self.drafts: list[dict[str, Any]] = []  # the drafts taken: chat_id, draft_id, text, ...
@@ -315,6 +316,8 @@ class FakeTelegram:
             self._call_recorded.notify_all()
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
+        if self.latency:
+            await asyncio.sleep(self.latency)
         if method.lower() in self._held:
             if self._held[method.lower()] > 0:
                 self._held[method.lower()] -= 1
