@@ -104,8 +104,12 @@ class Outcome:
     fact_kept: bool
 
 
-async def run(window: int, counter: tokenizers.Counter) -> Outcome:
-    fake = FakeOllama(models=[FakeModel(context_length=32768)])
+# What each model's /api/show says of its vocabulary (`<arch>.vocab_size` from its GGUF).
+VOCABULARY_SIZES = {"qwen": 151_936, "smollm2": 49_152}
+
+
+async def run(window: int, counter: tokenizers.Counter, vocab_size: int | None) -> Outcome:
+    fake = FakeOllama(models=[FakeModel(context_length=32768, vocab_size=vocab_size)])
     fake.tokenizer = counter
     fake.default_reply = answer
     await fake.start()
@@ -163,7 +167,7 @@ async def main(tokenizer: str) -> None:
     print(f"{'window':>7}{'requests':>9}{'|err| p50':>10}{'max':>8}{'old p50':>9}{'old max':>8}"
           f"{'p50 ratio':>10}{'refused':>8}{'cut':>5}{'folds':>6}  turn-1 fact kept")
     for window in (2048, 8192):
-        out = await run(window, counter)
+        out = await run(window, counter, VOCABULARY_SIZES[tokenizer])
         old = statistics.median(abs(e) for e in out.old_errors)
         new = statistics.median(abs(e) for e in out.errors)
         print(f"{window:>7}{len(out.errors):>9}{spread(out.errors)}{spread(out.old_errors)}"

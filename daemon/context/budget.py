@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
+Estimator = Callable[[str, float], int]  # (text, ratio) -> tokens: `Vocabulary.estimate`
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators the chat template adds per message
 RATIO_MIN = 0.5
 RATIO_MAX = 4.0
@@ -23,11 +26,34 @@ RATIO_MAX = 4.0
 _PIECES = re.compile(r"(\d)|([^\W\d_]+)|( (?=\d)|\s\s+|[^\S ])|( )|([^\w\s]+)|_+")
 WORD_CHARS = 8  # an English word is a token up to about this length (measured on Qwen, SmolLM2)
 PUNCT_CHARS = 3  # `):` or `->` is one token, longer runs split
-# Tokens a character of a non-Latin letter costs in a multilingual vocabulary (Qwen's): CJK and
-# other wide scripts from U+2E80 on, and the two-byte scripts (Cyrillic, Greek, Arabic...).
-# English-only vocabularies cost two to three times this; the conversation's ratio learns it.
-WIDE_CHAR_TOKENS = 0.65
-NARROW_CHAR_TOKENS = 0.42
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Tokens a letter of another script costs in a model's vocabulary: `wide` for CJK and
+    the other wide scripts from U+2E80 on, `narrow` for the two-byte ones (Cyrillic, Greek,
+    Arabic...). Latin text, digits and code cost the same in every vocabulary measured."""
+
+    wide: float
+    narrow: float
+
+    def estimate(self, text: str, ratio: float = 1.0) -> int:
+        return estimate_tokens(text, ratio, self)
+
+
+# A vocabulary of 128K tokens or more (Qwen's 151,936, Llama 3's 128,256, Gemma's 256,000) has
+# tokens of its own for other scripts: measured on Qwen's.
+MULTILINGUAL = Vocabulary(wide=0.65, narrow=0.42)
+# A small one (SmolLM2's 49,152; Llama 2's and Mistral 7B's 32,000) spells them out in bytes,
+# mostly: 1.75 a CJK character and 0.9 a Cyrillic or Greek letter, measured on SmolLM2's.
+ENGLISH_CENTRED = Vocabulary(wide=1.75, narrow=0.9)
+SMALL_VOCABULARY = 64_000
+
+
+def vocabulary_of(size: int | None) -> Vocabulary:
+    """The vocabulary a model's size says (`<arch>.vocab_size` in /api/show); unknown, the
+    multilingual one, and the conversation's ratio learns the rest."""
+    return ENGLISH_CENTRED if size is not None and size < SMALL_VOCABULARY else MULTILINGUAL
 
 
 # A letter run longer than any word (a glued identifier, base64, a key) is not in the
@@ -38,29 +64,32 @@ LONG_WORD = 12
 _CASE_TURN = re.compile(r"[a-z][A-Z]")  # camelCase or base64: each hump is a piece of its own
 
 
-def _word_tokens(word: str) -> float:
+def _word_tokens(word: str, vocabulary: Vocabulary) -> float:
     if word.isascii():
         humps = len(_CASE_TURN.findall(word))
         if len(word) > LONG_WORD:
             return len(word) / 4 + humps
         return 1 + (len(word) - 1) // WORD_CHARS + humps
-    return max(1.0, sum(WIDE_CHAR_TOKENS if ord(c) >= 0x2E80 else NARROW_CHAR_TOKENS
+    return max(1.0, sum(vocabulary.wide if ord(c) >= 0x2E80 else vocabulary.narrow
                         for c in word))
 
 
-def estimate_tokens(text: str, ratio: float = 1.0) -> int:
-    """Estimated tokens of `text`, scaled by the conversation's ratio.
+def estimate_tokens(text: str, ratio: float = 1.0,
+                    vocabulary: Vocabulary = MULTILINGUAL) -> int:
+    """Estimated tokens of `text`, scaled by the conversation's ratio, for a model with that
+    `vocabulary`.
 
     Counted by piece, not by byte: bytes/4 fits English prose but undercounts digits (a token
     each: a date stamp is three times bytes/4) and code, so one ratio could not fit a digit-heavy
     paste and the prose after it (issue 30). Within 10% of Qwen's and SmolLM2's tokenizers on
-    prose, code and digits, and of Qwen's on non-Latin text (bench/real_tokenizer.py)."""
+    prose, code, digits and non-Latin text, each with its vocabulary
+    (bench/real_tokenizer.py)."""
     n = 0.0
     for digit, word, space, _lone, punct in _PIECES.findall(text):
         if digit or space:
             n += 1
         elif word:
-            n += _word_tokens(word)
+            n += _word_tokens(word, vocabulary)
         elif punct:
             n += 1 + (len(punct) - 1) // PUNCT_CHARS
     return math.ceil(n * ratio)

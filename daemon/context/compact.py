@@ -6,8 +6,9 @@ Before each model call, if the larger of the calibrated estimate and Ollama's la
 
 1. images in tool results the model has already answered to are dropped (one a tool has just
    returned stays: the model has not seen it yet); images count by their pixels, as in replay;
-2. targets are cut to a head-and-tail excerpt with a `[TRUNCATED — ...]` label: the largest
-   non-error tool results first, then older assistant messages, then older user messages;
+2. targets are cut to a head-and-tail excerpt labelled `[… N characters left out: ...]`: the
+   largest non-error tool results first, then older assistant messages, then older user
+   messages;
 3. if that is not enough, the last 3 tool results shrink proportionally, so that one pass
    always reaches its target (a pass that stops short fires again a round later);
 4. never touched: the system message, the first user message, the last 3 user and assistant
@@ -26,13 +27,14 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from daemon.context.budget import Estimator, estimate_tokens
 from daemon.context.replay import ChatMessage, chat_tokens, excerpt, image_tokens
 
 TRIGGER_SHARE = 0.75
 TARGET_SHARE = 0.5
 KEEP_LAST_PER_ROLE = 3
 EXCERPT_CHARS = 600
-CUT_LABEL = "left out of this in-memory copy to fit the context window; the full text is saved"
+CUT_LABEL = "this copy, cut to fit the context window; the full text is saved"
 ERROR_PREFIX = "ERROR: "
 
 STATE_REQUEST = (
@@ -59,9 +61,10 @@ class Shrunk:
     tokens_before: int
 
 
-def request_tokens(messages: Sequence[ChatMessage], ratio: float) -> int:
+def request_tokens(messages: Sequence[ChatMessage], ratio: float,
+                   estimate: Estimator = estimate_tokens) -> int:
     """Estimated tokens of in-memory messages, images included."""
-    tokens = sum(chat_tokens(m, ratio) for m in messages)
+    tokens = sum(chat_tokens(m, ratio, estimate) for m in messages)
     for message in messages:
         images = message.get("images")
         if isinstance(images, list):
@@ -97,10 +100,11 @@ def should_compact(estimate: int, last_prompt_eval: int | None, budget: int) -> 
     return max(estimate, last_prompt_eval or 0) > TRIGGER_SHARE * budget
 
 
-def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk:
+def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int,
+           estimate: Estimator = estimate_tokens) -> Shrunk:
     """The turn's messages cut down to half the budget (see the module docstring)."""
     out = [dict(m) for m in messages]
-    before = request_tokens(out, ratio)
+    before = request_tokens(out, ratio, estimate)
     target = TARGET_SHARE * budget
     protected = _protected(out)
     images_dropped = 0
@@ -110,25 +114,25 @@ def shrink(messages: Sequence[ChatMessage], ratio: float, budget: int) -> Shrunk
             images = message.pop("images", None)
             if isinstance(images, list):
                 images_dropped += len(images)
-    targets = _cut_down(out, _targets(out, protected), ratio, target)
-    if request_tokens(out, ratio) > target:
+    targets = _cut_down(out, _targets(out, protected), ratio, target, estimate)
+    if request_tokens(out, ratio, estimate) > target:
         # The newest results alone are over: they give way together, each in proportion to
         # its size, so the pass ends at its target. Errors stay whole.
         last = [i for i in protected if out[i].get("role") == "tool"
                 and not str(out[i].get("content", "")).startswith(ERROR_PREFIX)]
-        targets += _shrink_evenly(out, last, ratio, target)
+        targets += _shrink_evenly(out, last, ratio, target, estimate)
     return Shrunk(out, targets, images_dropped, before)
 
 
 def _shrink_evenly(out: list[ChatMessage], indices: Sequence[int], ratio: float,
-                   goal: float) -> int:
+                   goal: float, estimate: Estimator) -> int:
     """Cut the messages at `indices` to the same share of their length, the largest share
     with which the request fits `goal` (down to a short excerpt each)."""
     originals = {i: str(out[i].get("content") or "") for i in indices}
     total = sum(len(c) for c in originals.values())
     if not total:
         return 0
-    over = request_tokens(out, ratio) - goal
+    over = request_tokens(out, ratio, estimate) - goal
     share = max(0.0, 1 - over * 4 / ratio / total)  # tokens are bytes / 4 * ratio
     cut: set[int] = set()
     for _ in range(40):  # bounded: each round keeps 10% less
@@ -137,17 +141,18 @@ def _shrink_evenly(out: list[ChatMessage], indices: Sequence[int], ratio: float,
             if keep < len(content) - 100:
                 out[i]["content"] = excerpt(content, keep, CUT_LABEL)
                 cut.add(i)
-        if request_tokens(out, ratio) <= goal or share <= 0:
+        if request_tokens(out, ratio, estimate) <= goal or share <= 0:
             break
         share = share * 0.9 - 0.01
     return len(cut)
 
 
-def _cut_down(out: list[ChatMessage], order: Sequence[int], ratio: float, goal: float) -> int:
+def _cut_down(out: list[ChatMessage], order: Sequence[int], ratio: float, goal: float,
+              estimate: Estimator) -> int:
     """Cut the messages at `order` to an excerpt, one by one, until the request fits `goal`."""
     cut = 0
     for index in order:
-        if request_tokens(out, ratio) <= goal:
+        if request_tokens(out, ratio, estimate) <= goal:
             break
         content = str(out[index].get("content") or "")
         if len(content) <= EXCERPT_CHARS + 100:

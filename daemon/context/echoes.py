@@ -13,8 +13,8 @@ import re
 # A line that is one of roost's labels, or a stamp-like line: a bracket opening on a label word.
 LABEL_MAX = 200  # characters: a longer line is the model's own words
 _COPIED = re.compile(
-    r"\[\s*(?:sent|sender|sended|truncated|image \d|facts changed|file:|document:|voice:)"
-    r"[^\n]*", re.IGNORECASE)
+    r"\[\s*(?:sent|sender|sended|truncated|image \d|facts changed|file:|document:|voice:"
+    r"|… [\d,]+ characters left out)[^\n]*", re.IGNORECASE)
 
 
 def without_framing(reply: str) -> str:

@@ -10,16 +10,15 @@ makes it again only at a fold (`daemon.turn.prompting`), so every turn sends the
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.context.budget import estimate_tokens
+from daemon.context.budget import Estimator, estimate_tokens
 
 FACTS_SHARE = 32  # the block may take a 32nd of the window
 FACTS_HEAD = "Facts the user asked you to keep (oldest first, with the day noted):"
 NOTE_MAX_CHARS = 600  # the change line of one turn
 
-Estimator = Callable[[str, float], int]
 _TAG = re.compile("user_facts", re.IGNORECASE)
 
 

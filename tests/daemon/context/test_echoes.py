@@ -16,6 +16,9 @@ def test_a_copied_truncation_label_is_taken_off() -> None:
                            "whole; this is its start and end]") == "The total is 412."
     assert without_framing("Done.\n[TRUNCATED — 300 characters of a long message left out]\n"
                            "[sent Thu 3 Dec 2026 09:00]") == "Done."
+    # The label as roost writes it now.
+    assert without_framing("All set.\n[… 1,200 characters left out: a long earlier "
+                           "message]") == "All set."
 
 
 def test_the_models_own_words_stay() -> None:

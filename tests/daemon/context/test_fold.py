@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from daemon.context.budget import estimate_tokens
+from daemon.context.budget import ENGLISH_CENTRED, estimate_tokens
 from daemon.context.fold import (
     NOTES_HEADING,
     FoldPlan,
@@ -295,6 +295,21 @@ def test_fold_prompt_fits_its_budget_with_huge_messages(ratio: float, window: in
         assert f"#{m.seq}" in messages[1]["content"]
 
 
+def test_notes_that_fill_the_fold_budget_alone_leave_the_new_messages_clipped() -> None:
+    # At a 2K window the fold prompt has 512 tokens; digit-heavy notes (a token a digit) to
+    # condense took all of them, and the new messages went whole: 4,073 tokens, refused.
+    window, export = 2048, "2026-12-01 14:01,36019,4793.11\n" * 130
+    notes = "\n".join(["- " + export[:300]] * 3)
+    folded = [message(1, "user", export), message(2, "assistant", "Noted the export."),
+              message(3, "user", export), message(4, "assistant", "And the second one.")]
+    messages = fold_messages(SummaryState(summary="the story so far"), plan_of(folded),
+                             notes=notes, condense_notes=True, window=window,
+                             prompt_budget=512, ratio=1.0)
+    answer = summary_cap_chars(window) // 4 + notes_cap_tokens(window) + 64
+    assert chat_tokens(messages) <= window - answer
+    assert notes in messages[1]["content"]  # whole, for the model to condense
+
+
 def test_fold_prompt_fits_its_budget_with_many_messages() -> None:
     window = 8192
     folded = conversation("ua" * 100, size=800)
@@ -366,6 +381,19 @@ def test_notes_lose_trivia_before_names_numbers_and_instructions() -> None:
     assert dropped > 0
     assert all(fact in kept.splitlines() for fact in facts)
     assert estimate_tokens(kept, 1.0) <= notes_cap_tokens(2048)
+
+
+@pytest.mark.parametrize("ratio", [1.0, 1.3])
+def test_one_note_in_a_dense_script_is_clipped_to_the_cap_in_that_models_tokens(
+        ratio: float) -> None:
+    # A 300-character note of Chinese and Russian cost SmolLM2 about three times the notes'
+    # cap; clipped at four characters a token it stayed whole, and every fold added an "…".
+    note = "- " + ("今日は天気が良いので公園に行きます Привет как дела " * 20)[:298]
+    kept, _ = trim_notes(note, 2048, ratio, ENGLISH_CENTRED)
+    assert kept.startswith("- 今日は天気")
+    assert estimate_tokens(kept, ratio, ENGLISH_CENTRED) <= notes_cap_tokens(2048)
+    again, _ = trim_notes(kept, 2048, ratio, ENGLISH_CENTRED)
+    assert again == kept
 
 
 def test_a_summary_that_repeats_a_fact_is_not_taken_for_an_echo() -> None:

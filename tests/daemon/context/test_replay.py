@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from daemon.context.budget import estimate_tokens
+from daemon.context.budget import estimate_tokens, vocabulary_of
 from daemon.context.replay import DoesNotFit, Request, build_request, image_tokens
 from daemon.core.conversations import Message, Role, SummaryState
 
@@ -202,7 +202,7 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
             # share of the budget (or shortened as a last resort) is an excerpt, and then it
             # names the call that reads it whole.
             content = chat["content"]
-            if "[TRUNCATED" in content and content != original.content:
+            if "characters left out:" in content and content != original.content:
                 assert request.shortened >= 1
                 assert f'conversation_read("{CID}", {seq}, {seq}, offset=...)' in content
                 assert content.startswith(original.content[:100])
@@ -569,7 +569,7 @@ def test_a_newest_message_that_fits_alone_is_sent_whole_and_old_pastes_give_way(
     check_invariants(request, script, 7_000, 1.0)
     assert request.messages[-1]["content"] == script.messages[-1].content + TAIL_NOTE
     first = tail_of(request)[0]["content"]
-    assert isinstance(first, str) and "[TRUNCATED" in first
+    assert isinstance(first, str) and "characters left out:" in first
 
 
 def test_a_model_without_tools_is_promised_no_conversation_read() -> None:
@@ -585,7 +585,7 @@ def test_a_model_without_tools_is_promised_no_conversation_read() -> None:
     without = build_request(conversation_id=CID, prefix=PREFIX, history=script.messages,
                             budget=7_000, summary=summary, tools=False)
     shown = json.dumps(without.messages)
-    assert "A greeting." in shown and "[TRUNCATED" in shown
+    assert "A greeting." in shown and "characters left out:" in shown
     assert "conversation_read" not in shown
     assert "conversation_read" in json.dumps(with_tools.messages)
 
@@ -777,7 +777,7 @@ def test_an_old_long_message_is_excerpted_the_same_way_on_every_turn() -> None:
         requests.append(build(script.messages, 7_000))
     firsts = [tail_of(r)[0]["content"] for r in requests]
     assert len(set(firsts)) == 1  # the same bytes: Ollama's cache keeps matching
-    assert "[TRUNCATED" in firsts[0] and all(r.shortened == 1 for r in requests)
+    assert "characters left out:" in firsts[0] and all(r.shortened == 1 for r in requests)
     check_invariants(requests[-1], script, 7_000, 1.0)
 
 
@@ -956,7 +956,7 @@ def test_a_failed_tool_result_decays_three_times_slower_than_a_successful_one() 
     roomy = build(script.messages)
     tight = build(script.messages, budget=roomy.estimate - 150)
     contents = {seq_of(m): str(m["content"]) for m in tight.messages}
-    assert tight.decayed >= 1 and "[TRUNCATED" in contents[ok.seq]
+    assert tight.decayed >= 1 and "characters left out:" in contents[ok.seq]
     assert contents[failed.seq] == failed.content
 
 
@@ -977,3 +977,29 @@ def test_the_time_is_stamped_when_it_may_have_moved_and_never_changes_later() ->
     assert contents[4] == "later\n\n[sent Tue 2 Dec 2025 20:30]"
     # What was sent before is sent again byte for byte: the prompt cache keeps matching.
     assert [m["content"] for m in first.messages] == [m["content"] for m in then.messages[:5]]
+
+
+# --- text a token a character or more ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["chinese, small vocabulary", "digits"])
+def test_dense_pastes_are_excerpted_to_their_share_not_four_characters_a_token(
+    kind: str,
+) -> None:
+    # SmolLM2 spells Chinese out at 1.75 tokens a character, any tokenizer a digit a token:
+    # an excerpt sized at 4 characters a token was several times its share, and the two
+    # protected pastes alone did not fit (DoesNotFit: the turn was refused).
+    vocabulary = vocabulary_of(49_152)
+    paste = ("人工智能正在改变我们的生活方式。" * 200 if kind.startswith("chinese")
+             else "2026-12-01 14:01,36019,4793.11\n" * 100)
+    script = Script()
+    script.user(paste)
+    script.assistant("Read it.")
+    script.user(paste)
+    script.assistant("Read that one too.")
+    script.user("thanks")
+    request = build_request(conversation_id=CID, prefix=PREFIX, history=script.messages,
+                            budget=700, tail_note=TAIL_NOTE, estimate=vocabulary.estimate)
+    assert request.estimate <= 700
+    pastes = [m["content"] for m in request.messages if paste[:10] in str(m["content"])]
+    assert len(pastes) == 2 and all("characters left out:" in p for p in pastes)
