@@ -41,7 +41,7 @@ class Vocabulary:
         return estimate_tokens(text, ratio, self)
 
 
-# A vocabulary of 128K tokens or more (Qwen's 151,936, Llama 3's 128,256, Gemma's 256,000) has
+# A vocabulary of 64,000 tokens or more (Qwen's 151,936, Llama 3's 128,256, Gemma's 256,000) has
 # tokens of its own for other scripts: measured on Qwen's.
 MULTILINGUAL = Vocabulary(wide=0.65, narrow=0.42)
 # A small one (SmolLM2's 49,152; Llama 2's and Mistral 7B's 32,000) spells them out in bytes,
