@@ -40,10 +40,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from automations.reminders import Reminders, register_reminder_tools
+from automations.reminders import Reminders
 from automations.runner import CHAT_PREFIX, AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
-from automations.state import AutomationState
 from daemon.core.config import AutomationSettings
 from daemon.core.logs import automation_log as log
 from daemon.engine.delivery import DeliveryHooks
@@ -58,10 +57,13 @@ MISSED_COUNTED = 10_000  # slots of one outage counted at most (an `every 1m` do
 class Automations:
     """Owns the scheduler, the runner and the reminders; `start()`/`stop()` in the app."""
 
-    def __init__(self, parts: TurnParts, outlet: Outlet, *, channels: Collection[str] = (),
+    def __init__(self, parts: TurnParts, outlet: Outlet, reminders: Reminders, *,
+                 hooks: DeliveryHooks | None = None, channels: Collection[str] = (),
                  clock: Callable[[], float] = time.time,
                  on_run: Callable[[str, str], None] | None = None) -> None:
         """`parts` run the turns (shared with the chats), `outlet` queues what they deliver,
+        `reminders` (whose state is the automations' too: closed by `stop`) are the ones the
+        model's tools set; `hooks` are the outbox's, whose news of runs' reports this hears;
         `channels` name the running channels; `on_run` is told (automation, status) of each
         run's final status (/metrics)."""
         self.store = parts.store
@@ -69,24 +71,21 @@ class Automations:
         self.settings = parts.settings
         self.clock = clock
         self.tz = parts.settings.daemon.tz
-        self.state = AutomationState(parts.store.state_dir)
+        self.outlet = outlet
+        self.state = reminders.state
         self.runner = AutomationRunner(parts, outlet, self.state, clock=clock, on_run=on_run)
-        self.reminders = Reminders(outlet, self.tz, self.state, clock=clock)
-        self.reminders.arm = self._arm
+        self.reminders = reminders
+        if hooks is not None:  # subscribing, as to the scheduler's events below
+            hooks.sent.append(self.runner.sent)
+            hooks.refused.append(self.runner.refused)
         self.by_name = {a.name: a for a in self.settings.automations}
         self.scheduler = AsyncIOScheduler(timezone=self.tz, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 300})
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # runs and reminders in flight
+        self._arming: asyncio.Task[None] | None = None
         self._alive_noted: float | None = None
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
-        # Registered before the engine takes work: every turn's prefix lists the capability.
-        register_reminder_tools(parts.registry, self.reminders)
-
-    def listen(self, hooks: DeliveryHooks) -> None:
-        """Hear of the runs' reports the platforms took or refused (see DeliveryHooks)."""
-        hooks.sent.append(self.runner.sent)
-        hooks.refused.append(self.runner.refused)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), self.tz)
@@ -109,6 +108,7 @@ class Automations:
         self.scheduler.add_job(self.scan, IntervalTrigger(seconds=SCAN_EVERY, timezone=self.tz),
                                id="reminders:scan", replace_existing=True)
         self.scheduler.start()
+        self._arming = asyncio.create_task(self._arm_added(), name="roost-reminders")
         await self._recover()
         log.info("scheduler started: %d automations, %d reminders pending",
                  sum(a.enabled for a in self.settings.automations),
@@ -123,6 +123,9 @@ class Automations:
             self.scheduler.shutdown(wait=False)
             # Only a daemon that scheduled notes it: a command's run says nothing about outages.
             await asyncio.to_thread(self.state.set_alive, self.clock())
+        if self._arming is not None:
+            self._arming.cancel()
+            await asyncio.gather(self._arming, return_exceptions=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -163,7 +166,7 @@ class Automations:
                 self.scheduler.add_job(self._track_request, args=[automation, request["id"]])
         for doc in await self.reminders.pending():
             if doc["due"] <= self.clock():
-                await self._track(self.reminders.fire(doc["id"]))
+                await self._track(self.reminders.fire(doc["id"], self.outlet))
             elif self.scheduler.get_job(f"reminder:{doc['id']}") is None:
                 self._arm(doc)
 
@@ -203,6 +206,11 @@ class Automations:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _arm_added(self) -> None:
+        """Put each reminder the model sets on its timer as it is set."""
+        while True:
+            self._arm(await self.reminders.added.get())
+
     def _arm(self, doc: dict[str, Any]) -> None:
         if not self.scheduler.running:
             return  # start() arms every pending one
@@ -212,7 +220,7 @@ class Automations:
         due = datetime.now(self.tz) + timedelta(seconds=doc["due"] - self.clock())
         # No misfire limit: a reminder is never dropped; how late it is, fire() decides.
         self.scheduler.add_job(self.reminders.fire, DateTrigger(due, timezone=self.tz),
-                               args=[doc["id"]], id=f"reminder:{doc['id']}",
+                               args=[doc["id"], self.outlet], id=f"reminder:{doc['id']}",
                                misfire_grace_time=None, replace_existing=True)
 
     async def _recover(self) -> None:

@@ -74,6 +74,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from bench import long_messages
 from bench.scenario import ScriptedModel, Turn, is_fold, is_state_request, script, web_capability
+from daemon.app.assembly import assemble
 from daemon.app.metrics import common_prefix
 from daemon.context.compact import STATE_REQUEST
 from daemon.core.config import Settings
@@ -386,8 +387,7 @@ async def run_roost(fake: FakeOllama, turns: Sequence[Turn], state_dir: Path) ->
     clock = Clock(START)
     store = Store.open(state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm,
-                    channels={"console": RecordingChannel()}, clock=clock)
+    engine = assemble(settings, store, llm, {"console": RecordingChannel()}, clock=clock).engine
     # The scripted pages stand in for the built-in `web` capability (a real fetch would leave
     # loopback); registering it anew fails since web became built in.
     engine.parts.registry.replace(web_capability(turns))

@@ -33,10 +33,10 @@ from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import store_file
 from daemon.store.documents.pool import WorkerPool
+from daemon.tools import documents as document_tools
 from daemon.tools.builtin import ToolContext
-from daemon.tools.documents import register_documents
 from daemon.tools.registry import Registry, ToolCall
-from daemon.tools.web.tools import register_web
+from daemon.tools.web import tools as web_tools
 from tests import documents
 from tests.fakes.website import ARTICLE, FakeSite
 
@@ -63,8 +63,8 @@ async def main(pages: int, repeat: int) -> None:
         store = Store.open(Path(tmp))
         pool = WorkerPool()
         registry = Registry()
-        register_documents(registry, pool)
-        register_web(registry, settings.web.__class__(allow_hosts=("127.0.0.1",)), pool=pool)
+        document_tools.register(registry, pool)
+        web_tools.register(registry, settings.web.__class__(allow_hosts=("127.0.0.1",)), pool=pool)
         conversation = store.create_conversation("telegram:1", time.time())
         ctx = ToolContext(store=store, settings=settings, registry=registry,
                           conversation_id=conversation.id, clock=time.time)

@@ -39,9 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too
 
 from bench.scenario import WORDS, is_fold
+from daemon.app.assembly import assemble
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
@@ -136,8 +136,8 @@ async def run_long(turns: int, seed: int) -> tuple[list[TurnRecord], dict[str, i
             store = Store.open(state)
             llm = ModelClient(settings.model)
             channel = RecordingChannel()
-            engine = Engine(settings=settings, store=store, llm=llm,
-                            channels={"console": channel}, clock=lambda: now[0])
+            engine = assemble(settings, store, llm, {"console": channel},
+                              clock=lambda: now[0]).engine
             await engine.start()
             records: list[TurnRecord] = []
             previous: Body = {}

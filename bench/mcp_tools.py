@@ -46,7 +46,6 @@ from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Listing
 from daemon.tools.mcp.servers import with_servers
 from daemon.tools.registry import ToolCall
-from daemon.turn.parts import TurnParts, builtin_registry
 from tests.fakes.ollama import FakeOllama
 
 SERVER = Path(__file__).resolve().parents[1] / "tests" / "fakes" / "mcp_server.py"
@@ -81,11 +80,10 @@ async def fresh_request(fake: FakeOllama, tools: int, servers: int) -> dict[str,
             model=dataclasses.replace(settings.model, host=fake.url))
         # Every built-in capability (web_search included), then the servers: registered, not
         # started.
-        registry, _ = with_servers(settings.mcp, state, builtin_registry(settings))
         store = Store.open(state)
         llm = ModelClient(settings.model)
         try:
-            parts = TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
+            parts = _parts(settings, store, llm)
             runner = parts.runner(notify=_nothing)
             before = len(fake.chat_requests)
             await runner.run("console:local", [Inbound("console:local", "hello", time.time())])
@@ -108,6 +106,18 @@ def qwen_tokens(body: dict[str, Any]) -> int:
                 + (len(bpe.encode(json.dumps(m["tool_calls"]))) if m.get("tool_calls") else 0)
                 for m in body["messages"])
     return total + (len(bpe.encode(json.dumps(body["tools"]))) if body.get("tools") else 0)
+
+
+def _parts(settings: Settings, store: Store, llm: ModelClient) -> Any:
+    """The turn's parts with every built-in tool and the servers registered (not started), as
+    the daemon builds them; on BASELINE's tree, from before the one assembly, as it did."""
+    try:
+        from daemon.app.assembly import assemble
+    except ImportError:
+        from daemon.turn.parts import TurnParts, builtin_registry  # type: ignore[attr-defined]
+        registry, _ = with_servers(settings.mcp, store.state_dir, builtin_registry(settings))
+        return TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
+    return assemble(settings, store, llm, {}).parts
 
 
 def index_lines(body: dict[str, Any]) -> int:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is not installed
 
+from daemon.app.assembly import assemble
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
@@ -52,8 +52,7 @@ async def run(mode: str, turns: int) -> tuple[int, float, int]:
             base.model, host=fake.url, window=8192, retry_backoff=0.01, retry_attempts=2))
         store = Store.open(Path(state))
         llm = ModelClient(settings.model)
-        engine = Engine(settings=settings, store=store, llm=llm,
-                        channels={"telegram": RecordingChannel("telegram")})
+        engine = assemble(settings, store, llm, {"telegram": RecordingChannel("telegram")}).engine
         await engine.start()
         try:
             for turn in range(turns):

@@ -141,7 +141,6 @@ class running:
 
         from daemon.core.config import Settings
         from daemon.core.messages import Inbound
-        from daemon.engine.workers import Engine
         from daemon.llm.client import ModelClient
         from daemon.store import Store
         from tests.conftest import RecordingChannel
@@ -152,8 +151,15 @@ class running:
             retry_backoff=0.01))
         self.store = Store.open(Path(self.folder.name))
         self.llm = ModelClient(settings.model)
-        self.engine = Engine(settings=settings, store=self.store, llm=self.llm,
-                             channels={"console": RecordingChannel()})
+        channels = {"console": RecordingChannel()}
+        try:
+            from daemon.app.assembly import assemble
+        except ImportError:  # the baseline tree, from before the one assembly
+            from daemon.engine.workers import Engine
+            self.engine = Engine(settings=settings, store=self.store, llm=self.llm,
+                                 channels=channels)
+        else:
+            self.engine = assemble(settings, self.store, self.llm, channels).engine
         for capability in self.capabilities:
             self.engine.parts.registry.register(capability)
         await self.engine.start()

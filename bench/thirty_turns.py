@@ -32,10 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is not installed
 
 from bench.scenario import WORDS
+from daemon.app.assembly import assemble
 from daemon.context.fold import FOLD_SYSTEM
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel
@@ -120,8 +120,7 @@ async def run(window: int, counter: tokenizers.Counter, vocab_size: int | None) 
             retry_backoff=0.01, retry_attempts=2))
         store = Store.open(Path(state))
         llm = ModelClient(settings.model)
-        engine = Engine(settings=settings, store=store, llm=llm,
-                        channels={"telegram": RecordingChannel("telegram")})
+        engine = assemble(settings, store, llm, {"telegram": RecordingChannel("telegram")}).engine
         await engine.start()
         errors: list[float] = []
         old_errors: list[float] = []

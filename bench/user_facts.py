@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.automation_prefix import rendered, shared_bytes
+from daemon.app.assembly import assemble
 from daemon.context.facts import facts_block, with_facts
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
@@ -78,7 +79,7 @@ async def conversation(state: Path) -> tuple[list[dict[str, Any]], str, FakeOlla
             book.add(Person(ALICE, (ALICE,)), fact, f"2026-11-{i + 1:02d}")
         llm = ModelClient(settings.model)
         channels = {"telegram": RecordingChannel("telegram")}
-        engine = Engine(settings=settings, store=store, llm=llm, channels=channels)
+        engine = assemble(settings, store, llm, channels).engine
         await engine.start()
         try:
             bodies = []

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is not installed
 
+from daemon.app.assembly import DaemonParts, assemble
 from daemon.core.config import Settings, VoiceSettings
 from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
@@ -77,8 +78,8 @@ async def run(rounds: int, delay: float) -> None:
             llm = ModelClient(settings.model)
             channel = RecordingChannel("console")
             voice = Hearing(voice_settings, store, HttpBackend(voice_settings), hold=llm.slot)
-            engine = Engine(settings=settings, store=store, llm=llm,
-                            channels={"console": channel}, voice=voice)
+            engine = assemble(settings, store, llm, {"console": channel},
+                              extra=DaemonParts(voice=voice)).engine
             engine.worker_idle_exit = 60.0
             await engine.start()
             try:

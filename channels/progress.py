@@ -33,7 +33,8 @@ REMEMBERED = 1000  # replies in flight at once are far fewer; older ones are on 
 
 
 class Progress:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_resent: Callable[[], None] | None = None) -> None:
+        """`on_resent` is told of each part sent again (the daemon's /metrics count them)."""
         self.store = store
         # id -> (parts sent, pieces sent of the next part, platform ids)
         self._sent: OrderedDict[str, tuple[int, int, tuple[str, ...]]] = OrderedDict()
@@ -43,7 +44,7 @@ class Progress:
         # Replies an earlier process left with a part in flight: id -> that part's index.
         self._inherited: dict[str, int] = {}
         self.resent = 0  # parts sent again after a restart (see the module docstring)
-        self.on_resent: Callable[[], None] | None = None  # /metrics counts them
+        self.on_resent = on_resent
 
     def start(self, outbound: Outbound) -> tuple[int, list[str]]:
         """Parts already delivered and their ids: the outbox item's, or what this process

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
+from automations.reminders import Reminders
+from automations.state import AutomationState
+from daemon.app.assembly import tool_registry
 from daemon.core.config import Settings
 from daemon.core.messages import Outbound, ReplySink
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.tools.registry import Registry
+from daemon.turn.parts import TurnParts
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -106,3 +113,15 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
     async with asyncio.timeout(timeout):
         while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+
+
+def standard_registry(settings: Settings) -> Registry:
+    """Every built-in tool, registered as the daemon registers them (daemon/app/assembly.py),
+    for a test that builds its own turn parts."""
+    state = AutomationState(settings.daemon.state_dir)
+    return tool_registry(settings, Reminders(settings.daemon.tz, state))
+
+
+def standard_parts(settings: Settings, store: Store, llm: ModelClient) -> TurnParts:
+    return TurnParts.build(settings=settings, store=store, llm=llm,
+                           registry=standard_registry(settings))

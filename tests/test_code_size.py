@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from bench.code_size import ROOT, blocks, over_limits
 
-# path:name -> lines, each to be split along its own steps. app/serve.py and cli/chat.py are
-# reshaped by the one assembly (issue 31 item 1).
-KNOWN_OVER: dict[str, int] = {
-    "daemon/app/serve.py:serve": 78,
-}
+# path:name -> lines, each to be split along its own steps (none left since issue 31).
+KNOWN_OVER: dict[str, int] = {}
 
 
 def test_the_turn_keeps_to_the_limits() -> None:

@@ -161,7 +161,9 @@ class Telegram:
     def __init__(self, settings: TelegramSettings, store: Store,
                  tuning: TelegramTuning | None = None,
                  attachments: AttachmentSettings | None = None,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None,
+                 on_resent: Callable[[], None] | None = None) -> None:
+        """`on_resent` is told of each part of a reply sent again (see channels/progress.py)."""
         check_settings(settings)
         self.access = access
         self.settings = settings
@@ -173,7 +175,8 @@ class Telegram:
         self.channel = TelegramChannel(self.bot, store,
                                        typing_interval=self.tuning.typing_interval,
                                        drafts=settings.streaming == "draft",
-                                       draft_interval=settings.draft_interval)
+                                       draft_interval=settings.draft_interval,
+                                       on_resent=on_resent)
         self.identity: BotIdentity | None = None
         self.intake: TelegramIntake | None = None
         self._polling = False

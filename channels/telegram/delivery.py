@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import html
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -50,10 +50,11 @@ class TelegramChannel:
     name = "telegram"
 
     def __init__(self, bot: Bot, store: Store, *, typing_interval: float = 4.0,
-                 drafts: bool = True, draft_interval: float = 0.7) -> None:
+                 drafts: bool = True, draft_interval: float = 0.7,
+                 on_resent: Callable[[], None] | None = None) -> None:
         self.bot = bot
         self.store = store
-        self.progress = Progress(store)
+        self.progress = Progress(store, on_resent)
         self.typing_interval = typing_interval
         self.drafts = drafts  # telegram.streaming = "draft"
         self.draft_interval = draft_interval

@@ -18,6 +18,7 @@ import dataclasses
 import hmac
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -73,7 +74,9 @@ class WhatsApp:
     def __init__(self, settings: WhatsAppSettings, store: Store, records: Records,
                  tuning: WhatsAppTuning | None = None,
                  attachments: AttachmentSettings | None = None,
-                 access: Access | None = None) -> None:
+                 access: Access | None = None,
+                 on_resent: Callable[[], None] | None = None) -> None:
+        """`on_resent` is told of each part of a reply sent again (see channels/progress.py)."""
         self.settings = settings
         self.access = access
         self.store = store
@@ -82,7 +85,8 @@ class WhatsApp:
         self.client = GraphClient(settings)
         self.channel = WhatsAppChannel(self.client, store, settings,
                                        typing_refresh=self.tuning.typing_refresh,
-                                       read_delay=self.tuning.read_delay, records=records)
+                                       read_delay=self.tuning.read_delay, records=records,
+                                       on_resent=on_resent)
         self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
                                    limits=attachment_limits(attachments or AttachmentSettings()),
                                    backoff=self.tuning.media_backoff)

@@ -56,11 +56,12 @@ class WhatsAppChannel:
     def __init__(self, client: GraphClient, store: Store, settings: WhatsAppSettings, *,
                  typing_refresh: float = 20.0, read_delay: float = 0.5,
                  clock: Callable[[], float] = time.time,
-                 records: Records | None = None) -> None:
+                 records: Records | None = None,
+                 on_resent: Callable[[], None] | None = None) -> None:
         self.client = client
         self.invitations = Invitations(client, store, settings, records, clock)
         self.store = store
-        self.progress = Progress(store)
+        self.progress = Progress(store, on_resent)
         self.settings = settings
         self.typing_refresh = typing_refresh
         self.read_delay = read_delay

@@ -2,8 +2,9 @@
 
 Each part is a `cleanup_ctx` generator, set up in order and torn down in reverse: the store, the
 Ollama client, the health monitor, pairing and pacing, the channels (before the engine, which
-delivers through them), the engine, the automations' scheduler (after the engine it runs turns
-on), then the channels' receiving sides (after the engine, which they feed; so they stop first).
+delivers through them), the core (daemon/app/assembly.py: the tools and MCP servers, the engine,
+the automations' scheduler), then the channels' receiving sides (after the engine, which they
+feed; so they stop first).
 `serve()` binds the port first (a second instance stops before it touches Telegram), starts the
 parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
 SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
@@ -17,6 +18,7 @@ import contextlib
 import errno
 import gc
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,13 +27,12 @@ from pathlib import Path
 from aiohttp import web
 
 from automations.board import Board
-from automations.runner import RUN_STATUSES
 from automations.scheduler import Automations
-from channels.progress import Progress
 from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning
 from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
+from daemon.app.assembly import Core, DaemonParts, Runs, core
 from daemon.app.chat_socket import ChatSocket
 from daemon.app.console_health import Running, health_view
 from daemon.app.health import HealthMonitor
@@ -45,6 +46,7 @@ from daemon.app.httpguard import (
 )
 from daemon.app.metrics import START_TIME, Metrics
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
+from daemon.app.shutdown import shutdown_budget
 from daemon.console.web import Console
 from daemon.core.config import Settings
 from daemon.core.errors import (
@@ -57,7 +59,6 @@ from daemon.core.errors import (
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
-from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
@@ -66,9 +67,8 @@ from daemon.store import Store
 from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
 from daemon.store.memory_index import MemoryIndex
-from daemon.tools.mcp.servers import McpServers, with_servers
+from daemon.tools.mcp.servers import McpServers
 from daemon.tools.registry import Registry
-from daemon.turn.parts import TurnParts, builtin_registry
 from daemon.voice.backends import build_backend
 from daemon.voice.hearing import Hearing, no_wait
 from daemon.voice.speaking import Speaking, build_speaking
@@ -92,7 +92,7 @@ LLM = web.AppKey("llm", ModelClient)
 HEALTH = web.AppKey("health", HealthMonitor)
 METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", Engine)
-DELIVERY_HOOKS = web.AppKey("delivery_hooks", DeliveryHooks)
+CORE = web.AppKey("core", Core)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
 TELEGRAM = web.AppKey("telegram", Telegram)
 TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
@@ -152,8 +152,8 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         app[CHAT_SOCKET] = ChatSocket(settings.daemon.state_dir)
         counted["console"] = _Counted(app[CHAT_SOCKET], metrics)
         starting.append(chat_socket_ctx)
-    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx, mcp_ctx,
-                            *opening, engine_ctx, automations_ctx, *starting])
+    app.cleanup_ctx.extend([store_ctx, documents_ctx, llm_ctx, health_ctx, access_ctx,
+                            *opening, core_ctx, *starting])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_route)
     if settings.console.enabled:
@@ -203,8 +203,7 @@ async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
-    app[LLM] = ModelClient(app[SETTINGS].model)
-    app[LLM].observer = app[METRICS]
+    app[LLM] = ModelClient(app[SETTINGS].model, observer=app[METRICS])
     yield
     await app[LLM].close()
 
@@ -219,45 +218,28 @@ async def health_ctx(app: web.Application) -> AsyncIterator[None]:
     await monitor.stop()
 
 
-async def mcp_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The tool registry with the MCP servers' capabilities; the servers start in the
-    background (a broken one is a line in /status, never a daemon that does not start) and
-    stop after the engine."""
-    settings = app[SETTINGS]
-    registry, servers = await asyncio.to_thread(with_servers, settings.mcp,
-                                                settings.daemon.state_dir,
-                                                builtin_registry(settings))
-    app[REGISTRY], app[MCP] = registry, servers
-    await servers.start()
-    yield
-    await servers.stop()
-
-
-async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    channels: dict[str, Channel] = app[CHANNELS]
+async def core_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The core (daemon/app/assembly.py): the tools with the MCP servers' (which start in the
+    background: a broken one is a line in /status, never a daemon that does not start), the
+    engine, then the scheduler; left in reverse, within the shutdown budget."""
     settings, store, llm, metrics = app[SETTINGS], app[STORE], app[LLM], app[METRICS]
-    parts = TurnParts.build(settings=settings, store=store, llm=llm, index=app[INDEX],
-                            registry=app[REGISTRY],
-                            on_event=lambda kind: metrics.events.labels(kind).inc())
-    # Filled before anything is sent: the automations add theirs right after the engine.
-    hooks = app[DELIVERY_HOOKS] = DeliveryHooks()
     voice = Hearing(settings.voice, store, build_backend(settings.voice),
                     hold=llm.slot if settings.voice.queue_with_model else no_wait,
                     observe=metrics.transcription)
     # The voice replies hold the model slot around each synthesis: Speaking itself waits for none.
     speaking = app.get(SPEAKING) or build_speaking(settings.speech, store)
-    engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
-                    hooks=hooks, voice=voice, speaking=speaking)
-    app[ENGINE] = engine
-    await engine.start()
-    yield
-    budget = shutdown_budget(app[SETTINGS].daemon.shutdown_grace)
-    # After serve() drained, this drains no more: the grace runs once.
-    await engine.stop(budget.drain, budget.unwind)
-    await voice.close()
-    if speaking is not None:
-        await speaking.close()
-    log.info("engine stopped")
+    extra = DaemonParts(metrics=metrics, index=app[INDEX], voice=voice, speaking=speaking)
+    channels: dict[str, Channel] = app[CHANNELS]
+    try:
+        async with core(settings, store, llm, channels, Runs.DAEMON, extra=extra) as built:
+            app[CORE], app[ENGINE], app[AUTOMATIONS] = built, built.engine, built.automations
+            app[REGISTRY], app[MCP] = built.parts.registry, built.servers
+            yield
+        log.info("engine and scheduler stopped")
+    finally:
+        await voice.close()
+        if speaking is not None:
+            await speaking.close()
 
 
 async def chat_socket_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -281,28 +263,13 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
-async def automations_ctx(app: web.Application) -> AsyncIterator[None]:
-    # Right after the engine: the reminder tools are registered (in Automations()) before any
-    # turn runs, and the scheduler stops before the engine it delivers through.
-    engine, metrics = app[ENGINE], app[METRICS]
-    automations = Automations(engine.parts, engine, channels=engine.channels,
-                              on_run=metrics.automation_run)
-    automations.listen(app[DELIVERY_HOOKS])
-    app[AUTOMATIONS] = automations
-    metrics.automations_known((a.name for a in app[SETTINGS].automations), RUN_STATUSES)
-    await automations.start()
-    yield
-    await automations.stop(shutdown_budget(app[SETTINGS].daemon.shutdown_grace).unwind)
-    log.info("scheduler stopped")
-
-
 async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
-                        settings.attachments, app[ACCESS])
+                        settings.attachments, app[ACCESS],
+                        on_resent=app[METRICS].parts_resent.labels("telegram").inc)
     await telegram.open()
     app[TELEGRAM] = telegram
-    _count_resent(telegram.channel.progress, app[METRICS], "telegram")
     app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
     yield
     await telegram.close()
@@ -310,7 +277,7 @@ async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
     await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"),
-                              app[ENGINE].parts.approvals)
+                              app[CORE].parts.approvals)
     yield
     await app[TELEGRAM].stop()
     log.info("telegram stopped")
@@ -326,10 +293,10 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
     records = Records(app[STORE].state_dir, settings.daemon.tz,
                       on_event=lambda kind: metrics.events.labels(kind).inc())
     whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
-                        settings.attachments, app[ACCESS])
+                        settings.attachments, app[ACCESS],
+                        on_resent=metrics.parts_resent.labels("whatsapp").inc)
     await whatsapp.open()
     app[WHATSAPP] = whatsapp
-    _count_resent(whatsapp.channel.progress, app[METRICS], "whatsapp")
     app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
     yield
     await whatsapp.close()
@@ -337,7 +304,7 @@ async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
     await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"),
-                              app[ENGINE].parts.approvals)
+                              app[CORE].parts.approvals)
     yield
     await app[WHATSAPP].stop()
     log.info("whatsapp stopped")
@@ -364,12 +331,6 @@ async def _stored_or_503(request: web.Request,
     if response.status >= 500:
         health.check_now()
     return response
-
-
-def _count_resent(progress: Progress, metrics: Metrics, channel: str) -> None:
-    """Count the channel's parts sent again after a restart, from 0 (a rise is the news)."""
-    counter = metrics.parts_resent.labels(channel)
-    progress.on_resent = counter.inc
 
 
 class _Counted:
@@ -492,16 +453,8 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
     tuning = tuning or Tuning()
     daemon = settings.daemon
-    try:
-        sock = bind(daemon.listen_host, daemon.listen_port, tuning.http.backlog)
-    except OSError as exc:
-        where = settings.source or "the config file (~/.config/roost/roost.toml)"
-        host = f"[{daemon.listen_host}]" if ":" in daemon.listen_host else daemon.listen_host
-        fix = (f"another program (or another roost) listens there: stop it, or set "
-               f'daemon.listen = "{host}:<a free port>" in {where}'
-               if exc.errno == errno.EADDRINUSE else f"set daemon.listen in {where}")
-        log.error("cannot listen on %s:%d: %s; %s", daemon.listen_host, daemon.listen_port,
-                  exc.strerror or exc, fix)
+    sock = _bind(settings, tuning)
+    if sock is None:
         return EX_OSERR
     app = build_app(settings, channels, tuning=tuning)
     budget = shutdown_budget(daemon.shutdown_grace)
@@ -510,34 +463,14 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=budget.http,
                            keepalive_timeout=tuning.http.keepalive_timeout,
                            lingering_time=tuning.http.lingering_time)
-    try:
-        await runner.setup()
-    except StoreError as exc:
-        await runner.cleanup()
-        sock.close()
-        log.error("%s", _disk_hint(exc))
-        return EX_CANTCREAT
-    except ConfigError as exc:  # found at start, e.g. webhook mode without a secret
-        await runner.cleanup()
-        sock.close()
-        log.error("config error: %s", exc)
-        return ConfigError.exit_status
-    except ChannelError as exc:  # e.g. the Bot API unreachable: systemd restarts us
-        await runner.cleanup()
-        sock.close()
-        log.error("%s", exc)
-        return EX_UNAVAILABLE
-    site = GuardedSite(runner, sock, tuning.http)
-    await site.start()
+    if (failed := await _set_up(runner, sock)) is not None:
+        return failed
+    await GuardedSite(runner, sock, tuning.http).start()
     for name, enabled in (("telegram", settings.telegram.enabled),
                           ("whatsapp", settings.whatsapp.enabled)):
         if enabled and name not in app[CHANNELS]:
             log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
                         "its messages are not served", name, name)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
@@ -545,12 +478,10 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     warming = asyncio.create_task(asyncio.to_thread(shared_pool().warm), name="roost-documents")
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
-    await stop.wait()
+    await _until_signalled()
     log.info("stopping: no new work; turns in flight get %.1fs of the %.1fs shutdown budget",
              budget.drain, daemon.shutdown_grace)
     sd_notify("STOPPING=1")
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(signum)
     # Drain while the server still answers: a webhook now gets 503 (Telegram sends it again
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
@@ -567,26 +498,51 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     return 0
 
 
-@dataclass(frozen=True)
-class ShutdownBudget:
-    """`daemon.shutdown_grace` split into the steps of a stop, so that they add up to it."""
+def _bind(settings: Settings, tuning: Tuning) -> socket.socket | None:
+    """The listening socket, bound before anything starts; None (said why) when the address
+    cannot be had."""
+    daemon = settings.daemon
+    try:
+        return bind(daemon.listen_host, daemon.listen_port, tuning.http.backlog)
+    except OSError as exc:
+        where = settings.source or "the config file (~/.config/roost/roost.toml)"
+        host = f"[{daemon.listen_host}]" if ":" in daemon.listen_host else daemon.listen_host
+        fix = (f"another program (or another roost) listens there: stop it, or set "
+               f'daemon.listen = "{host}:<a free port>" in {where}'
+               if exc.errno == errno.EADDRINUSE else f"set daemon.listen in {where}")
+        log.error("cannot listen on %s:%d: %s; %s", daemon.listen_host, daemon.listen_port,
+                  exc.strerror or exc, fix)
+        return None
 
-    drain: float  # turns in flight may finish
-    http: float  # aiohttp waits for open requests
-    unwind: float  # each step of cancelling what is left (rotation, workers, folds)
+
+async def _set_up(runner: web.AppRunner, sock: socket.socket) -> int | None:
+    """Start the parts; the exit status (said why) when one cannot start, else None."""
+    try:
+        await runner.setup()
+        return None
+    except StoreError as exc:
+        status, why = EX_CANTCREAT, _disk_hint(exc)
+    except ConfigError as exc:  # found at start, e.g. webhook mode without a secret
+        status, why = ConfigError.exit_status, f"config error: {exc}"
+    except ChannelError as exc:  # e.g. the Bot API unreachable: systemd restarts us
+        status, why = EX_UNAVAILABLE, str(exc)
+    await runner.cleanup()
+    sock.close()
+    log.error("%s", why)
+    return status
 
 
-SHUTDOWN_RESERVE = 4.0  # seconds at most kept from the drain for the rest of the stop
-UNWIND_STEPS = 5  # the steps that get `unwind` each: the scheduler's runs, 4 of the engine's
-
-
-def shutdown_budget(grace: float) -> ShutdownBudget:
-    """The one shutdown budget: the drain gets all but a reserve (a quarter of the grace, at
-    most SHUTDOWN_RESERVE), shared by aiohttp's wait and the engine's cancelling steps. The
-    store and the channels' clients close in well under a second after that."""
-    reserve = min(SHUTDOWN_RESERVE, grace / 4)
-    share = reserve / (1 + UNWIND_STEPS)
-    return ShutdownBudget(drain=grace - reserve, http=share, unwind=share)
+async def _until_signalled() -> None:
+    """Until SIGTERM or SIGINT; the default handlers are back afterwards."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 def _disk_hint(exc: StoreError) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from automations.commands import ask_the_daemon
-from daemon.app.assembly import standalone_core
+from daemon.app.assembly import Runs, core
 from daemon.core.config import Settings
 from daemon.core.errors import StoreError
 from daemon.llm.client import ModelClient
@@ -30,11 +30,8 @@ async def run_automation(settings: Settings, name: str) -> int:
     else:
         llm = ModelClient(settings.model)
         try:
-            async with standalone_core(settings, store, llm, {}) as core:
-                try:
-                    result = await core.automations.runner.run(automation, None, deliver=False)
-                finally:
-                    core.engine.parts.index.close()  # the engine never started, to close it
+            async with core(settings, store, llm, {}, Runs.ONCE) as built:
+                result = await built.automations.runner.run(automation, None, deliver=False)
         finally:
             await llm.close()
             store.close()

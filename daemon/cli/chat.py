@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TextIO
 
 from channels.console import CHAT_KEY, ConsoleChannel, read_line
-from daemon.app.assembly import standalone_core
+from daemon.app.assembly import Runs, core
 from daemon.app.chat_socket import SOCKET_NAME
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError, LLMUnavailable, StoreError
@@ -244,9 +244,9 @@ async def _local(settings: Settings, shown: _Shown,
     # The MCP servers start with the chat (waited for, bounded, so that the first message
     # finds their tools); one that does not come up is said once.
     try:
-        async with standalone_core(settings, store, llm, {"console": shown}) as core:
-            engine = core.engine
-            approvals = engine.parts.approvals
+        async with core(settings, store, llm, {"console": shown}, Runs.CHAT) as built:
+            engine = built.engine
+            approvals = built.parts.approvals
             assert approvals is not None  # TurnParts.build makes them
 
             async def ask(line: str) -> None:
@@ -257,15 +257,11 @@ async def _local(settings: Settings, shown: _Shown,
                                                 received=engine.clock()))
                 await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
 
-            for down in core.servers.down():
+            for down in built.servers.down():
                 err.write(f"roost: MCP server {down.name} is not available: {down.error}\n")
-            await engine.start()
-            try:
-                await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is first
-                await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
-                yield ask, lambda: engine.stop_reply(CHAT_KEY)
-            finally:
-                await engine.stop(grace=0)
+            await engine.release(CHAT_KEY)  # what a daemon kept for a terminal is first
+            await _first(engine.wait_idle(CHAT_KEY), shown.answered.wait())
+            yield ask, lambda: engine.stop_reply(CHAT_KEY)
     finally:
         await llm.close()
         store.close()

@@ -30,7 +30,6 @@ from daemon.engine.voice_replies import VoiceReplies
 from daemon.intake.quarantine import ATTEMPTS
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.store.memory_index import MemoryIndex
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import MAX_BACKOFF
 from daemon.voice.hearing import Hearing, no_wait
@@ -55,13 +54,12 @@ class Engine:
         llm: ModelClient,
         channels: Mapping[str, Channel],
         clock: Callable[[], float] = time.time,
-        parts: TurnParts | None = None,
-        index: MemoryIndex | None = None,
+        parts: TurnParts,
         hooks: DeliveryHooks | None = None,
         voice: Hearing | None = None,
         speaking: Speaking | None = None,
     ) -> None:
-        """`parts` are shared with the automations (built here when not given, on `index`);
+        """`parts` are shared with the automations (daemon/app/assembly.py builds both);
         `hooks` listen to the outbox (see DeliveryHooks); `voice` transcribes recordings
         before their turn (none: they reach the model as attachment notes); `speaking` speaks
         replies (daemon.engine.voice_replies; none: roost does not speak). The index is
@@ -70,8 +68,7 @@ class Engine:
         self.store = store
         self.channels = dict(channels)
         self.clock = clock
-        self.parts = parts or TurnParts.build(settings=settings, store=store, llm=llm,
-                                              index=index, clock=clock)
+        self.parts = parts
         speech = settings.speech
         self.speech = VoiceReplies(
             store=store, speaking=speaking, clock=clock, wake=self._kick,

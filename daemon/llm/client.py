@@ -198,10 +198,11 @@ class ModelObserver(Protocol):
 class ModelClient:
     """Wraps `ollama.AsyncClient`; owns the model gate (`model.concurrency` calls at once)."""
 
-    def __init__(self, settings: ModelSettings) -> None:
+    def __init__(self, settings: ModelSettings, observer: ModelObserver | None = None) -> None:
+        """`observer` hears of each call and each turn's hold (the daemon's /metrics)."""
         self.settings = settings
         self.host = redact_url(settings.host)  # for messages: never the URL's credentials
-        self.observer: ModelObserver | None = None
+        self.observer = observer
         self._client = ollama.AsyncClient(
             host=settings.host,
             # Read timeout is the silence allowed between streamed pieces, not the whole reply.

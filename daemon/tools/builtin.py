@@ -1,6 +1,6 @@
 """The built-in tools: recall (nothing folded is lost), the clock, files, and tool discovery.
 
-They register through `register_builtin(registry)`, the same path an extra would use.
+They register through `register(registry)`, the same path an extra would use.
 
 Recall is scoped (`daemon.tools.scope`): a conversation id, message ref or attachment path
 outside the conversation's scope gets the very answer one that does not exist gets. Nothing a
@@ -356,7 +356,7 @@ def _schema(
     return schema | ({"required": list(required)} if required else {})
 
 
-def register_builtin(registry: Registry) -> None:
+def register(registry: Registry) -> None:
     """The tools every roost has."""
     registry.register(Capability(
         name="memory", core=True, group="recall",
@@ -366,14 +366,16 @@ def register_builtin(registry: Registry) -> None:
                  "with refs.",
                  _schema({"query": {"type": "string"},
                           "limit": {"type": "integer"}},
-                         ("query",)), memory_search),
+                         ("query",)), memory_search,
+                 progress="searching your conversations…"),
             Tool("memory_get", "One search result whole, by ref.",
-                 _schema({"ref": {"type": "string"}}, ("ref",)), memory_get),
+                 _schema({"ref": {"type": "string"}}, ("ref",)), memory_get,
+                 progress="reading an earlier message…"),
             Tool("conversation_read", "A conversation's messages word for word, by seq.",
                  _schema({"conversation_id": {"type": "string"},
                           "from_seq": {"type": "integer"}, "to_seq": {"type": "integer"},
                           "offset": {"type": "integer"}}, ("conversation_id",)),
-                 conversation_read),
+                 conversation_read, progress="reading an earlier conversation…"),
         )))
     # No current_time tool: every user message carries its [sent Thu 2026-12-03 07:30] stamp in
     # the person's timezone, so the tool only cost ~60 tokens in every request (issue 29).
@@ -382,18 +384,22 @@ def register_builtin(registry: Registry) -> None:
         description="find and load more tools",
         tools=(
             Tool("tool_search", "List capabilities not loaded yet.",
-                 _schema({"query": {"type": "string"}}), tool_search),
+                 _schema({"query": {"type": "string"}}), tool_search,
+                 progress="looking for the right tool…"),
             Tool("tool_activate", "Load a capability's tools.",
                  _schema({"name": {"type": "string"}}, ("name",)), tool_activate,
-                 timeout=ACTIVATE_TIMEOUT),
+                 timeout=ACTIVATE_TIMEOUT, progress="getting a tool ready…"),
         )))
     registry.register(Capability(
         name="files", group="files",
         description="list and read files the user sent",
         tools=(Tool("file_read", "Read lines of a file the user sent.",
                     _schema({"path": {"type": "string"}, "from_line": {"type": "integer"},
-                             "to_line": {"type": "integer"}}, ("path",)), file_read),
+                             "to_line": {"type": "integer"}}, ("path",)), file_read,
+                    progress="reading your file…"),
                Tool("files_list", "The files the user sent, newest first, with their paths.",
-                    _schema({"limit": {"type": "integer"}}), files_list),
+                    _schema({"limit": {"type": "integer"}}), files_list,
+                    progress="looking through your files…"),
                Tool("image_view", "Look again at an image the user sent earlier.",
-                    _schema({"ref": {"type": "string"}}, ("ref",)), image_view))))
+                    _schema({"ref": {"type": "string"}}, ("ref",)), image_view,
+                    progress="looking at your picture…"))))

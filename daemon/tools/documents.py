@@ -148,10 +148,11 @@ def _schema(properties: dict[str, dict[str, str]], *required: str) -> dict[str, 
     return {"type": "object", "properties": properties, "required": list(required)}
 
 
+_READING = "reading your document…"
 _PATH = {"type": "string", "description": "the attachments/... path from the file's note"}
 
 
-def register_documents(registry: Registry, pool: WorkerPool | None = None) -> Documents:
+def register(registry: Registry, pool: WorkerPool | None = None) -> Documents:
     """The `documents` capability, loaded on demand."""
     docs = Documents(pool)
     registry.register(Capability(
@@ -159,21 +160,24 @@ def register_documents(registry: Registry, pool: WorkerPool | None = None) -> Do
         description="read PDF, Word and Excel files the user sent",
         tools=(
             Tool("pdf_info", "Page count, title and whether a PDF has a text layer.",
-                 _schema({"path": _PATH}, "path"), docs.pdf_info, TOOL_TIMEOUT),
+                 _schema({"path": _PATH}, "path"), docs.pdf_info, TOOL_TIMEOUT,
+                 progress=_READING),
             Tool("pdf_read", f"Text of a PDF's pages from_page..to_page (at most "
                  f"{PAGES_PER_READ} pages a call).",
                  _schema({"path": _PATH, "from_page": {"type": "integer"},
-                          "to_page": {"type": "integer"}}, "path"), docs.pdf_read, TOOL_TIMEOUT),
+                          "to_page": {"type": "integer"}}, "path"), docs.pdf_read, TOOL_TIMEOUT,
+                 progress=_READING),
             Tool("pdf_search", "Pages of a PDF holding all the words, with a line of context.",
                  _schema({"path": _PATH, "query": {"type": "string"},
                           "from_page": {"type": "integer"}}, "path", "query"),
-                 docs.pdf_search, TOOL_TIMEOUT),
+                 docs.pdf_search, TOOL_TIMEOUT, progress="searching your document…"),
             Tool("docx_read", "Paragraphs (tables as Markdown) of a Word document by range.",
                  _schema({"path": _PATH, "from_paragraph": {"type": "integer"},
                           "to_paragraph": {"type": "integer"}}, "path"),
-                 docs.docx_read, TOOL_TIMEOUT),
+                 docs.docx_read, TOOL_TIMEOUT, progress=_READING),
             Tool("xlsx_read", "A sheet or a range (like A1:F40) of a spreadsheet as a table.",
                  _schema({"path": _PATH, "sheet": {"type": "string"},
-                          "cells": {"type": "string"}}, "path"), docs.xlsx_read, TOOL_TIMEOUT),
+                          "cells": {"type": "string"}}, "path"), docs.xlsx_read, TOOL_TIMEOUT,
+                 progress=_READING),
         )))
     return docs

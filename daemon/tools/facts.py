@@ -134,7 +134,7 @@ async def memory_forget(ctx: ToolContext, fact: str) -> str:
     return f"Forgotten: {gone.text}. Say so in your reply."
 
 
-def register_facts(registry: Registry) -> None:
+def register(registry: Registry) -> None:
     """The facts capability, always loaded (a user who says "remember this" gets it kept)."""
     fact = {"type": "object", "properties": {"fact": {"type": "string"}}, "required": ["fact"]}
     registry.register(Capability(
@@ -142,7 +142,7 @@ def register_facts(registry: Registry) -> None:
         description="keep or forget lasting facts about the user",
         tools=(
             Tool("memory_remember", "Keep a lasting fact the user told you, in their "
-                 "words.", fact, memory_remember),
-            Tool("memory_forget", "Forget a kept fact.", fact,
-                 memory_forget),
+                 "words.", fact, memory_remember, progress="noting that…"),
+            Tool("memory_forget", "Forget a kept fact.", fact, memory_forget,
+                 progress="forgetting that…"),
         )))

@@ -2,7 +2,8 @@
 
 A capability is a named group of tools with a one-line description. The core capabilities are
 always loaded; the others are loaded per conversation with `tool_activate`, found with
-`tool_search`. Built-in tools register through the same `register()` an extra would use.
+`tool_search`. Each tool module has one `register(registry, ...)`, called from the list in
+daemon/app/assembly.py, the same path an extra would use; a tool carries its own progress line.
 
 Running a tool never raises out of here: a tool that raises, times out, gets bad arguments or does
 not exist becomes an error result for the model, so a turn never crashes on a tool.
@@ -77,6 +78,8 @@ class Tool:
     # Whether a call waits for the user's yes (daemon.turn.approvals): "never" (built-ins),
     # "ask" (unless the person said "always" for it) or "always".
     approve: str = "never"
+    # The line the user sees while it runs ("searching the web…"); none: "using <name>…".
+    progress: str = ""
 
     def schema(self) -> dict[str, Any]:
         """The tool as Ollama's `tools` field wants it (OpenAI-style function schema)."""
@@ -182,6 +185,14 @@ class Registry:
                 if tool.name == name:
                     return tool
         return None
+
+    def progress_line(self, name: str) -> str:
+        """What the user sees while the tool `name` runs: its own line, else its name."""
+        for capability in self.capabilities.values():
+            for tool in capability.tools:
+                if tool.name == name and tool.progress:
+                    return tool.progress
+        return f"using {name.replace('_', ' ')}…"
 
     async def run(self, call: ToolCall, context: Any, active: Sequence[str]) -> ToolResult:
         """Run one call; every failure becomes an error result, never an exception."""

@@ -18,28 +18,13 @@ from daemon.store.approvals import ApprovalBook
 from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
 from daemon.store.memory_index import MemoryIndex
-from daemon.tools.builtin import register_builtin
-from daemon.tools.documents import register_documents
-from daemon.tools.facts import register_facts
 from daemon.tools.registry import Registry
-from daemon.tools.web.tools import register_web
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.folder import Folder
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
 from daemon.turn.streaming import Streaming, not_streamed
-
-
-def builtin_registry(settings: Settings) -> Registry:
-    """The tools every roost has, registered the way an extra would be (the daemon adds its
-    MCP servers' capabilities to it)."""
-    registry = Registry()
-    register_builtin(registry)
-    register_facts(registry)
-    register_web(registry, settings.web)
-    register_documents(registry)
-    return registry
 
 
 @dataclass(frozen=True)
@@ -61,14 +46,12 @@ class TurnParts:
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
-              index: MemoryIndex | None = None, registry: Registry | None = None,
+              registry: Registry, index: MemoryIndex | None = None,
               clock: Callable[[], float] = time.time,
               on_event: Callable[[str], None] | None = None) -> TurnParts:
         """`index` is derived from the store and rebuilt from it when lost; the daemon opens it
         with the store, so that a disk that cannot take it stops the start before anything
-        else runs. `registry` holds the built-in tools unless one is given."""
-        if registry is None:
-            registry = builtin_registry(settings)
+        else runs. `registry` holds every tool (daemon/app/assembly.py builds it)."""
         index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
         facts = FactsBook(store.files)

@@ -19,23 +19,6 @@ Streaming = Callable[[str], AbstractAsyncContextManager[ReplySink]]
 
 THINKING = "thinking…"
 STOPPED_MARK = "(stopped)"
-# One short line per tool the user would recognise; any other tool is named as it is.
-_TOOL_LINES = {
-    "memory_search": "searching your conversations…",
-    "memory_get": "reading an earlier message…",
-    "conversation_read": "reading an earlier conversation…",
-    "tool_search": "looking for the right tool…",
-    "tool_activate": "getting a tool ready…",
-    "file_read": "reading your file…",
-    "web_search": "searching the web…",
-    "web_fetch": "reading a web page…",
-    "schedule_reminder": "setting a reminder…",
-}
-
-
-def tool_line(name: str) -> str:
-    """The progress line shown while the tool `name` runs."""
-    return _TOOL_LINES.get(name) or f"using {name.replace('_', ' ')}…"
 
 
 def not_streamed(chat_key: str) -> AbstractAsyncContextManager[ReplySink]:

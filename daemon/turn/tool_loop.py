@@ -55,7 +55,6 @@ from daemon.store.attachments import StoredImage, read_image_base64, store_image
 from daemon.store.event_log import Records
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, Tool, ToolCall, ToolResult
-from daemon.turn.streaming import tool_line
 
 MAX_CONTINUATIONS = 3
 TOOL_RESULT_SHARE = 6  # one tool result may take a sixth of the budget in memory
@@ -324,7 +323,7 @@ class ToolLoop:
         for raw in calls:
             call = ToolCall.from_ollama(raw)
             if self.parts.status is not None:
-                self.parts.status(tool_line(call.name))
+                self.parts.status(self.parts.registry.progress_line(call.name))
             refused = await self._approval(call)
             outcome = (ToolResult(call.name, refused, error=True) if refused is not None
                        else await self.parts.registry.run(call, self.parts.context,

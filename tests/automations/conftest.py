@@ -23,9 +23,9 @@ from apscheduler.events import (
 )
 
 from automations.scheduler import Automations
+from daemon.app.assembly import DaemonParts, assemble
 from daemon.app.metrics import Metrics
 from daemon.core.config import AutomationSettings, Settings
-from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
@@ -107,13 +107,9 @@ class Daemon:
                 self.monkeypatch.setattr(module, "datetime", clocked)
         self.store = Store.open(self.settings.daemon.state_dir)
         self.llm = ModelClient(self.settings.model)
-        hooks = DeliveryHooks()
-        self.engine = Engine(settings=self.settings, store=self.store, llm=self.llm,
-                             channels={"console": self.channel}, clock=self.clock, hooks=hooks)
-        self.automations = Automations(self.engine.parts, self.engine,
-                                       channels=self.engine.channels, clock=self.clock,
-                                       on_run=self.metrics.automation_run)
-        self.automations.listen(hooks)
+        core = assemble(self.settings, self.store, self.llm, {"console": self.channel},
+                        extra=DaemonParts(metrics=self.metrics), clock=self.clock)
+        self.engine, self.automations = core.engine, core.automations
         self.automations.scheduler.add_listener(
             self.jobs, EVENT_JOB_SUBMITTED | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
             | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)

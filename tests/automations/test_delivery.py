@@ -11,12 +11,10 @@ from aiohttp import web
 from telegram import Bot
 
 from automations.commands import list_automations
-from automations.scheduler import Automations
 from channels.telegram.delivery import TelegramChannel
+from daemon.app.assembly import assemble
 from daemon.app.serve import AUTOMATIONS, build_app
 from daemon.core.config import Settings
-from daemon.engine.delivery import DeliveryHooks
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.automations.conftest import Clock, at, automation, wait_until
@@ -109,11 +107,9 @@ async def runs_to_a_blocked_bot(settings: Settings, fake_telegram: FakeTelegram,
     llm = ModelClient(settings.model)
     async with Bot(fake_telegram.token, base_url=fake_telegram.api_base,
                    base_file_url=fake_telegram.file_base) as bot:
-        hooks = DeliveryHooks()
-        engine = Engine(settings=settings, store=store, llm=llm, clock=clock, hooks=hooks,
-                        channels={"telegram": TelegramChannel(bot, store), "console": console})
-        automations = Automations(engine.parts, engine, channels=engine.channels, clock=clock)
-        automations.listen(hooks)
+        core = assemble(settings, store, llm,
+                        {"telegram": TelegramChannel(bot, store), "console": console}, clock=clock)
+        engine, automations = core.engine, core.automations
         await engine.start()
         await automations.start()
         try:

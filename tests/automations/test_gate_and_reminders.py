@@ -71,14 +71,16 @@ async def test_a_reminder_survives_a_restart_and_is_delivered_once(
     automations = await daemon.start()
     doc = await automations.reminders.add("console:local", at(2026, 12, 1, 15, 0).timestamp(),
                                           "call the plumber", by="model")
-    assert automations.scheduler.get_job(f"reminder:{doc['id']}") is not None
+    # On its timer as soon as the scheduler takes it from the book.
+    await wait_until(lambda: automations.scheduler.get_job(f"reminder:{doc['id']}") is not None)
     await daemon.stop()
 
     # roost is down at 15:00 and comes back at 15:20: the reminder goes out, marked late.
     again = make_daemon(start=at(2026, 12, 1, 15, 20))
     automations = await again.start()
     await wait_until(lambda: len(again.channel.texts("notice")) >= 1)
-    await automations.reminders.fire(doc["id"])  # fired again (a timer, a scan): no second one
+    # Fired again (a timer, a scan): no second one.
+    await automations.reminders.fire(doc["id"], again.engine)  # type: ignore[arg-type]
     await automations.scan()
     await again.engine.wait_idle("console:local")  # type: ignore[union-attr]
     notices = again.channel.texts("notice")
@@ -107,9 +109,9 @@ async def test_a_reminder_on_time_is_delivered_once_and_one_a_day_late_is_report
     long_ago = await automations.reminders.add(
         "console:local", (at(2026, 12, 1, 9, 1)).timestamp(), "old news", by="command")
     daemon.clock.set(at(2026, 12, 1, 9, 30) + timedelta(seconds=1))
-    await asyncio.gather(automations.reminders.fire(soon["id"]),
-                         automations.reminders.fire(soon["id"]))
-    await automations.reminders.fire(soon["id"])
+    await asyncio.gather(automations.reminders.fire(soon["id"], daemon.engine),
+                         automations.reminders.fire(soon["id"], daemon.engine))
+    await automations.reminders.fire(soon["id"], daemon.engine)
     daemon.clock.set(at(2026, 12, 2, 12, 0))
     await automations.scan()
     await wait_until(lambda: len(daemon.channel.texts("notice")) >= 2)
@@ -143,7 +145,7 @@ async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
     assert pending["text"] == "call the plumber"
     assert pending["due"] == at(2020, 6, 1, 15, 30).timestamp()
     assert automations.scheduler.get_job(f"reminder:{pending['id']}") is not None
-    assert "- reminders: one-shot reminders" in fake_ollama.chat_requests[0]["messages"][0][
+    assert "- reminders: remind the user at a time" in fake_ollama.chat_requests[0]["messages"][0][
         "content"]
 
     fake_ollama.script(call("list_reminders"), call("cancel_reminder", id=pending["id"]),

@@ -30,7 +30,7 @@ from mcp import types
 from daemon.core.config import McpServerSettings, McpSettings
 from daemon.core.errors import McpError, StoreError
 from daemon.core.logs import mcp_log as log
-from daemon.tools.builtin import register_builtin
+from daemon.tools import builtin
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
@@ -234,7 +234,7 @@ def with_servers(settings: McpSettings, state_dir: Path,
     server (started by `McpServers.start`)."""
     if registry is None:
         registry = Registry()
-        register_builtin(registry)
+        builtin.register(registry)
     servers = McpServers(settings, state_dir, registry)
     servers.register()
     return registry, servers

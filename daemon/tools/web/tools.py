@@ -135,8 +135,8 @@ def _schema(properties: dict[str, dict[str, str]], *required: str) -> dict[str, 
     return {"type": "object", "properties": properties, "required": list(required)}
 
 
-def register_web(registry: Registry, settings: WebSettings, *,
-                 resolve: Resolve = system_resolve, pool: WorkerPool | None = None) -> Web:
+def register(registry: Registry, settings: WebSettings, *, resolve: Resolve = system_resolve,
+             pool: WorkerPool | None = None) -> Web:
     """The `web` capability, loaded on demand; web_search only with a search service."""
     web = Web(settings, resolve, pool)
     timeout = settings.timeout + 30.0  # the fetch's own bound, then the extraction's
@@ -144,12 +144,13 @@ def register_web(registry: Registry, settings: WebSettings, *,
                   "Markdown, a page at a time.",
                   _schema({"url": {"type": "string"},
                            "page": {"type": "integer", "description": "1 first, 2 next, ..."}},
-                          "url"), web.web_fetch, timeout)]
+                          "url"), web.web_fetch, timeout, progress="reading a web page…")]
     if settings.search_backend:
         tools.append(Tool("web_search", "Search the web; returns titles, URLs and snippets.",
                           _schema({"query": {"type": "string"},
                                    "limit": {"type": "integer", "description": "results, 1-8"}},
-                                  "query"), web.web_search, settings.timeout + 5.0))
+                                  "query"), web.web_search, settings.timeout + 5.0,
+                          progress="searching the web…"))
     description = "fetch web pages" + (" and search the web" if settings.search_backend else "")
     registry.register(Capability(name="web", group="web", description=description,
                                  tools=tuple(tools)))

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from channels.telegram.channel import SECRET_HEADER as TG_SECRET_HEADER
 from channels.telegram.channel import WEBHOOK_PATH as TG_WEBHOOK_PATH
+from daemon.app.assembly import DaemonParts, assemble
 from daemon.app.serve import AUTOMATIONS, ENGINE, Tuning, build_app
 from daemon.core.config import AutomationSettings
 from daemon.core.messages import Inbound
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.memory_index import MemoryIndex
@@ -329,7 +329,7 @@ async def test_a_long_index_build_cannot_hold_the_engines_stop(
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
     index = StuckIndex.open(settings.daemon.state_dir / "memory.sqlite3")
-    engine = Engine(settings=settings, store=store, llm=llm, channels={}, index=index)
+    engine = assemble(settings, store, llm, {}, extra=DaemonParts(index=index)).engine
     await engine.start()
     try:
         async with asyncio.timeout(10):  # before, the stop waited for the build to end

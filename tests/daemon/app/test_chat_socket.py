@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from daemon.app.assembly import assemble
 from daemon.app.chat_socket import ChatSocket
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import SettingsFactory, wait_until
@@ -23,7 +23,7 @@ async def test_a_report_sent_while_no_terminal_is_connected_is_shown_when_one_co
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
     chat = ChatSocket(settings.daemon.state_dir)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": chat})
+    engine = assemble(settings, store, llm, {"console": chat}).engine
     await engine.start()
     await chat.start(engine)
     try:

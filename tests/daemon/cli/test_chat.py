@@ -181,8 +181,9 @@ async def test_chat_talks_to_the_running_daemon_over_its_socket(
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     socket = tmp_path / "state" / "chat.sock"
     try:
-        await wait_until(socket.exists, timeout=30)
-        assert stat.S_IMODE(socket.stat().st_mode) == 0o600
+        # Bound, then made 0600 (inside the 0700 state directory meanwhile).
+        await wait_until(lambda: socket.exists() and stat.S_IMODE(socket.stat().st_mode) == 0o600,
+                         timeout=30)
         assert stat.S_IMODE(socket.parent.stat().st_mode) == 0o700
         fake_ollama.script(Reply(content="streamed through the daemon", chunks=4))
         chat = await start_chat(config)

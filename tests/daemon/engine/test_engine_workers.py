@@ -8,13 +8,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from daemon.app.assembly import assemble
 from daemon.cli.main import main as roost
 from daemon.core.messages import Inbound, Outbound
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.conftest import RecordingChannel, SettingsFactory, standard_parts
 from tests.fakes.ollama import FakeOllama
 
 CHAT = "console:local"
@@ -49,7 +50,7 @@ async def run_engine(make_settings: SettingsFactory, fake: FakeOllama, channel: 
     settings = make_settings(model={"host": fake.url, "retry_backoff": 0.02})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine = assemble(settings, store, llm, {"console": channel}).engine
     await engine.start()
     try:
         for text in texts:
@@ -115,7 +116,7 @@ async def test_an_idle_chat_leaves_no_worker_behind_and_is_served_again(
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
     channel = Flaky()
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine = assemble(settings, store, llm, {"console": channel}).engine
     engine.worker_idle_exit = 0.1  # ten minutes in the daemon
 
     def workers() -> list[str]:
@@ -157,7 +158,7 @@ async def test_a_chat_is_idle_only_once_a_message_queued_during_a_delivery_is_se
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
     channel = Gated()
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine = assemble(settings, store, llm, {"console": channel}).engine
     await engine.start()
     try:
         assert await engine.deliver(Outbound(chat_key=CHAT, text="first", created=1.0))
@@ -187,7 +188,7 @@ async def test_every_listener_given_at_construction_hears_of_each_message_sent(
 
     hooks = DeliveryHooks(sent=[listener("metrics"), listener("automations")])
     engine = Engine(settings=settings, store=store, llm=llm, channels={"console": Flaky()},
-                    hooks=hooks)
+                    parts=standard_parts(settings, store, llm), hooks=hooks)
     await engine.start()
     try:
         assert await engine.submit(Inbound(chat_key=CHAT, text="hi", received=time.time()))

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from daemon.app.assembly import assemble
 from daemon.core.config import Settings
 from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
@@ -25,7 +26,7 @@ SMALL = FakeModel(name="llama3.2:3b", context_length=4096, capabilities=("comple
 async def engine_for(settings: Settings, channel: RecordingChannel) -> AsyncIterator[Engine]:
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine = assemble(settings, store, llm, {"console": channel}).engine
     await engine.start()
     try:
         yield engine

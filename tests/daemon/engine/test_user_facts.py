@@ -23,11 +23,11 @@ from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.facts import FactsBook, Person
-from daemon.tools.builtin import register_builtin
-from daemon.tools.facts import NOT_HERE, register_facts
+from daemon.tools import builtin, facts
+from daemon.tools.facts import NOT_HERE
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.turn.parts import TurnParts
-from tests.conftest import RecordingChannel, SettingsFactory, wait_until
+from tests.conftest import RecordingChannel, SettingsFactory, standard_registry, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 
 ALICE = "telegram:1111111"
@@ -87,7 +87,8 @@ async def start(fake_ollama: FakeOllama) -> AsyncIterator[Start]:
         store = Store.open(settings.daemon.state_dir)
         llm = ModelClient(settings.model)
         channels = {k: RecordingChannel(k) for k in ("telegram", "whatsapp", "console")}
-        parts = TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
+        parts = TurnParts.build(settings=settings, store=store, llm=llm,
+                                registry=registry or standard_registry(settings))
         engine = Engine(settings=settings, store=store, llm=llm, channels=channels,
                         parts=parts)
         await engine.start()
@@ -234,8 +235,8 @@ async def test_a_tool_result_cannot_make_the_model_keep_a_fact(
         return INJECTION
 
     registry = Registry()
-    register_builtin(registry)
-    register_facts(registry)
+    builtin.register(registry)
+    facts.register(registry)
     registry.register(Capability(name="web", core=True, description="read web pages", tools=(
         Tool("web_fetch", "Fetch a page.", {"type": "object", "properties": {
             "url": {"type": "string"}}, "required": ["url"]}, web_fetch),)))

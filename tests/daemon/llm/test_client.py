@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.core.errors import ContextOverflow, LLMError, LLMUnavailable
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
@@ -67,7 +67,7 @@ async def test_a_streaming_bug_in_a_turn_is_logged_with_its_traceback_not_told_a
     channel = BrokenPreview()
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+    engine = assemble(settings, store, llm, {"console": channel}).engine
     await engine.start()
     try:
         with caplog.at_level(logging.WARNING, logger="roost"):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.core.messages import Inbound
-from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from tests.conftest import RecordingChannel, SettingsFactory
@@ -29,8 +29,7 @@ async def test_a_real_turn_streams_and_reports_its_counters(
     settings = make_settings(model={"host": HOST, "name": MODEL, "window": 4096})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm,
-                    channels={"console": recording_channel})
+    engine = assemble(settings, store, llm, {"console": recording_channel}).engine
     await engine.start()
     try:
         await engine.submit(Inbound(chat_key="console:local", received=time.time(),

@@ -15,8 +15,8 @@ import pytest
 from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import StoredFile, store_file
+from daemon.tools import documents as document_tools
 from daemon.tools.builtin import ToolContext
-from daemon.tools.documents import register_documents
 from daemon.tools.registry import Registry, ToolCall, ToolResult
 from tests import documents
 from tests.conftest import SettingsFactory
@@ -57,7 +57,7 @@ def desk(make_settings: SettingsFactory) -> Iterator[Desk]:
     settings = make_settings()
     store = Store.open(settings.daemon.state_dir)
     registry = Registry()
-    register_documents(registry)
+    document_tools.register(registry)
     now = time.time()
     yield Desk(store, settings, registry, store.create_conversation(ALICE, now).id,
                store.create_conversation(BOB, now).id)

@@ -20,8 +20,9 @@ from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import StoredFile, store_file, store_image
 from daemon.store.memory_index import MemoryIndex
-from daemon.tools.builtin import ToolContext, register_builtin
-from daemon.tools.documents import register_documents
+from daemon.tools import builtin
+from daemon.tools import documents as document_tools
+from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, ToolCall, ToolResult
 from tests import documents
 from tests.conftest import SettingsFactory
@@ -63,8 +64,8 @@ def desk(make_settings: SettingsFactory) -> Iterator[Desk]:
     store = Store.open(settings.daemon.state_dir)
     index = MemoryIndex.open(settings.daemon.state_dir / "memory.sqlite3")
     registry = Registry()
-    register_builtin(registry)
-    register_documents(registry)
+    builtin.register(registry)
+    document_tools.register(registry)
     yield Desk(store, index, settings, registry)
     index.close()
     store.close()

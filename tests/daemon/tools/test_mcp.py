@@ -31,8 +31,7 @@ from daemon.tools.mcp.connection import Listing, State
 from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry, ToolCall
-from daemon.turn.parts import builtin_registry
-from tests.conftest import wait_until
+from tests.conftest import standard_registry, wait_until
 from tests.fakes.mcp_results import unlabelled
 
 SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
@@ -298,7 +297,7 @@ def test_a_server_named_like_a_builtin_capability_is_a_config_error(
 def test_every_builtin_capability_name_is_reserved_for_the_config(
     make_settings: Callable[..., Settings]
 ) -> None:
-    names = set(builtin_registry(make_settings()).capabilities)
+    names = set(standard_registry(make_settings()).capabilities)
     assert names <= BUILTIN_CAPABILITIES and "reminders" in BUILTIN_CAPABILITIES
 
 

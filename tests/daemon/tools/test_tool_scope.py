@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.conversations import SummaryState
 from daemon.core.ids import new_id
@@ -316,8 +317,7 @@ async def engine(make_settings: SettingsFactory) -> AsyncIterator[tuple[Engine, 
     settings = make_settings(model={"host": fake.url, "retry_backoff": 0.01})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    running = Engine(settings=settings, store=store, llm=llm,
-                     channels={"telegram": RecordingChannel("telegram")})
+    running = assemble(settings, store, llm, {"telegram": RecordingChannel("telegram")}).engine
     await running.start()
     yield running, fake
     await running.stop(grace=0)

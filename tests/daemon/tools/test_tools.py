@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from daemon.app.assembly import assemble
 from daemon.context.compact import STATE_REQUEST
 from daemon.context.fold import FOLD_SYSTEM
 from daemon.core.config import Settings
@@ -83,7 +84,7 @@ async def setup_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[..
         store = Store.open(settings.daemon.state_dir)
         llm = ModelClient(settings.model)
         channel = RecordingChannel()
-        engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel})
+        engine = assemble(settings, store, llm, {"console": channel}).engine
         await engine.start()
         made.append((engine, llm, store, fake))
         return Setup(engine, fake, channel)

@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.core.config import McpServerSettings
 from daemon.core.messages import Inbound
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Listing
-from daemon.tools.mcp.servers import with_servers
-from daemon.turn.parts import TurnParts, builtin_registry
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import FakeOllama
 
@@ -59,10 +58,9 @@ async def fresh_request(make_settings: SettingsFactory, fake: FakeOllama, state:
                              mcp={"servers": tuple(McpServerSettings(name=f"svc{i}",
                                                                      command="unused")
                                                    for i in range(servers))})
-    registry, _ = with_servers(settings.mcp, state, builtin_registry(settings))
     store = Store.open(state)
     llm = ModelClient(settings.model)
-    parts = TurnParts.build(settings=settings, store=store, llm=llm, registry=registry)
+    parts = assemble(settings, store, llm, {}).parts  # the daemon's tools and servers
     try:
         runner = parts.runner(notify=_nothing)
         await runner.run("console:local", [Inbound("console:local", "hello", time.time())])

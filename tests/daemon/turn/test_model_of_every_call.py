@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.context.compact import STATE_REQUEST
 from daemon.context.fold import FOLD_SYSTEM, NOTES_HEADING
 from daemon.core.messages import Inbound
@@ -40,8 +41,7 @@ async def engine(make_settings: SettingsFactory) -> AsyncIterator[tuple[Engine, 
     settings = make_settings(model={"host": fake.url, "window": 8192, "max_calls": 12})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm,
-                    channels={"console": RecordingChannel()})
+    engine = assemble(settings, store, llm, {"console": RecordingChannel()}).engine
     await engine.start()
     try:
         yield engine, fake

@@ -21,7 +21,7 @@ from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.tools.registry import Capability, Tool
 from daemon.turn.parts import TurnParts
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.conftest import RecordingChannel, SettingsFactory, standard_registry
 from tests.daemon.turn.test_context_lifecycle import (  # noqa: F401  (rig_for is a fixture)
     Rig,
     ratio_of,
@@ -140,6 +140,7 @@ async def pages(make_settings: SettingsFactory) -> AsyncIterator[Pages]:
     llm = ModelClient(settings.model)
     metrics = Metrics()
     parts = TurnParts.build(settings=settings, store=store, llm=llm,
+                            registry=standard_registry(settings),
                             on_event=lambda kind: metrics.events.labels(kind).inc())
     channel = RecordingChannel()
     engine = Engine(settings=settings, store=store, llm=llm, channels={"console": channel},

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from daemon.app.assembly import assemble
 from daemon.core.config import Settings
 from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.messages import Inbound, Outbound
@@ -34,8 +35,7 @@ async def engine_for(
     async def start(settings: Settings, channel: RecordingChannel | None = None) -> Engine:
         store = Store.open(settings.daemon.state_dir)
         llm = ModelClient(settings.model)
-        engine = Engine(settings=settings, store=store, llm=llm,
-                        channels={"console": channel or recording_channel})
+        engine = assemble(settings, store, llm, {"console": channel or recording_channel}).engine
         await engine.start()
         started.append((engine, llm, store))
         return engine
@@ -420,8 +420,8 @@ async def test_idle_chat_rotates_to_a_new_conversation(
     settings = fast(make_settings, fake_ollama)
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    engine = Engine(settings=settings, store=store, llm=llm,
-                    channels={"console": recording_channel}, clock=lambda: now[0])
+    engine = assemble(settings, store, llm, {"console": recording_channel},
+                      clock=lambda: now[0]).engine
     await engine.start()
     try:
         await say(engine, "morning")

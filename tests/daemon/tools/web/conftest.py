@@ -13,8 +13,8 @@ from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, ToolCall, ToolResult
+from daemon.tools.web import tools as web_tools
 from daemon.tools.web.guard import Resolve
-from daemon.tools.web.tools import register_web
 from tests.conftest import SettingsFactory
 from tests.fakes.search import FakeSearch
 from tests.fakes.website import FakeSite
@@ -57,7 +57,7 @@ def tools(make_settings: SettingsFactory, store: Store) -> Callable[..., tuple[R
         settings = web_settings(make_settings, **web)
         registry = Registry()
         extra = {"resolve": resolve} if resolve else {}
-        register_web(registry, settings.web, **extra)
+        web_tools.register(registry, settings.web, **extra)
         conversation = store.create_conversation("telegram:1111111", time.time())
         ctx = ToolContext(store=store, settings=settings, registry=registry,
                           conversation_id=conversation.id, clock=time.time)
