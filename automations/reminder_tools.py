@@ -60,7 +60,7 @@ def register(registry: Registry, reminders: Reminders) -> None:
 
     registry.register(Capability(
         name="reminders", group="automation",
-        description="remind the user at a time",
+        description="one-shot reminders sent to this chat",
         tools=(
             Tool("schedule_reminder", f"Send the user a reminder at a time: when is {FORMS}.",
                  schema({"when": {"type": "string", "description": "when it is due"},

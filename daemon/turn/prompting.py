@@ -35,7 +35,7 @@ from daemon.store.facts import FactsBook, FrozenFacts, Person
 from daemon.tools.registry import Registry
 from daemon.tools.scope import person_of
 
-BUDGET_MARGIN_SHARE = 33  # 3% of the budget
+BUDGET_MARGIN_SHARE = 50  # 2% of the budget
 BUDGET_MARGIN_MIN = 16
 
 

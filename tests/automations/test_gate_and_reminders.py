@@ -145,7 +145,7 @@ async def test_the_model_sets_lists_and_cancels_reminders_through_its_tools(
     assert pending["text"] == "call the plumber"
     assert pending["due"] == at(2020, 6, 1, 15, 30).timestamp()
     assert automations.scheduler.get_job(f"reminder:{pending['id']}") is not None
-    assert "- reminders: remind the user at a time" in fake_ollama.chat_requests[0]["messages"][0][
+    assert "- reminders: one-shot reminders" in fake_ollama.chat_requests[0]["messages"][0][
         "content"]
 
     fake_ollama.script(call("list_reminders"), call("cancel_reminder", id=pending["id"]),
