@@ -30,9 +30,9 @@ from pypdf import PdfReader
 
 from daemon.context.budget import estimate_tokens
 from daemon.core.config import Settings
+from daemon.parsing.pool import WorkerPool
 from daemon.store import Store
 from daemon.store.attachments import store_file
-from daemon.store.documents.pool import WorkerPool
 from daemon.tools import documents as document_tools
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Registry, ToolCall

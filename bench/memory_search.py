@@ -9,7 +9,7 @@ The text is generated deterministically from the seed: a few thousand words with
 frequencies (real English ones at the top, invented ones below), inflected now and then, plus
 1,000 rare "facts" whose reworded questions measure recall (is the fact in the top 8?).
 The store is built through `Store.append_message`; the index is built from it by
-`MemoryIndex.sync`, the real Store API, and kept on the ordinary temp disk.
+`SearchIndex.sync`, the real Store API, and kept on the ordinary temp disk.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import daemon.store
 from daemon.core.conversations import Role, SummaryState
-from daemon.store import Store, memory_index
-from daemon.store.memory_index import MemoryIndex
+from daemon.store import Store, search_index
+from daemon.store.search_index import SearchIndex
 
 TARGET_MS = 50.0
 ROLES: tuple[Role, ...] = ("user", "assistant", "user", "assistant", "assistant", "tool")
@@ -193,13 +193,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200, help="per conversation")
     parser.add_argument("--facts", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--tokenizer", default=memory_index.TOKENIZER,
+    parser.add_argument("--tokenizer", default=search_index.TOKENIZER,
                         help="FTS5 tokenizer to compare with the module's choice")
     args = parser.parse_args()
-    if args.tokenizer != memory_index.TOKENIZER:
+    if args.tokenizer != search_index.TOKENIZER:
         # For comparing tokenizers only: this process's index is created with another one.
-        memory_index._TABLE = memory_index._TABLE.replace(memory_index.TOKENIZER, args.tokenizer)
-        memory_index._SCHEMA = memory_index._SCHEMA.replace(memory_index.TOKENIZER,
+        search_index._TABLE = search_index._TABLE.replace(search_index.TOKENIZER, args.tokenizer)
+        search_index._SCHEMA = search_index._SCHEMA.replace(search_index.TOKENIZER,
                                                             args.tokenizer)
     text = Text(args.seed)
     shm = Path("/dev/shm")
@@ -223,7 +223,7 @@ def main() -> None:
 
         store = Store.open(Path(store_tmp))
         index_path = Path(index_tmp) / "memory.sqlite3"
-        index = MemoryIndex.open(index_path)
+        index = SearchIndex.open(index_path)
         started = time.perf_counter()
         rows = index.sync(store)
         build = time.perf_counter() - started
@@ -289,7 +289,7 @@ def main() -> None:
         print(f"new message, mark_dirty, search with store: {ms(time.perf_counter() - started)}"
               f" (found: {bool(hits)})")
         index.close()
-        reopened = MemoryIndex.open(index_path)
+        reopened = SearchIndex.open(index_path)
         started = time.perf_counter()
         reopened.search("zwolvenkraut", 8, store)
         print(f"first search after reopening (checks every conversation): "

@@ -56,7 +56,7 @@ from daemon.core.config import Settings
 from daemon.core.conversations import Role
 from daemon.core.filemodes import make_private
 from daemon.store import Store
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, sign, text_message, webhook
 from tests.fakes.ollama import FakeOllama, Reply, echo_reply
 from tests.fakes.telegram import FakeTelegram
@@ -408,7 +408,7 @@ def build_year(state_dir: Path, scale: float) -> dict[str, int]:
         for k in range(keys):
             store.dedupe_claim(f"telegram:update:{10**9 + k}", now - 14 * DAY * (1 - k / keys))
         # A year-old install has its search index; building it is the first start's work.
-        index = MemoryIndex.open(state_dir / "memory.sqlite3")
+        index = SearchIndex.open(state_dir / "memory.sqlite3")
         index.sync(store)
         index.close()
     return {"conversations": conversations, "messages": per_conversation * conversations,

@@ -16,7 +16,7 @@ from markdown_it.token import Token
 from daemon.cli.main import build_parser
 from daemon.core.config import config_keys, load_settings
 from daemon.engine.chat_commands import Commands
-from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.facts_commands import MemoryCommands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

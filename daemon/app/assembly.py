@@ -31,7 +31,7 @@ from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools import builtin, documents, facts
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry
@@ -84,7 +84,7 @@ class DaemonParts:
     once the core is left)."""
 
     metrics: Metrics | None = None
-    index: MemoryIndex | None = None
+    index: SearchIndex | None = None
     voice: Hearing | None = None
     speaking: Speaking | None = None
 

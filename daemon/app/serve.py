@@ -63,10 +63,10 @@ from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
 from daemon.llm.client import ModelClient
+from daemon.parsing.pool import shared_pool
 from daemon.store import Store
-from daemon.store.documents.pool import shared_pool
 from daemon.store.event_log import Records
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.mcp.servers import McpServers
 from daemon.tools.registry import Registry
 from daemon.voice.backends import build_backend
@@ -87,7 +87,7 @@ class Tuning:
 SETTINGS = web.AppKey("settings", Settings)
 TUNING = web.AppKey("tuning", Tuning)
 STORE = web.AppKey("store", Store)
-INDEX = web.AppKey("index", MemoryIndex)
+INDEX = web.AppKey("index", SearchIndex)
 LLM = web.AppKey("llm", ModelClient)
 HEALTH = web.AppKey("health", HealthMonitor)
 METRICS = web.AppKey("metrics", Metrics)
@@ -183,13 +183,13 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     log.info("store closed")
 
 
-def _open_state(state_dir: Path) -> tuple[Store, MemoryIndex]:
+def _open_state(state_dir: Path) -> tuple[Store, SearchIndex]:
     """The store and its memory index. The index is derived data, but it is written to at
     once: a disk that cannot take it (full, read-only) stops the start with one line (exit 73),
     as the store itself does."""
     store = Store.open(state_dir)
     try:
-        return store, MemoryIndex.open(state_dir / "memory.sqlite3")
+        return store, SearchIndex.open(state_dir / "memory.sqlite3")
     except BaseException:
         store.close()
         raise

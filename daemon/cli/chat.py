@@ -34,7 +34,7 @@ from daemon.core.errors import LLMError, LLMUnavailable, StoreError
 from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.core.redact import redact_url
 from daemon.engine.chat_commands import Commands
-from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.facts_commands import MemoryCommands
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 

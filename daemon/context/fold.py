@@ -22,7 +22,7 @@ The answer is checked before it is stored (small models echo the prompt): roost'
 are removed from it, an answer cut at its limit keeps only its whole sentences, and one that is
 empty or mostly a copy of the prompt is not stored (`fold_problem`).
 
-Pure functions: the background task in `daemon/turn/folder.py` does the I/O.
+Pure functions: the background task in `daemon/turn/background_fold.py` does the I/O.
 """
 
 from __future__ import annotations

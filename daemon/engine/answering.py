@@ -18,7 +18,7 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
-from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.facts_commands import MemoryCommands
 from daemon.engine.model_choice import ModelChoice
 from daemon.engine.voice_replies import VoiceReplies
 from daemon.store.facts import FactsBook

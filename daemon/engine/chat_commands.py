@@ -19,7 +19,7 @@ from daemon.store import Store
 from daemon.store.console_keys import ConsoleKeys, console_url
 from daemon.tools.registry import Registry
 from daemon.tools.scope import is_person_chat, person_chats
-from daemon.turn.folder import Folder
+from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.voice.hearing import last_transcript
@@ -58,7 +58,7 @@ class Commands:
         router: Router,
         llm: ModelClient,
         prompting: Prompting,
-        folder: Folder,
+        folder: BackgroundFold,
         clock: Callable[[], float],
         registry: Registry | None = None,
     ) -> None:

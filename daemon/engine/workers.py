@@ -24,7 +24,7 @@ from daemon.core.logs import turn_log as log
 from daemon.core.messages import Channel, Inbound, Outbound
 from daemon.engine.answering import Answering
 from daemon.engine.delivery import Delivery, DeliveryHooks
-from daemon.engine.quarantine import Quarantine
+from daemon.engine.set_aside import SetAside
 from daemon.engine.upkeep import Upkeep, bounded
 from daemon.engine.voice_replies import VoiceReplies
 from daemon.intake.quarantine import ATTEMPTS
@@ -88,7 +88,7 @@ class Engine:
         self._idle: dict[str, asyncio.Event] = {}
         self._depth: dict[str, int] = {}
         self._in_turn: set[str] = set()
-        self.quarantine = Quarantine(store, clock, self.notify)
+        self.quarantine = SetAside(store, clock, self.notify)
         self._accepting = False
         self._drain_until: float | None = None  # the event loop's time the drain ends
 

@@ -40,9 +40,9 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, id_time, new_id
+from daemon.parsing.data import as_data
+from daemon.parsing.note import describe, kind_of
 from daemon.store import atomic_write
-from daemon.store.documents.data import as_data
-from daemon.store.documents.note import describe, kind_of
 from daemon.store.png import without_bad_ancillary_chunks
 
 FILE_KINDS = ("document", "voice", "audio", "video", "file")
@@ -181,7 +181,7 @@ def store_image(data: bytes, attachments_dir: Path, *,
 def store_file(data: bytes, attachments_dir: Path, *, name: str, mime: str | None,
                kind: str = "file", limits: AttachmentLimits = AttachmentLimits()) -> StoredFile:
     """Store a document, voice note, audio or video file as sent, under a generated name; a
-    PDF, DOCX or XLSX also gets what it holds in its note (`daemon.store.documents.note`)."""
+    PDF, DOCX or XLSX also gets what it holds in its note (`daemon.parsing.note`)."""
     if kind not in FILE_KINDS:
         raise ValueError(f"unknown attachment kind {kind!r}; expected one of {FILE_KINDS}")
     clean = _clean_name(name) or kind

@@ -25,12 +25,12 @@ from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
 from daemon.core.errors import AttachmentError
 from daemon.core.ids import ID_PATTERN, is_id
+from daemon.parsing.data import as_data
+from daemon.parsing.note import kind_of
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
-from daemon.store.documents.data import as_data
-from daemon.store.documents.note import kind_of
 from daemon.store.facts import FactsBook, Person, matching
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 from daemon.tools.scope import RecallScope, recall_scope
 
@@ -61,7 +61,7 @@ class ToolContext:
     registry: Registry
     conversation_id: str
     clock: Callable[[], float]
-    index: MemoryIndex | None = None
+    index: SearchIndex | None = None
     active: list[str] = field(default_factory=list)  # capabilities activated in this conversation
     # Whose conversations recall may read; None: worked out from this conversation's record.
     scope: RecallScope | None = None

@@ -2,7 +2,7 @@
 
 A tool opens only a file whose reference is on a message of a conversation in scope
 (`builtin.sent_file`, the check `file_read` uses): never a path the model makes up. The parse
-runs in the bounded worker pool (`daemon.store.documents.pool`), through a thread so the event
+runs in the bounded worker pool (`daemon.parsing.pool`), through a thread so the event
 loop never waits; a damaged, encrypted or hostile file is an error result that says which.
 """
 
@@ -12,8 +12,8 @@ import asyncio
 from typing import Any
 
 from daemon.core.errors import DocumentError
-from daemon.store.documents.data import SHEET_MAX, as_data
-from daemon.store.documents.pool import WorkerPool, shared_pool
+from daemon.parsing.data import SHEET_MAX, as_data
+from daemon.parsing.pool import WorkerPool, shared_pool
 from daemon.tools.builtin import ToolContext, sent_file
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.untrusted import labelled

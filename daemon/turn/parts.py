@@ -17,10 +17,10 @@ from daemon.store import Store
 from daemon.store.approvals import ApprovalBook
 from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.registry import Registry
 from daemon.turn.approvals import Approvals, Ask
-from daemon.turn.folder import Folder
+from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
@@ -37,22 +37,22 @@ class TurnParts:
     router: Router
     records: Records
     registry: Registry
-    index: MemoryIndex
+    index: SearchIndex
     prompting: Prompting
-    folder: Folder
+    folder: BackgroundFold
     clock: Callable[[], float]
     facts: FactsBook | None = None
     approvals: Approvals | None = None  # asks before a tool that needs a yes runs
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
-              registry: Registry, index: MemoryIndex | None = None,
+              registry: Registry, index: SearchIndex | None = None,
               clock: Callable[[], float] = time.time,
               on_event: Callable[[str], None] | None = None) -> TurnParts:
         """`index` is derived from the store and rebuilt from it when lost; the daemon opens it
         with the store, so that a disk that cannot take it stops the start before anything
         else runs. `registry` holds every tool (daemon/app/assembly.py builds it)."""
-        index = index or MemoryIndex.open(store.state_dir / "memory.sqlite3")
+        index = index or SearchIndex.open(store.state_dir / "memory.sqlite3")
         records = Records(store.state_dir, settings.daemon.tz, on_event=on_event)
         facts = FactsBook(store.files)
         return cls(
@@ -61,8 +61,8 @@ class TurnParts:
             registry=registry, index=index,
             prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
                                 clock=clock, facts=facts),
-            folder=Folder(settings=settings, store=store, llm=llm, records=records, clock=clock,
-                          on_fold=index.mark_dirty),
+            folder=BackgroundFold(settings=settings, store=store, llm=llm, records=records,
+                                  clock=clock, on_fold=index.mark_dirty),
             clock=clock, facts=facts,
             approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
                                 clock))

@@ -7,8 +7,8 @@ sequencing the steps its parts own:
    with its inbox id, so they are on disk before the model is called (and appended only once,
    however often the turn is retried) (`Journal`, daemon/turn/journal.py);
 2. if the last request reached its budget and no background fold landed since, fold first, as
-   the chat's own work (`Folder.land`); then build the request (`Prompting`: prefix + summary
-   preamble + tail, fitted to the budget);
+   the chat's own work (`BackgroundFold.land`); then build the request (`Prompting`: prefix +
+   summary preamble + tail, fitted to the budget);
 3. call Ollama, streaming the reply to the channel's sink for the turn (with a line about
    thinking and tools), in a part of the turn that /stop can cancel, retrying while it is
    unreachable, refitting once after an overflow rejection or a silent cut (`ModelCall`,
@@ -49,13 +49,13 @@ from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.builtin import ToolContext
 from daemon.tools.facts import confirmed
 from daemon.tools.registry import Registry
 from daemon.tools.scope import person_of, recall_scope
 from daemon.turn.approvals import Approvals, Ask
-from daemon.turn.folder import Folder
+from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.journal import Journal
 from daemon.turn.model_call import MAX_BACKOFF as MAX_BACKOFF
 from daemon.turn.model_call import ModelCall, Notify, Outage, Site, Working, not_shown
@@ -130,12 +130,12 @@ class TurnRunner:
         router: Router,
         prompting: Prompting,
         registry: Registry,
-        index: MemoryIndex | None,
+        index: SearchIndex | None,
         records: Records,
         notify: Notify,
         clock: Callable[[], float],
         streaming: Streaming = not_streamed,
-        folder: Folder | None = None,
+        folder: BackgroundFold | None = None,
         working: Working = not_shown,
         facts: FactsBook | None = None,
         approvals: Approvals | None = None,

@@ -22,7 +22,7 @@ import pytest
 
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from daemon.store import Store
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
@@ -167,7 +167,7 @@ async def test_a_full_disk_at_start_with_existing_state_exits_73_with_one_clear_
     seed = tmp_path / "seed"
     seed.mkdir(mode=0o700)
     Store.open(seed).close()
-    index = MemoryIndex.open(seed / "memory.sqlite3")
+    index = SearchIndex.open(seed / "memory.sqlite3")
     index.close()
     if not with_index:
         for leftover in seed.glob("memory.sqlite3*"):

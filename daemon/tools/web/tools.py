@@ -17,7 +17,7 @@ from typing import Any
 
 from daemon.core.config import WebSettings
 from daemon.core.errors import DocumentError, WebError
-from daemon.store.documents.pool import WorkerPool, shared_pool
+from daemon.parsing.pool import WorkerPool, shared_pool
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Capability, Registry, Tool
 from daemon.tools.untrusted import labelled

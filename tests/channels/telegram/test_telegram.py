@@ -39,7 +39,7 @@ from daemon.core.conversations import Message
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.engine.chat_commands import GREETING, Commands
-from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.facts_commands import MemoryCommands
 from daemon.engine.workers import Engine
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory

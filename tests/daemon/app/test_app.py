@@ -27,7 +27,7 @@ from daemon.core.config import AutomationSettings
 from daemon.core.messages import Inbound
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.registry import Capability, Tool
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.fakes.ollama import FakeOllama, Reply
@@ -312,7 +312,7 @@ async def test_a_run_that_does_not_let_go_when_cancelled_cannot_hold_the_stop(
         await asyncio.gather(run, return_exceptions=True)
 
 
-class StuckIndex(MemoryIndex):
+class StuckIndex(SearchIndex):
     """An index whose first full build takes longer than any stop may wait (a huge store)."""
 
     release = threading.Event()

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from daemon.app.serve import serve
-from daemon.store.documents.pool import shared_pool
+from daemon.parsing.pool import shared_pool
 from tests.conftest import SettingsFactory, wait_until
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama

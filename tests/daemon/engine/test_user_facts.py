@@ -18,7 +18,7 @@ import pytest
 
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.messages import Inbound
-from daemon.engine.memory_commands import NOT_PERSONAL
+from daemon.engine.facts_commands import NOT_PERSONAL
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store

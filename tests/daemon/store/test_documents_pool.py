@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from daemon.core.errors import DocumentError
+from daemon.parsing.child import DAMAGED
+from daemon.parsing.pool import Limits, WorkerPool
 from daemon.store.attachments import store_file
-from daemon.store.documents.child import DAMAGED
-from daemon.store.documents.pool import Limits, WorkerPool
 from tests import documents
 
 # Unpacks to 105 MB: under the declared-size check, so it reaches the parser, whose tree of

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.core.config import Settings
-from daemon.engine.memory_commands import MemoryCommands
+from daemon.engine.facts_commands import MemoryCommands
 from daemon.store import Store
 from daemon.store.facts import FactsBook, Person
 from daemon.tools.builtin import ToolContext, memory_search

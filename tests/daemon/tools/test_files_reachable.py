@@ -19,7 +19,7 @@ from daemon.context.fold import merge_user_notes
 from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import StoredFile, store_file, store_image
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools import builtin
 from daemon.tools import documents as document_tools
 from daemon.tools.builtin import ToolContext
@@ -36,7 +36,7 @@ PAGES = [f"Page {n}: the part numbers of section {n} are P-{n * 11}." for n in r
 @dataclasses.dataclass
 class Desk:
     store: Store
-    index: MemoryIndex
+    index: SearchIndex
     settings: Settings
     registry: Registry
 
@@ -62,7 +62,7 @@ class Desk:
 def desk(make_settings: SettingsFactory) -> Iterator[Desk]:
     settings = make_settings()
     store = Store.open(settings.daemon.state_dir)
-    index = MemoryIndex.open(settings.daemon.state_dir / "memory.sqlite3")
+    index = SearchIndex.open(settings.daemon.state_dir / "memory.sqlite3")
     registry = Registry()
     builtin.register(registry)
     document_tools.register(registry)

@@ -25,7 +25,7 @@ from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.attachments import StoredFile, store_file
-from daemon.store.memory_index import MemoryIndex
+from daemon.store.search_index import SearchIndex
 from daemon.tools.builtin import (
     ToolContext,
     conversation_read,
@@ -58,7 +58,7 @@ class World:
     """Two people and a group in one store, each with a conversation; Bob sent a file."""
 
     store: Store
-    index: MemoryIndex
+    index: SearchIndex
     settings: Settings
     alice: str
     bob: str
@@ -79,7 +79,7 @@ def all_files(root: Path) -> dict[Path, bytes]:
 def world(make_settings: SettingsFactory, tmp_path: Path) -> Iterator[World]:
     settings = make_settings()
     store = Store.open(settings.daemon.state_dir)
-    index = MemoryIndex.open(settings.daemon.state_dir / "memory.sqlite3")
+    index = SearchIndex.open(settings.daemon.state_dir / "memory.sqlite3")
     alice = store.create_conversation(ALICE, T0).id
     store.append_message(alice, "user", "My bike is parked at the station.", created=T0)
     bob = store.create_conversation(BOB, T0 + 1).id

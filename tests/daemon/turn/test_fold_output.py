@@ -11,7 +11,7 @@ import pytest
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
-from daemon.turn.folder import Folder
+from daemon.turn.background_fold import BackgroundFold
 from tests.conftest import SettingsFactory, wait_until
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
@@ -21,7 +21,7 @@ T0 = 1_796_112_000.0
 
 @dataclass
 class Rig:
-    folder: Folder
+    folder: BackgroundFold
     store: Store
     fake: FakeOllama
 
@@ -50,7 +50,7 @@ async def rig(make_settings: SettingsFactory) -> AsyncIterator[Rig]:
                              daemon={"timezone": "UTC"})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    folder = Folder(settings=settings, store=store, llm=llm,
+    folder = BackgroundFold(settings=settings, store=store, llm=llm,
                     records=Records(store.state_dir, settings.daemon.tz),
                     clock=lambda: T0, retry_after_failure=30.0)
     try:

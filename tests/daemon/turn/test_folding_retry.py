@@ -11,7 +11,7 @@ import pytest
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
-from daemon.turn.folder import Folder
+from daemon.turn.background_fold import BackgroundFold
 from tests.conftest import SettingsFactory, wait_until
 from tests.fakes.ollama import FakeModel, FakeOllama, Reply
 
@@ -22,8 +22,8 @@ T0 = 1_796_112_000.0
 
 
 @pytest.fixture
-async def failing_folds(make_settings: SettingsFactory) -> AsyncIterator[tuple[Folder, Store,
-                                                                              FakeOllama]]:
+async def failing_folds(
+        make_settings: SettingsFactory) -> AsyncIterator[tuple[BackgroundFold, Store, FakeOllama]]:
     fake = FakeOllama(models=[FakeModel(context_length=32768)])
     await fake.start()
     # An empty summary is never saved: the fold fails the same way every time.
@@ -32,7 +32,7 @@ async def failing_folds(make_settings: SettingsFactory) -> AsyncIterator[tuple[F
                                     "retry_attempts": 1}, daemon={"timezone": "UTC"})
     store = Store.open(settings.daemon.state_dir)
     llm = ModelClient(settings.model)
-    folder = Folder(settings=settings, store=store, llm=llm,
+    folder = BackgroundFold(settings=settings, store=store, llm=llm,
                     records=Records(store.state_dir, settings.daemon.tz),
                     clock=lambda: T0, retry_after_failure=0.05)
     try:
@@ -45,7 +45,7 @@ async def failing_folds(make_settings: SettingsFactory) -> AsyncIterator[tuple[F
 
 
 async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
-    failing_folds: tuple[Folder, Store, FakeOllama], caplog: pytest.LogCaptureFixture,
+    failing_folds: tuple[BackgroundFold, Store, FakeOllama], caplog: pytest.LogCaptureFixture,
 ) -> None:
     folder, store, fake = failing_folds
     conversation = store.create_conversation(CHAT, T0)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from daemon.core.errors import DocumentError
 from daemon.core.logs import store_log as log
-from daemon.store.documents.data import SHEET_MAX, as_data
-from daemon.store.documents.pool import WorkerPool, shared_pool
+from daemon.parsing.data import SHEET_MAX, as_data
+from daemon.parsing.pool import WorkerPool, shared_pool
 
 PDF = "pdf"
 DOCX = "docx"

@@ -13,7 +13,7 @@ from daemon.store import Store
 from daemon.turn.runner import Notify
 
 
-class Quarantine:
+class SetAside:
     """See the module docstring; `notify` tells a chat its message was set aside."""
 
     def __init__(self, store: Store, clock: Callable[[], float], notify: Notify) -> None:

@@ -1,4 +1,4 @@
-"""The worker child: `python -m daemon.store.documents.child MEMORY_MB`.
+"""The worker child: `python -m daemon.parsing.child MEMORY_MB`.
 
 It bounds its own address space, then answers one JSON line per job line on stdin. The jobs
 are a fixed table: the parent names one and gives plain arguments. Every job is a boundary: a
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daemon.core.errors import DocumentError
-from daemon.store.documents import html, pdf, sheet, word
+from daemon.parsing import html, pdf, sheet, word
 
 JOBS: dict[str, Callable[..., Any]] = {
     "ping": lambda: "pong",

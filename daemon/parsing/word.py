@@ -12,8 +12,8 @@ from docx.table import Table
 from docx.text.paragraph import Paragraph
 
 from daemon.core.errors import DocumentError
-from daemon.store.documents.tables import markdown_table
-from daemon.store.documents.unzip import check_archive
+from daemon.parsing.tables import markdown_table
+from daemon.parsing.unzip import check_archive
 
 
 def _blocks(path: str) -> tuple[list[str], int, str | None, int, int]:

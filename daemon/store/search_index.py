@@ -136,11 +136,11 @@ def _any_of(terms: Iterable[str]) -> str:
     return " OR ".join(f'"{t}"' for t in terms)
 
 
-class MemoryIndex:
+class SearchIndex:
     """A derived full-text index of every message and summary; rebuildable from the store."""
 
     def __init__(self, path: Path, db: sqlite3.Connection) -> None:
-        """Use `MemoryIndex.open(path)`."""
+        """Use `SearchIndex.open(path)`."""
         self.path = path
         self._db = db
         self._lock = threading.Lock()
@@ -154,7 +154,7 @@ class MemoryIndex:
         self._closing = threading.Event()
 
     @classmethod
-    def open(cls, path: Path) -> MemoryIndex:
+    def open(cls, path: Path) -> SearchIndex:
         """Open or create the index; a corrupt file is moved aside and a new one started.
 
         A disk that cannot take the index (full, read-only, failing) raises StoreError, as the

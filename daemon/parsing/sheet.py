@@ -11,9 +11,9 @@ from openpyxl.utils.cell import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import InvalidFileException
 
 from daemon.core.errors import DocumentError
-from daemon.store.documents.data import SHEET_MAX, as_data
-from daemon.store.documents.tables import markdown_table
-from daemon.store.documents.unzip import check_archive
+from daemon.parsing.data import SHEET_MAX, as_data
+from daemon.parsing.tables import markdown_table
+from daemon.parsing.unzip import check_archive
 
 MAX_ROWS = 60
 MAX_COLS = 20

@@ -7,7 +7,7 @@ map, so an allocation past it raises MemoryError there and nowhere else) and is 
 job outlives its time. The children stay warm between jobs: pypdf, python-docx, openpyxl and
 trafilatura are imported once, and `pdf_info` on a thousand pages costs the parse, not a start.
 
-The child is `python -m daemon.store.documents.child`, spoken to over its stdin and stdout,
+The child is `python -m daemon.parsing.child`, spoken to over its stdin and stdout,
 one JSON line per job and per answer. Its job table is fixed in `child.py`: the parent names a
 job, never a module or a path it cannot vouch for. `call` blocks; the daemon calls it through
 `asyncio.to_thread`, so the event loop never waits on a parse.
@@ -53,7 +53,7 @@ class _Child:
         env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LANG": "C.UTF-8",
                "PATH": os.defpath}
         self.proc = subprocess.Popen(
-            confine.wrapped([sys.executable, "-m", "daemon.store.documents.child",
+            confine.wrapped([sys.executable, "-m", "daemon.parsing.child",
                              str(memory_mb)]),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, env=env, cwd="/")

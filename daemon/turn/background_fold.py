@@ -68,7 +68,7 @@ class FoldOutcome:
     more: bool = False  # /compact stopped at its most folds with more left to fold
 
 
-class Folder:
+class BackgroundFold:
     """Runs folds in the background; see the module docstring."""
 
     def __init__(

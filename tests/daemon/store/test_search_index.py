@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from daemon.core.conversations import Role, SummaryState
-from daemon.store import Store, memory_index
-from daemon.store.memory_index import MemoryIndex, query_terms
+from daemon.store import Store, search_index
+from daemon.store.search_index import SearchIndex, query_terms
 
 T0 = 1_700_000_000.0
 CHAT = "telegram:1111111"
@@ -36,8 +36,8 @@ def store(state_dir: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> Iterator[MemoryIndex]:
-    opened = MemoryIndex.open(tmp_path / "index" / "memory.sqlite3")
+def index(tmp_path: Path) -> Iterator[SearchIndex]:
+    opened = SearchIndex.open(tmp_path / "index" / "memory.sqlite3")
     yield opened
     opened.close()
 
@@ -51,12 +51,12 @@ def conversation(store: Store, texts: list[str], chat: str = CHAT, start: float 
     return created.id
 
 
-def refs(index: MemoryIndex, query: str, store: Store | None = None) -> list[str]:
+def refs(index: SearchIndex, query: str, store: Store | None = None) -> list[str]:
     return [hit.ref for hit in index.search(query, 8, store)]
 
 
 def test_a_fact_is_found_by_a_differently_worded_question(store: Store,
-                                                          index: MemoryIndex) -> None:
+                                                          index: SearchIndex) -> None:
     cid = conversation(store, [*FILLER, "My sister's wedding is in Porto on the 14th of June.",
                                "Lovely, I will remember that.", *FILLER])
     index.sync(store)
@@ -70,7 +70,7 @@ def test_a_fact_is_found_by_a_differently_worded_question(store: Store,
     assert "wedding is in Porto" in hits[0].snippet
 
 
-def test_stemming_matches_other_forms_of_a_word(store: Store, index: MemoryIndex) -> None:
+def test_stemming_matches_other_forms_of_a_word(store: Store, index: SearchIndex) -> None:
     cid = conversation(store, [*FILLER, "We parked the camper on level three of the garage.",
                                *FILLER])
     index.sync(store)
@@ -79,7 +79,7 @@ def test_stemming_matches_other_forms_of_a_word(store: Store, index: MemoryIndex
 
 
 def test_a_message_with_two_query_words_ranks_above_one_with_one(store: Store,
-                                                                 index: MemoryIndex) -> None:
+                                                                 index: SearchIndex) -> None:
     # bm25 alone favours the short one-word message; holding both words matters more.
     cid = conversation(store, [
         "Budget!",
@@ -96,7 +96,7 @@ def test_a_message_with_two_query_words_ranks_above_one_with_one(store: Store,
 
 
 def test_summaries_are_found_and_replaced_when_they_change(store: Store,
-                                                           index: MemoryIndex) -> None:
+                                                           index: SearchIndex) -> None:
     cid = conversation(store, FILLER)
     store.save_summary(cid, SummaryState(summary="The user is planning a kayak trip to Norway.",
                                          user_notes="bring the dry bags", through_seq=4,
@@ -118,7 +118,7 @@ def test_summaries_are_found_and_replaced_when_they_change(store: Store,
 
 
 def test_archived_conversations_and_every_chat_are_searched(store: Store,
-                                                            index: MemoryIndex) -> None:
+                                                            index: SearchIndex) -> None:
     old = conversation(store, ["The garage door code is 4817.", "Got it."])
     archived = store.get_conversation(old)
     assert archived is not None
@@ -132,7 +132,7 @@ def test_archived_conversations_and_every_chat_are_searched(store: Store,
 
 
 def test_a_scoped_search_returns_only_those_chats_however_many_others_match(
-        store: Store, index: MemoryIndex) -> None:
+        store: Store, index: SearchIndex) -> None:
     theirs = [conversation(store, [f"Garage code {n} for the other chat.", "Noted."],
                            chat=OTHER, start=T0 + n) for n in range(30)]
     mine = conversation(store, ["My garage code is 4817.", "Got it."], start=T0 + 100)
@@ -154,10 +154,10 @@ def test_a_scoped_search_returns_only_those_chats_however_many_others_match(
 
 
 def test_a_scoped_search_finds_an_old_message_of_its_own_among_many_newer_of_others(
-        store: Store, index: MemoryIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, index: SearchIndex, monkeypatch: pytest.MonkeyPatch) -> None:
     # Past BUDGET matching rows a query ranks only the newest ones: the newest in scope, not
     # the newest of everybody's. A small BUDGET stands for the 5,000 rows of heavy traffic.
-    monkeypatch.setattr(memory_index, "BUDGET", 20)
+    monkeypatch.setattr(search_index, "BUDGET", 20)
     mine = conversation(store, ["My garage code is 4817.", "Got it."])
     for n in range(5):
         conversation(store, [f"Garage code {n}{m} for the other chat." for m in range(10)],
@@ -169,7 +169,7 @@ def test_a_scoped_search_finds_an_old_message_of_its_own_among_many_newer_of_oth
 
 
 def test_a_fact_only_in_early_messages_is_found_after_the_summary_moved_on(
-        store: Store, index: MemoryIndex) -> None:
+        store: Store, index: SearchIndex) -> None:
     cid = conversation(store, ["My passport number is X1234567, keep it for the visa form.",
                                "Saved.", *FILLER * 4])
     # Three folds later the summary no longer mentions it.
@@ -184,7 +184,7 @@ def test_a_fact_only_in_early_messages_is_found_after_the_summary_moved_on(
 
 
 def test_sync_is_incremental_and_search_syncs_dirty_conversations(store: Store,
-                                                                 index: MemoryIndex) -> None:
+                                                                 index: SearchIndex) -> None:
     cid = conversation(store, FILLER)
     assert index.sync(store) == len(FILLER)
     assert index.sync(store) == 0
@@ -205,7 +205,7 @@ def test_sync_is_incremental_and_search_syncs_dirty_conversations(store: Store,
 def test_a_freshly_opened_index_syncs_everything_on_its_first_search(
         store: Store, tmp_path: Path) -> None:
     cid = conversation(store, ["Grandma's lasagne needs nutmeg."])
-    index = MemoryIndex.open(tmp_path / "memory.sqlite3")
+    index = SearchIndex.open(tmp_path / "memory.sqlite3")
     try:
         assert refs(index, "lasagne", store) == [f"msg:{cid}:1"]
     finally:
@@ -213,7 +213,7 @@ def test_a_freshly_opened_index_syncs_everything_on_its_first_search(
 
 
 def test_tool_results_are_indexed_but_recall_tool_echoes_are_not(store: Store,
-                                                                 index: MemoryIndex) -> None:
+                                                                 index: SearchIndex) -> None:
     cid = conversation(store, ["What is the weather in Oslo?"])
     store.append_message(cid, "tool", '{"city": "Oslo", "forecast": "sleet"}', created=T0 + 1,
                          tool_name="weather")
@@ -231,7 +231,7 @@ def test_tool_results_are_indexed_but_recall_tool_echoes_are_not(store: Store,
     '"', "*", "NEAR(", "AND OR", "-", "", "   ", "^", "(", ")", ":", "{}", "NOT", "'",
     "🦜🦜", "the of and is", "x" * 5_000, '" OR 1=1 --', "body:*", "a*b*c",
 ])
-def test_queries_without_searchable_words_return_nothing(store: Store, index: MemoryIndex,
+def test_queries_without_searchable_words_return_nothing(store: Store, index: SearchIndex,
                                                          query: str) -> None:
     conversation(store, FILLER)
     index.sync(store)
@@ -244,7 +244,7 @@ def test_queries_without_searchable_words_return_nothing(store: Store, index: Me
     "wedding NOT porto", "body:wedding", "(wedding", "wedding^2", "{wedding}",
     "WEDDING", "Wédding", "wedding " * 700, "x" * 5_000 + " wedding",
 ])
-def test_hostile_queries_never_raise_and_still_find_the_word(store: Store, index: MemoryIndex,
+def test_hostile_queries_never_raise_and_still_find_the_word(store: Store, index: SearchIndex,
                                                              query: str) -> None:
     cid = conversation(store, [*FILLER, "The wedding is in Porto."])
     index.sync(store)
@@ -252,7 +252,7 @@ def test_hostile_queries_never_raise_and_still_find_the_word(store: Store, index
     assert refs(index, query)[0] == f"msg:{cid}:7"
 
 
-def test_unicode_words_are_folded_and_found(store: Store, index: MemoryIndex) -> None:
+def test_unicode_words_are_folded_and_found(store: Store, index: SearchIndex) -> None:
     cid = conversation(store, ["Grüße aus Köln! Wir treffen uns am Café Müller.",
                                "Ελληνικά κείμενα και 日本語 text 🦜"])
     index.sync(store)
@@ -271,7 +271,7 @@ def test_query_terms_drop_operators_and_stop_words() -> None:
     assert len(query_terms(" ".join(f"w{n}" for n in range(1_000)))) == 12
 
 
-def test_snippets_are_one_short_line(store: Store, index: MemoryIndex) -> None:
+def test_snippets_are_one_short_line(store: Store, index: SearchIndex) -> None:
     long = "\n".join(f"Line {n} of the report about nothing much." for n in range(400))
     conversation(store, [long + "\nThe turbine failed at 03:00.\n" + long])
     index.sync(store)
@@ -285,13 +285,13 @@ def test_snippets_are_one_short_line(store: Store, index: MemoryIndex) -> None:
 def test_a_deleted_index_file_is_rebuilt_from_the_store(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite3"
     cid = conversation(store, [*FILLER, "The boiler service is booked for March."])
-    index = MemoryIndex.open(path)
+    index = SearchIndex.open(path)
     index.sync(store)
     index.close()
     for part in tmp_path.glob("memory.sqlite3*"):
         part.unlink()
 
-    index = MemoryIndex.open(path)
+    index = SearchIndex.open(path)
     try:
         assert index.search("boiler") == []
         assert index.sync(store) == len(FILLER) + 1
@@ -305,7 +305,7 @@ def test_a_corrupt_or_outdated_index_file_is_rebuilt(store: Store, tmp_path: Pat
                                                      damage: str) -> None:
     path = tmp_path / "memory.sqlite3"
     cid = conversation(store, [*FILLER, "The boiler service is booked for March."])
-    index = MemoryIndex.open(path)
+    index = SearchIndex.open(path)
     index.sync(store)
     index.close()
     if damage == "garbage":
@@ -317,7 +317,7 @@ def test_a_corrupt_or_outdated_index_file_is_rebuilt(store: Store, tmp_path: Pat
         db.execute("PRAGMA user_version = 99")
         db.close()
 
-    index = MemoryIndex.open(path)
+    index = SearchIndex.open(path)
     try:
         moved = list(tmp_path.glob("memory.sqlite3.corrupt-*"))
         assert bool(moved) == (damage != "other schema")  # kept for a look, not deleted
@@ -327,7 +327,7 @@ def test_a_corrupt_or_outdated_index_file_is_rebuilt(store: Store, tmp_path: Pat
         index.close()
 
 
-def test_searches_from_many_threads_during_a_sync(store: Store, index: MemoryIndex) -> None:
+def test_searches_from_many_threads_during_a_sync(store: Store, index: SearchIndex) -> None:
     cids = [conversation(store, [*FILLER, f"Locker number {n} belongs to Quentin."],
                          start=T0 + n * 100) for n in range(4)]
     errors: list[BaseException] = []
@@ -355,7 +355,7 @@ def test_an_index_corrupted_while_open_is_rebuilt_on_the_next_search(store: Stor
                                                                      tmp_path: Path) -> None:
     path = tmp_path / "memory.sqlite3"
     cid = conversation(store, [" ".join(f"w{n}x{m}" for m in range(200)) for n in range(60)])
-    index = MemoryIndex.open(path)
+    index = SearchIndex.open(path)
     try:
         index.sync(store)
         # Another connection moves everything into the main file, which then gets damaged.
