@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -126,10 +125,3 @@ def standard_registry(settings: Settings) -> Registry:
 def standard_parts(settings: Settings, store: Store, llm: ModelClient) -> TurnParts:
     return TurnParts.build(settings=settings, store=store, llm=llm,
                            registry=standard_registry(settings))
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: two workers a core. The tests mostly wait (on subprocesses, sockets and
-    timers), so two a core finish sooner: 6.0 minutes against 7.7 on two cores."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 2 * (usable or 1)
