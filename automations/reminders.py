@@ -32,6 +32,7 @@ LATE_AFTER = 60.0  # delivered more than this after its time: say so
 MAX_TEXT = 1000
 TARGET_KINDS = ("telegram", "whatsapp", "console")
 
+
 def new_reminder(chat_key: str, due: float, text: str, now: float, by: str) -> dict[str, Any]:
     """A pending reminder's record."""
     return {"id": new_id(now)[-10:].lower(), "chat_key": chat_key, "due": due,
