@@ -16,7 +16,7 @@ from markdown_it.token import Token
 from daemon.cli.main import build_parser
 from daemon.core.config import config_keys, load_settings
 from daemon.engine.chat_commands import Commands
-from daemon.engine.facts_commands import MemoryCommands
+from daemon.engine.facts_commands import FactsCommands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -223,7 +223,7 @@ def test_every_chat_command_is_documented_and_every_documented_one_exists() -> N
     (rows,) = [rows for heading, rows in tables_by_heading(tokens())
                if heading == "Chat commands"]
     documented = {row[0].strip("`/").split()[0] for row in rows}  # `/forget N`: the word
-    names = Commands.names | MemoryCommands.names
+    names = Commands.names | FactsCommands.names
     assert documented - names == set()
     readme = README.read_text("utf-8")
     assert all(re.search(rf"`/{name}[` ]", readme) for name in names)  # /start: under Telegram

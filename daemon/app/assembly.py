@@ -4,7 +4,7 @@ automations and the MCP servers. `roost run` (daemon/app/serve.py), `roost chat`
 same tools, the same capability index and so the same prefix.
 
 Everything is wired through constructors, in one order: the reminders' book (the reminder tools
-need it, the scheduler fires it), the registry from `TOOLS`, the MCP servers' capabilities, the
+need it, the scheduler fires it), the registry from `tools()`, the MCP servers' capabilities, the
 turn's parts, the engine, the automations. Left in reverse.
 """
 

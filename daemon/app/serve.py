@@ -68,7 +68,6 @@ from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.store.search_index import SearchIndex
 from daemon.tools.mcp.servers import McpServers
-from daemon.tools.registry import Registry
 from daemon.voice.backends import build_backend
 from daemon.voice.hearing import Hearing, no_wait
 from daemon.voice.speaking import Speaking, build_speaking
@@ -101,7 +100,6 @@ WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
 ACCESS = web.AppKey("access", Access)
 AUTOMATIONS = web.AppKey("automations", Automations)
 MCP = web.AppKey("mcp", McpServers)
-REGISTRY = web.AppKey("registry", Registry)
 CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
 SPEAKING = web.AppKey("speaking", Speaking)
 Context = Callable[[web.Application], AsyncIterator[None]]
@@ -184,7 +182,7 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _open_state(state_dir: Path) -> tuple[Store, SearchIndex]:
-    """The store and its memory index. The index is derived data, but it is written to at
+    """The store and its search index. The index is derived data, but it is written to at
     once: a disk that cannot take it (full, read-only) stops the start with one line (exit 73),
     as the store itself does."""
     store = Store.open(state_dir)
@@ -233,7 +231,7 @@ async def core_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         async with core(settings, store, llm, channels, Runs.DAEMON, extra=extra) as built:
             app[CORE], app[ENGINE], app[AUTOMATIONS] = built, built.engine, built.automations
-            app[REGISTRY], app[MCP] = built.parts.registry, built.servers
+            app[MCP] = built.servers
             yield
         log.info("engine and scheduler stopped")
     finally:

@@ -34,7 +34,7 @@ from daemon.core.errors import LLMError, LLMUnavailable, StoreError
 from daemon.core.messages import Inbound, Outbound, ReplySink
 from daemon.core.redact import redact_url
 from daemon.engine.chat_commands import Commands
-from daemon.engine.facts_commands import MemoryCommands
+from daemon.engine.facts_commands import FactsCommands
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 
@@ -46,7 +46,7 @@ HISTORY_LENGTH = 1000
 Ask = Callable[[str], Awaitable[None]]
 # Stop the reply being written; False when none is (then Ctrl-C leaves).
 StopReply = Callable[[], bool]
-COMMANDS = Commands.names | MemoryCommands.names
+COMMANDS = Commands.names | FactsCommands.names
 COMMAND_WORD = re.compile(r"[a-z0-9_]{1,32}")
 
 

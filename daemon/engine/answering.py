@@ -18,7 +18,7 @@ from typing import Any
 from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
-from daemon.engine.facts_commands import MemoryCommands
+from daemon.engine.facts_commands import FactsCommands
 from daemon.engine.model_choice import ModelChoice
 from daemon.engine.voice_replies import VoiceReplies
 from daemon.store.facts import FactsBook
@@ -48,7 +48,7 @@ class Answering:
                                  registry=parts.registry)
         self.models = ModelChoice(settings=parts.settings, store=parts.store, llm=parts.llm,
                                   router=parts.router, clock=parts.clock)
-        self.memory = MemoryCommands(settings=parts.settings,
+        self.facts_commands = FactsCommands(settings=parts.settings,
                                      facts=parts.facts or FactsBook(parts.store.files),
                                      clock=parts.clock)
         self.turns = parts.runner(notify=notify, streaming=self._streaming,
@@ -62,17 +62,17 @@ class Answering:
         `doing` is told which inbox items are being handled (quarantined if they fail)."""
         chat_key = items[0].chat_key
         command = items[0].command
-        if command in self.commands.names or command in self.memory.names:
+        if command in self.commands.names or command in self.facts_commands.names:
             doing([items[0].to_doc()])
-            reply = (await self.memory.run(command, items[0].text, chat_key)
-                     if command in self.memory.names
+            reply = (await self.facts_commands.run(command, items[0].text, chat_key)
+                     if command in self.facts_commands.names
                      else await self._command(command, items[0]))
             if reply:
                 await self.notify(chat_key, reply)
             await asyncio.to_thread(self.parts.store.inbox_done, [items[0].id])
             return
         handled = list(itertools.takewhile(
-            lambda i: i.command not in self.commands.names | self.memory.names, items))
+            lambda i: i.command not in self.commands.names | self.facts_commands.names, items))
         doing([i.to_doc() for i in handled])
         if self.voice is not None:
             handled = await self.voice.hear(handled, self.notify, self._working)

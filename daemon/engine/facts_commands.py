@@ -26,7 +26,7 @@ MEMORY_HELP = (
 )
 
 
-class MemoryCommands:
+class FactsCommands:
     """Runs /remember, /forget and /memory for a chat and returns the text to send back."""
 
     names = frozenset({"remember", "forget", "memory"})

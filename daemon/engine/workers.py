@@ -88,7 +88,7 @@ class Engine:
         self._idle: dict[str, asyncio.Event] = {}
         self._depth: dict[str, int] = {}
         self._in_turn: set[str] = set()
-        self.quarantine = SetAside(store, clock, self.notify)
+        self.set_aside = SetAside(store, clock, self.notify)
         self._accepting = False
         self._drain_until: float | None = None  # the event loop's time the drain ends
 
@@ -240,12 +240,12 @@ class Engine:
                 # The boundary of a chat's work: whatever an item does, the worker lives. The
                 # item is tried once more, then quarantined so that the chat carries on.
                 errors += 1
-                stuck = await self.quarantine.failed(chat_key, exc, errors)
+                stuck = await self.set_aside.failed(chat_key, exc, errors)
                 errors %= ATTEMPTS
                 if stuck:  # the item stays: do not spin on it
                     await self._sleep_or_wake(wake, MAX_BACKOFF)
             finally:
-                self.quarantine.done(chat_key)
+                self.set_aside.done(chat_key)
 
     async def _work_once(self, chat_key: str, wake: asyncio.Event, idle: asyncio.Event) -> bool:
         """Send what waits in the outbox, then answer what waits in the inbox; True when the
@@ -264,10 +264,10 @@ class Engine:
             return not wake.is_set() and self._accepting and chat_key not in self.answering.parked
         idle.clear()
         self._in_turn.add(chat_key)
-        self.quarantine.doing(chat_key, "inbox", docs)
+        self.set_aside.doing(chat_key, "inbox", docs)
         try:
             await self.answering.handle([Inbound.from_doc(d) for d in docs], functools.partial(
-                self.quarantine.doing, chat_key, "inbox"))
+                self.set_aside.doing, chat_key, "inbox"))
         finally:
             self._in_turn.discard(chat_key)
         if chat_key in self.answering.parked:
@@ -276,9 +276,9 @@ class Engine:
 
     async def _flush_outbox(self, chat_key: str) -> bool:
         """Send the chat's outbox in order; False when a delivery failed and must wait."""
-        with self.quarantine.aside(chat_key):
+        with self.set_aside.aside(chat_key):
             return await self.delivery.send(
-                chat_key, lambda doc: self.quarantine.doing(chat_key, "outbox", [doc]))
+                chat_key, lambda doc: self.set_aside.doing(chat_key, "outbox", [doc]))
 
     @staticmethod
     async def _sleep_or_wake(wake: asyncio.Event, seconds: float) -> None:

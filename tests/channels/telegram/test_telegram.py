@@ -39,7 +39,7 @@ from daemon.core.conversations import Message
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.ids import inbound_id
 from daemon.engine.chat_commands import GREETING, Commands
-from daemon.engine.facts_commands import MemoryCommands
+from daemon.engine.facts_commands import FactsCommands
 from daemon.engine.workers import Engine
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
@@ -180,7 +180,7 @@ async def test_start_fixture_is_answered_with_the_greeting(
     assert fake_telegram.webhook["secret_token"] == SECRET
     assert fake_telegram.webhook["allowed_updates"] == ["message", "edited_message",
                                                         "callback_query"]
-    every = Commands.names | MemoryCommands.names
+    every = Commands.names | FactsCommands.names
     assert {c["command"] for c in fake_telegram.commands} == every
     assert {c for c, _ in COMMANDS} == every
 

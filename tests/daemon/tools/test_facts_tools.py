@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.core.config import Settings
-from daemon.engine.facts_commands import MemoryCommands
+from daemon.engine.facts_commands import FactsCommands
 from daemon.store import Store
 from daemon.store.facts import FactsBook, Person
 from daemon.tools.builtin import ToolContext, memory_search
@@ -77,7 +77,7 @@ async def test_a_disk_that_cannot_take_the_fact_gets_a_clear_answer(
     settings: Settings = make_settings()
     files = FullDisk()
     book = FactsBook(files)
-    commands = MemoryCommands(settings=settings, facts=book, clock=time.time)
+    commands = FactsCommands(settings=settings, facts=book, clock=time.time)
     assert await commands.run("remember", "/remember Likes tea", ALICE.name) == (
         "Noted: Likes tea")
     files.full = True
