@@ -20,6 +20,7 @@ import logging
 import re
 import readline  # imported for its effect: input() gets line editing, and its prompt on stdout
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -78,7 +79,7 @@ async def chat(settings: Settings, out: TextIO = sys.stdout, err: TextIO = sys.s
     if interactive:  # before anything can fail: the history saved at the end includes it
         _load_history(state_dir / HISTORY_FILE)
     try:
-        async with _session(settings, shown, err) as (ask, stop_reply):
+        async with _ctrl_c_wakes_the_loop(), _session(settings, shown, err) as (ask, stop_reply):
             out.write(f"roost chat with {settings.model.name}. /help for commands, "
                       "Ctrl-D to leave.\n")
             out.flush()
@@ -310,6 +311,26 @@ def _save_history(path: Path) -> None:
         path.chmod(0o600)
     except OSError as exc:
         print(f"roost: cannot save the chat history to {path}: {exc.strerror}", file=sys.stderr)
+
+
+@contextlib.asynccontextmanager
+async def _ctrl_c_wakes_the_loop() -> AsyncIterator[None]:
+    """The kernel may hand Ctrl-C to any thread, say the one blocked reading the prompt; Python
+    runs its handler on the main thread, which sleeps in the loop until something wakes it.
+    A wakeup fd the loop watches is that something."""
+    loop = asyncio.get_running_loop()
+    woken, wake = socket.socketpair()
+    woken.setblocking(False)
+    wake.setblocking(False)
+    loop.add_reader(woken, lambda: woken.recv(64))  # only drained: the handler does the rest
+    previous = signal.set_wakeup_fd(wake.fileno(), warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        loop.remove_reader(woken)
+        woken.close()
+        wake.close()
 
 
 @contextlib.contextmanager

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import platform
 import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from daemon.store import Store
+from tests.conftest import wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 
 
@@ -91,6 +97,34 @@ async def test_interrupt_at_the_prompt_leaves_cleanly(
     chat.send_signal(signal.SIGINT)
     await read_until(chat.stdout, "Saved. Bye.")
     chat.stdin.close()  # the thread reading a pipe holds the process until the pipe ends
+    assert await asyncio.wait_for(chat.wait(), 10) == 0
+
+
+def _thread_reading_stdin(pid: int) -> int | None:
+    """The thread of `pid` blocked in read(2) on fd 0 (x86-64 numbers), if there is one."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = (task / "syscall").read_text().split()
+            if int(task.name) != pid and fields[:2] == ["0", "0x0"]:
+                return int(task.name)
+    return None
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not hasattr(ctypes.CDLL(None), "tgkill"),
+                    reason="finds the reading thread by x86-64 syscall numbers; needs tgkill")
+async def test_ctrl_c_that_lands_on_the_thread_reading_the_terminal_still_leaves(
+    fake_ollama: FakeOllama, tmp_path: Path
+) -> None:
+    """The kernel hands a Ctrl-C to any of the process's threads; the one blocked reading the
+    prompt must not swallow it (the loop sleeps on until something else wakes it)."""
+    chat = await start_chat(write_config(tmp_path, fake_ollama.url))
+    assert chat.stdin and chat.stdout
+    await read_until(chat.stdout, "Ctrl-D to leave")
+    await wait_until(lambda: _thread_reading_stdin(chat.pid) is not None)
+    reader = _thread_reading_stdin(chat.pid)
+    assert ctypes.CDLL(None, use_errno=True).tgkill(chat.pid, reader, signal.SIGINT) == 0
+    await read_until(chat.stdout, "Saved. Bye.")
+    chat.stdin.close()
     assert await asyncio.wait_for(chat.wait(), 10) == 0
 
 
