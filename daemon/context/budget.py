@@ -8,6 +8,7 @@ the model's own tokenizer.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -84,6 +85,14 @@ def estimate_tokens(text: str, ratio: float = 1.0,
     paste and the prose after it (issue 30). Within 10% of Qwen's and SmolLM2's tokenizers on
     prose, code, digits and non-Latin text, each with its vocabulary
     (bench/real_tokenizer.py)."""
+    return math.ceil(_pieces_cost(text, vocabulary) * ratio)
+
+
+# A request re-estimates the history the last one estimated, and a fold or a cut estimates the
+# same messages again: each text is counted once. Bounded (a history in the window is tens of
+# messages, a tool output at most tens of KB), and pure: the same text costs the same.
+@functools.lru_cache(maxsize=512)
+def _pieces_cost(text: str, vocabulary: Vocabulary) -> float:
     n = 0.0
     for digit, word, space, _lone, punct in _PIECES.findall(text):
         if digit or space:
@@ -92,7 +101,7 @@ def estimate_tokens(text: str, ratio: float = 1.0,
             n += _word_tokens(word, vocabulary)
         elif punct:
             n += 1 + (len(punct) - 1) // PUNCT_CHARS
-    return math.ceil(n * ratio)
+    return n
 
 
 def request_budget(num_ctx: int, response_reserve: int) -> int:
