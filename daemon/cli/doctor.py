@@ -28,6 +28,7 @@ import httpx
 import ollama
 from telegram import Bot
 from telegram.error import InvalidToken, TelegramError
+from telegram.request import HTTPXRequest
 
 from automations.schedule import build_trigger, next_fire
 from channels.telegram.channel import check_settings
@@ -438,7 +439,9 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
     tg = settings.telegram
     if not tg.token or not BOT_TOKEN.fullmatch(tg.token):
         return []  # reported with the config checks
-    bot = Bot(tg.token, base_url=tg.api_base, base_file_url=tg.file_base)
+    # Its own request object, closed below: Bot.shutdown() closes only what initialize() opened.
+    request = HTTPXRequest()
+    bot = Bot(tg.token, base_url=tg.api_base, base_file_url=tg.file_base, request=request)
     try:
         try:
             me = await bot.get_me()
@@ -467,7 +470,7 @@ async def _telegram_checks(settings: Settings) -> list[Check]:
                                       info.pending_update_count))
         return checks
     finally:
-        await bot.shutdown()
+        await request.shutdown()
 
 
 async def _files_check(file_base: str, token: str) -> Check:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.automations.conftest import DaemonFactory, automation
+from tests.daemon.cli.test_doctor import doctor
 from tests.fakes.ollama import FakeOllama, Reply
 
 
@@ -118,12 +119,7 @@ async def test_doctor_warns_about_an_automation_on_a_second_model(
                       'deliver = ["log"]\nmodel = "llama3.1:70b"\n'
                       '[[automations]]\nname = "off"\nschedule = "0 9 * * 0"\nprompt = "Hi"\n'
                       'deliver = ["log"]\nenabled = false\n')
-    # The fake Ollama answers on this loop: run the command without blocking it.
-    doctor = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "doctor", "--config", str(config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, _ = await asyncio.wait_for(doctor.communicate(), 30)
-    report = out.decode()
+    report = (await doctor(config))[1]
     assert "ok   automation big: next run " in report
     assert "ok   automation big model: uses llama3.1:70b, not " in report
     assert "ok   automation off: disabled" in report

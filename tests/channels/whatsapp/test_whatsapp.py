@@ -33,6 +33,7 @@ from daemon.core.conversations import Message
 from daemon.core.messages import Outbound
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory
+from tests.daemon.cli.test_doctor import doctor as roost_doctor
 from tests.fakes.graph import (
     API_VERSION,
     PHONE_NUMBER_ID,
@@ -592,13 +593,9 @@ async def test_doctor_checks_the_whatsapp_token(
         f'api_base = "{graph.url}"\n')
 
     async def doctor(token: str) -> str:
-        env = {**os.environ, "ROOST_WHATSAPP_TOKEN": token, "ROOST_WHATSAPP_APP_SECRET": "s",
-               "ROOST_WHATSAPP_VERIFY_TOKEN": "v"}
-        run = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "daemon", "doctor", "--config", str(config),
-            stdout=asyncio.subprocess.PIPE, env=env)
-        out, _ = await asyncio.wait_for(run.communicate(), 30)
-        return out.decode()
+        return (await roost_doctor(config, ROOST_WHATSAPP_TOKEN=token,
+                                   ROOST_WHATSAPP_APP_SECRET="s",
+                                   ROOST_WHATSAPP_VERIFY_TOKEN="v"))[1]
 
     good = await doctor(graph.token)
     assert "ok   whatsapp: number 15550953877 (roost test)" in good

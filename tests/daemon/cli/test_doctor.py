@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from daemon.cli import doctor as doctor_module
-from daemon.core.config import Settings
+from daemon.core.config import Settings, load_settings
+from daemon.core.errors import ConfigError
 from daemon.store import Store
 from tests.conftest import SettingsFactory
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, WABA_ID, FakeGraph, Template
@@ -26,13 +27,20 @@ HOOK_URL = "https://bot.example.org/webhooks/telegram"
 
 
 async def doctor(config: Path, *args: str, **env: str) -> tuple[int, str]:
+    """`roost doctor [--json] --config <config>` with `env` for ROOST_*, as `roost` runs it
+    once the config is read (daemon/cli/main.py), in this process: a process per check cost a
+    second of imports each. The command itself, exit status and all, is run as a process in
+    the tests of the config error below and in tests/daemon/cli/test_cli.py."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "doctor", "--config", str(config), *args,
-        env={**clean, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode() + err.decode()
+    as_json = "--json" in args
+    try:
+        settings = load_settings(config, {**clean, **env}, require_secrets=False)
+    except ConfigError as exc:
+        report = doctor_module.config_error_report(exc) if as_json else f"config error: {exc}"
+        return ConfigError.exit_status, report
+    out = io.StringIO()
+    status = await doctor_module.run_doctor(settings, as_json=as_json, out=out)
+    return status, out.getvalue()
 
 
 def write_config(tmp_path: Path, ollama: str, telegram: FakeTelegram | None = None,
