@@ -5,6 +5,10 @@ script does) on an empty state directory in a temporary folder, and prints the b
 of each, the same for `python -c pass` (the interpreter's own start-up, the floor), and the
 ratio. Target (issue 20): each command under 0.3 s. Nothing here opens a connection.
 
+Then what the heavy commands load before they do anything: the modules of `roost run` (and of
+`roost doctor`), without an MCP server configured, against the same with the MCP SDK, which
+they imported up front until it was deferred to the first server.
+
 Run from the repository root: `python bench/cli_startup.py` (`--runs N`, default 5).
 """
 
@@ -30,6 +34,10 @@ def best_of(argv: list[str], runs: int) -> float:
     return best
 
 
+HEAVY = {"roost run's modules": "import daemon.app.serve",
+         "roost doctor's modules": "import daemon.cli.doctor"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -45,6 +53,11 @@ def main() -> None:
             verdict = "ok" if took <= 0.3 else "OVER 0.3 s"
             print(f"{'roost ' + ' '.join(command):<28} {took:6.3f} s  x{took / floor:5.1f} "
                   f"the floor  {verdict}")
+    for name, code in HEAVY.items():
+        alone = best_of([sys.executable, "-c", code], runs)
+        with_sdk = best_of([sys.executable, "-c", f"{code}; import mcp"], runs)
+        print(f"{name:<28} {alone:6.3f} s  with the MCP SDK {with_sdk:6.3f} s  "
+              f"x{alone / with_sdk:4.2f}")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mcp import types
-
 from daemon.store.files import CorruptFile, atomic_write, dumps, move_aside, read_json
 from daemon.tools.mcp.connection import Listing
 
@@ -29,6 +27,10 @@ class Catalog:
         except CorruptFile as exc:
             move_aside(self.path, str(exc), "the servers' tools are listed anew")
             return {}
+        if not data:
+            return {}
+        from mcp import types  # not at the top: see daemon/tools/mcp/connection.py
+
         out: dict[str, Listing] = {}
         for name, entry in data.items():
             try:

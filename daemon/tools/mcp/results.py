@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-
-from mcp import types
+from typing import TYPE_CHECKING
 
 from daemon.tools.registry import ToolOutput
 from daemon.tools.untrusted import labelled
+
+if TYPE_CHECKING:
+    from mcp import types
 
 ERROR_PREFIX = "ERROR: "
 
@@ -29,6 +31,8 @@ MAX_IMAGES = 2  # images of one result passed on for a model that can see
 def result_output(result: types.CallToolResult, cap: int, source: str) -> ToolOutput:
     """The text, labelled untrusted and from `source`, and the images (decoded, at most
     MAX_IMAGES) for a model that can see."""
+    from mcp import types  # not at the top: see daemon/tools/mcp/connection.py
+
     images: list[bytes] = []
     for part in result.content:
         if (isinstance(part, types.ImageContent) and len(images) < MAX_IMAGES
@@ -56,6 +60,8 @@ def result_text(result: types.CallToolResult, cap: int, source: str) -> str:
 
 
 def _part(part: object) -> str:
+    from mcp import types  # not at the top: see daemon/tools/mcp/connection.py
+
     if isinstance(part, types.TextContent):
         return part.text
     if isinstance(part, types.ImageContent | types.AudioContent):

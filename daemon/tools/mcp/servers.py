@@ -21,11 +21,10 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import referencing.exceptions
-from mcp import types
 
 from daemon.core.config import McpServerSettings, McpSettings
 from daemon.core.errors import McpError, StoreError
@@ -36,6 +35,9 @@ from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
 from daemon.tools.mcp.schema import index_words, one_line, simplify, tool_name
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
+
+if TYPE_CHECKING:
+    from mcp import types
 
 GROUP = "mcp"
 TIMEOUT_SLACK = 5.0  # the registry's own limit, past the server's: the server's speaks first
