@@ -71,9 +71,15 @@ async def test_killed_after_an_early_part_leaves_no_orphan_and_no_duplicate(
     """A long answer sends its finished parts while it is written; killed then, the restarted
     roost deletes them (they were recorded) and sends the answer written again, whole."""
     long_answer = "\n\n".join(" ".join(f"w{p}-{i}" for i in range(40)) for p in range(60))
+    answers = 0
 
     def paced(body: dict[str, Any]) -> Reply:
-        return Reply(content=long_answer, tokens_per_second=600)
+        # The first attempt goes quiet mid-answer, past its first part (4,096 bytes, about
+        # 1,400 pieces of 3): still streaming when it is killed, however loaded the machine.
+        nonlocal answers
+        answers += 1
+        return Reply(content=long_answer, tokens_per_second=2000,
+                     stall_after_chunks=3000 if answers == 1 else None)
 
     fake_ollama.default_reply = paced
     port = free_port()
