@@ -64,7 +64,7 @@ class FakeTranscriber:
     async def __aenter__(self) -> FakeTranscriber:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post(PATH, self._transcribe)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

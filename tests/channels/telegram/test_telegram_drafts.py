@@ -65,8 +65,8 @@ def sent_after_the_last_draft(fake: FakeTelegram) -> bool:
 
 async def test_a_draft_reaches_telegram_before_the_model_has_finished(
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama) -> None:
-    answer = paragraphs(4)  # ~1,000 bytes: ~340 tokens, a few seconds at 100 tokens/s
-    fake_ollama.script(Reply(content=answer, tokens_per_second=100))
+    answer = paragraphs(4)  # ~1,000 bytes: ~340 tokens, over a second at 250 tokens/s
+    fake_ollama.script(Reply(content=answer, tokens_per_second=250))
     daemon = await start()
     assert await daemon.post(message(1, "tell me a story")) == 200
     (first, *_) = await fake_telegram.wait_for("sendMessageDraft", timeout=10)

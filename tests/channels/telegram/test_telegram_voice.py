@@ -213,8 +213,8 @@ async def test_drafts_show_the_text_as_written_and_the_voice_note_follows_the_fi
         start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
         speech: SpeakingStandIn) -> None:
     daemon = await start(speech)
-    answer = " ".join(f"word{i}" for i in range(150))  # a few seconds at 100 tokens/s
-    fake_ollama.script(Reply(content=answer, tokens_per_second=100))
+    answer = " ".join(f"word{i}" for i in range(150))  # ~330 tokens: a second at 300 a second
+    fake_ollama.script(Reply(content=answer, tokens_per_second=300))
     assert await daemon.post(voice_note(1, fake_telegram)) == 200
     await fake_telegram.wait_for("sendMessageDraft", timeout=10)
     assert fake_telegram.calls_to("sendVoice") == [] and speech.texts == []

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,42 +199,46 @@ async def test_a_stdio_server_gets_none_of_roosts_secrets(
     assert not any(name.startswith("ROOST_") for name in names)
 
 
-async def test_a_program_that_does_not_speak_mcp_is_down_not_a_crash(running: Any) -> None:
+async def test_a_program_that_does_not_speak_mcp_is_down_not_a_crash(
+    running: Any, http_server: str
+) -> None:
     chatter = McpServerSettings(name="chatter", command=sys.executable, args=(
         "-c", "import time\nprint('hello, not JSON-RPC', flush=True)\ntime.sleep(60)"))
-    # Long enough for the fake to import the SDK on a loaded machine (3 s seen on 2 cores).
-    registry, mcp = await running(chatter, stdio(), start_timeout=8.0)
+    # The other server already listens, so a short start timeout is enough for it.
+    registry, mcp = await running(chatter, McpServerSettings(name="fake", url=http_server),
+                                  start_timeout=3.0)
     status = {s.name: s for s in mcp.status()}
     assert status["chatter"].state == "down"
-    assert "did not answer within 8s" in status["chatter"].error
+    assert "did not answer within 3s" in status["chatter"].error
     assert await call(registry, "fake__echo", text="fine") == "echo: fine"
 
 
 @pytest.fixture
-def http_server() -> Iterator[str]:
+async def http_server() -> AsyncIterator[str]:
+    """The fake over streamable HTTP, once it listens."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(SERVER), "--http", str(port),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
+        await wait_until(lambda: process.returncode is not None or listening(port), timeout=60)
+        assert process.returncode is None, "the fake MCP server exited"
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
-        process.wait(10)
+        await asyncio.wait_for(process.wait(), 10)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def test_the_same_server_over_streamable_http(running: Any, http_server: str) -> None:
-    async def up() -> tuple[Registry, McpServers]:
-        for _ in range(60):  # the server process may still be starting: its first try fails
-            registry, mcp = await running(McpServerSettings(name="fake", url=http_server))
-            if mcp.connections["fake"].state is State.UP:
-                return registry, mcp
-            await mcp.stop()
-            await asyncio.sleep(0.5)
-        raise AssertionError("the HTTP server never came up")
-
-    registry, _ = await up()
+    registry, mcp = await running(McpServerSettings(name="fake", url=http_server))
+    assert mcp.connections["fake"].state is State.UP
     assert await call(registry, "fake__echo", text="web") == "echo: web"
     assert (await call(registry, "fake__fail")).startswith("ERROR:")
 
