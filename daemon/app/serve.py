@@ -81,6 +81,10 @@ class Tuning:
 
     http: HttpLimits = field(default_factory=HttpLimits)
     health_interval: float = 30.0  # seconds between background probes of Ollama and the disk
+    # A document worker starts this long after the start, once the daemon has settled in: its
+    # imports (a second of CPU) would compete with the first turns, and the first PDF sent is
+    # still read by a warm one.
+    documents_warm_after: float = 15.0
 
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -472,8 +476,7 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")
-    # A document worker starts now, off the loop, so the first PDF sent is read by a warm one.
-    warming = asyncio.create_task(asyncio.to_thread(shared_pool().warm), name="roost-documents")
+    warming = _DocumentsWarmup(tuning.documents_warm_after)
     interval = watchdog_interval()
     pinger = asyncio.create_task(watchdog(interval), name="roost-watchdog") if interval else None
     await _until_signalled()
@@ -484,16 +487,35 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     # later) and /healthz says the daemon is stopping; then the parts close in reverse order.
     # The watchdog keeps pinging meanwhile: a long drain is not a hang.
     await app[ENGINE].drain(budget.drain)
-    try:
-        await warming
-    except DocumentError as exc:  # not fatal: the first document tries again
-        log.warning("the document worker did not start: %s", exc)
+    await warming.finish()
     await runner.cleanup()
     if pinger is not None:
         pinger.cancel()
         await asyncio.gather(pinger, return_exceptions=True)
     log.info("stopped")
     return 0
+
+
+class _DocumentsWarmup:
+    """One document worker started off the loop `after` seconds from now (Tuning says why)."""
+
+    def __init__(self, after: float) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(after, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.create_task(asyncio.to_thread(shared_pool().warm),
+                                         name="roost-documents")
+
+    async def finish(self) -> None:
+        """Not begun: it never is; begun: waited for, so that no worker outlives the pool."""
+        self._timer.cancel()
+        if self._task is None:
+            return
+        try:
+            await self._task
+        except DocumentError as exc:  # not fatal: the first document tries again
+            log.warning("the document worker did not start: %s", exc)
 
 
 def _bind(settings: Settings, tuning: Tuning) -> socket.socket | None:

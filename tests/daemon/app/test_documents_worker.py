@@ -1,5 +1,5 @@
-"""`roost run` starts a document worker once it is up, so the first PDF sent is read by a warm
-one, and stops it on SIGTERM with everything else."""
+"""`roost run` starts a document worker once it has settled in (`Tuning.documents_warm_after`),
+so the first PDF sent is read by a warm one, and stops it on SIGTERM with everything else."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from daemon.app.serve import serve
+from daemon.app.serve import Tuning, serve
 from daemon.parsing.pool import shared_pool
 from tests.conftest import SettingsFactory, wait_until
 from tests.daemon.app.test_app import free_port
@@ -21,7 +21,7 @@ async def test_the_daemon_warms_a_document_worker_and_stops_it(
                                      "shutdown_grace": 2.0},
                              model={"host": fake_ollama.url})
     shared_pool().close()  # none left over from another test
-    running = asyncio.create_task(serve(settings))
+    running = asyncio.create_task(serve(settings, tuning=Tuning(documents_warm_after=0.1)))
     # The worker starts after the signal handlers are in place: SIGTERM then reaches serve().
     await wait_until(lambda: bool(shared_pool().idle_pids()) or running.done(), timeout=30)
     assert not running.done()
