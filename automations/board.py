@@ -14,9 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from automations.commands import stamp
-from automations.runner import manual_run_id
 from automations.schedule import build_trigger, next_fire
-from automations.state import AutomationState
+from automations.state import AutomationState, manual_run_id
 from daemon.console.board import AutomationView, RunView
 from daemon.core.config import Settings
 from daemon.core.ids import new_id

@@ -12,10 +12,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from automations.reminders import new_reminder
-from automations.runner import RunResult, manual_run_id
 from automations.schedule import build_trigger, next_fire
-from automations.scheduler import SCAN_EVERY
-from automations.state import AutomationState
+from automations.state import SCAN_EVERY, AutomationState, RunResult, manual_run_id
 from automations.when import split_when
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.ids import new_id

@@ -18,14 +18,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from automations.runner import Outlet
 from automations.state import AutomationState
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Outbound
+
+if TYPE_CHECKING:
+    from automations.runner import Outlet
 
 LATE_LIMIT = 24 * 3600.0
 LATE_AFTER = 60.0  # delivered more than this after its time: say so

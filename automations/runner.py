@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from automations.schedule import every_occurrence, slot_key
-from automations.state import AutomationState
+from automations.state import AutomationState, RunResult, manual_run_id
 from daemon.core.config import AutomationSettings
 from daemon.core.errors import RoostError, StoreError
 from daemon.core.ids import new_id
@@ -53,16 +53,6 @@ CHAT_PREFIX = "automation:"
 # or that came while roost was not running (one record for an outage, with its count in
 # `slots`); "skipped" a slot that came while the previous run was still going.
 RUN_STATUSES = ("ok", "undelivered", "quiet", "failed", "skipped", "missed")
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What a run did (the record's fields, for the command that prints it)."""
-
-    run_id: str
-    status: str  # ok, undelivered, quiet, failed, skipped
-    text: str = ""
-    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -401,11 +391,6 @@ def is_quiet(automation: AutomationSettings, text: str) -> bool:
 def slot_id(automation: AutomationSettings, slot: datetime) -> str:
     """The record id of a scheduled run: the automation and its slot (see `slot_key`)."""
     return f"{automation.name}@{slot_key(slot, every_occurrence(automation.schedule))}"
-
-
-def manual_run_id(name: str, request: str) -> str:
-    """The record id of a run made by hand (`roost automations run`)."""
-    return f"{name}@now-{request}"
 
 
 class _RunFailed(RoostError):

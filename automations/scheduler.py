@@ -43,13 +43,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 from automations.reminders import Reminders
 from automations.runner import CHAT_PREFIX, AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
+from automations.state import SCAN_EVERY
 from daemon.core.config import AutomationSettings
 from daemon.core.logs import automation_log as log
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import UNWIND
 from daemon.turn.parts import TurnParts
 
-SCAN_EVERY = 10.0
 ALIVE_EVERY = 60.0  # how often the daemon notes that it runs (the start of an outage)
 MISSED_COUNTED = 10_000  # slots of one outage counted at most (an `every 1m` down for a week)
 

@@ -23,6 +23,7 @@ import os
 import secrets
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,23 @@ DONE_KEPT = 500
 FILE = "automations.json"
 REMINDERS = "reminders"
 REQUESTS = "run-requests"
+SCAN_EVERY = 10.0  # seconds between the daemon's scans of reminders and run requests
 ALIVE = "automations-alive"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run did (the record's fields, for the command that prints it)."""
+
+    run_id: str
+    status: str  # ok, undelivered, quiet, failed, skipped
+    text: str = ""
+    error: str = ""
+
+
+def manual_run_id(name: str, request: str) -> str:
+    """The record id of a run made by hand (`roost automations run`)."""
+    return f"{name}@now-{request}"
 
 
 class AutomationState:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 COMMANDS = (["--version"], ["--help"], ["pairing", "list"], ["conversations", "list"],
-            ["run", "--help"])
+            ["automations", "list"], ["run", "--help"])
 
 
 def best_of(argv: list[str], runs: int) -> float:
