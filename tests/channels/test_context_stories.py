@@ -45,8 +45,10 @@ def words(size: int, seed: int, head: str = "") -> str:
     """`size` bytes of English-like words (the fake counts a token per 3 bytes)."""
     rng = random.Random(seed)
     out = [head] if head else []
-    while sum(len(w) + 1 for w in out) < size:
+    length = sum(len(w) + 1 for w in out)
+    while length < size:
         out.append(rng.choice(WORDS))
+        length += len(out[-1]) + 1
     return " ".join(out)[:size]
 
 
