@@ -229,6 +229,8 @@ class FakeOllama:
         self.first_content: list[tuple[float, dict[str, Any]]] = []
         self.last_token: list[tuple[float, dict[str, Any]]] = []  # when a stream's end went out
         self.streaming = 0  # answers being streamed now
+        self.answering = 0  # /api/chat requests being answered now (waits and delays included)
+        self.most_answered_at_once = 0
         self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
         self._queue: deque[Reply] = deque()
         self._released = asyncio.Event()  # set while not hanging
@@ -345,6 +347,14 @@ class FakeOllama:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.answering += 1
+        self.most_answered_at_once = max(self.most_answered_at_once, self.answering)
+        try:
+            return await self._answer_chat(request)
+        finally:
+            self.answering -= 1
+
+    async def _answer_chat(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic_ns()
         body = await _read_json(request)
         if body is None or not body.get("model"):

@@ -42,7 +42,7 @@ from daemon.engine.chat_commands import GREETING, Commands
 from daemon.engine.facts_commands import FactsCommands
 from daemon.engine.workers import Engine
 from daemon.store import Store
-from tests.conftest import FIXTURES, SettingsFactory
+from tests.conftest import FIXTURES, SettingsFactory, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram, parse_html
 
@@ -708,8 +708,8 @@ async def test_an_unknown_sender_is_ignored_and_logged(
     assert any("unknown Telegram user 999" in line for line in logged)
     assert not any("let me in" in line for line in logged)  # no message bodies in the log
     # Nothing is left running for a chat that wrote once.
-    await asyncio.sleep(0)
-    assert not [t for t in asyncio.all_tasks() if t.get_name() == "roost-telegram-999"]
+    await wait_until(lambda: not [t for t in asyncio.all_tasks()
+                                  if t.get_name() == "roost-telegram-999"])
 
 
 # ---- start-up, polling and restarts ------------------------------------------------------------

@@ -32,7 +32,7 @@ from daemon.app.serve import ENGINE, METRICS, STORE, WHATSAPP, build_app
 from daemon.core.conversations import Message
 from daemon.core.messages import Outbound
 from daemon.store import Store
-from tests.conftest import FIXTURES, SettingsFactory
+from tests.conftest import FIXTURES, SettingsFactory, wait_until
 from tests.daemon.cli.test_doctor import doctor as roost_doctor
 from tests.fakes.graph import (
     API_VERSION,
@@ -363,11 +363,12 @@ async def test_read_with_the_typing_indicator_while_the_turn_holds_the_model(
     refreshed while the model works and not after the reply."""
     daemon = await start(tuning=WhatsAppTuning(typing_refresh=0.1, read_delay=1.0))
     fake_ollama.script(Reply(content="thought about it", delay=0.6))
-    posted = time.monotonic()
     assert await daemon.post(webhook(text_message("wamid.t1", USER, "think hard"))) == 200
     (sent,) = await graph.wait_sent(1)
     await daemon.settle()
-    await asyncio.sleep(max(0.0, posted + 1.5 - time.monotonic()))  # past the receipt's delay
+    # The receipt's own task ends after its delay, finding the message read: none comes later.
+    await wait_until(lambda: not [t for t in asyncio.all_tasks()
+                                  if t.get_name() == f"roost-read-{KEY}"])
     reads = graph.calls_of("read")
     assert reads[0].body == {"messaging_product": "whatsapp", "status": "read",
                              "message_id": "wamid.t1", "typing_indicator": {"type": "text"}}
@@ -457,14 +458,13 @@ async def test_after_24_hours_without_fallback_the_reply_waits_for_the_user(
     await daemon.settle()
     (held,) = daemon.store.outbox_pending(KEY)
     assert "Re-engagement" in held["held"]
-    await asyncio.sleep(0.3)
-    assert len(graph.calls_of("send")) == 1  # not retried while the window is closed
     shown = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", "conversations", "show", held["conversation_id"],
         stdout=asyncio.subprocess.PIPE,
         env={**os.environ, "STATE_DIRECTORY": str(daemon.store.state_dir)})
     out, _ = await asyncio.wait_for(shown.communicate(), 30)
     assert "(not delivered yet: WhatsApp refused it: Re-engagement message" in out.decode()
+    assert len(graph.calls_of("send")) == 1  # not retried while the window is closed
     assert await daemon.post(webhook(text_message("wamid.w2", USER, "hello again"))) == 200
     await graph.wait_sent(2)
     await daemon.settle()

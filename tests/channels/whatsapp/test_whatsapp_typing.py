@@ -4,7 +4,6 @@ turn, the tools between its model calls included, and never shown after the turn
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph
 
 USER = "972544401243"
 KEY = f"whatsapp:{USER}"
+OTHER = "whatsapp:972500000001"
 REFRESH = 0.05
 
 
@@ -41,8 +41,9 @@ async def channel(tmp_path: Path) -> AsyncIterator[tuple[WhatsAppChannel, FakeGr
             store.close()
 
 
-def typing_calls(graph: FakeGraph) -> int:
-    return sum("typing_indicator" in c.body for c in graph.calls_of("read"))
+def typing_calls(graph: FakeGraph, wamid: str = "wamid.asked") -> int:
+    return sum("typing_indicator" in c.body and c.body["message_id"] == wamid
+               for c in graph.calls_of("read"))
 
 
 async def test_typing_is_kept_up_for_the_whole_turn_tools_included(
@@ -59,8 +60,10 @@ async def test_typing_is_kept_up_for_the_whole_turn_tools_included(
         async with whatsapp.working(KEY):  # the second call: the same indicator, kept up
             shown = typing_calls(graph)
             await wait_until(lambda: typing_calls(graph) >= shown + 2)
+    # The refresh is gone with the turn: no indicator follows the reply. Another chat's turn,
+    # refreshed every REFRESH, keeps the time: three of its refreshes go by, none of this one.
     ended = typing_calls(graph)
-    for _ in range(3):  # the refresh is gone with the turn: no indicator follows the reply
-        await asyncio.sleep(0)
+    whatsapp.last_received[OTHER] = "wamid.other"
+    async with whatsapp.streaming(OTHER), whatsapp.working(OTHER):
+        await wait_until(lambda: typing_calls(graph, "wamid.other") >= 3)
     assert typing_calls(graph) == ended
-    assert all(c.body["message_id"] == "wamid.asked" for c in graph.calls_of("read"))
