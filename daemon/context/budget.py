@@ -8,9 +8,10 @@ the model's own tokenizer.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,14 +86,11 @@ def estimate_tokens(text: str, ratio: float = 1.0,
     paste and the prose after it (issue 30). Within 10% of Qwen's and SmolLM2's tokenizers on
     prose, code, digits and non-Latin text, each with its vocabulary
     (bench/real_tokenizer.py)."""
-    return math.ceil(_pieces_cost(text, vocabulary) * ratio)
+    return math.ceil(_COSTS.cost(text, vocabulary) * ratio)
 
 
-# A request re-estimates the history the last one estimated, and a fold or a cut estimates the
-# same messages again: each text is counted once. Bounded (a history in the window is tens of
-# messages, a tool output at most tens of KB), and pure: the same text costs the same.
-@functools.lru_cache(maxsize=512)
-def _pieces_cost(text: str, vocabulary: Vocabulary) -> float:
+def pieces_cost(text: str, vocabulary: Vocabulary) -> float:
+    """The cost of `text` at ratio 1, before rounding, counted afresh."""
     n = 0.0
     for digit, word, space, _lone, punct in _PIECES.findall(text):
         if digit or space:
@@ -102,6 +100,51 @@ def _pieces_cost(text: str, vocabulary: Vocabulary) -> float:
         elif punct:
             n += 1 + (len(punct) - 1) // PUNCT_CHARS
     return n
+
+
+class CostMemo:
+    """Each text counted once: a request estimates the history the last one estimated, and a
+    fold or a cut estimates the same messages again. Bounded by the characters it holds, not
+    by a count of texts, so that a long unfolded history (hundreds of messages, pages of tens
+    of KB) is held whole instead of evicted piece by piece ahead of its next use. Pure: the
+    same text costs the same; a lock, since folds estimate in worker threads too."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._costs: OrderedDict[tuple[str, Vocabulary], float] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def cost(self, text: str, vocabulary: Vocabulary) -> float:
+        key = (text, vocabulary)
+        with self._lock:
+            if (known := self._costs.get(key)) is not None:
+                self._costs.move_to_end(key)
+                return known
+        counted = pieces_cost(text, vocabulary)
+        if len(text) > self.max_chars:
+            return counted
+        with self._lock:
+            if key not in self._costs:
+                self._costs[key] = counted
+                self._chars += len(text)
+                while self._chars > self.max_chars:
+                    (old, _), _cost = self._costs.popitem(last=False)
+                    self._chars -= len(old)
+        return counted
+
+    @property
+    def held_chars(self) -> int:
+        return self._chars
+
+    def clear(self) -> None:
+        with self._lock:
+            self._costs.clear()
+            self._chars = 0
+
+
+MEMO_CHARS = 4_000_000  # about 4-16 MB of text; a 300-turn history with its pages is 1.5 M
+_COSTS = CostMemo(MEMO_CHARS)
 
 
 def request_budget(num_ctx: int, response_reserve: int) -> int:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from daemon.context.budget import (
+    ENGLISH_CENTRED,
     MULTILINGUAL,
     RATIO_MAX,
     RATIO_MIN,
     RATIO_STEP,
+    CostMemo,
     calibrated_ratio,
     estimate_tokens,
     overflow_ratio,
+    pieces_cost,
     recalibrate,
     request_budget,
     vocabulary_of,
@@ -174,3 +177,14 @@ def test_a_count_below_any_tokenizers_is_a_cut_only_when_the_count_is_whole() ->
     assert recalibrate(1.0, **reading, whole=False) == (1.0, False)
     assert recalibrate(1.4, count=2_000, raw=4_000, overhead=0, estimate=5_600,
                        num_ctx=8_192, whole=False) == (1.4, False)
+
+
+def test_the_memo_of_costs_gives_fresh_counts_and_keeps_within_its_characters() -> None:
+    """Each text is counted once, whatever order the histories come in, and a memo never holds
+    more text than it may (a page longer than all of it is counted, not kept)."""
+    memo = CostMemo(max_chars=1_000)
+    texts = [f"Message {n}: the seedlings need water at 6 am, {n * 7} ml." for n in range(40)]
+    for text in texts + texts[::-1] + ["x" * 5_000]:
+        for vocabulary in (MULTILINGUAL, ENGLISH_CENTRED):
+            assert memo.cost(text, vocabulary) == pieces_cost(text, vocabulary)
+    assert 900 <= memo.held_chars <= 1_000  # full, and no fuller
