@@ -22,6 +22,7 @@ import readline  # imported for its effect: input() gets line editing, and its p
 import signal
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -317,7 +318,10 @@ def _save_history(path: Path) -> None:
 async def _ctrl_c_wakes_the_loop() -> AsyncIterator[None]:
     """The kernel may hand Ctrl-C to any thread, say the one blocked reading the prompt; Python
     runs its handler on the main thread, which sleeps in the loop until something wakes it.
-    A wakeup fd the loop watches is that something."""
+    A wakeup fd the loop watches is that something (only the main thread may set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     loop = asyncio.get_running_loop()
     woken, wake = socket.socketpair()
     woken.setblocking(False)
