@@ -27,8 +27,6 @@ class Catalog:
         except CorruptFile as exc:
             move_aside(self.path, str(exc), "the servers' tools are listed anew")
             return {}
-        if not data:
-            return {}
         from mcp import types  # not at the top: see daemon/tools/mcp/connection.py
 
         out: dict[str, Listing] = {}

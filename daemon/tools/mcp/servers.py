@@ -88,6 +88,8 @@ class McpServers:
 
     def register(self) -> None:
         """One capability per server, from the catalog (or empty until it lists its tools)."""
+        if not self.settings.servers:
+            return  # nothing to list: the catalog, and the SDK that reads it, are not needed
         self._listings = self.catalog.read()
         self._saved = dict(self._listings)
         for server in self.settings.servers:
