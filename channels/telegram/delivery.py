@@ -149,8 +149,7 @@ class TelegramChannel:
     async def send(self, outbound: Outbound) -> None:
         """Send the parts not yet delivered, recording progress after each one."""
         if outbound.kind == "voice":  # a spoken reply: channels/telegram/voice.py
-            with _delivery_errors():
-                await send_voice(self.bot, outbound)
+            await self._send_voice(outbound)
             return
         chat_id, topic = address_of(outbound.chat_key)
         parts = split_telegram(outbound.text)
@@ -185,6 +184,18 @@ class TelegramChannel:
                         continue
                 await self._send_pieces(outbound, where, index, parts[index], pieces, ids,
                                         more=more)
+
+    async def _send_voice(self, outbound: Outbound) -> None:
+        """The voice note as one part, recorded like a text part: it was the one send left
+        unrecorded, so a crash before the engine forgot the item sent it again every time."""
+        done, _ = self.progress.start(outbound)
+        if done:  # Telegram took it before a crash or a failed write: not again
+            return
+        await self.progress.attempt(outbound, 0)
+        with _delivery_errors(), _lost_answer(self.progress, outbound, 0):
+            sent = await send_voice(self.bot, outbound)
+        # First thing after Telegram's answer, as for a text part.
+        await self.progress.record(outbound, 1, [sent], more=False)
 
     async def _send_whole(self, where: _Destination, part: str, chat_key: str) -> str | None:
         """One part, HTML first; its message_id, or None when Telegram refused the content

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +37,7 @@ from daemon.core.messages import Outbound
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory, wait_until
 from tests.daemon.app.test_app import free_port
+from tests.daemon.voice.recordings import OPUS
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -183,6 +185,24 @@ async def test_send_resumes_after_the_last_part_sent(
     await channel.send(Outbound.from_doc(store.outbox_pending()[0]))
     assert [m["text"] for m in fake_telegram.sent_messages] == parts[2:]
     assert store.outbox_pending()[0]["parts_sent"] == len(parts)
+
+
+async def test_a_voice_note_telegram_took_is_not_sent_again_after_a_restart(
+        bot: Bot, state_dir: Path, fake_telegram: FakeTelegram) -> None:
+    # The process dies the moment the channel hands the voice note back to the engine (before
+    # the engine marks the item sent); the next process finds the item in the outbox.
+    note = state_dir / "note.ogg"
+    await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(shutil.copyfile, OPUS, note)
+    item = Outbound(chat_key=f"telegram:{USER}", text="spoken", created=time.time(),
+                    kind="voice", audio=str(note), seconds=1.5)
+    with Store.open(state_dir) as first:
+        first.outbox_add(item.to_doc())
+        await TelegramChannel(bot, first).send(item)
+    with Store.open(state_dir) as second:  # the restart: only what is on disk
+        (left,) = second.outbox_pending()
+        await TelegramChannel(bot, second).send(Outbound.from_doc(left))
+    assert len(fake_telegram.calls_to("sendVoice")) == 1
 
 
 async def test_the_message_ids_of_every_part_are_recorded_across_a_resume(
