@@ -7,12 +7,13 @@ connects through), so a name cannot pass the check with one address and connect 
 (DNS rebinding). A redirect is a new URL and goes through the same check. An address literal in
 a URL is checked directly (aiohttp does not ask a resolver for those).
 
-Refused unless `web.allow_private` or the host is in `web.allow_hosts`: every address that is
-not globally routable: loopback (127/8, ::1), private (10/8, 172.16/12, 192.168/16,
-fc00::/7), link-local (169.254/16 with the metadata address 169.254.169.254, fe80::/10), the
-unspecified address, carrier-grade NAT, multicast and reserved ranges, and IPv4 addresses
-wrapped in IPv6 by what they wrap: mapped (::ffff:10.0.0.1), NAT64 (64:ff9b::/96 and
-64:ff9b:1::/48), 6to4 (2002::/16), Teredo (2001::/32) and IPv4-compatible (::/96).
+Refused unless `web.allow_private` or the host is in `web.allow_hosts`: every address in a
+row of the IANA special-purpose registries (IPv4 and IPv6), multicast, and every IPv6 address
+outside global unicast (2000::/3), from the one table in `daemon.tools.web.special`, which names
+its source. That holds loopback, private, link-local (with the metadata address
+169.254.169.254), carrier-grade NAT, documentation, site-local and the rest. IPv4 addresses
+wrapped in IPv6 are judged by what they wrap: mapped (::ffff:10.0.0.1), NAT64 (64:ff9b::/96
+and 64:ff9b:1::/48), 6to4 (2002::/16), Teredo (2001::/32) and IPv4-compatible (::/96).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from daemon.core.config import WebSettings
 from daemon.core.errors import WebRefused
+from daemon.tools.web.special import special_row
 
 # host, port -> the addresses the name resolves to (strings). The system's by default; tests
 # give their own, so that the checks of private addresses never depend on, or send, traffic.
@@ -57,9 +59,11 @@ _COMPATIBLE = ipaddress.ip_network("::/96")  # the deprecated IPv4-compatible fo
 
 
 def is_public(address: Address) -> bool:
+    """Whether web_fetch may reach `address` unasked: a form that wraps IPv4 by what it wraps,
+    anything else by whether a row of the IANA table (daemon.tools.web.special) holds it."""
     if isinstance(address, ipaddress.IPv6Address) and (inside := _inside(address)):
         return all(is_public(inner) for inner in inside)
-    return address.is_global and not address.is_multicast
+    return special_row(address) is None
 
 
 def _inside(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
