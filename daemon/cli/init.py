@@ -38,6 +38,7 @@ from telegram.error import Conflict, InvalidToken, TelegramError
 
 from channels.whatsapp.api import GraphClient, GraphError
 from daemon.cli import init_files as files
+from daemon.core.child_env import child_env
 from daemon.core.config import (
     BOT_TOKEN,
     MALFORMED_TOKEN,
@@ -119,7 +120,9 @@ def _interruptible() -> Iterator[None]:
 
 def real_systemctl(argv: Sequence[str]) -> int:
     try:
-        return subprocess.run(list(argv), check=False, timeout=60).returncode
+        # `systemctl --user` finds the user's manager through the runtime folder and bus.
+        env = child_env(keep=("DBUS_SESSION_BUS_ADDRESS",))
+        return subprocess.run(list(argv), check=False, timeout=60, env=env).returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"roost: {' '.join(argv)}: {exc}", file=sys.stderr)
         return 1

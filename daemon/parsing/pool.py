@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.core import confine
+from daemon.core.child_env import child_env
 from daemon.core.errors import DocumentError
 from daemon.core.logs import store_log as log
 
@@ -48,10 +49,10 @@ class _Child:
     def __init__(self, memory_mb: int) -> None:
         # No shell, our own interpreter, a fixed module; stderr dropped (pypdf warns a lot
         # about damaged files, and those warnings are not ours to log). The environment is
-        # not passed on: it holds the channels' tokens, which a parser exploited by a hostile
-        # file must not find. Only where our modules are.
-        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "LANG": "C.UTF-8",
-               "PATH": os.defpath}
+        # the allow list's, not roost's: that holds the channels' tokens, which a parser
+        # exploited by a hostile file must not find. Plus where our modules are.
+        env = child_env({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                         "LANG": "C.UTF-8"})
         self.proc = subprocess.Popen(
             confine.wrapped([sys.executable, "-m", "daemon.parsing.child",
                              str(memory_mb)]),

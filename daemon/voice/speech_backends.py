@@ -12,7 +12,9 @@ Kokoro-FastAPI, openedai-speech and LocalAI answer "opus" themselves.
 
 espeak-ng runs as `espeak-ng --stdout --stdin -v <voice> -s <words a minute>`: the text goes
 on stdin, never on the command line, so a reply starting with "-" is read, not taken as an
-option; it is killed when it outlives the timeout.
+option; it is killed when it outlives the timeout. It gets an environment from the allow list
+(`daemon.core.child_env`), never roost's own with its tokens, and starts through confine's
+launcher (no read access to the credentials folder), as every child of roost does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from daemon.core import confine
+from daemon.core.child_env import child_env
 from daemon.core.config import SpeechSettings
 from daemon.core.errors import VoiceError
 from daemon.core.logs import voice_log as log
@@ -147,10 +151,13 @@ class EspeakSpeech:
             raise VoiceError("espeak-ng is not installed (apt install espeak-ng)", "unavailable")
         # A voice from the config file (checked there): a name that cannot read as an option.
         voice = s.voice or DEFAULT_VOICES["espeak-ng"]
+        argv = confine.wrapped([program, "--stdout", "--stdin", "-v", voice,
+                                "-s", str(round(ESPEAK_WPM * s.speed))])
         process = await asyncio.create_subprocess_exec(
-            program, "--stdout", "--stdin", "-v", voice, "-s", str(round(ESPEAK_WPM * s.speed)),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE)
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            # A voice set from elsewhere than the distribution's folder still loads.
+            env=child_env(keep=("ESPEAK_DATA_PATH",)))
         try:
             async with asyncio.timeout(s.timeout):
                 out, err = await process.communicate(text.encode("utf-8"))

@@ -7,8 +7,8 @@ then watches: a failed ping, or a call that found the connection closed, ends th
 the task starts it again after a backoff (1 s, doubling to a minute). Nothing a server does
 reaches further than this task and the call that asked it: every failure is an `McpError`.
 
-A stdio server gets only the SDK's safe subset of roost's environment (PATH, HOME, ...) plus
-its configured `env`: roost's own secrets never reach it. Its stderr goes to
+A stdio server gets an environment from the allow list (`daemon.core.child_env`: PATH, HOME,
+the locale, ...) plus its configured `env`: roost's own secrets never reach it. Its stderr goes to
 `<state>/logs/mcp-<name>.log`.
 
 The SDK is imported where a server is talked to, not at the top: `import mcp` takes about 0.6 s
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from daemon.core import confine
+from daemon.core.child_env import child_env
 from daemon.core.config import McpServerSettings
 from daemon.core.errors import McpError
 from daemon.core.logs import mcp_log as log
@@ -217,8 +218,10 @@ class Connection:
             if settings.command:
                 # Through confine's launcher: no read access to the credentials folder.
                 command, *args = confine.wrapped([settings.command, *settings.args])
+                # The SDK lays its own short list of roost's variables under this (PATH,
+                # HOME, USER, ...): all of them in the allow list as well.
                 params = StdioServerParameters(command=command, args=args,
-                                               env=dict(settings.env) or None, cwd=settings.cwd)
+                                               env=child_env(settings.env), cwd=settings.cwd)
                 assert self._errlog is not None
                 read, write = await stack.enter_async_context(stdio_client(params, self._errlog))
             else:
