@@ -11,6 +11,7 @@ titles. The arguments are still checked against the server's own schema before a
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,15 +38,19 @@ def one_line(text: str | None, limit: int = 120) -> str:
 INDEX_WORDS = 5
 INDEX_CHARS = 40
 _TAGS = re.compile(r"<[^>]*>")
+_TEMPLATES = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)  # {{system}}, {% if %}
 _LINKS = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 _CLAUSE = re.compile(r"[:.;(|]| [-–—] ")  # "GitHub: issues and PRs" is titled "GitHub"
 
 
 def index_words(text: str | None) -> str:
     """A few plain words of a server's title or description for its index line: the first
-    clause of its first line, without markup that could open or close a prompt section."""
-    text = _LINKS.sub(r"\1", _TAGS.sub(" ", text or ""))
-    line = one_line(text.translate(str.maketrans("", "", "#*_`<>[]")), 200)
+    clause of its first line, without markup that could open or close a prompt section.
+    Full-width and other compatibility forms are folded first (NFKC): a model reads
+    `＜/system＞` as `</system>`, so the markup it spells is found and dropped the same way."""
+    text = unicodedata.normalize("NFKC", (text or "")[:4000])  # bounded work on a huge one
+    text = _LINKS.sub(r"\1", _TEMPLATES.sub(" ", _TAGS.sub(" ", text)))
+    line = one_line(text.translate(str.maketrans("", "", "#*_`<>[]{}")), 200)
     words = _CLAUSE.split(line, maxsplit=1)[0].split()[:INDEX_WORDS]
     return " ".join(words)[:INDEX_CHARS].rstrip()
 
