@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -42,10 +43,15 @@ from daemon.core.logs import turn_log as log
 from daemon.store.approvals import ApprovalBook
 from daemon.tools.registry import ERROR_PREFIX, Tool
 
-VALUE_SHOWN = 200  # characters of each argument's name and value shown in the question
-# One chat message with room to spare (Telegram and WhatsApp both take 4,096 characters): a
-# question is never split, so its buttons never approve a part the user did not see.
+# One chat message with room to spare (Telegram and WhatsApp both take 4,096 characters of text;
+# WhatsApp's buttons then follow under a short body of their own): a question is never split and
+# never cut, so its buttons never approve a part the user did not see. Counted in UTF-16 units,
+# as Telegram counts; the channels' rendering only removes characters (markers, escapes).
 QUESTION_MAX = 3500
+WRAP = 48  # characters per line of the arguments' block: a phone shows the line whole
+DESCRIBED = 300  # characters of the tool's own description: the server's words, not the call's
+TOO_LONG = ("{tool} was called with arguments too long to show in one message, so I could not "
+            "ask you about it; it was not run.")
 
 
 class Ask(Protocol):
@@ -124,11 +130,10 @@ class Approvals:
                     "asked here (a scheduled run); it was not run.")
         asking = question(tool, arguments)
         if asking is None:
-            await ask(chat_key, f"{tool.name} was called with too many arguments to show in one "
-                      "message, so I could not ask you about it; it was not run.")
-            return (f"{ERROR_PREFIX}the arguments of this call of {tool.name} are too many to "
-                    "show the user for approval; it was not run. Call it with fewer or shorter "
-                    "arguments.")
+            await ask(chat_key, TOO_LONG.format(tool=tool.name))
+            return (f"{ERROR_PREFIX}the arguments of this call of {tool.name} are too long to "
+                    "show the user in one message for approval, so the user was not asked and it "
+                    "was not run. Call it with fewer or shorter arguments.")
         approval_id = secrets.token_hex(6)
         waiting = _Waiting(chat_key, person, tool.name)
         self._waiting[approval_id] = waiting
@@ -179,15 +184,22 @@ class Approvals:
 
 
 def question(tool: Tool, arguments: Mapping[str, Any]) -> str | None:
-    """The question, every argument on a line of its own by name (nested ones by path), or
-    None when they do not fit one message."""
+    """The question: every argument whole on lines of its own by name (nested ones by path),
+    wrapped, in a code block; None when they do not fit one message (then nobody is asked)."""
     try:
-        lines = [f"{_cut(path)}: {_cut(value)}" for path, value in _leaves(arguments)]
+        leaves = _leaves(arguments)
     except ValueError:  # more lines than fit: not showable
         return None
-    shown = "\n".join(lines) or "(no arguments)"
-    text = f"May I run **{tool.name}**?\n{tool.description}\n\n```\n{shown}\n```"
-    return text if len(text) <= QUESTION_MAX else None
+    lines = [line for path, value in leaves
+             for line in _wrapped(f"{_path(path)}: {value}" if path else value)]
+    shown = "\n".join(lines) if arguments else "(no arguments)"
+    # A fence longer than any run of backticks inside: nothing in a value can close the block
+    # early and have the rest read as Markdown (a link definition, say, shows nothing at all).
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", shown)), default=0))
+    about = _clip(tool.description)
+    text = (f"May I run **{_escaped(tool.name)}**?\n{_escaped(about)}\n\n"
+            f"{fence}\n{shown}\n{fence}")
+    return text if _units(text) <= QUESTION_MAX else None
 
 
 def _leaves(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -203,15 +215,55 @@ def _leaves(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
         elif isinstance(value, list) and value and path:
             stack.extend(reversed([(f"{path}[{i}]", v) for i, v in enumerate(value)]))
         else:
-            found.append((path, json.dumps(value, ensure_ascii=False)))
+            found.append((path, _shown(value)))
         if len(found) > QUESTION_MAX // 4:  # each line takes 4 or more: stop walking
             raise ValueError("too many arguments to show")
     return found
 
 
-def _cut(text: str) -> str:
-    left_out = len(text) - VALUE_SHOWN
-    return text if left_out <= 0 else f"{text[:VALUE_SHOWN]}… ({left_out} more characters)"
+def _shown(value: Any) -> str:
+    """A value as JSON, with every character that prints as nothing or turns the text around
+    (controls, bidi overrides, zero-width ones: what `str.isprintable` refuses) as its escape."""
+    return _visible(json.dumps(value, ensure_ascii=False))
+
+
+def _visible(text: str) -> str:
+    return "".join(c if c.isprintable() else
+                   (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+                   for c in text)
+
+
+def _path(path: str) -> str:
+    """A plain path as it is; any other key quoted like a value, so that no key can pass for
+    the wrapping of the line before or for a second argument."""
+    return path if _PLAIN_PATH.fullmatch(path) else _shown(path)
+
+
+_PLAIN_PATH = re.compile(r"[\w\-]+(?:(?:\.[\w\-]+)|\[\d+\])*")
+
+
+def _wrapped(line: str) -> list[str]:
+    """`line` in pieces of WRAP characters, the later ones indented: an argument's line starts
+    at the margin, its continuation never does (JSON has no line break of its own)."""
+    pieces = [line[:WRAP]]
+    pieces += ["  " + line[at:at + WRAP - 2] for at in range(WRAP, len(line), WRAP - 2)]
+    return pieces
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= DESCRIBED else text[:DESCRIBED - 1] + "…"
+
+
+def _escaped(text: str) -> str:
+    """Text shown as it is in Markdown: every ASCII punctuation mark backslash-escaped, so the
+    server's words cannot open a code block, a link or anything else."""
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", _visible(text))
+
+
+def _units(text: str) -> int:
+    """UTF-16 code units, as Telegram counts a message's length."""
+    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)
 
 
 Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]
