@@ -25,7 +25,7 @@ from daemon.store.attachments import store_file
 from daemon.voice.backends import Readiness
 from daemon.voice.hearing import Hold, no_wait
 from daemon.voice.opus import EXTRA, voice_note
-from daemon.voice.speech_backends import SpeechBackend, build_speech_backend
+from daemon.voice.speech_backends import SpeechBackend, build_speech_backend, longest_note
 from daemon.voice.spoken import spoken_text
 
 WORDS_PER_SECOND = 2.5  # a calm speaking rate at speed 1.0; espeak-ng's 175 a minute is faster
@@ -58,9 +58,7 @@ class Speaking:
             raise VoiceError("there is nothing in this reply to read aloud", "failed")
         async with self.hold():
             audio = await self.backend.synthesize(spoken.text)
-        # Generous: engines speak at their own pace; only a server gone wrong is cut.
-        cap = s.max_duration * 1.5 + 5
-        encoded = await asyncio.to_thread(voice_note, audio, cap)
+        encoded = await asyncio.to_thread(voice_note, audio, longest_note(s))
         stored = await asyncio.to_thread(store_file, encoded.data, self.attachments_dir,
                                          name="voice-reply.ogg", mime="audio/ogg", kind="voice")
         return VoiceNote(stored.path, encoded.seconds, stored.size)

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from daemon.core import confine
+from daemon.core.bodies import MB, read_capped
 from daemon.core.child_env import child_env
 from daemon.core.config import SpeechSettings
 from daemon.core.errors import VoiceError
@@ -40,6 +41,20 @@ _FORMAT_REFUSED = (400, 422)
 ESPEAK = "espeak-ng"
 ESPEAK_WPM = 175  # espeak-ng's own default rate, which speed = 1.0 keeps
 DEFAULT_VOICES = {"http": "alloy", "espeak-ng": "en"}
+# The widest audio an engine answers with: 48 kHz stereo 16-bit PCM (a WAV), in bytes a second.
+_WIDEST_AUDIO = 48_000 * 2 * 2
+
+
+def longest_note(settings: SpeechSettings) -> float:
+    """Seconds of audio accepted for one reply. Generous: engines speak at their own pace; only
+    a server gone wrong is cut."""
+    return settings.max_duration * 1.5 + 5
+
+
+def answer_cap(settings: SpeechSettings) -> int:
+    """Bytes of one answer read at most: the longest note in the widest format, and 1 MB for
+    the container around it (18 MB at the default 60 s)."""
+    return int(longest_note(settings) * _WIDEST_AUDIO) + MB
 
 
 class SpeechBackend(Protocol):
@@ -113,13 +128,19 @@ class HttpSpeech:
             async with asyncio.timeout(s.timeout):
                 async with self._session.post(self.url, json=payload,
                                               headers=headers) as response:
-                    return response.status, await response.read()
+                    body = await read_capped(response, answer_cap(s))
         except TimeoutError as exc:
             raise VoiceError(f"{self.where} did not finish within {s.timeout:g}s",
                              "unavailable") from exc
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("speech server unreachable: %s", redact_url(str(exc)))
             raise VoiceError(f"{self.where} is not answering", "unavailable") from exc
+        if body is None:
+            log.warning("speech server answered %d with more than %d bytes: refused unread",
+                        response.status, answer_cap(s))
+            raise VoiceError(f"{self.where} sent more than {answer_cap(s) / MB:.0f} MB for one "
+                             "reply, more than a voice note can hold", "failed")
+        return response.status, body
 
 
 def _problem(body: bytes) -> str:

@@ -16,7 +16,9 @@ speaches serve):
 The audio is real, made with PyAV: a tone lasting as long as the words take to say at
 `words_per_second`, encoded in the asked format. Every request is recorded (`requests`: the
 JSON body, headers, and `busy`, the seconds the fake spent making the audio, so a bench can
-tell the backend's own time from roost's).
+tell the backend's own time from roost's). `flood_next` makes the next answer a server gone
+wrong: megabytes of "audio" streamed in chunks, recording how much it got out before the
+client hung up (`flood`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class Request:
 
 
 @dataclass
+class Flood:
+    """One oversized answer: what was meant to go out and what did before the client left."""
+
+    size: int
+    declared: bool  # sent with its Content-Length (else chunked, its size unknown up front)
+    sent: int = 0
+    cut: bool = False  # the client closed the connection before the end
+    done: bool = False
+
+
+@dataclass
 class FakeSpeaker:
     key: str | None = None  # the bearer key required, if any
     formats: tuple[str, ...] = FORMATS  # what it makes; others are refused with 422
@@ -63,6 +76,7 @@ class FakeSpeaker:
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     _faults: deque[tuple[int, Any]] = field(default_factory=deque)
+    flood: Flood | None = None
     _runner: web.AppRunner | None = None
 
     @property
@@ -73,6 +87,11 @@ class FakeSpeaker:
         """Answer the next request with `status` and `body` (a JSON-able value, or None for an
         OpenAI-style error)."""
         self._faults.append((status, body))
+
+    def flood_next(self, size: int, *, declared: bool = False) -> Flood:
+        """Answer the next request with `size` bytes of audio/ogg, 64 KiB at a time."""
+        self.flood = Flood(size, declared)
+        return self.flood
 
     async def __aenter__(self) -> FakeSpeaker:
         app = web.Application(client_max_size=8 * 1024 * 1024)
@@ -88,7 +107,9 @@ class FakeSpeaker:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _speak(self, request: web.Request) -> web.Response:
+    async def _speak(self, request: web.Request) -> web.StreamResponse:
+        if self.flood is not None and not self.flood.done:
+            return await self._flood(request, self.flood)
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -120,6 +141,28 @@ class FakeSpeaker:
         audio = await asyncio.to_thread(tone, seconds, fmt)
         record.busy = time.monotonic() - started
         return web.Response(body=audio, content_type=_CONTENT_TYPES[fmt])
+
+
+    async def _flood(self, request: web.Request, flood: Flood) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "audio/ogg"})
+        if flood.declared:
+            response.content_length = flood.size
+        chunk = b"\0" * 65536
+        try:
+            await response.prepare(request)
+            while flood.sent < flood.size:
+                await response.write(chunk[:flood.size - flood.sent])
+                flood.sent += min(len(chunk), flood.size - flood.sent)
+            await response.write_eof()
+        except ConnectionError:
+            flood.cut = True  # the client hung up: this is what it did not take
+        except asyncio.CancelledError:
+            flood.cut = True
+            raise
+        finally:
+            flood.done = True
+        return response
 
 
 def tone(seconds: float, fmt: str, bit_rate: int = 32_000) -> bytes:

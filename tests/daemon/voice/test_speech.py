@@ -18,6 +18,7 @@ from daemon.core.errors import VoiceError
 from daemon.store import Store
 from daemon.voice.opus import voice_note
 from daemon.voice.speaking import Speaking, VoiceNote, build_speaking, readiness
+from tests.conftest import wait_until
 from tests.daemon.cli.test_doctor import doctor, failed, write_config
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.speech import FakeSpeaker, tone
@@ -259,3 +260,16 @@ async def test_roost_doctor_checks_the_speech_backend(tmp_path: Path,
     (line,) = failed(out)
     assert "is not answering -> fix: start the speech server" in line
     assert "sk-speech" not in out
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "with-length"])
+async def test_a_50_mb_answer_is_refused_without_being_read(
+        store: Store, server: FakeSpeaker, declared: bool) -> None:
+    flood = server.flood_next(50 * 1024 * 1024, declared=declared)
+    with pytest.raises(VoiceError, match=r"sent more than 3 MB for one reply") as caught:
+        await speaking(store, backend="http", url=server.url, max_duration=5).speak("Hello.")
+    assert caught.value.reason == "failed"
+    await wait_until(lambda: flood.done, 10)
+    # roost hung up at its cap: the server could not get its 50 MB out.
+    assert flood.cut and flood.sent < 10 * 1024 * 1024, flood
+    assert not list((store.state_dir / "attachments").rglob("*.ogg"))
