@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,28 @@ def all_files(root: Path) -> Iterator[Path]:
     for folder, _, names in os.walk(root):
         for name in names:
             yield Path(folder) / name
+
+
+# 2001-09-09: a file set back to this and then written shows a new mtime on any filesystem,
+# however coarse its timestamps (FAT keeps 2 s, some network mounts 1 s).
+LONG_AGO_NS = 1_000_000_000 * 10**9
+
+
+def backdated(paths: Iterable[Path]) -> dict[Path, tuple[int, int]]:
+    """Each file's mtime set back years, then its (inode, mtime): a write in place changes the
+    mtime, a replacing write (temp file and rename, as the store writes) the inode as well."""
+    seen = {}
+    for path in paths:
+        os.utime(path, ns=(LONG_AGO_NS, LONG_AGO_NS))
+        info = path.stat()
+        seen[path] = (info.st_ino, info.st_mtime_ns)
+    return seen
+
+
+def written_since(seen: dict[Path, tuple[int, int]], root: Path) -> list[Path]:
+    """The files under root written since `backdated` saw them (new files included)."""
+    return [p for p in all_files(root)
+            if seen.get(p) != (p.stat().st_ino, p.stat().st_mtime_ns)]
 
 
 def segment_files(state_dir: Path, conversation_id: str) -> list[Path]:
@@ -181,19 +203,18 @@ def test_segments_close_at_the_message_limit_and_are_never_rewritten(state_dir: 
         per_segment = [len(json.loads(p.read_bytes())["messages"]) for p in segments]
         assert per_segment == [SEGMENT_MAX_MESSAGES, SEGMENT_MAX_MESSAGES, 50]
 
-        closed = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in segments[:-1]}
-        last_before = segments[-1].read_bytes()
-        time.sleep(0.02)  # so that a rewrite would show in the mtime
+        closed = backdated(segments)  # the open one too: it shows that a write is seen
         written += append_many(store, conversation.id, 5, start=count)
 
-    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in closed} == closed
-    assert segments[-1].read_bytes() != last_before  # the appends went to the open segment
+    changed = set(written_since(closed, segments[0].parent)) & set(segments)
+    assert changed == {segments[-1]}  # the appends went to the open segment, and only there
 
-    time.sleep(0.02)
+    closed = backdated(segments)
     with Store.open(state_dir) as store:  # loading from disk, not from the in-memory cache
         written += append_many(store, conversation.id, 5, start=count + 5)
         assert store.messages(conversation.id) == written
-    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in closed} == closed
+    changed = set(written_since(closed, segments[0].parent)) & set(segments)
+    assert changed == {segments[-1]}
     assert segment_files(state_dir, conversation.id) == segments
 
 
@@ -777,10 +798,10 @@ def test_what_a_message_writes_does_not_grow_with_history(
     """Acking an update, recording an exchange and delivering it write only small files, after
     2,000 remembered keys and 150 archived conversations as on the first day."""
     def written_during(step: Callable[[Store], None], store: Store) -> dict[str, int]:
-        before = {p: p.stat().st_mtime_ns for p in all_files(state_dir)}
+        before = backdated(all_files(state_dir))
         step(store)
-        return {str(p.relative_to(state_dir)): p.stat().st_size for p in all_files(state_dir)
-                if before.get(p) != p.stat().st_mtime_ns}
+        return {str(p.relative_to(state_dir)): p.stat().st_size
+                for p in written_since(before, state_dir)}
 
     def exchange(store: Store) -> None:
         now = time.time()
