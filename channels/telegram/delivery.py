@@ -136,7 +136,7 @@ class TelegramChannel:
 
         async def show() -> None:
             draft = self._drafting.get(chat_key)
-            if draft is not None and draft.sent:
+            if draft is not None and draft.moved_within(self.typing_interval):
                 return  # the draft shows the reply coming: "typing…" would be one call more
             try:
                 await self.bot.send_chat_action(chat_id, ChatAction.TYPING,

@@ -73,6 +73,7 @@ class Draft:
         self._part: asyncio.Task[bool] | None = None  # the finished part on its way, if any
         self.draft_id = next_draft_id()
         self.sent = 0  # drafts Telegram took
+        self._moved: float | None = None  # loop time Telegram took the last draft
         self._text = ""
         self._line = ""
         self._shown = ""
@@ -196,7 +197,14 @@ class Draft:
             return True
         self._shown = preview
         self.sent += 1
+        self._moved = asyncio.get_running_loop().time()
         return True
+
+    def moved_within(self, seconds: float) -> bool:
+        """Whether a draft went out in the last `seconds`. A draft that stands still (the
+        model is silent, or thinks at length) is no sign of work: "typing…" goes on then."""
+        return (self._moved is not None
+                and asyncio.get_running_loop().time() - self._moved < seconds)
 
 
 def _visible(part: str) -> str:

@@ -11,7 +11,8 @@ import asyncio
 import errno
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.core.errors import LLMError, ModelNotFound
@@ -29,6 +30,9 @@ class Health:
     model_pulled: bool | None = None
     disk_full: bool = False
     store_error: bool = False
+    # Calls whose answer has been silent past `model.stall`, read live (not at the probe) so
+    # that /healthz says it when the chat is told it (daemon/turn/silence.py).
+    silent_calls: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
 
     def reasons(self) -> list[str]:
         found = []
@@ -36,6 +40,8 @@ class Health:
             found.append("ollama unreachable")
         elif self.model_pulled is False:
             found.append("model not pulled")
+        if self.silent_calls():
+            found.append("model silent")
         if self.disk_full:
             found.append("disk full")
         if self.store_error:
@@ -48,7 +54,7 @@ class HealthMonitor:
 
     def __init__(self, llm: ModelClient, model: str, state_dir: Path, interval: float,
                  timeout: float = 5.0) -> None:
-        self.health = Health()
+        self.health = Health(silent_calls=lambda: llm.gate.silent_calls)
         self.llm = llm
         self.model = model
         self.state_dir = state_dir

@@ -41,6 +41,9 @@ class ModelGate:
         self.waiting = 0
         self.turns_active = 0
         self.scheduled_waiting = 0
+        # Calls holding the model whose answer has been silent for `model.stall` now
+        # (daemon/turn/silence.py): /healthz says so while the chat is told.
+        self.silent_calls = 0
         self._changed = asyncio.Event()  # replaced (after being set) whenever the gate may free
 
     async def call(
@@ -93,6 +96,12 @@ class ModelGate:
         finally:
             self._gate.release()
             self._poke()
+
+    def silence_began(self) -> None:
+        self.silent_calls += 1
+
+    def silence_ended(self) -> None:
+        self.silent_calls -= 1
 
     def _poke(self) -> None:
         """Wake the scheduled calls waiting for room; each looks again."""

@@ -174,7 +174,8 @@ class ModelCall:
                 result = await self.llm.chat(messages, model=site.model, tools=tools,
                                              on_delta=site.stream.delta,
                                              on_thinking=site.stream.thinking,
-                                             while_held=lambda: self.working(site.chat_key))
+                                             while_held=lambda: site.stream.watching(
+                                                 self.working(site.chat_key)))
             except ModelCrashed as exc:
                 if not crashed:  # one failure is often the runner's alone: again, quietly
                     crashed = True

@@ -44,7 +44,7 @@ from daemon.core.errors import (
     Stopped,
 )
 from daemon.core.logs import turn_log as log
-from daemon.core.messages import Inbound, ReplySink
+from daemon.core.messages import UNSEEN, Inbound, ReplySink
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
@@ -60,7 +60,7 @@ from daemon.turn.journal import Journal
 from daemon.turn.model_call import MAX_BACKOFF as MAX_BACKOFF
 from daemon.turn.model_call import ModelCall, Notify, Outage, Site, Working, not_shown
 from daemon.turn.prompting import Prepared, Prompting
-from daemon.turn.reply_stream import ReplyStream
+from daemon.turn.reply_stream import ReplyStream, Silence
 from daemon.turn.router import Router
 from daemon.turn.stopping import Stops
 from daemon.turn.streaming import STOPPED_MARK, Streaming, not_streamed
@@ -210,7 +210,12 @@ class TurnRunner:
         intro = ""
         if conversation.after_idle and not any(m.role == "assistant" for m in history):
             intro = NEW_CONVERSATION_LINE + "\n\n"
-        site = Site(chat_key, model, ReplyStream(sink, intro), outage)
+        # Told of a silent model: in the sink's status line, and by a notice where the sink
+        # shows none (streaming off, a group, WhatsApp); an automation's run is told nothing.
+        tell = (functools.partial(self.notify, chat_key)
+                if sink is UNSEEN and outage.pending else None)
+        silence = Silence(self.settings.model.stall, self.llm.gate, tell)
+        site = Site(chat_key, model, ReplyStream(sink, intro, silence), outage)
         answering = {i.id for i in items}
         sent = [a for m in history if m.role == "user" and m.meta.get("inbox_id") in answering
                 for a in m.attachments]

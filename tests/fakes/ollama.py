@@ -54,11 +54,12 @@ Failures: ``refuse_connections`` (nothing listens), ``hang`` (requests accepted,
 ``busy`` (503 on chats), ``gateway_status`` (a proxy whose upstream is down answers every route),
 and per ``Reply``: a status before streaming, or after some streamed pieces a dropped connection
 (``drop_after_chunks``), an in-stream ``{"error": ...}`` line (``error_after_chunks``, as
-``streamResponse`` in ``server/routes.go`` writes once the 200 is out) or silence
-(``stall_after_chunks``). ``Reply.tokens_per_second`` paces the content a token at a time, as
-a GPU writes it; a client that closes the stream early (roost's /stop) ends it there, as it ends
-generation in Ollama, and is counted in ``cancelled`` (``streaming`` is how many answers are
-being streamed now).
+``streamResponse`` in ``server/routes.go`` writes once the 200 is out), silence
+(``stall_after_chunks``) or a pause that ``resume_paused()`` ends (``pause_after_chunks``: a
+server stopped with SIGSTOP mid-answer and continued). ``Reply.tokens_per_second`` paces the
+content a token at a time, as a GPU writes it; a client that closes the stream early (roost's
+/stop) ends it there, as it ends generation in Ollama, and is counted in ``cancelled``
+(``streaming`` is how many answers are being streamed now).
 
 Order inside ``/api/chat``: record, 503 while ``busy``, wait while ``hang``, 404 for an unknown
 model, 400 for tools or thinking the model lacks, load the model (``/api/ps``, ``reloads``), cut
@@ -124,6 +125,10 @@ class Reply:
     # final object, as Ollama's streamResponse does when the runner fails mid-answer.
     error_after_chunks: int | None = None
     stall_after_chunks: int | None = None  # after this many pieces, send nothing more (a hang)
+    # After this many pieces, send nothing until `FakeOllama.resume_paused()`, then go on where
+    # it stopped: a server stopped mid-answer (SIGSTOP) and continued (SIGCONT), the connection
+    # open all the while.
+    pause_after_chunks: int | None = None
     # Pace the content like a GPU: one token (3 bytes, the fake's tokenizer) per piece, this
     # many pieces a second (`chunks` and `chunk_delay` are then ignored).
     tokens_per_second: float | None = None
@@ -235,6 +240,8 @@ class FakeOllama:
         self._queue: deque[Reply] = deque()
         self._released = asyncio.Event()  # set while not hanging
         self._released.set()
+        self._resumed = asyncio.Event()  # set by resume_paused(): paused answers go on
+        self.paused = 0  # answers paused now (Reply.pause_after_chunks)
         self._chat_arrived = asyncio.Condition()
         self._runner: web.AppRunner | None = None
 
@@ -305,6 +312,10 @@ class FakeOllama:
             self._released.clear()
         else:
             self._released.set()
+
+    def resume_paused(self) -> None:
+        """Let the answers paused by `Reply.pause_after_chunks` go on (SIGCONT)."""
+        self._resumed.set()
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -471,6 +482,12 @@ class FakeOllama:
                 return response
             if sent == reply.stall_after_chunks:
                 await asyncio.Event().wait()  # until the client gives up (handler_cancellation)
+            if sent == reply.pause_after_chunks and not self._resumed.is_set():
+                self.paused += 1
+                try:
+                    await self._resumed.wait()
+                finally:
+                    self.paused -= 1
             # Each piece at its time from the start, not a sleep after each: a sleep is at least
             # a millisecond, so 600 tokens a second came out at under 400.
             if sent and reply.chunk_delay and (due := begun + sent * reply.chunk_delay

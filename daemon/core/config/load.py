@@ -159,6 +159,9 @@ def _check_together(model: ModelSettings, telegram: TelegramSettings, whatsapp: 
     for key, broken, problem in (
         ("model.response_reserve", model.response_reserve >= model.window,
          f"must be less than model.window ({model.window})"),
+        # A stall as long as the timeout would never be said: the request fails first.
+        ("model.stall", model.stall >= model.timeout,
+         f"must be shorter than model.timeout ({model.timeout:g}s)"),
         ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
          and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
          "public HTTPS URL of /webhooks/telegram); without a public address, set "

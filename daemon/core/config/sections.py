@@ -61,6 +61,9 @@ class ModelSettings:
     keep_alive: str = "30m"  # passed to Ollama unchanged
     concurrency: int = 1
     timeout: float = 300.0  # seconds of silence before a request counts as timed out
+    # Seconds of silence in a model's answer after which the chat is told the model is silent
+    # (the request goes on until `timeout`).
+    stall: float = 30.0
     retry_attempts: int = 5  # tries while Ollama is unreachable, then the turn is parked
     retry_backoff: float = 2.0  # seconds before the first retry, doubled each time
     max_calls: int = 8  # model calls one turn may make (tool rounds, continuations)
@@ -182,8 +185,8 @@ _SPECS: Mapping[str, _Spec] = {
         "response_reserve": _at_least(1), "concurrency": _at_least(1),
         "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
                              "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
-        "timeout": _PERIOD, "retry_attempts": _at_least(1), "retry_backoff": _DURATION,
-        "max_calls": _at_least(1), "think": _BOOL},
+        "timeout": _PERIOD, "stall": _PERIOD, "retry_attempts": _at_least(1),
+        "retry_backoff": _DURATION, "max_calls": _at_least(1), "think": _BOOL},
     "telegram": {
         "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
         "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id")),

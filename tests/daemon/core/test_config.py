@@ -183,6 +183,8 @@ def test_bad_durations_name_the_key(text: str) -> None:
         ("[model]\nhost = \"127.0.0.1:11434\"", "model.host", "http"),
         ("[model]\nkeep_alive = \"1d\"", "model.keep_alive", "-1"),
         ("[model]\nconcurrency = 0", "model.concurrency", "at least 1"),
+        ("[model]\nstall = \"5m\"", "model.stall", "shorter than model.timeout (300s)"),
+        ("[model]\nstall = \"0s\"", "model.stall", "longer than zero"),
         ("[telegram]\nenabled = \"yes\"", "telegram.enabled", "expected a boolean"),
         ("[telegram]\nmode = \"push\"", "telegram.mode", "webhook or polling"),
         ("[telegram]\nallow = [1, \"2\"]", "telegram.allow[1]", "expected an integer user id"),
