@@ -28,12 +28,17 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from daemon.core.bodies import MB, read_capped
 from daemon.core.config import VoiceSettings
 from daemon.core.errors import VoiceError
 from daemon.core.logs import voice_log as log
 from daemon.core.redact import redact_url
 
 _OUTAGE_STATUSES = (502, 503, 504)
+# An answer is `{"text": ...}`: an hour of speech is well under 1 MB of JSON; past 4 MB it is
+# a server gone wrong, refused before it costs more (the transcript is cut at 20,000 characters
+# anyway, daemon/voice/hearing.py).
+ANSWER_CAP = 4 * MB
 EXTRA = "pip install 'roost[voice]'"  # what installs faster-whisper beside roost
 
 
@@ -138,13 +143,18 @@ class HttpBackend:
             async with asyncio.timeout(settings.timeout):
                 async with self._session.post(self.url, data=form,
                                               headers=headers) as response:
-                    status, body = response.status, await response.read()
+                    status, body = response.status, await read_capped(response, ANSWER_CAP)
         except TimeoutError as exc:
             raise VoiceError(f"{self.where} did not finish within {settings.timeout:g}s",
                              "unavailable") from exc
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("transcription server unreachable: %s", redact_url(str(exc)))
             raise VoiceError(f"{self.where} is not answering", "unavailable") from exc
+        if body is None:
+            log.warning("transcription server answered %d with more than %d bytes: refused "
+                        "unread", status, ANSWER_CAP)
+            raise VoiceError(f"{self.where} sent more than {ANSWER_CAP // MB} MB for one "
+                             "transcript", "failed")
         text, problem = _read_answer(body)
         if status == 200 and text is not None:
             return text.strip()

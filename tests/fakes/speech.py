@@ -35,6 +35,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.flood import Flood
+
 PATH = "/v1/audio/speech"
 FORMATS = ("mp3", "opus", "wav")
 _CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "wav": "audio/wav"}
@@ -53,17 +55,6 @@ class Request:
     @property
     def authorization(self) -> str:
         return self.headers.get("Authorization", "")
-
-
-@dataclass
-class Flood:
-    """One oversized answer: what was meant to go out and what did before the client left."""
-
-    size: int
-    declared: bool  # sent with its Content-Length (else chunked, its size unknown up front)
-    sent: int = 0
-    cut: bool = False  # the client closed the connection before the end
-    done: bool = False
 
 
 @dataclass
@@ -90,7 +81,7 @@ class FakeSpeaker:
 
     def flood_next(self, size: int, *, declared: bool = False) -> Flood:
         """Answer the next request with `size` bytes of audio/ogg, 64 KiB at a time."""
-        self.flood = Flood(size, declared)
+        self.flood = Flood(size, declared, "audio/ogg")
         return self.flood
 
     async def __aenter__(self) -> FakeSpeaker:
@@ -109,7 +100,7 @@ class FakeSpeaker:
 
     async def _speak(self, request: web.Request) -> web.StreamResponse:
         if self.flood is not None and not self.flood.done:
-            return await self._flood(request, self.flood)
+            return await self.flood.send(request)
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -141,28 +132,6 @@ class FakeSpeaker:
         audio = await asyncio.to_thread(tone, seconds, fmt)
         record.busy = time.monotonic() - started
         return web.Response(body=audio, content_type=_CONTENT_TYPES[fmt])
-
-
-    async def _flood(self, request: web.Request, flood: Flood) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "audio/ogg"})
-        if flood.declared:
-            response.content_length = flood.size
-        chunk = b"\0" * 65536
-        try:
-            await response.prepare(request)
-            while flood.sent < flood.size:
-                await response.write(chunk[:flood.size - flood.sent])
-                flood.sent += min(len(chunk), flood.size - flood.sent)
-            await response.write_eof()
-        except ConnectionError:
-            flood.cut = True  # the client hung up: this is what it did not take
-        except asyncio.CancelledError:
-            flood.cut = True
-            raise
-        finally:
-            flood.done = True
-        return response
 
 
 def tone(seconds: float, fmt: str, bit_rate: int = 32_000) -> bytes:

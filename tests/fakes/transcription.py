@@ -12,7 +12,8 @@ It follows OpenAI's `POST /v1/audio/transcriptions` (what speaches, LocalAI and 
   4xx status (400 for a missing file or model, 401 for a wrong key) or a 5xx.
 
 Every request is recorded (`requests`), with the time it spent "transcribing" (`delay`), so a
-bench can tell the backend's own time from what roost adds. `fail_next` scripts faults.
+bench can tell the backend's own time from what roost adds. `fail_next` scripts faults;
+`flood_next` makes the next answer larger than any transcript (tests/fakes/flood.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+
+from tests.fakes.flood import Flood
 
 PATH = "/v1/audio/transcriptions"
 
@@ -50,6 +53,7 @@ class FakeTranscriber:
     port: int = 0
     requests: list[Request] = field(default_factory=list)
     _faults: deque[tuple[int, Any]] = field(default_factory=deque)
+    flood: Flood | None = None
     _runner: web.AppRunner | None = None
 
     @property
@@ -60,6 +64,11 @@ class FakeTranscriber:
         """Answer the next request with `status` and `body` (a JSON-able value, or None for an
         OpenAI-style error)."""
         self._faults.append((status, body))
+
+    def flood_next(self, size: int) -> Flood:
+        """Answer the next request with `size` bytes of JSON-looking text, streamed."""
+        self.flood = Flood(size, content_type="application/json")
+        return self.flood
 
     async def __aenter__(self) -> FakeTranscriber:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -75,7 +84,9 @@ class FakeTranscriber:
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _transcribe(self, request: web.Request) -> web.Response:
+    async def _transcribe(self, request: web.Request) -> web.StreamResponse:
+        if self.flood is not None and not self.flood.done:
+            return await self.flood.send(request)
         if not request.content_type.startswith("multipart/form-data"):
             return _error(400, "Expected multipart/form-data", "file")
         fields: dict[str, str] = {}

@@ -16,6 +16,7 @@ import pytest
 from daemon.core.config import VoiceSettings
 from daemon.core.errors import VoiceError
 from daemon.voice.backends import EXTRA, FasterWhisperBackend, HttpBackend, build_backend
+from tests.conftest import wait_until
 from tests.daemon.voice.recordings import MEDIA, MP3, OPUS
 from tests.fakes.transcription import FakeTranscriber
 
@@ -100,6 +101,20 @@ async def test_each_refusal_is_a_voice_error_that_says_what_the_server_said(
         await backend.close()
     assert caught.value.reason == reason
     assert shown in str(caught.value)
+
+
+async def test_an_answer_past_any_transcript_is_refused_without_being_read(
+        whisper: FakeTranscriber) -> None:
+    flood = whisper.flood_next(50 * 1024 * 1024)
+    backend = http(whisper.url)
+    try:
+        with pytest.raises(VoiceError, match="sent more than 4 MB for one transcript") as caught:
+            await backend.transcribe(OPUS, name="v.ogg", mime="audio/ogg")
+    finally:
+        await backend.close()
+    assert caught.value.reason == "failed"
+    await wait_until(lambda: flood.done, 10)
+    assert flood.cut and flood.sent < 20 * 1024 * 1024, flood  # roost hung up at its cap
 
 
 async def test_a_server_slower_than_the_timeout_is_given_up(whisper: FakeTranscriber) -> None:
