@@ -6,6 +6,10 @@ import asyncio
 import compileall
 import contextlib
 import dataclasses
+import os
+import shutil
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -33,10 +37,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The tests start hundreds of Python processes (`python -m daemon ...`, MCP servers,
     document workers) that import roost's own modules. Where PYTHONDONTWRITEBYTECODE is set
     (as on CI) none of them keeps what it compiled, and each compiles them all again (0.2 s of
-    CPU a process): compile them once, before the workers start."""
-    if not hasattr(session.config, "workerinput"):  # xdist's controller, or a run without it
-        for package in ("daemon", "channels", "automations", "tests"):
-            compileall.compile_dir(ROOT / package, quiet=1)
+    CPU a process): compile them once, before the workers start. Not into the checkout, which
+    that setting asks to keep clean (it may be read-only, or shared): into a folder this session
+    owns, which PYTHONPYCACHEPREFIX names to the xdist workers and every child."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its controller did it
+        return
+    if sys.dont_write_bytecode and sys.pycache_prefix is None:
+        prefix = tempfile.mkdtemp(prefix="roost-tests-pycache-")
+        session.config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
+        os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = prefix
+    for package in ("daemon", "channels", "automations", "tests"):
+        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 @pytest.fixture(autouse=True)

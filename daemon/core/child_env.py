@@ -29,6 +29,9 @@ ALLOWED = (
     "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
     # A private CA the user installed, for a server that calls out over TLS.
     "SSL_CERT_FILE", "SSL_CERT_DIR",
+    # Where Python keeps bytecode, or that it keeps none: a Python child (the document worker,
+    # a Python MCP server) then leaves a read-only or clean source tree as the user asked.
+    "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX",
 )
 ALLOWED_PREFIXES = ("LC_",)
 
