@@ -2,7 +2,8 @@
 (`GET /search?q=...&format=json`, 403 for a format its settings do not enable, as SearXNG
 answers) and Ollama's web search API (`POST /api/web_search` with a Bearer key, body
 `{"query", "max_results"}`, answer `{"results": [{"title", "url", "content"}]}`).
-Every request is recorded."""
+Every request is recorded. `flood` set makes both answer with more than any page of
+results (tests/fakes/flood.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.flood import Flood
 
 RESULTS = [
     {"title": "Roost keeps a diary", "url": "https://example.org/diary",
@@ -35,6 +38,7 @@ class FakeSearch:
     json_enabled: bool = True
     requests: list[Request] = field(default_factory=list)
     port: int = 0
+    flood: Flood | None = None
     _runner: web.AppRunner | None = None
 
     @property
@@ -56,19 +60,23 @@ class FakeSearch:
         assert self._runner is not None
         await self._runner.cleanup()
 
-    async def _searxng(self, request: web.Request) -> web.Response:
+    async def _searxng(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(Request("GET", request.path, dict(request.query),
                                      dict(request.headers)))
+        if self.flood is not None:
+            return await self.flood.send(request)
         if request.query.get("format") != "json" or not self.json_enabled:
             raise web.HTTPForbidden()
         return web.json_response({"query": request.query.get("q", ""),
                                   "number_of_results": len(self.results),
                                   "results": self.results, "answers": [], "suggestions": []})
 
-    async def _ollama(self, request: web.Request) -> web.Response:
+    async def _ollama(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(Request("POST", request.path, dict(request.query),
                                      dict(request.headers), body))
+        if self.flood is not None:
+            return await self.flood.send(request)
         if request.headers.get("Authorization") != f"Bearer {KEY}":
             return web.json_response({"error": "unauthorized"}, status=401)
         limit = int(body.get("max_results") or 5)

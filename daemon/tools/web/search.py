@@ -10,11 +10,15 @@ from typing import Any
 
 import aiohttp
 
+from daemon.core.bodies import MB, TooLarge, json_capped
 from daemon.core.config import WebSettings
 from daemon.core.errors import WebError
 
 MAX_RESULTS = 8
 SNIPPET_CHARS = 300
+# A page of results is tens of KB of JSON (SearXNG's with infoboxes a few hundred); past 4 MB
+# the service has gone wrong, and the rest is not read.
+ANSWER_CAP = 4 * MB
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ async def _json(response: aiohttp.ClientResponse, who: str) -> Any:
     if response.status >= 400:
         raise WebError(f"{who} answered {response.status}")
     try:
-        return await response.json(content_type=None)
+        return await json_capped(response, ANSWER_CAP)
+    except TooLarge:
+        raise WebError(f"{who} sent more than {ANSWER_CAP // MB} MB for one search") from None
     except ValueError as exc:
         raise WebError(f"{who} sent something that is not JSON") from exc
 

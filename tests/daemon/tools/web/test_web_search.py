@@ -11,7 +11,9 @@ import pytest
 from daemon.core.config import load_settings
 from daemon.core.errors import ConfigError
 from daemon.tools.registry import Registry
+from tests.conftest import wait_until
 from tests.daemon.tools.web.conftest import Call
+from tests.fakes.flood import Flood
 from tests.fakes.search import KEY, FakeSearch
 
 Tools = Callable[..., tuple[Registry, Call]]
@@ -103,3 +105,17 @@ def test_bad_web_settings_name_the_key(tmp_path: Path, line: str, key: str,
     with pytest.raises(ConfigError) as error:
         load_settings(path, env={"HOME": str(tmp_path)})
     assert error.value.key == key and problem in error.value.problem
+
+
+@pytest.mark.parametrize("service", ["searxng", "ollama"])
+async def test_an_answer_larger_than_any_page_of_results_is_refused_unread(
+        searxng: FakeSearch, tools: Tools, service: str) -> None:
+    searxng.flood = flood = Flood(50 * 1024 * 1024, content_type="application/json")
+    _, call = tools(**({"searxng_url": searxng.url} if service == "searxng"
+                       else {"ollama_api_key": KEY,
+                             "ollama_search_url": f"{searxng.url}/api/web_search"}))
+    got = await call("web_search", query="x")
+    assert got.content.startswith("ERROR: the search failed: ")
+    assert got.content.endswith(" sent more than 4 MB for one search")
+    await wait_until(lambda: flood.done, 10)
+    assert flood.cut and flood.sent < 20 * 1024 * 1024, flood  # roost hung up at its cap
