@@ -46,6 +46,16 @@ sys.exit(subprocess.run(argv).returncode)
 """
 
 
+def readable_copy(folder: Path) -> Path:
+    """The modules the parent imports, copied under `folder`: run as a plain user, it may not
+    read this checkout (a clone in a private home), and the test must not open that up."""
+    source = folder / "src"
+    for module in ("daemon/__init__.py", "daemon/core/__init__.py", "daemon/core/confine.py"):
+        (source / module).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / module, source / module)
+    return source
+
+
 @pytest.fixture
 def folder() -> Iterator[Path]:
     made = Path(tempfile.mkdtemp(prefix="roost-confine-", dir="/tmp"))
@@ -62,7 +72,7 @@ def test_a_child_reads_neither_the_parents_environment_nor_the_credentials(
     (credentials / "ROOST_TELEGRAM_TOKEN").write_text("123:SECRET-FROM-FILE")
     beside = folder / "home" / ".config" / "other.txt"
     beside.write_text("readable")
-    python, user = sys.executable, {}
+    python, user, source = sys.executable, {}, readable_copy(folder)
     if os.getuid() == 0:  # root may read any process's environ: be a plain user, as roost is
         python = "/usr/bin/python3"
         if not Path(python).exists():
@@ -71,7 +81,7 @@ def test_a_child_reads_neither_the_parents_environment_nor_the_credentials(
             os.chown(path, 65534, 65534)
         user = {"user": 65534, "group": 65534, "extra_groups": []}
     env = {"PATH": os.defpath, "ROOST_TELEGRAM_TOKEN": "123:SECRET-FROM-ENV"}
-    done = subprocess.run([python, "-I", "-c", PARENT, str(ROOT), str(credentials), CHILD,
+    done = subprocess.run([python, "-I", "-c", PARENT, str(source), str(credentials), CHILD,
                            str(beside)], env=env, capture_output=True, text=True,
                           timeout=60, cwd="/", **user)  # type: ignore[call-overload]
     assert done.returncode == 0, done.stderr
