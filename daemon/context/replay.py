@@ -4,8 +4,10 @@ The request is the system prefix, then (once history was folded) a summary pream
 verbatim tail. Originals are never touched; everything here builds new chat messages:
 
 * the conversation's first user message (usually the goal) stays in every request: in the tail
-  until it is folded, then word for word at the start of the preamble (a long one as its start
-  and end within an eighth of the budget), where a fold does not change its bytes;
+  until it is folded, then at the start of the preamble, where a fold does not change its
+  bytes: word for word, or, one too long for an eighth of the budget, said to be an excerpt and
+  kept as its opening and the lines with its names, numbers and identifiers (`key_lines`), with
+  the read call for the rest (none for a model without tools);
 * of the folded messages, the newest with images and the newest tool call with its results are
   replayed after the preamble as if still in the tail (and protected while they are the newest);
 
@@ -24,8 +26,10 @@ verbatim tail. Originals are never touched; everything here builds new chat mess
   messages are dropped whole (with a note saying how many), tool output is cut, oldest first;
   then protection gives way: the pinned tool cycles condense to one line (a call's arguments
   are never cut otherwise), the protected messages are shortened, in fixed steps, the newest
-  user message after all others, and last they are dropped, oldest first, all but the newest
-  user message(s).
+  user message after all others (the first user message to its key lines, no shorter than
+  after a fold), and last they are dropped, oldest first, all but the newest user message(s)
+  and the first user message, which shrinks further and goes only when nothing else is left:
+  before its fold lands as after, it is the last message to leave.
 
 So no single message can wedge a conversation. The newest user message is sent whole whenever it
 fits the budget on its own; otherwise the model gets its excerpt and the pointer to read the rest
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from daemon.context.budget import MESSAGE_OVERHEAD_TOKENS, Estimator, estimate_tokens
+from daemon.context.key_lines import key_lines
 from daemon.context.toolless import plain_note
 from daemon.core.conversations import Message, SummaryState
 from daemon.core.errors import DoesNotFit
@@ -60,6 +65,8 @@ CUT_FLOOR_CHARS = 160
 IMAGE_MIN_TOKENS = 256
 OLD_MESSAGE_SHARE = 4  # an older message may take a quarter of the budget before it is excerpted
 FIRST_MESSAGE_SHARE = 8  # the folded first user message may take an eighth of the budget
+SHORTEN_SHARES = (2, 4, 8, 16, 32, 64)  # a protected message's excerpts, as budget shares
+FIRST_STEPS = (32, 24, 16, 12, 8, 6, 4, 3, 2, 1)  # the first message's, in 64ths of the budget
 # The newest message is cut to the room left in finer steps: it is sent once as the newest.
 CURRENT_STEP_CHARS = 16
 STAMP_PERIOD = 900.0  # seconds: a user message in a new quarter hour carries the time
@@ -102,6 +109,7 @@ class _Entry:
     dropped: bool = False
     condensed_into: str | None = None
     current: bool = False  # one of the newest user messages, the ones this turn answers
+    first: bool = False  # the conversation's first user message, the last to leave (issue 43)
     full: str = ""  # the content before any excerpt (file notes and sent stamp included)
     suffix: str = ""  # the end of `full` that an excerpt keeps whole: file notes, sent stamp
     tokens: int = 0  # what it adds to the request as it stands (kept by `_Tally`)
@@ -128,16 +136,17 @@ def chat_tokens(message: Mapping[str, JSONValue], ratio: float,
     return tokens
 
 
-def summary_preamble(reader: str | None, summary: SummaryState,
-                     first: str = "") -> list[ChatMessage]:
+def summary_preamble(reader: str | None, summary: SummaryState, first: str = "",
+                     excerpt_of: int | None = None) -> list[ChatMessage]:
     """The user message carrying the rolling summary, and a one-line acknowledgement.
     `reader` is the conversation id `conversation_read` takes, None for a model without
     tools (it cannot read the originals, so nothing promises it can). `first` is the
-    conversation's first user message as it is kept (`first_words`)."""
+    conversation's first user message as it is kept (`first_words`); `excerpt_of` its seq
+    when that is an excerpt, which the heading then says instead of "word for word"."""
     notes = summary.user_notes.strip() or "(none)"
     how = (f' conversation_read("{reader}") retrieves any of them verbatim.' if reader else "")
-    opening = (f"My first message in this conversation, word for word:\n<first_message>\n"
-               f"{first}\n</first_message>\n\n" if first else "")
+    opening = (f"{_first_heading(reader, excerpt_of)}\n<first_message>\n{first}\n"
+               "</first_message>\n\n" if first else "")
     text = opening + (
         f"[Earlier in this conversation, {summary.through_seq} messages were folded into the "
         f"summary below.{how}]\n\n<summary>\n{summary.summary.strip()}\n</summary>\n\n"
@@ -148,17 +157,47 @@ def summary_preamble(reader: str | None, summary: SummaryState,
     return [{"role": "user", "content": text}, {"role": "assistant", "content": ack}]
 
 
+def _first_heading(reader: str | None, excerpt_of: int | None) -> str:
+    """What the preamble says of the first message: word for word only when it is whole; an
+    excerpt says so, and promises a read only to a model that can make it."""
+    if excerpt_of is None:
+        return "My first message in this conversation, word for word:"
+    how = (f' (conversation_read("{reader}", {excerpt_of}, {excerpt_of}, offset=...) reads '
+           "all of it)" if reader else "")
+    return ("My first message in this conversation is too long to repeat whole; these are its "
+            f"opening and the lines with its names, numbers and identifiers{how}:")
+
+
 def first_words(message: Message, reader: str | None, tokens: int, ratio: float,
-                estimate: Estimator = estimate_tokens) -> str:
-    """The first user message as the preamble keeps it: whole (its file notes too), or its
-    start and end within `tokens`, in whole steps so that its bytes repeat."""
+                estimate: Estimator = estimate_tokens) -> tuple[str, bool]:
+    """The first user message as the preamble keeps it, and whether that is all of it: whole
+    (its file notes too), or its opening and the lines with its names and numbers within
+    `tokens` (`key_lines`), in whole steps so that its bytes repeat."""
     text = _with_attachment_notes(message.content, message, reader is not None).strip()
     cost = estimate(text, ratio)
     if cost <= tokens:
-        return text
-    density = min(PROSE_DENSITY, len(text) * ratio / max(cost, 1))
-    return excerpt(text, _excerpt_chars(tokens, ratio, density), _read_label(
-        reader, message.seq, "my first message"))
+        return text, True
+    return _key_lines_within(text, tokens, ratio, "my first message", estimate), False
+
+
+def _key_lines_within(text: str, tokens: int, ratio: float, label: str,
+                      estimate: Estimator) -> str:
+    """`key_lines` of `text` within `tokens`: the longest pick, in small whole steps, whose
+    estimate fits. Its lines can be far denser or sparser than the whole (a prose opening
+    beside a digit export), so the size is found by bisection from the most prose could
+    take; the output changes only when a whole line enters or leaves, so it repeats."""
+    keep = _excerpt_chars(tokens, ratio)
+    kept = key_lines(text, keep, label)
+    if estimate(kept, ratio) <= tokens:
+        return kept
+    low, high = 0, keep // CURRENT_STEP_CHARS - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if estimate(key_lines(text, middle * CURRENT_STEP_CHARS, label), ratio) <= tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return key_lines(text, max(low * CURRENT_STEP_CHARS, CURRENT_STEP_CHARS), label)
 
 
 def stub_text(conversation_id: str, message: Message) -> str:
@@ -242,9 +281,13 @@ def build_request(
     system: ChatMessage = {"role": "system", "content": prefix}
     first_message = next((m for m in history if m.role == "user"), None)
     first_user = first_message.seq if first_message is not None else None
-    first = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio, estimate)
-             if first_message is not None and first_message.seq <= summary.through_seq else "")
-    preamble = summary_preamble(reader, summary, first) if summary.through_seq else []
+    first, whole = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio,
+                                estimate)
+                    if first_message is not None and first_message.seq <= summary.through_seq
+                    else ("", True))
+    preamble = (summary_preamble(reader, summary, first, None if whole or first_message is None
+                                 else first_message.seq)
+                if summary.through_seq else [])
     tail = [*_kept_through_folds(history, summary.through_seq),
             *(m for m in history if m.seq > summary.through_seq)]
     # The opening rides on the first user message of the request, the same on every turn
@@ -310,6 +353,14 @@ def _fit(entries: list[_Entry], conversation_id: str, reader: str | None, tally:
         condensed += _condense(entries, conversation_id, tally, budget, protected=True)
     if tally.total() > budget:
         shortened = _shorten(entries, reader, tally, budget)
+    # The first user message is the last to leave, as after a fold, where the preamble always
+    # carries it (issue 43: it went first, before the fold landed): the other protected
+    # messages go, then it shrinks further, and only then it goes too.
+    if tally.total() > budget:
+        omitted += _drop(entries, tally, budget, protected=True, spare_first=True)
+    if tally.total() > budget:
+        shortened += _step_down([e for e in entries if e.first and not e.dropped], reader, tally,
+                                budget, first_to=SHORTEN_SHARES[-1])
     if tally.total() > budget:
         omitted += _drop(entries, tally, budget, protected=True)
     if tally.total() > budget:
@@ -429,6 +480,7 @@ def _entries(
             message=message, content=content, group=group,
             age=len(users) - bisect_right(users, i), images=images,
             tool_calls=tuple(message.tool_calls), full=content, suffix=suffix,
+            first=message.seq == first_user,
         ))
     _protect(entries, first_user, newest_images)
     for entry in reversed(entries):
@@ -498,6 +550,10 @@ def _excerpt_old(entries: list[_Entry], reader: str | None, share: int, ratio: f
             continue
         if estimate(entry.content, ratio) <= share:
             continue
+        if entry.first:
+            entry.content = _first_excerpt(entry, reader, share, ratio, estimate)
+            shortened += 1
+            continue
         density = _density(entry, estimate)
         keep = _excerpt_chars(share, ratio, density)
         if len(entry.content) <= keep + _steps(density)[0]:
@@ -514,31 +570,71 @@ def _excerpt_entry(entry: _Entry, keep: int, label: str) -> str:
     return excerpt(body, keep, label) + entry.suffix
 
 
+def _first_excerpt(entry: _Entry, reader: str | None, tokens: int, ratio: float,
+                   estimate: Estimator) -> str:
+    """The conversation's first message within `tokens`, as the summary preamble keeps it
+    after the fold: its opening and the lines with its names and numbers (`key_lines`), its
+    file notes and sent stamp whole."""
+    body = entry.full[: len(entry.full) - len(entry.suffix)]
+    room = tokens - estimate(entry.suffix, ratio)
+    label = _read_label(reader, entry.message.seq, "my first message")
+    return _key_lines_within(body, room, ratio, label, estimate) + entry.suffix
+
+
 def _shorten(entries: list[_Entry], reader: str | None, tally: _Tally, budget: int) -> int:
-    """Last resort: shorten protected messages in fixed steps, older ones first; then the
-    newest user message(s), each to the room really left."""
-    shortened = 0
+    """Last resort: shorten protected messages in fixed steps, older ones first (the first
+    user message no shorter than the preamble keeps it after a fold); then the newest user
+    message(s), each to the room really left."""
     candidates = [e for e in entries if not e.dropped and e.condensed_into is None]
-    for share in (2, 4, 8, 16, 32, 64):
-        for entry in candidates:
-            if tally.total() <= budget:
-                return shortened
-            if entry.current:
-                continue
-            density = _density(entry, tally.estimate)
-            keep = _excerpt_chars(budget // share, tally.ratio, density)
-            if len(entry.content) <= keep + _steps(density)[0]:
-                continue
-            tally.set_content(entry, _excerpt_entry(entry, keep, _read_label(
-                reader, entry.message.seq,
-                "a long message, cut to fit the context window")))
-            shortened += 1
+    shortened = _step_down(candidates, reader, tally, budget, first_to=FIRST_MESSAGE_SHARE)
     for entry in (e for e in candidates if e.current):
         if tally.total() <= budget:
             break
         _fit_current(entry, reader, tally, budget)
         shortened += 1
     return shortened
+
+
+def _step_down(candidates: Sequence[_Entry], reader: str | None, tally: _Tally, budget: int,
+               *, first_to: int) -> int:
+    """Older messages of `candidates` as excerpts of budget/2, /4 ... /64, each step for all
+    of them, oldest first, until the request fits; the first user message to budget/`first_to`
+    at most."""
+    shortened = 0
+    for share in SHORTEN_SHARES:
+        for entry in candidates:
+            if tally.total() <= budget:
+                return shortened
+            if entry.current or (entry.first and share > first_to):
+                continue
+            if entry.first:
+                shortened += _shrink_first(entry, reader, tally, budget, budget // share)
+                continue
+            density = _density(entry, tally.estimate)
+            keep = _excerpt_chars(budget // share, tally.ratio, density)
+            if len(entry.content) <= keep + _steps(density)[0]:
+                continue
+            tally.set_content(entry, _excerpt_entry(entry, keep, _read_label(
+                reader, entry.message.seq, "a long message, cut to fit the context window")))
+            shortened += 1
+    return shortened
+
+
+def _shrink_first(entry: _Entry, reader: str | None, tally: _Tally, budget: int,
+                  floor: int) -> int:
+    """The first user message in finer steps than the others (FIRST_STEPS, each a fixed share
+    of the budget, so its bytes repeat), down to `floor` tokens, while the request is over:
+    a whole halving at once took away lines with room left for them. 1 if it changed."""
+    changed = 0
+    for sixty_fourths in FIRST_STEPS:
+        tokens = budget * sixty_fourths // 64
+        if tally.total() <= budget or tokens < floor:
+            break
+        if tally.estimate(entry.content, tally.ratio) > tokens:
+            tally.set_content(entry, _first_excerpt(entry, reader, tokens, tally.ratio,
+                                                    tally.estimate))
+            changed = 1
+    return changed
 
 
 def _fit_current(entry: _Entry, reader: str | None, tally: _Tally, budget: int) -> None:
@@ -658,14 +754,16 @@ def _call_text(call: Mapping[str, JSONValue]) -> str:
     return f"{function.get('name', 'a tool')}({arguments})"
 
 
-def _drop(entries: list[_Entry], tally: _Tally, budget: int, *, protected: bool = False) -> int:
+def _drop(entries: list[_Entry], tally: _Tally, budget: int, *, protected: bool = False,
+          spare_first: bool = False) -> int:
     """Drop the oldest unprotected groups whole until the request fits; with `protected`, the
-    protected ones (as the last resort), never the newest user messages."""
+    protected ones (as the last resort), never the newest user messages; with `spare_first`,
+    not the conversation's first user message either."""
     dropped = 0
     groups = _groups(entries)
-    current = {e.group for e in entries if e.current}
+    kept = {e.group for e in entries if e.current or (spare_first and e.first)}
     for group in sorted({e.group for e in entries if e.protected == protected
-                         and not e.dropped and e.group not in current}):
+                         and not e.dropped and e.group not in kept}):
         if tally.total() <= budget:
             break
         for entry in groups[group]:

@@ -195,6 +195,7 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
     assert order == sorted(order)
 
     originals = {m.seq: m for m in history}
+    first_user = next(m.seq for m in history if m.role == "user")
     for seq, chat in traced.shown.items():
         original = originals[seq]
         if original.role in ("user", "assistant"):
@@ -205,7 +206,10 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
             if "characters left out:" in content and content != original.content:
                 assert request.shortened >= 1
                 assert f'conversation_read("{CID}", {seq}, {seq}, offset=...)' in content
-                assert content.startswith(original.content[:100])
+                if seq == first_user:
+                    assert_key_lines_of(content, original.content)
+                else:
+                    assert content.startswith(original.content[:100])
                 assert len(content) < len(original.content)
             elif original.attachments and content != original.content:
                 assert content.startswith(original.content + "\n")
@@ -240,6 +244,23 @@ def check_invariants(request: Request, script: Script, budget: int, ratio: float
     if request.cut:
         assert set(traced.shown) <= protected
     return traced
+
+
+def assert_key_lines_of(excerpt: str, original: str) -> None:
+    """An excerpt of the first message: its opening, then a label, then lines (or "…" where
+    some were left out) each found in the original, in the original's order."""
+    lines = excerpt.split("\n")
+    assert original.startswith(lines[0].removesuffix("…"))
+    assert lines[1].startswith("[… ") and "characters left out: my first message" in lines[1]
+    at = len(lines[0])
+    flat = " ".join(original.split())
+    for line in lines[2:]:
+        if line == "…":
+            continue
+        line = line.strip()  # a message's own last space rides after the excerpt
+        found = flat.find(line, at)
+        assert found >= 0, f"not a line of the original, or out of order: {line[:60]!r}"
+        at = found + len(line)
 
 
 def kept_through_folds(script: Script, summary: SummaryState | None) -> set[int]:
@@ -641,7 +662,8 @@ def test_a_pinned_tool_call_with_long_arguments_and_an_error_result_gives_way() 
         f'conversation_read("{CID}", {calling.seq}, {calling.seq + 1})' in shown)
 
 
-def test_a_protected_set_larger_than_the_budget_is_dropped_but_the_newest_message_kept() -> None:
+def test_a_protected_set_larger_than_the_budget_is_dropped_but_the_first_and_newest_kept(
+) -> None:
     script = Script()
     script.user("the first question " + filler(1_500))
     for i in range(3):
@@ -653,7 +675,9 @@ def test_a_protected_set_larger_than_the_budget_is_dropped_but_the_newest_messag
     assert request.estimate <= budget
     assert request.messages[-1]["content"] == script.messages[-1].content + TAIL_NOTE
     assert request.omitted > 0
-    assert OMITTED.match(str(tail_of(request)[0]["content"]))
+    # The conversation's first message is the last to go (issue 43): its excerpt, then the note.
+    first, note = (str(m["content"]) for m in tail_of(request)[:2])
+    assert first.startswith("<1> the first") and OMITTED.match(note)
 
 
 def test_large_unprotected_history_does_not_raise() -> None:
@@ -874,6 +898,91 @@ def test_the_first_user_message_stays_word_for_word_in_every_request_after_folds
     # Before the preamble's changing part, so that a fold keeps the prompt cache up to there.
     assert str(request.messages[1]["content"]).index(first) < str(
         request.messages[1]["content"]).index("<summary>")
+
+
+def bank_export_message() -> str:
+    """Issue 43's first message: a locker code, then a bank export of 60 rows, then a question
+    (2,300 characters, mostly digits)."""
+    shops = ("Grocery store", "Rent", "Pharmacy", "Train ticket", "Coffee")
+    rows = [f"2026-02-{i % 28 + 1:02d};TX-{48213 + i * 37};{shops[i % 5]};-{(i * 53) % 900}.{i:02d}"
+            for i in range(60)]
+    return ("My locker code is 7316. Below is my bank export for February, keep it handy.\n"
+            + "\n".join(rows) + "\nPlease tell me later which line is the biggest expense.")
+
+
+def folded_bank_export(tools: bool = True, ratio: float = 1.0) -> Request:
+    script = Script()
+    script.add("user", bank_export_message())
+    script.assistant("Noted your locker code and the export.")
+    script.exchange("What is a good name for a cat?", "Try Miso, Pip or Nori.")
+    script.exchange("What was the first transaction id in my export?")
+    summary = SummaryState(summary="A locker code and a bank export; cat names.",
+                           user_notes="- What is a good name for a cat?", through_seq=4,
+                           through_id="MSG000004", fold_count=1)
+    return build_request(conversation_id=CID, prefix=PREFIX, history=script.messages,
+                         budget=1_536, ratio=ratio, summary=summary, tail_note=TAIL_NOTE,
+                         tools=tools)
+
+
+@pytest.mark.parametrize("ratio", [1.0, 2.0])
+def test_a_first_message_too_long_to_carry_whole_is_called_an_excerpt_and_keeps_its_ids(
+        ratio: float) -> None:
+    # Issue 43: "word for word:" then its first 50 characters; the code survived, the export's
+    # first id, asked about later, was in no request after the fold.
+    preamble = str(folded_bank_export(ratio=ratio).messages[1]["content"])
+    heading, kept = preamble.split("<first_message>\n")[0], preamble.split(
+        "<first_message>\n")[1].split("\n</first_message>")[0]
+    assert "word for word" not in heading and "too long to repeat whole" in heading
+    assert f'conversation_read("{CID}", 1, 1, offset=...)' in heading
+    assert "my locker code is 7316" in kept.lower() and "TX-48213" in kept
+    assert estimate_tokens(kept, ratio) <= 1_536 // 8
+    # Every kept line is the user's own, in their order; the same bytes on every request.
+    assert_key_lines_of(kept.removeprefix("<1> "), bank_export_message())
+    assert folded_bank_export(ratio=ratio).messages[1]["content"] == preamble
+
+
+def test_a_model_without_tools_is_told_the_first_message_is_an_excerpt_but_promised_no_read(
+) -> None:
+    preamble = str(folded_bank_export(tools=False).messages[1]["content"])
+    assert "too long to repeat whole" in preamble and "word for word" not in preamble
+    assert "conversation_read" not in preamble and "TX-48213" in preamble
+
+
+def test_before_the_fold_lands_the_first_message_is_the_last_to_leave() -> None:
+    # Issue 43: at 2,048 tokens, requests 3 and 4 replayed "[1 earlier messages omitted]"
+    # where the first message was, before the fold landed.
+    script = Script()
+    script.add("user", bank_export_message())
+    script.assistant("Noted your locker code and the export. I will keep them handy.")
+    script.exchange("What is a good name for a cat? I like short names.",
+                    "Try Miso, Pip or Nori: all short and friendly.")
+    script.user("What was the first transaction id in my export?")
+    prefix = "You are roost. " + "Be helpful and brief. " * 50
+    # A ratio of 3 (the calibration's misfire) leaves little room: the protected set is over.
+    request = build_request(conversation_id=CID, prefix=prefix, history=script.messages,
+                            budget=1_200, ratio=3.0)
+    assert request.estimate <= 1_200
+    first = str(request.messages[1]["content"])
+    assert first.startswith("<1> My locker code is 7316.")
+    assert_key_lines_of(first.removeprefix("<1> "), bank_export_message())
+
+
+def test_the_first_message_goes_only_once_every_other_older_message_is_gone() -> None:
+    script = Script()
+    script.add("user", bank_export_message())
+    for i in range(3):
+        script.exchange(f"question {i} " + filler(400, i), f"answer {i} " + filler(400, -i))
+    script.user("the newest question")
+    for budget in range(estimate_tokens(PREFIX, 1.0) + 40, 1_600, 20):
+        try:
+            request = build(script.messages, budget)
+        except DoesNotFit:
+            continue
+        shown = {seq_of(m) for m in request.messages[1:]}
+        if 1 not in shown:  # then only the newest message is left
+            assert shown - {None} == {script.messages[-1].seq}, budget
+        elif request.omitted:  # and while it is there, it is first, the note after it
+            assert OMITTED.match(str(request.messages[2]["content"])), budget
 
 
 def test_a_long_first_message_is_kept_as_its_start_and_end_within_an_eighth_of_the_budget(
