@@ -151,8 +151,11 @@ class BackgroundFold:
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
         try:
-            outcome = await self.fold_call.fold(conversation_id, force=True, keep_tokens=None,
-                                       foreground=True)
+            # Behind every other chat's call that waits: their replies do not queue behind
+            # this chat's fold (ModelGate.folding).
+            with self.llm.gate.folding():
+                outcome = await self.fold_call.fold(conversation_id, force=True,
+                                                    keep_tokens=None, foreground=True)
         except LLMError as exc:
             log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
