@@ -160,6 +160,10 @@ class MediaFetcher:
         for attempt in range(DOWNLOAD_ATTEMPTS):
             try:
                 file = await self.bot.get_file(file_id)
+                # python-telegram-bot reads a download whole: a message that gave no size is
+                # held to the limit by the size getFile gives, before a byte is fetched.
+                if file.file_size is not None and file.file_size > self.download_limit:
+                    raise _DownloadFailed(self._too_large(what[:1].upper() + what[1:]))
                 return bytes(await file.download_as_bytearray())
             except BadRequest as exc:  # before NetworkError: PTB derives it from that
                 if "too big" in exc.message.lower():

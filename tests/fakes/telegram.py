@@ -143,6 +143,7 @@ class FakeTelegram:
         self.webhook_error: str | None = None
         self.commands: list[dict[str, Any]] = []
         self.files: dict[str, _File] = {}
+        self.downloads: list[str] = []  # the file paths downloaded, in order
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}  # (chat id, message id)
         # Callback queries made by tap(), by id: None until answerCallbackQuery answers one.
         self.callback_answers: dict[str, dict[str, Any] | None] = {}
@@ -348,6 +349,7 @@ class FakeTelegram:
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
         path = request.match_info["path"]
+        self.downloads.append(path)
         found = next((f for f in self.files.values() if f.file_path == path), None)
         if found is None:
             return _error(404, "Not Found")

@@ -614,6 +614,21 @@ async def test_documents_and_voice_notes_become_attachment_references(
     assert (note["kind"], note["mime"]) == ("voice", "audio/ogg")
 
 
+async def test_a_file_whose_message_gives_no_size_is_held_to_the_download_limit(
+        start: Start, fake_telegram: FakeTelegram) -> None:
+    daemon = await start()
+    fake_telegram.add_file("big", b"\0" * (21 * 1024 * 1024), "documents/big.bin")
+    document = {"file_id": "big", "file_unique_id": "b", "file_name": "big.bin",
+                "mime_type": "application/octet-stream"}  # no file_size: getFile says 21 MB
+    assert await daemon.post(message(1, None, document=document, caption="keep this")) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    assert any('The document "big.bin" is too large for me to download' in t
+               for t in texts(fake_telegram)), texts(fake_telegram)
+    assert fake_telegram.downloads == []  # refused on getFile's size, not read first
+    assert not daemon.user_messages()[0].attachments
+
+
 # Bot API before 4.5 had no file_unique_id; public test data (the Bot API page "Testing your bot
 # with updates") still sends files in that shape: a file_id and its size only.
 OLD_PHOTO = [{"file_id": "old-photo-s", "width": 90, "height": 67, "file_size": 900},
