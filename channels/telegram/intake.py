@@ -50,6 +50,7 @@ from daemon.core.logs import telegram_log as log
 from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access, Gate
+from daemon.intake.quarantine import UNREADABLE
 from daemon.store import Store
 
 CHANNEL = "telegram"
@@ -134,6 +135,16 @@ class TelegramIntake:
     def group(self, item: Pending) -> str | None:
         envelope = envelope_of(item.payload)
         return envelope.album if envelope is not None else None
+
+    async def unreadable(self, batch: list[Pending]) -> None:
+        """An update PTB (or roost) could not read was set aside: its sender is told, in a
+        private chat only (in a group it may not have been meant for roost at all, and a poll
+        there would make roost chatter) and only when they may talk."""
+        envelope = envelope_of(batch[0].payload)
+        if envelope is None or envelope.sender is None or envelope.chat <= 0:
+            return
+        if await self.gate.may_talk(str(envelope.sender)):
+            await self.engine.notify(envelope.key, UNREADABLE)
 
     async def process(self, batch: list[Pending]) -> Outcome:
         """Gate, translate, submit; LATER when the engine is stopping (the updates stay)."""

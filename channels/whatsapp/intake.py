@@ -21,6 +21,7 @@ from daemon.core.logs import whatsapp_log as log
 from daemon.core.messages import Inbound, Outbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access, Gate
+from daemon.intake.quarantine import UNREADABLE
 from daemon.store import Store
 
 CHANNEL = "whatsapp"
@@ -101,6 +102,15 @@ class WhatsAppIntake:
 
     def group(self, item: Pending) -> str | None:
         return None  # WhatsApp has no albums: several photos come as several messages
+
+    async def unreadable(self, batch: list[Pending]) -> None:
+        """A message roost could not read was set aside: its sender is told, when the payload
+        names one (every WhatsApp chat is a private one) who may talk."""
+        body = batch[0].payload.get("message")
+        sender = body.get("from") if isinstance(body, Mapping) else None
+        if (isinstance(sender, str) and sender.isdigit()
+                and await self.gate.may_talk(sender)):
+            await self.engine.notify(chat_key(sender), UNREADABLE)
 
     async def process(self, batch: list[Pending]) -> Outcome:
         (item,) = batch

@@ -13,8 +13,9 @@ hands the raw payload to `Intake.accept` with its platform key and chat. The int
   Telegram album) wait `group_window` seconds for each other and are processed together.
 * **resumes**: what an earlier run accepted but did not finish is processed at `resume()`.
 * **quarantines**: a payload whose processing raises is tried once more; if it fails again it is
-  moved to the store's quarantine with its error (`roost doctor` lists it) and the chat carries
-  on. A full disk is not the payload's fault: it is retried, and left pending at worst.
+  moved to the store's quarantine with its error (`roost doctor` lists it), its sender is told
+  that roost could not read it (`Handler.unreadable`), and the chat carries on. A full disk is
+  not the payload's fault: it is retried, and left pending at worst.
 
 A worker survives any exception and logs it; no stored payload can stop the daemon starting.
 """
@@ -101,6 +102,12 @@ class Handler(Protocol):
 
     async def process(self, batch: list[Pending]) -> Outcome:
         """Admit, translate and submit; raising counts as a failure of the payloads."""
+        ...
+
+    async def unreadable(self, batch: list[Pending]) -> None:
+        """The payloads were set aside unread: tell their sender so in one short line
+        (`quarantine.UNREADABLE`), where the chat is one roost answers and the sender may
+        talk; else nothing (a stranger gets what strangers always get, at the door)."""
         ...
 
 
@@ -307,14 +314,25 @@ class Intake:
         if failures < ATTEMPTS:
             return False
         error = error_text(exc)
-        for item in batch:
-            await self._quarantine({"channel": self.channel, "key": item.key,
-                                    "chat_key": item.chat, "payload": dict(item.payload),
-                                    "received": item.received}, error)
+        kept = [await self._quarantine({"channel": self.channel, "key": item.key,
+                                        "chat_key": item.chat, "payload": dict(item.payload),
+                                        "received": item.received}, error)
+                for item in batch]
+        if all(kept):  # else it stays pending and is tried again: told then, if ever
+            await self._tell_unreadable(batch, keys)
         return True
 
-    async def _quarantine(self, doc: Mapping[str, Any], error: str) -> None:
-        """Set a payload aside with its error; the chat goes on without it."""
+    async def _tell_unreadable(self, batch: list[Pending], keys: str) -> None:
+        try:
+            await self.handler.unreadable(batch)
+        except Exception:  # the payload is kept; only the courtesy line is missing
+            log.exception("cannot tell the sender of %s payloads %s that they were not read",
+                          self.channel, keys)
+
+    async def _quarantine(self, doc: Mapping[str, Any], error: str) -> bool:
+        """Set a payload aside with its error; the chat goes on without it. False when the
+        store refused (it stays pending)."""
         key = str(doc["key"])
-        await set_aside(self.store, "update", [(key, doc)], error, self.clock(),
-                        lambda: self.store.updates_done(key), f"{self.channel} {key}", log)
+        return await set_aside(self.store, "update", [(key, doc)], error, self.clock(),
+                               lambda: self.store.updates_done(key), f"{self.channel} {key}",
+                               log)

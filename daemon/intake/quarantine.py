@@ -6,6 +6,10 @@ it is moved to the store's quarantine with its error (`roost doctor` lists it) a
 carries on without it, so that no stored item can stop a chat or the daemon starting. A full or
 failing disk is not the item's fault: callers retry a StoreError themselves and never count it
 here. Here, and not in the engine, because the intake may not import the engine.
+
+A payload of the intake set aside this way was a message someone sent: the channel tells its
+sender `UNREADABLE` (when the chat is one roost answers and the sender may talk), so that nobody
+waits for an answer that will not come; the payload itself stays for the owner.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from daemon.core.errors import StoreError
 from daemon.store import Store
 
 ATTEMPTS = 2  # an item that fails this often is quarantined
+UNREADABLE = "I could not read that message."
 
 
 def error_text(exc: BaseException) -> str:

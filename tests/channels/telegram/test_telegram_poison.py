@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from daemon.intake.quarantine import UNREADABLE
 from daemon.store import Store
 from tests.channels.telegram.test_telegram import (  # noqa: F401  (start is a fixture)
     CHAT_KEY,
@@ -47,6 +48,8 @@ POISON: dict[str, Any] = {
     "unknown future kind": {"update_id": 55, "hologram": {"id": 1, "from": PERSON}},
 }
 
+SET_ASIDE = {"unparseable photo"}  # let in at the door, unreadable after it
+
 
 def hot_files(state_dir: Path) -> dict[str, int]:
     """Every state file but the logs and request snapshots, with its size."""
@@ -57,19 +60,22 @@ def hot_files(state_dir: Path) -> dict[str, int]:
 @pytest.mark.parametrize("name", list(POISON))
 async def test_a_poison_update_gets_200_and_the_chat_survives_a_restart(
         name: str, start: Start, fake_telegram: FakeTelegram, state_dir: Path) -> None:  # noqa: F811
+    # One the door lets in but python-telegram-bot cannot read is set aside, and its sender
+    # told so once (issue 48); the others leave nothing behind.
+    told = [UNREADABLE] if name in SET_ASIDE else []
     daemon = await start()
     assert await daemon.post(POISON[name]) == 200
     assert await daemon.post(POISON[name]) == 200  # and again when Telegram resends it
     assert await daemon.post(message(1, "before the restart")) == 200
-    await fake_telegram.wait_for("sendMessage")
+    await fake_telegram.wait_for("sendMessage", count=len(told) + 1)
     await daemon.settle()
     await daemon.stop()
 
     again = await start()
     assert await again.post(message(2, "after the restart")) == 200
-    await fake_telegram.wait_for("sendMessage", count=2)
+    await fake_telegram.wait_for("sendMessage", count=len(told) + 2)
     await again.settle()
-    assert texts(fake_telegram) == ["echo: before the restart", "echo: after the restart"]
+    assert texts(fake_telegram) == [*told, "echo: before the restart", "echo: after the restart"]
     assert again.store.updates_pending("telegram") == []
     assert again.store.inbox_pending() == []
 
@@ -84,9 +90,10 @@ async def test_stored_poison_is_quarantined_and_cannot_stop_a_start(
         store.updates_add("telegram", "telegram:update:3", message(3, "left behind"),
                           time.time() + 1)
     daemon = await start()
-    await fake_telegram.wait_for("sendMessage")
+    await fake_telegram.wait_for("sendMessage", count=2)
     await daemon.settle()
-    assert texts(fake_telegram) == ["echo: left behind"]
+    # The one python-telegram-bot cannot read: its sender is told, and the owner keeps it.
+    assert texts(fake_telegram) == [UNREADABLE, "echo: left behind"]
     (quarantined,) = daemon.store.quarantined()
     assert quarantined["key"] == "telegram:update:50" and "nested" in quarantined["error"]
     assert daemon.store.updates_pending("telegram") == []

@@ -24,6 +24,7 @@ class Recorder:
 
     def __init__(self, fail: int = 0) -> None:
         self.processed: list[list[str]] = []
+        self.unread: list[list[str]] = []  # batches whose sender was told they were not read
         self.fail = fail
 
     def route(self, payload: Mapping[str, Any]) -> str | None:
@@ -41,6 +42,9 @@ class Recorder:
             raise RuntimeError("cannot translate this")
         self.processed.append([str(i.payload["text"]) for i in batch])
         return Outcome.DONE
+
+    async def unreadable(self, batch: list[Pending]) -> None:
+        self.unread.append([i.key for i in batch])
 
 
 async def feed(intake: Intake, *payloads: dict[str, Any]) -> list[bool]:
@@ -82,6 +86,7 @@ async def test_a_payload_failing_twice_is_quarantined_and_its_chat_goes_on(
         (item,) = store.quarantined()
         assert item["key"] == "test:1" and "cannot translate this" in item["error"]
         assert store.updates_pending("test") == []
+        assert handler.unread == [["test:1"]]  # its sender is told, once
 
 
 async def test_a_payload_failing_once_is_processed_on_the_retry(state_dir: Path) -> None:
@@ -91,6 +96,7 @@ async def test_a_payload_failing_once_is_processed_on_the_retry(state_dir: Path)
         await feed(intake, {"id": 1, "chat": "a", "text": "flaky", "boom": True})
         await intake.stop()
         assert handler.processed == [["flaky"]] and store.quarantined() == []
+        assert handler.unread == []
 
 
 async def test_resume_processes_what_was_left_and_quarantines_what_cannot_be_routed(
