@@ -177,21 +177,27 @@ RATIO_STEP = 1.5
 # above that bound, since the prompt was over by an unknown amount (the reply's reserve gives
 # the rebuilt request room besides). The step cap does not apply: this is no noisy reading.
 CUT_MARGIN = 1.5
+# What is left of a prompt after a front cut fills the window but for the last message dropped,
+# which replay keeps under a quarter of the budget: at least half of num_ctx.
+CUT_FILL = 0.5
 
 
 def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: int,
-                num_ctx: int, whole: bool) -> tuple[float, bool]:
+                num_ctx: int, whole: bool, may_cut: bool = True) -> tuple[float, bool]:
     """The conversation's next ratio from Ollama's `count` of a request built at `ratio`, and
     whether Ollama cut that request silently.
 
     `raw` is the request's estimate at ratio 1 (`overhead` of it unscaled), `estimate` the one
-    it was fitted with. No single reading moves the ratio up by more than `RATIO_STEP`, except
-    a cut, which moves it as far as the request needs to fit (`CUT_MARGIN`). A count
-    far below the estimate is a cut only when it is also below what any tokenizer makes of the
-    text (`RATIO_MIN` per 4 bytes): otherwise it is the truth, and the ratio was too high (taken
-    for a cut, it raised an overestimate further, to the cap). Unless the count is `whole`
-    (cached tokens included) it is a lower bound: it may raise the ratio, never mark a cut or
-    lower it.
+    it was fitted with: both of what was sent (no tool schemas for a model that got none).
+    No single reading moves the ratio up by more than `RATIO_STEP`, except a cut, which moves
+    it as far as the request needs to fit (`CUT_MARGIN`). A count far below the estimate is a
+    cut only when it is also below what any tokenizer makes of the text (`RATIO_MIN` per 4
+    bytes), and when the server could have cut: one that `may_cut` (it predates `truncate`),
+    or a count that fills most of `num_ctx`, as what is left after a front cut does; a server
+    told `truncate: false` refuses instead. Otherwise the count is the truth, and the estimate
+    was too high (taken for a cut, a 301-token prompt at a 2,048 window discarded an answer
+    the user had seen: issue 43). Unless the count is `whole` (cached tokens included) it is a
+    lower bound: it may raise the ratio, never mark a cut or lower it.
     """
     if count <= 0 or raw <= 0:
         return ratio, False
@@ -200,7 +206,8 @@ def recalibrate(ratio: float, *, count: int, raw: int, overhead: int, estimate: 
     brim = count >= num_ctx - 16
     if not whole and not brim:
         return min(max(measured, ratio), ratio * RATIO_STEP), False
-    if (far_below and count < RATIO_MIN * raw) or brim:
+    could_cut = may_cut or count >= num_ctx * CUT_FILL
+    if (far_below and count < RATIO_MIN * raw and could_cut) or brim:
         # Ollama dropped part of the prompt: the real size was above num_ctx.
         return min(max(num_ctx / raw * CUT_MARGIN, ratio * 1.25), RATIO_MAX), True
     if count < RATIO_MIN * raw:

@@ -110,6 +110,7 @@ class _CountsStream(httpx.AsyncByteStream):
 # (refitted and retried) instead of old messages dropped silently, `shift` false stops a long
 # generation instead of sliding the window under the model (ChatRequest in api/types.go).
 NEVER_CUT = {"truncate": False, "shift": False}
+TRUNCATE_SINCE = (0, 12, 6)  # the first Ollama that takes `truncate` (ollama/ollama#12582)
 
 
 def _never_cut(request: httpx.Request) -> httpx.Request:
@@ -184,6 +185,9 @@ class ChatResult:
     eval_count: int | None = None
     done_reason: str | None = None
     num_ctx: int = 0
+    # Whether tool schemas went with the request: a model without the tools capability gets
+    # none, whatever the caller offered, and Ollama's count then holds none either.
+    sent_tools: bool = False
 
 
 class ModelObserver(Protocol):
@@ -212,7 +216,7 @@ class ModelClient:
         self.gate = ModelGate(settings.concurrency)
         self._info: dict[str, ModelInfo] = {}
         self._system_only_first: set[str] = set()
-        self._full_counts: bool | None = None
+        self._server_version: tuple[int, ...] | None = None  # () once asked: not said
 
     async def close(self) -> None:
         await self._client.close()
@@ -256,22 +260,32 @@ class ModelClient:
         """Whether the server's `prompt_eval_count` counts the whole prompt, cached tokens
         included. Ollama 0.30.x counted only what it evaluated anew (ollama/ollama#16414, fixed
         by #16428), so there a count far below the prompt's size is the cache at work, not a
-        cut. Asked once (`/api/version`); an unknown answer counts as the whole prompt, as every
-        other release does."""
-        if self._full_counts is None:
+        cut. An unknown version counts as the whole prompt, as every other release does."""
+        version = await self._version()
+        return version is None or version[:2] != (0, 30)
+
+    async def cuts_silently(self) -> bool:
+        """Whether the server may cut a prompt although roost sends `truncate: false`: one
+        older than the parameter (Ollama 0.12.6, ollama/ollama#12582), or one that does not
+        say its version (a proxy or another server speaking Ollama's API). A server that
+        honours it refuses an over-window prompt instead, so its low counts are never cuts."""
+        version = await self._version()
+        return version is None or version < TRUNCATE_SINCE
+
+    async def _version(self) -> tuple[int, ...] | None:
+        """The server's version from `/api/version`, asked once; None when unknown."""
+        if self._server_version is None:
             try:
                 async with httpx.AsyncClient(base_url=self.settings.host, timeout=10.0) as http:
                     response = await http.get("/api/version")
                     response.raise_for_status()
-                    version = str(response.json().get("version", ""))
+                    text = str(response.json().get("version", ""))
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
-                log.info("Ollama's version is unknown (%s); taking its counts as whole", exc)
-                return True
-            self._full_counts = not version.startswith("0.30.")
-            if not self._full_counts:
-                log.info("Ollama %s counts only uncached prompt tokens; its low counts are not "
-                         "taken for cuts", version)
-        return self._full_counts
+                log.info("Ollama's version is unknown (%s)", exc)
+                return None  # asked again next time: the server may be starting
+            self._server_version = _version_numbers(text)
+            log.info("Ollama's version: %s", text or "not said")
+        return self._server_version or None
 
     async def num_ctx(self, model: str | None = None) -> int:
         """The window sent as `options.num_ctx`: configured window capped at context_length."""
@@ -458,6 +472,7 @@ class ModelClient:
             eval_count=getattr(final, "eval_count", None),
             done_reason=getattr(final, "done_reason", None),
             num_ctx=num_ctx,
+            sent_tools=bool(tools),
         )
 
 
@@ -479,6 +494,12 @@ def _late_system_as_user(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[
         {**m, "role": "user"} if i > 0 and m.get("role") == "system" else m
         for i, m in enumerate(messages)
     ]
+
+
+def _version_numbers(text: str) -> tuple[int, ...]:
+    """`0.12.6` -> (0, 12, 6); `0.13.0-rc1` -> (0, 13, 0); () for what is no version."""
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    return tuple(int(g) for g in match.groups("0")) if match else ()
 
 
 def _keep_alive(value: str) -> str | int:

@@ -24,7 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.context.budget import RATIO_MIN, calibrated_ratio, overflow_ratio, recalibrate
+from daemon.context.budget import RATIO_MIN, overflow_ratio, recalibrate
 from daemon.context.replay import ChatMessage
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
@@ -282,19 +282,20 @@ class ModelCall:
     ) -> tuple[float, bool]:
         """The conversation's new token ratio from Ollama's count (`recalibrate`), and whether
         Ollama cut the prompt silently (recorded as an event). Whether the count includes the
-        cached part is asked of the server only when the reading would lower the ratio or mark
-        a cut."""
+        cached part, and whether the server could have cut at all, are asked of the server
+        only when the reading would lower the ratio or mark a cut."""
         count = result.prompt_eval_count
         raw = prepared.raw_estimate()
         if not count or prepared.request.images or raw <= 0:
             return prepared.ratio, False
         estimate = prepared.request.estimate + prepared.tool_tokens
-        whole = (result.prompt_eval_cached_count is not None
-                 or calibrated_ratio(count, raw, prepared.overhead()) >= prepared.ratio
+        low = count < estimate  # only then can the reading lower the ratio or mark a cut
+        whole = (result.prompt_eval_cached_count is not None or not low
                  or await self.llm.counts_whole_prompt())
+        may_cut = low and await self.llm.cuts_silently()
         ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
                                  overhead=prepared.overhead(), estimate=estimate,
-                                 num_ctx=prepared.num_ctx, whole=whole)
+                                 num_ctx=prepared.num_ctx, whole=whole, may_cut=may_cut)
         if cut:
             await asyncio.to_thread(self.records.event, self.clock(), "silent-cut",
                                     conversation.id,

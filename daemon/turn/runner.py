@@ -261,6 +261,7 @@ class TurnRunner:
             vision="vision" in (await self.llm.model_info(model)).capabilities,
             attachments=self.store.state_dir / "attachments",
             whole=self.llm.counts_whole_prompt,
+            cuts=self.llm.cuts_silently,
         )
         return ToolLoop(parts, max_calls=self.settings.model.max_calls, budget=prepared.budget,
                         num_ctx=prepared.num_ctx, ratio=prepared.ratio,

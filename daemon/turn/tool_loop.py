@@ -136,7 +136,9 @@ class LoopParts:
     can be asked). `vision`: the model sees the images a tool returns (stored under
     `attachments`); otherwise it gets a note that it cannot. `whole` says whether the server's
     prompt counts include cached tokens (`ModelClient.counts_whole_prompt`); without it only a
-    count that fills num_ctx is taken for a cut."""
+    count that fills num_ctx is taken for a cut. `cuts` says whether the server may cut
+    silently at all (`ModelClient.cuts_silently`: one older than `truncate`); told it may
+    not, only a count that fills most of num_ctx can prove a cut."""
 
     registry: Registry
     context: ToolContext
@@ -149,6 +151,7 @@ class LoopParts:
     vision: bool = False
     attachments: Path | None = None
     whole: Callable[[], Awaitable[bool]] | None = None
+    cuts: Callable[[], Awaitable[bool]] | None = None
 
 
 class ToolLoop:
@@ -268,16 +271,20 @@ class ToolLoop:
         count = result.prompt_eval_count
         if not count:
             return False
-        schemas = (estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
-                   if tools else 0)
+        schemas = _schema_tokens(tools, result)
         raw = self._tokens(messages, 1.0) + schemas
         estimate = self._tokens(messages, self.ratio) + math.ceil(schemas * self.ratio)
         whole = result.prompt_eval_cached_count is not None
-        if not whole and self.parts.whole is not None and count < SILENT_CUT_SHARE * estimate:
-            whole = await self.parts.whole()  # asked only when the count could mark a cut
+        may_cut = True
+        if count < SILENT_CUT_SHARE * estimate:  # asked only when the count could mark a cut
+            if not whole and self.parts.whole is not None:
+                whole = await self.parts.whole()
+            if self.parts.cuts is not None:
+                may_cut = await self.parts.cuts()
         before = self.ratio
         ratio, cut = recalibrate(before, count=count, raw=raw, overhead=_overhead(messages),
-                                 estimate=estimate, num_ctx=self.num_ctx, whole=whole)
+                                 estimate=estimate, num_ctx=self.num_ctx, whole=whole,
+                                 may_cut=may_cut)
         if not cut:
             return False
         self.ratio = ratio
@@ -307,8 +314,7 @@ class ToolLoop:
                tools: list[dict[str, Any]] | None) -> None:
         """Raise the turn's ratio to what Ollama counted for this request (tools included)."""
         assert result.prompt_eval_count
-        raw = self._tokens(messages, 1.0) + (
-            estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0) if tools else 0)
+        raw = self._tokens(messages, 1.0) + _schema_tokens(tools, result)
         measured = calibrated_ratio(result.prompt_eval_count, raw, _overhead(messages))
         self.ratio = max(self.ratio, measured)
 
@@ -410,6 +416,14 @@ class ToolLoop:
     async def _record(self, kind: str, detail: str) -> None:
         await asyncio.to_thread(self.parts.records.event, self.parts.clock(), kind,
                                 self.parts.context.conversation_id, detail)
+
+
+def _schema_tokens(tools: list[dict[str, Any]] | None, result: ChatResult) -> int:
+    """The estimate at ratio 1 of the tool schemas that went with the request: none when the
+    model takes no tools (the client sent none, whatever the loop offered)."""
+    if not tools or not result.sent_tools:
+        return 0
+    return estimate_tokens(json.dumps(tools, separators=(",", ":")), 1.0)
 
 
 def _overhead(messages: Sequence[ChatMessage]) -> int:

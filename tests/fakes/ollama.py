@@ -28,7 +28,8 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
   nested HTTP 400 (``exceed_context_size_error``) that llama-server based builds send; ``overflows``
   counts it. A request with ``truncate: false`` (``api/types.go`` ChatRequest; chatPrompt then
   keeps every message and llama-server refuses what is over ``num_ctx``) gets that 400 without any
-  cut; ``ignores_truncate`` makes the fake an older server that cuts regardless. With
+  cut; ``ignores_truncate`` makes the fake a server that cuts regardless (``predate_truncate()``
+  also says an older version, 0.12.5, as such a server would; roost reads the version). With
   ``go_runner`` it is an Ollama from before #16031 (its Go runners, ``runner/ollamarunner``
   NewSequence): the refusal is a plain 400 ``the input length exceeds the context length``, no
   sizes in it. ``shift`` is
@@ -300,6 +301,12 @@ class FakeOllama:
     def script(self, *replies: Reply | str) -> None:
         """Queue answers for the next /api/chat requests; a str means Reply(content=str)."""
         self._queue.extend(Reply(content=r) if isinstance(r, str) else r for r in replies)
+
+    def predate_truncate(self) -> None:
+        """An Ollama from before `truncate` (0.12.6, ollama/ollama#12582): it cuts an over-window
+        prompt silently although told not to, and its version says so."""
+        self.ignores_truncate = True
+        self.version = "0.12.5"
 
     @property
     def hang(self) -> bool:

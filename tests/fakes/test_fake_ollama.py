@@ -174,7 +174,7 @@ async def test_truncate_false_is_refused_unless_the_server_ignores_it(
         inner = json.loads(refused.json()["error"])["error"]
         assert (inner["n_prompt_tokens"], inner["n_ctx"]) == (139, 64)
         assert fake.overflows == 1 and fake.cuts == 0
-        fake.ignores_truncate = True  # a server from before the field: it cuts anyway
+        fake.predate_truncate()  # a server from before the field: it cuts anyway
         cut = await http.post("/api/chat", json=body)
     assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == 43
     assert fake.cuts == 1

@@ -318,7 +318,7 @@ async def test_a_silent_cut_is_noticed_and_the_ratio_raised(
     rig_for: Callable[..., Any],
 ) -> None:
     rig: Rig = await rig_for(window=4096)
-    rig.fake.ignores_truncate = True  # a server that cuts although told not to
+    rig.fake.predate_truncate()  # a server that cuts although told not to
     await rig.say("first")
     cid = rig.conversation_id()
     # Pretend calibration went badly wrong: roost now underestimates by far.

@@ -36,7 +36,7 @@ async def underestimating(rig_for: Callable[..., Any]) -> Rig:  # noqa: F811
     """A rig whose conversation underestimates its tokens by far (ratio 0.5 against the
     fake's 1.33), on a server that cuts although told not to, with a 12 KB tool result."""
     rig: Rig = await rig_for(window=4096)
-    rig.fake.ignores_truncate = True
+    rig.fake.predate_truncate()
     await rig.say("first")
     conversation = rig.store.get_conversation(rig.conversation_id())
     assert conversation is not None
@@ -259,7 +259,7 @@ async def test_an_overflow_of_the_safety_net_summary_is_retried_once(pages: Page
 def shrinking_page(pages: Pages, context_length: int) -> None:
     """`fetch_page` that, as it runs, makes the model's real window `context_length`: the next
     request (the one after its result) is cut by a server that ignores `truncate`."""
-    pages.fake.ignores_truncate = True
+    pages.fake.predate_truncate()
 
     def shrink() -> None:
         pages.fake.models[0].context_length = context_length
@@ -301,3 +301,38 @@ async def test_a_second_cut_after_a_tool_result_gets_a_clear_line(pages: Pages) 
     cid = pages.engine.store.active_conversation("console:local").id  # type: ignore[union-attr]
     assert GARBLED not in [m.content for m in pages.engine.store.messages(cid)]
     assert pages.fake.cuts == 2
+
+
+def events_of(rig: Rig) -> list[str]:
+    return list(rig.engine.parts.records.events("2026-12-01"))
+
+
+async def test_a_model_without_tools_is_not_judged_cut_by_schemas_it_never_got(
+    rig_for: Callable[..., Any],  # noqa: F811
+) -> None:
+    """Issue 43: a continuation on a model without tools was compared with its prompt plus
+    the tool schemas the client never sent (~400 tokens): "Ollama evaluated 301 tokens of
+    about 691 sent", the answer the user had seen discarded, the turn ended as too large."""
+    rig: Rig = await rig_for(window=2048, capabilities=("completion",))
+    rig.fake.predate_truncate()  # a server that could cut: only what was sent may decide
+    rig.fake.script(Reply(content="The first half of the answer", done_reason="length"),
+                    Reply(content=" and its second half."))
+    await rig.say("Tell me a story.", wait_fold=False)
+    assert rig.channel.texts("reply") == ["The first half of the answer and its second half."]
+    assert not any("silent-cut" in e for e in events_of(rig))
+    assert all(not r.get("tools") for r in rig.turn_requests())
+
+
+async def test_a_low_count_from_a_server_that_refuses_is_no_cut(
+    rig_for: Callable[..., Any],  # noqa: F811
+) -> None:
+    """A server told `truncate: false` refuses an over-window prompt; it never cuts one. A
+    count far below roost's estimate (digits the model's vocabulary packs three to a token)
+    is the truth there, not a cut: the answer is delivered and the ratio is not raised."""
+    rig: Rig = await rig_for(window=32768)
+    await rig.say("first")
+    before = ratio_of(rig)
+    await rig.say("Here are my numbers: " + "7" * 20_000)
+    assert rig.channel.texts("reply")[-1].startswith("echo: Here are my numbers")
+    assert not any("silent-cut" in e for e in events_of(rig))
+    assert ratio_of(rig) <= before
