@@ -108,6 +108,17 @@ class Progress:
         connection dropped after the request left): if it is sent again, that is counted."""
         self._inherited[outbound.id] = index
 
+    def in_doubt(self, outbound: Outbound, index: int) -> bool:
+        """Whether part `index` may have reached the chat already: an earlier process wrote
+        it down as in flight, or its send's answer was lost (see `answer_lost`)."""
+        return self._inherited.get(outbound.id) == index
+
+    def recognised(self, outbound: Outbound, index: int) -> None:
+        """The platform confirmed, another way, that it took part `index` (WhatsApp's status
+        echo): its record follows, and it is no part sent again."""
+        if self._inherited.get(outbound.id) == index:
+            del self._inherited[outbound.id]
+
     def _remember_sent(self, outbound_id: str, parts: int, pieces: int, ids: list[str]) -> None:
         self._sent[outbound_id] = (parts, pieces, tuple(ids))
         self._sent.move_to_end(outbound_id)

@@ -27,6 +27,7 @@ RATE_LIMITS = frozenset({PAIR_RATE_LIMIT, THROUGHPUT_LIMIT, 4, 80007})
 TOKEN_PROBLEMS = frozenset({190})  # expired or invalid token: fixable, so never give up
 TEXT_LIMIT = 4096  # characters of a text message body
 BUTTONS_BODY_LIMIT = 1024  # characters of an interactive message's body
+TRACKING_LIMIT = 512  # characters of biz_opaque_callback_data
 
 
 class Failure(enum.Enum):
@@ -80,13 +81,16 @@ class GraphClient:
             await self._session.close()
             self._session = None
 
-    async def send_text(self, to: str, body: str, *, reply_to: str | None = None) -> str:
-        """Send a text message; returns the wamid Meta gave it."""
+    async def send_text(self, to: str, body: str, *, reply_to: str | None = None,
+                        tracking: str | None = None) -> str:
+        """Send a text message; returns the wamid Meta gave it. `tracking` comes back in the
+        message's status webhooks (see `_tracked`)."""
         payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
                                    "to": to, "type": "text",
                                    "text": {"preview_url": False, "body": body}}
         if reply_to:
             payload["context"] = {"message_id": reply_to}
+        _tracked(payload, tracking)
         answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
         messages = answer.get("messages")
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
@@ -108,20 +112,22 @@ class GraphClient:
         return media_id
 
     async def send_audio(self, to: str, media_id: str, *, voice: bool,
-                         reply_to: str | None = None) -> str:
+                         reply_to: str | None = None, tracking: str | None = None) -> str:
         """Send an uploaded audio file, as a voice message with `voice`; returns the wamid."""
         audio: dict[str, Any] = {"id": media_id, **({"voice": True} if voice else {})}
         payload: dict[str, Any] = {"messaging_product": "whatsapp", "recipient_type": "individual",
                                    "to": to, "type": "audio", "audio": audio}
         if reply_to:
             payload["context"] = {"message_id": reply_to}
+        _tracked(payload, tracking)
         answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
         messages = answer.get("messages")
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
             return str(messages[0].get("id") or "")
         return ""
 
-    async def send_buttons(self, to: str, body: str, buttons: Sequence[tuple[str, str]]) -> str:
+    async def send_buttons(self, to: str, body: str, buttons: Sequence[tuple[str, str]], *,
+                           tracking: str | None = None) -> str:
         """Send an interactive reply-buttons message (up to three (id, title) buttons; Meta
         takes a body of 1,024 characters and titles of 20); returns the wamid."""
         payload: dict[str, Any] = {
@@ -130,6 +136,7 @@ class GraphClient:
                 "type": "button", "body": {"text": body[:BUTTONS_BODY_LIMIT]},
                 "action": {"buttons": [{"type": "reply", "reply": {"id": i, "title": t[:20]}}
                                        for i, t in buttons[:3]]}}}
+        _tracked(payload, tracking)
         answer = await self._call("POST", f"/{self.settings.phone_number_id}/messages", payload)
         messages = answer.get("messages")
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
@@ -230,6 +237,14 @@ class GraphClient:
         if self._session is None:
             raise RuntimeError("GraphClient.start() first")
         return self._session
+
+
+def _tracked(payload: dict[str, Any], tracking: str | None) -> None:
+    """`biz_opaque_callback_data`: Meta does nothing with it but hand it back in the sent,
+    delivered and read statuses of the message (at most 512 characters). roost puts the
+    outbox item and part in it, to recognise a send whose answer it never got."""
+    if tracking:
+        payload["biz_opaque_callback_data"] = tracking[:TRACKING_LIMIT]
 
 
 def _error(status: int, answer: object) -> GraphError:

@@ -26,7 +26,7 @@ from aiohttp import web
 from channels.media import attachment_limits
 from channels.webhooks import read_at_most, too_deep
 from channels.whatsapp.api import REENGAGEMENT, GraphClient
-from channels.whatsapp.delivery import REENGAGEMENT_NOTE, SentPart, WhatsAppChannel
+from channels.whatsapp.delivery import ECHO_WAIT, REENGAGEMENT_NOTE, SentPart, WhatsAppChannel
 from channels.whatsapp.intake import MAX_AGE, SubmitAndDeliver, WhatsAppIntake
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import (
@@ -62,6 +62,7 @@ class WhatsAppTuning:
     max_body: int = 4 * 1024 * 1024  # above Meta's largest batches; larger bodies get a 413
     media_backoff: float = 0.5
     max_age: float = MAX_AGE  # a message sent longer ago than this is dropped, unanswered
+    echo_wait: float = ECHO_WAIT  # a part that may have gone out waits for its status this long
 
 
 class WhatsApp:
@@ -86,7 +87,7 @@ class WhatsApp:
         self.channel = WhatsAppChannel(self.client, store, settings,
                                        typing_refresh=self.tuning.typing_refresh,
                                        read_delay=self.tuning.read_delay, records=records,
-                                       on_resent=on_resent)
+                                       on_resent=on_resent, echo_wait=self.tuning.echo_wait)
         self.media = WhatsAppMedia(self.client, store.state_dir / "attachments",
                                    limits=attachment_limits(attachments or AttachmentSettings()),
                                    backoff=self.tuning.media_backoff)
@@ -173,6 +174,8 @@ class WhatsApp:
         return web.Response(status=200)
 
     async def _record_status(self, status: WaStatus) -> None:
+        if status.tracking and status.status != "failed":  # Meta took that send
+            self.channel.echoed(status.tracking, status.id)
         sent = self.channel.sent.get(status.id)
         where = (sent.outbound.conversation_id or sent.outbound.chat_key if sent
                  else chat_key(status.recipient))

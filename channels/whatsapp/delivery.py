@@ -33,6 +33,10 @@ from daemon.store.event_log import Records
 REENGAGEMENT_NOTE = ("(WhatsApp would not take this reply: it has been more than 24 hours since "
                      "you last wrote there.)")
 _SENT_REMEMBERED = 1000  # wamids of recent sends, to name the conversation in status records
+# A part that may have gone out waits this long for Meta's status of it before it is sent again:
+# statuses come within seconds, and Meta delivers one that roost missed (down) again later.
+ECHO_WAIT = 30.0
+TRACKING_PREFIX = "roost:"  # biz_opaque_callback_data of a reply part: roost:<outbox id>:<part>
 WINDOW = 24 * 3600.0  # WhatsApp takes free-form messages this long after the user last wrote
 LAST_INBOUND = "last_inbound"  # the chat flag with the time the user last wrote
 # The flag is rewritten only when it is this much older than the newest message (one write per
@@ -57,7 +61,8 @@ class WhatsAppChannel:
                  typing_refresh: float = 20.0, read_delay: float = 0.5,
                  clock: Callable[[], float] = time.time,
                  records: Records | None = None,
-                 on_resent: Callable[[], None] | None = None) -> None:
+                 on_resent: Callable[[], None] | None = None,
+                 echo_wait: float = ECHO_WAIT) -> None:
         self.client = client
         self.invitations = Invitations(client, store, settings, records, clock)
         self.store = store
@@ -72,6 +77,9 @@ class WhatsAppChannel:
         self.last_inbound: dict[str, float] = {}  # chat key -> when the user last wrote
         self.inbound_stored: dict[str, float] = {}  # chat key -> that time as last stored
         self.sent: OrderedDict[str, SentPart] = OrderedDict()  # wamid -> what it carried
+        self.echo_wait = echo_wait
+        self._echoes: OrderedDict[str, str] = OrderedDict()  # tracking -> wamid, from statuses
+        self._awaiting: dict[str, asyncio.Future[str]] = {}  # tracking -> a part waiting on it
         # The "typing…" of each chat's running turn, and the chats where it shows already.
         self._turn_typing: dict[str, contextlib.AsyncExitStack] = {}
         self._typing_shown: set[str] = set()
@@ -166,27 +174,81 @@ class WhatsAppChannel:
             parts.append("Your answer:")  # the buttons' message takes a shorter body
         done, ids = self.progress.start(outbound)
         for index in range(done, len(parts)):
-            await self.progress.attempt(outbound, index)
-            try:
-                if outbound.kind == "voice":
-                    wamid = await send_voice(self.client, to, outbound)
-                elif outbound.buttons and index + 1 == len(parts):  # an approval question
-                    wamid = await self.client.send_buttons(
-                        to, parts[index], [(b.id, b.label) for b in outbound.buttons])
-                else:
-                    wamid = await self.client.send_text(to, parts[index])
-            except GraphError as exc:
-                if exc.maybe_sent:  # a retry may show it twice: counted (channels.progress)
-                    self.progress.answer_lost(outbound, index)
-                error = self._delivery_error(exc)
-                if error.window_closed:
-                    await self.invite(outbound)
-                raise error from exc
+            tracking = tracking_of(outbound, index)
+            wamid = await self._recognised(outbound, index, tracking)
+            if wamid is None:
+                wamid = await self._send_part(to, outbound, parts, index, tracking)
             self._remember(wamid, SentPart(outbound, parts[index]))
             ids += [wamid] if wamid else []
             # First thing after Meta's answer (nothing awaited before it): a crash before this
-            # write sends the part again.
+            # write leaves the part in doubt, for its status echo to settle after the restart.
             await self.progress.record(outbound, index + 1, ids, more=index + 1 < len(parts))
+
+    async def _send_part(self, to: str, outbound: Outbound, parts: list[str], index: int,
+                         tracking: str) -> str:
+        """Part `index`, written down first as in flight, carrying `tracking`; its wamid."""
+        await self.progress.attempt(outbound, index)
+        try:
+            if outbound.kind == "voice":
+                return await send_voice(self.client, to, outbound, tracking)
+            if outbound.buttons and index + 1 == len(parts):  # an approval question
+                return await self.client.send_buttons(
+                    to, parts[index], [(b.id, b.label) for b in outbound.buttons],
+                    tracking=tracking)
+            return await self.client.send_text(to, parts[index], tracking=tracking)
+        except GraphError as exc:
+            if exc.maybe_sent:  # a retry waits for the status echo (see `_recognised`)
+                self.progress.answer_lost(outbound, index)
+            error = self._delivery_error(exc)
+            if error.window_closed:
+                await self.invite(outbound)
+            raise error from exc
+
+    async def _recognised(self, outbound: Outbound, index: int, tracking: str) -> str | None:
+        """A part that may have reached the chat (its answer was lost, or it was in flight
+        when roost died) is not sent again blindly: Meta's statuses of a message carry the
+        `tracking` it was sent with, so one that comes within `echo_wait` proves Meta took
+        it (its wamid is returned). None: send it (again, if it did go out)."""
+        if not self.progress.in_doubt(outbound, index):
+            return None
+        wamid = await self._echo(tracking)
+        if wamid is None:
+            log.info("no status from WhatsApp for part %d of a %s for %s within %.0f s: "
+                     "sending it again", index + 1, outbound.kind, outbound.chat_key,
+                     self.echo_wait)
+            return None
+        self.progress.recognised(outbound, index)
+        log.info("WhatsApp's status shows part %d of a %s for %s arrived: not sent again",
+                 index + 1, outbound.kind, outbound.chat_key)
+        return wamid
+
+    def echoed(self, tracking: str, wamid: str) -> None:
+        """Meta reported a status (sent, delivered, read) of a message roost sent with
+        `tracking`: Meta took that send, whatever became of its answer."""
+        if not tracking.startswith(TRACKING_PREFIX):
+            return  # not one of roost's outbox parts
+        self._echoes[tracking] = wamid
+        self._echoes.move_to_end(tracking)
+        while len(self._echoes) > _SENT_REMEMBERED:
+            self._echoes.popitem(last=False)
+        waiter = self._awaiting.get(tracking)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(wamid)
+
+    async def _echo(self, tracking: str) -> str | None:
+        """The wamid of the send with `tracking` as a status reported it, waiting up to
+        `echo_wait` for one; None when none came (Meta did not take it, or is late)."""
+        if (wamid := self._echoes.get(tracking)) is not None:
+            return wamid
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._awaiting[tracking] = waiter
+        try:
+            async with asyncio.timeout(self.echo_wait):
+                return await waiter
+        except TimeoutError:
+            return None
+        finally:
+            self._awaiting.pop(tracking, None)
 
     async def invite(self, outbound: Outbound) -> None:
         """A reply is held for the 24-hour rule: the template, if one is set and due (not when
@@ -244,3 +306,9 @@ class WhatsAppChannel:
             self.sent[wamid] = sent
             while len(self.sent) > _SENT_REMEMBERED:
                 self.sent.popitem(last=False)
+
+
+def tracking_of(outbound: Outbound, index: int) -> str:
+    """What part `index` of the item is sent with, to be recognised in Meta's statuses: the
+    same in every process, so a restart recognises a part the previous one sent."""
+    return f"{TRACKING_PREFIX}{outbound.id}:{index}"

@@ -64,6 +64,7 @@ class WaStatus:
     recipient: str
     timestamp: int
     errors: tuple[tuple[int, str], ...] = field(default=())
+    tracking: str = ""  # the biz_opaque_callback_data roost sent the message with
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,10 @@ def _status(raw: dict[str, Any]) -> WaStatus | None:
         return None
     errors = tuple((_int(e.get("code")), str(e.get("title") or e.get("message") or ""))
                    for e in _dicts(raw.get("errors")))
+    tracking = raw.get("biz_opaque_callback_data")
     return WaStatus(id=wamid, status=status, recipient=str(raw.get("recipient_id") or ""),
-                    timestamp=_int(raw.get("timestamp")), errors=errors)
+                    timestamp=_int(raw.get("timestamp")), errors=errors,
+                    tracking=tracking if isinstance(tracking, str) else "")
 
 
 def _int(value: object) -> int:

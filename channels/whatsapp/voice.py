@@ -14,10 +14,11 @@ from daemon.core.messages import Outbound
 VOICE_ICON_LIMIT = 512 * 1024  # bytes
 
 
-async def send_voice(client: GraphClient, to: str, outbound: Outbound) -> str:
+async def send_voice(client: GraphClient, to: str, outbound: Outbound,
+                     tracking: str | None = None) -> str:
     """Upload and send the item's voice note; returns the wamid. GraphErrors propagate."""
     assert outbound.audio is not None  # synthesised by the delivery before it is sent
     data = await asyncio.to_thread(Path(outbound.audio).read_bytes)
     media_id = await client.upload_media(data, "audio/ogg", "voice-note.ogg")
     return await client.send_audio(to, media_id, voice=len(data) <= VOICE_ICON_LIMIT,
-                                   reply_to=outbound.reply_to)
+                                   reply_to=outbound.reply_to, tracking=tracking)

@@ -22,12 +22,20 @@ It follows Meta's documented wire format (Cloud API reference, Graph API v23.0):
   130429 and 131056, 5xx for Meta's own failures.
 
 Every call is recorded; ``fail_next`` and ``drop_next`` script faults per kind of call
-(``send``, ``read``, ``media``, ``download``).
+(``send``, ``read``, ``media``, ``download``). ``drop_next(..., done=True)`` copies a connection
+Meta's edge drops after the message was taken: it reaches the user, the sender never hears of it.
+
+With ``statuses_to(url, app_secret)``, each accepted send is followed, as Meta does, by signed
+webhook calls to ``url`` with its ``sent`` and ``delivered`` statuses (``id``, ``status``,
+``timestamp``, ``recipient_id`` and the ``biz_opaque_callback_data`` it was sent with, if any); a
+call that fails (roost down, not 200) is tried again until it is taken, as Meta retries a
+webhook, and with ``url`` None the statuses wait, as for a webhook that is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import itertools
@@ -38,6 +46,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import BodyPartReader, web
 
 API_VERSION = "v23.0"
@@ -107,6 +116,14 @@ class FakeGraph:
     # a second by default); None: as fast as asked (tests).
     rate: float | None = None
     _next_slot: float = 0.0
+    # Statuses of accepted sends for roost's webhook (see `statuses_to`).
+    _statuses_on: bool = False
+    _status_url: str | None = None
+    _app_secret: str = ""
+    _statuses: deque[dict[str, Any]] = field(default_factory=deque)
+    _status_ready: asyncio.Event | None = None
+    _poster: asyncio.Task[None] | None = None
+    statuses_posted: int = 0  # status webhook calls roost answered 200
 
     @property
     def url(self) -> str:
@@ -155,6 +172,53 @@ class FakeGraph:
         `done`, a send is taken first (the message reaches the user; roost never hears of it)."""
         self._faults[kind].extend([_Fault(done=done)] * times)
 
+    def statuses_to(self, url: str | None, app_secret: str = "") -> None:
+        """From now on, post the statuses of each accepted send to `url` (signed with
+        `app_secret`); None keeps them until a url is given, as Meta keeps retrying a webhook
+        that is down (here every 50 ms, there with growing pauses, for up to seven days)."""
+        self._statuses_on = True
+        self._status_url = url
+        self._app_secret = app_secret or self._app_secret
+        assert self._status_ready is not None
+        self._status_ready.set()
+
+    async def _post_statuses(self) -> None:
+        assert self._status_ready is not None
+        async with aiohttp.ClientSession() as http:
+            while True:
+                await self._status_ready.wait()
+                self._status_ready.clear()
+                while self._statuses and self._status_url:
+                    body = webhook(statuses=(self._statuses[0],))
+                    try:
+                        async with http.post(self._status_url, data=body, headers={
+                                "Content-Type": "application/json",
+                                "X-Hub-Signature-256": sign(self._app_secret, body)}) as answer:
+                            taken = answer.status == 200
+                    except (aiohttp.ClientError, TimeoutError):
+                        taken = False
+                    if taken:
+                        self._statuses.popleft()
+                        self.statuses_posted += 1
+                    else:  # down or refusing: again later, as Meta does
+                        await asyncio.sleep(0.05)
+
+    def _took(self, call: Call) -> str:
+        """The send is accepted: its wamid, and (with `statuses_to`) its `sent` and
+        `delivered` statuses (the phone got it), each one webhook call as Meta makes them."""
+        call.accepted = True
+        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        for state in ("sent", "delivered") if self._statuses_on else ():
+            status: dict[str, Any] = {"id": wamid, "status": state, "timestamp": sent_now(),
+                                      "recipient_id": str(call.body.get("to") or "")}
+            if "biz_opaque_callback_data" in call.body:
+                status["biz_opaque_callback_data"] = call.body["biz_opaque_callback_data"]
+            self._statuses.append(status)
+        if self._statuses_on:
+            assert self._status_ready is not None
+            self._status_ready.set()
+        return wamid
+
     async def wait_for(self, kind: str, count: int = 1, timeout: float = 5.0) -> list[Call]:  # noqa: ASYNC109
         assert self._recorded is not None
         async with asyncio.timeout(timeout), self._recorded:
@@ -169,6 +233,8 @@ class FakeGraph:
 
     async def __aenter__(self) -> FakeGraph:
         self._recorded = asyncio.Condition()
+        self._status_ready = asyncio.Event()
+        self._poster = asyncio.create_task(self._post_statuses(), name="fake-graph-statuses")
         app = web.Application()
         app.router.add_post("/{version}/{number}/messages", self._messages)
         app.router.add_post("/{version}/{number}/media", self._upload)
@@ -183,6 +249,10 @@ class FakeGraph:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        if self._poster is not None:
+            self._poster.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poster
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -209,8 +279,7 @@ class FakeGraph:
             fault = faults.popleft()
             if not fault.code:
                 if fault.done and call is not None:
-                    call.accepted = True
-                    call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+                    self._took(call)
                 if request.transport is not None:
                     request.transport.close()
                 return web.Response()  # never reaches the client
@@ -252,8 +321,7 @@ class FakeGraph:
             return error(100, "Invalid parameter")
         if len(text) > TEXT_LIMIT:
             return error(100, "Param text['body'] must be at most 4096 characters long.")
-        call.accepted = True
-        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        wamid = self._took(call)
         return web.json_response({"messaging_product": "whatsapp",
                                   "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                                   "messages": [{"id": wamid}]})
@@ -289,8 +357,7 @@ class FakeGraph:
         audio = body.get("audio")
         if not isinstance(audio, dict) or audio.get("id") not in self.media or not body.get("to"):
             return error(131053, _TITLES[131053])
-        call.accepted = True
-        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        wamid = self._took(call)
         return web.json_response({"messaging_product": "whatsapp",
                                   "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                                   "messages": [{"id": wamid}]})
@@ -308,8 +375,7 @@ class FakeGraph:
                     if c.get("type") == "body")
         if given != len(re.findall(r"\{\{\d+\}\}", found.body)):
             return error(132000, _TITLES[132000], 400)
-        call.accepted = True
-        wamid = call.wamid = f"wamid.FAKE{next(self._ids):06d}"
+        wamid = self._took(call)
         return web.json_response({"messaging_product": "whatsapp",
                                   "contacts": [{"input": body["to"], "wa_id": body["to"]}],
                                   "messages": [{"id": wamid, "message_status": "accepted"}]})

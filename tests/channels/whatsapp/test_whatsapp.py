@@ -51,7 +51,8 @@ APP_SECRET = "1222e786b144d0e85b9f365372d93676"  # the fixture's (reset) app sec
 VERIFY = "verify-me-please"
 USER = "972544401243"  # the signed fixture's sender
 KEY = f"whatsapp:{USER}"
-FAST = WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01, read_delay=0.1)
+# A part whose answer was lost waits 0.3 s for its status echo (the fake sends none unless told).
+FAST = WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01, read_delay=0.1, echo_wait=0.3)
 # The recorded fixtures were sent in 2023 and 2024: far past Meta's 7-day retry window, after
 # which roost drops a message. Their bytes (and signatures) are the point, so they stay as sent.
 RECORDED = replace(FAST, max_age=float("inf"))
@@ -842,10 +843,10 @@ async def test_without_a_template_nothing_but_the_hold_happens(
     assert graph.calls_of("template") == [] and graph.calls == []
 
 
-async def test_a_send_whose_answer_was_lost_goes_twice_and_is_counted(
+async def test_a_send_whose_answer_was_lost_and_no_status_came_goes_twice_and_is_counted(
         start: Start, graph: FakeGraph) -> None:
-    # Meta took the message and the connection dropped before its answer: roost cannot know,
-    # sends it again (at least once), and /metrics says so.
+    # Meta took the message and the connection dropped before its answer, and no status of it
+    # comes within the wait: roost sends it again (at least once), and /metrics says so.
     daemon = await start()
     graph.drop_next("send", done=True)
     assert await daemon.post(webhook(text_message("wamid.l1", USER, "shaky line"))) == 200
@@ -853,6 +854,40 @@ async def test_a_send_whose_answer_was_lost_goes_twice_and_is_counted(
     await daemon.settle()
     assert graph.texts(USER) == ["echo: shaky line", "echo: shaky line"]
     assert 'roost_parts_resent_total{channel="whatsapp"} 1.0' in await metrics_text(daemon)
+
+
+async def test_a_send_whose_answer_was_lost_is_recognised_by_its_status_and_not_sent_again(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    # Meta took the message, the connection dropped before its answer, and Meta's `sent`
+    # status (carrying the biz_opaque_callback_data roost sent) comes to the webhook.
+    daemon = await start(tuning=replace(FAST, echo_wait=10.0))
+    graph.statuses_to(daemon.url + WEBHOOK_PATH, APP_SECRET)
+    graph.drop_next("send", done=True)
+    text = "a long answer. " * 400  # two parts: the one after the lost answer goes too
+    fake_ollama.script(Reply(content=text))
+    assert await daemon.post(webhook(text_message("wamid.l2", USER, "shaky line"))) == 200
+    await wait_until(lambda: graph.sent != [] and daemon.store.outbox_pending() == [])
+    assert " ".join(graph.texts(USER)).split() == text.split()
+    assert len(graph.sent) == 2
+    assert 'roost_parts_resent_total{channel="whatsapp"} 0.0' in await metrics_text(daemon)
+
+
+async def test_a_part_in_flight_when_roost_stopped_is_recognised_after_the_restart(
+        start: Start, graph: FakeGraph) -> None:
+    # The first process's send reached the user and its answer did not reach roost (the
+    # connection dropped; a SIGKILL at that moment leaves the same outbox behind); Meta's
+    # status waits while roost is down, and comes to the next process.
+    graph.statuses_to(None, APP_SECRET)
+    first = await start(tuning=replace(FAST, echo_wait=60.0))
+    graph.drop_next("send", done=True)
+    assert await first.post(webhook(text_message("wamid.k1", USER, "kill me"))) == 200
+    await graph.wait_sent(1)
+    await wait_until(lambda: first.store.inbox_pending() == [])
+    await first.runner.cleanup()
+    second = await start(tuning=replace(FAST, echo_wait=10.0))
+    graph.statuses_to(second.url + WEBHOOK_PATH)
+    await wait_until(lambda: second.store.outbox_pending() == [])
+    assert graph.texts(USER) == ["echo: kill me"]
 
 
 async def test_with_a_fallback_chat_no_template_is_sent(
