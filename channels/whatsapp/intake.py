@@ -17,6 +17,7 @@ from channels.whatsapp.delivery import WhatsAppChannel
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import WaMessage, approval_reply, chat_key, describe
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver
+from daemon.core.logs import outside
 from daemon.core.logs import whatsapp_log as log
 from daemon.core.messages import Inbound, Outbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
@@ -72,7 +73,7 @@ class WhatsAppIntake:
             # Past Meta's retry window: a replayed body, or a clock far off. Acked (Meta would
             # only send it again), never stored or answered, even to ask a stranger to pair.
             log.warning("dropped WhatsApp message %s from %s: sent %.0f days ago, longer than "
-                        "the %.0f days Meta retries a webhook", message.id, message.sender,
+                        "the %.0f days Meta retries a webhook", outside(message.id), message.sender,
                         age / 86400, self.max_age / 86400)
             if self.access is not None:
                 self.access.count(CHANNEL, "stale")
@@ -129,7 +130,8 @@ class WhatsAppIntake:
         described = describe(message)
         if described.reaction is not None:
             # Understood, not answered: a reaction is no new turn.
-            log.info("%s reacted %s to %s", key, described.reaction, described.reacted_to)
+            log.info("%s reacted %s to %s", key, outside(described.reaction),
+                     outside(described.reacted_to))
             return Outcome.DONE
         if described.unsupported:
             await self.engine.notify(key, UNSUPPORTED)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from daemon.core.config import AccessSettings
 from daemon.core.errors import StoreError
+from daemon.core.logs import outside
 from daemon.core.logs import pairing_log as log
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
@@ -93,7 +94,8 @@ class Access:
                       channel, sender, channel)
             return None
         log.warning("unknown %s user %s (%s) asked to talk; approve with: roost pairing approve "
-                    "%s", channel, sender, name or "no name", made.code)
+                    "%s", channel, sender, outside(name) if name else "no name",
+                    made.code)
         return pairing_notice(made.code)
 
     async def is_approved(self, channel: str, sender: str) -> bool:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from daemon.core.errors import StoreError
+from daemon.core.logs import outside
 from daemon.store import Store
 
 ATTEMPTS = 2  # an item that fails this often is quarantined
@@ -49,5 +50,5 @@ async def set_aside(store: Store, kind: str, items: Sequence[tuple[str, Mapping[
     except StoreError as exc:
         log.error("cannot quarantine %s (%s); it stays pending, tried again later", what, exc)
         return False
-    log.error("%s quarantined: %s", what, error)
+    log.error("%s quarantined: %s", what, outside(error))  # the error may quote the payload
     return True
