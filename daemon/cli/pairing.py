@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+from daemon.core.logs import outside
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
 
@@ -19,11 +20,11 @@ def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
             print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} WHEN")
         for p in pending:
             left = max(0, int((p.created + CODE_TTL - now) // 60))
-            print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {p.name or '-':<24} "
+            print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {_name(p.name, '-'):<24} "
                   f"expires in {left} min")
         for a in approved:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.approved))
-            print(f"{'approved':<8}  {a.channel + ':' + a.sender:<25} {a.name or '-':<24} "
+            print(f"{'approved':<8}  {a.channel + ':' + a.sender:<25} {_name(a.name, '-'):<24} "
                   f"since {when}")
         return 0
     assert code is not None
@@ -35,11 +36,19 @@ def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
               "see `roost pairing list`)", file=sys.stderr)
         return 1
     if action == "approve":
-        print(f"approved {found.channel} user {found.sender} ({found.name or 'no name'}); "
+        print(f"approved {found.channel} user {found.sender} ({_name(found.name, 'no name')}); "
               "their next message is answered")
     else:
         print(f"denied {found.channel} user {found.sender}; their code no longer works")
     return 0
+
+
+def _name(name: str, none: str) -> str:
+    """A sender's name as they chose it, quoted and escaped (`logs.outside`) when it holds a line
+    break, a bidi control or anything else that could fake a row of this list."""
+    if not name:
+        return none
+    return name if name.isprintable() else outside(name)
 
 
 def _revoke(book: PairingBook, who: str) -> int:
