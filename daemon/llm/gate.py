@@ -201,6 +201,11 @@ class ModelGate:
             if done is not None:
                 done(time.monotonic() - started)
 
+    def others_answering(self) -> bool:
+        """Whether a turn other than the caller's (which holds `turn`) is under way or a chat
+        call waits: then a fold the caller owes would delay their replies."""
+        return self.turns_active > 1 or self.waiting > 0
+
     @contextlib.asynccontextmanager
     async def waiting_for_user(self) -> AsyncIterator[None]:
         """Inside a turn, while it waits for the user (an approval): the turn gives up its
