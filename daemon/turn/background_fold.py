@@ -55,6 +55,7 @@ FOLD_PROMPT_SHARE = 4
 COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
 LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
+MAX_DEFERRALS = 4  # turns that may go on without the fold they owe while others are answered
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
 
@@ -96,6 +97,10 @@ class BackgroundFold:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._owed: set[str] = set()  # conversations whose next turn must fold first
         self._landing: dict[str, int] = {}  # turns waiting in `land` for the fold in flight
+        # An owed fold waits for a quiet model rather than delay other chats (`land`); off,
+        # it always lands first (the bench's baseline).
+        self.defer_when_busy = True
+        self._deferred: dict[str, int] = {}  # turns that went on without the fold they owe
         self._stopped = False
 
     @property
@@ -136,8 +141,20 @@ class BackgroundFold:
 
     async def land(self, conversation_id: str) -> FoldOutcome:
         """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
-        model hold, so the call is not preempted). A failure is logged and the turn goes on:
+        model hold, so the call is not preempted), unless other chats are being answered: then
+        it stays owed and lands in the background. A failure is logged and the turn goes on:
         its request still fits, by leaving messages out."""
+        deferred = self._deferred.get(conversation_id, 0)
+        if (self.defer_when_busy and deferred < MAX_DEFERRALS
+                and self.llm.gate.others_answering()):
+            # Other chats are being answered: this turn leaves messages out once more rather
+            # than make their replies wait for its fold, which lands in the background (it
+            # yields to turns) or, at the latest, MAX_DEFERRALS turns on, as this chat's own
+            # work: then another chat waits for one fold call at most (issue 48: one turn a
+            # chat waited 60 s behind 20 folds).
+            self._deferred[conversation_id] = deferred + 1
+            return FoldOutcome(0, None, "other chats are being answered; it folds later")
+        self._deferred.pop(conversation_id, None)
         running = self._tasks.get(conversation_id)
         if running is not None and not running.done():
             # asyncio.wait, not await: the fold's own end (even cancelled) is not ours, but a
