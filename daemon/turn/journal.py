@@ -153,7 +153,11 @@ class Journal:
         intro: str,
         prompt_tokens: int,
         safety_net: int = 0,
+        outro: str = "",
     ) -> None:
+        """Save the reply, queue it and clear its inbox items. `intro` and `outro` are roost's
+        own lines above and below it, for the user only: the stored message is the model's
+        words, which later turns replay."""
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],
@@ -169,7 +173,7 @@ class Journal:
         message = self.store.append_message(before.id, "assistant",
                                             without_framing(text.strip()) or EMPTY_REPLY,
                                             created=now, meta=meta)
-        self.store.outbox_add(self._outbound_for(after, message, intro).to_doc())
+        self.store.outbox_add(self._outbound_for(after, message, intro, outro).to_doc())
         self.store.inbox_done([i.id for i in items])
         # Only the index record: a fold meanwhile wrote the summary to its own file.
         self.store.save_conversation(after.touched(now))
@@ -191,11 +195,12 @@ class Journal:
         if not queued and not self.store.was_sent(outbound.id):
             self.store.outbox_add(outbound.to_doc())
 
-    def _outbound_for(self, conversation: Conversation, message: Message, intro: str) -> Outbound:
-        # The outbox id is the message id, so a reply is queued at most once. The intro line is
-        # for the user only; the stored message is the model's words.
+    def _outbound_for(self, conversation: Conversation, message: Message, intro: str,
+                      outro: str = "") -> Outbound:
+        # The outbox id is the message id, so a reply is queued at most once. The intro and
+        # outro lines are for the user only; the stored message is the model's words.
         return Outbound(
-            chat_key=conversation.chat_key, text=intro + message.content,
+            chat_key=conversation.chat_key, text=intro + message.content + outro,
             created=message.created, kind="reply", id=message.id,
             conversation_id=conversation.id, message_id=message.id,
             reply_to=message.meta.get("reply_to"),

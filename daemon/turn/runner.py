@@ -322,7 +322,7 @@ class TurnRunner:
         await asyncio.to_thread(
             self.journal.save_reply, conversation, after, turn.items, first,
             confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,
-            loop.safety_net)
+            loop.safety_net, done.note)
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {

@@ -48,6 +48,7 @@ from daemon.context.compact import (
     shrink,
     state_messages,
 )
+from daemon.context.echoes import without_framing
 from daemon.context.replay import ChatMessage, shown_result
 from daemon.core.errors import AttachmentError, ContextOverflow, PromptCut
 from daemon.llm.client import ChatResult
@@ -90,9 +91,14 @@ NOBODY_TO_ASK = "ERROR: {name} needs the user's approval, which cannot be asked 
 
 @dataclass(frozen=True)
 class LoopResult:
+    """The turn's answer: `text` is the model's words (stored and replayed), `note` roost's own
+    line under them for the user only (cut off, window full): stored inside the assistant
+    message, it was replayed on every later turn and copied by a small model (issue 43)."""
+
     text: str
     calls: int
     tool_calls: int
+    note: str = ""
 
 
 _PSEUDO_CALL_MARKERS = ("<tool_call>", "<|tool_call|>", "[TOOL_CALLS]", "<function=")
@@ -204,16 +210,18 @@ class ToolLoop:
                 result = await self._call(messages, self._schemas())
                 calls += 1
                 continue
-            pieces.append(text)
+            # Each piece without roost's labels a small model copied at its end: joined first,
+            # a label ending a cut-off piece stood in the middle of the reply.
+            pieces.append(_unframed(text))
             if result.done_reason != "length":
                 return LoopResult("".join(pieces), calls, tools_run)
             used = (result.prompt_eval_count or 0) + (result.eval_count or 0)
             if used >= self.num_ctx - CONTEXT_FULL_MARGIN:
                 await self._record("context-full", f"answer stopped at {used} of {self.num_ctx} "
                              "tokens; ended the turn instead of continuing")
-                return LoopResult("".join(pieces) + CONTEXT_FULL_NOTE, calls, tools_run)
+                return LoopResult("".join(pieces), calls, tools_run, CONTEXT_FULL_NOTE)
             if continuations >= MAX_CONTINUATIONS or calls >= self.max_calls:
-                return LoopResult("".join(pieces) + CUT_OFF_NOTE, calls, tools_run)
+                return LoopResult("".join(pieces), calls, tools_run, CUT_OFF_NOTE)
             continuations += 1
             await self._record("continuation", f"answer cut off at {result.eval_count} tokens; "
                          f"asked to continue ({continuations} of {MAX_CONTINUATIONS})")
@@ -416,6 +424,14 @@ class ToolLoop:
     async def _record(self, kind: str, detail: str) -> None:
         await asyncio.to_thread(self.parts.records.event, self.parts.clock(), kind,
                                 self.parts.context.conversation_id, detail)
+
+
+def _unframed(piece: str) -> str:
+    """`piece` without the labels copied at its end (`without_framing`), its own spacing kept
+    where there were none, so that the pieces of a continued answer join as they were
+    written."""
+    kept = without_framing(piece)
+    return piece if kept == piece.rstrip() else kept
 
 
 def _schema_tokens(tools: list[dict[str, Any]] | None, result: ChatResult) -> int:

@@ -320,6 +320,32 @@ async def test_a_cut_off_answer_is_continued_a_bounded_number_of_times(
     assert "Continue exactly where" in continued[-1]["content"]
     events = setup.engine.parts.records.events(time.strftime("%Y-%m-%d", time.gmtime()))
     assert sum("**continuation**" in e for e in events) == 3
+    # The note is the user's only: the stored answer, replayed next turn, is the model's words.
+    stored = [m.content for m in setup.store.messages(setup.conversation_id())
+              if m.role == "assistant"]
+    assert stored == ["part. part. part. part."]
+    await setup.say("ok")
+    replayed = json.dumps(setup.turn_requests()[-1]["messages"])
+    assert "cut off" not in replayed and "part. part." in replayed
+
+
+async def test_a_label_copied_at_the_end_of_a_cut_off_piece_is_not_in_the_reply(
+    setup_for: Callable[..., Any],
+) -> None:
+    """Issue 43: the pieces of a continued answer were joined before roost's copied labels
+    were taken off, which it did only at the reply's end: a label ending the first piece
+    ("[… 60 characters left out: a") was delivered mid-reply, stored and replayed."""
+    setup: Setup = await setup_for()
+    setup.fake.script(
+        Reply(content="The code is 4417.\n[… 60 characters left out: a", done_reason="length"),
+        Reply(content="The account ends in 0091."))
+    await setup.say("Remind me of my numbers")
+    reply = setup.channel.texts("reply")[0]
+    assert "left out" not in reply
+    assert "4417" in reply and "0091" in reply
+    stored = [m.content for m in setup.store.messages(setup.conversation_id())
+              if m.role == "assistant"]
+    assert not any("left out" in m for m in stored)
 
 
 async def test_system_message_first_templates_are_adapted_and_remembered(
