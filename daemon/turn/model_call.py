@@ -122,7 +122,7 @@ class ModelCall:
         # The model saw only part of the prompt (often without its system message): its answer
         # is not delivered or stored, and none of its tool calls run. Built again at the ratio
         # the cut proves, the request is sent once more.
-        site.stream.discard()
+        site.stream.retract()
         refit = await self.prompting.prepare(conversation, history, ratio=ratio,
                                              model=site.model)
         messages = await self._messages(site, refit, notify=False)

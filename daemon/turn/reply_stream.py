@@ -30,6 +30,8 @@ class ReplyStream:
         self.passing = False
         self.thought = False
         self.written: list[str] = []  # what was shown of the model's words (not the intro)
+        self.call_start = 0  # where the current call's words start in `written`
+        self.retracted = False  # words the user saw were taken back (`retract`)
         self.tell = silence.tell if silence is not None else None
         self.watch = (SilenceWatch(silence.after, self._silent, silence.gate)
                       if silence is not None else None)
@@ -67,11 +69,15 @@ class ReplyStream:
 
     def begin(self) -> None:
         self.held, self.passing, self.thought = [], False, False
+        self.call_start = len(self.written)
 
-    def discard(self) -> None:
-        """Forget the call's words (an answer to a prompt Ollama cut): a stopped turn does not
-        keep them. The preview already shown is not a record; the reply replaces it."""
-        self.written = []
+    def retract(self) -> None:
+        """Forget the last call's words (an answer to a prompt Ollama cut): a stopped turn does
+        not keep them, and where the user saw some, `retracted` says so, so that the reply that
+        replaces them can tell the user why (text shown is never taken back in silence)."""
+        if "".join(self.written[self.call_start:]).strip():
+            self.retracted = True
+        del self.written[self.call_start:]
         self.begin()
 
     def thinking(self, piece: str) -> None:

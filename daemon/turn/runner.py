@@ -73,6 +73,10 @@ NEW_CONVERSATION_LINE = (
 # A request this full of its budget will have to leave messages out next turn: fold now instead,
 # so the next request shrinks once (a fold) rather than dropping and restoring turn by turn.
 CROWDED_SHARE = 0.9
+# Above a reply whose first try the user saw being written, then dropped: the server had cut
+# the prompt, so the model had answered without part of the conversation.
+REDONE_LINE = ("(I asked the model again: its first answer was written without the start of "
+               "our conversation, which the server had cut. This answer replaces it.)")
 TOO_LARGE = ("This turn grew larger than the model's context window, even after I shortened it "
              "and tried again. Your message is saved; send /compact (or /new) and ask again, "
              "or ask in smaller steps.")
@@ -262,6 +266,7 @@ class TurnRunner:
             attachments=self.store.state_dir / "attachments",
             whole=self.llm.counts_whole_prompt,
             cuts=self.llm.cuts_silently,
+            retract=turn.site.stream.retract,
         )
         return ToolLoop(parts, max_calls=self.settings.model.max_calls, budget=prepared.budget,
                         num_ctx=prepared.num_ctx, ratio=prepared.ratio,
@@ -319,6 +324,8 @@ class TurnRunner:
         after = replace(conversation, token_ratio=ratio, active_tools=tuple(turn.context.active))
         if loop.safety_net:  # the user hears why a long turn may have lost detail
             intro += f"({SAFETY_NET_LINE})\n\n"
+        if turn.site.stream.retracted:  # what they saw being written is not this answer
+            intro += f"{REDONE_LINE}\n\n"
         await asyncio.to_thread(
             self.journal.save_reply, conversation, after, turn.items, first,
             confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,

@@ -158,6 +158,7 @@ class LoopParts:
     attachments: Path | None = None
     whole: Callable[[], Awaitable[bool]] | None = None
     cuts: Callable[[], Awaitable[bool]] | None = None
+    retract: Callable[[], None] | None = None  # the stream forgets a dropped answer's words
 
 
 class ToolLoop:
@@ -244,6 +245,8 @@ class ToolLoop:
             result = await self.parts.call(messages, tools)
         if await self._cut(result, messages, tools):
             # The model saw part of the prompt: its answer (and any tool call) is dropped.
+            if self.parts.retract is not None:
+                self.parts.retract()
             result = await self.parts.call(messages, tools)
             if await self._cut(result, messages, tools):
                 raise PromptCut(result.prompt_eval_count or 0, self.num_ctx, self.ratio)

@@ -21,6 +21,7 @@ from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.tools.registry import Capability, Tool
 from daemon.turn.parts import TurnParts
+from daemon.turn.runner import REDONE_LINE
 from tests.conftest import RecordingChannel, SettingsFactory, standard_registry
 from tests.daemon.turn.test_context_lifecycle import (  # noqa: F401  (rig_for is a fixture)
     Rig,
@@ -51,9 +52,11 @@ async def test_an_answer_to_a_silently_cut_prompt_is_discarded_and_asked_again(
     rig = await underestimating(rig_for)
     rig.fake.script(GARBLED)  # what the model says to a prompt without its system message
     await rig.say("What does it say?", wait_fold=False)
-    assert rig.channel.texts("reply") == ["echo: first", "echo: What does it say?"]
+    # The user saw the dropped answer being written: the reply says why it replaces it.
+    assert rig.channel.texts("reply") == ["echo: first",
+                                          f"{REDONE_LINE}\n\necho: What does it say?"]
     stored = [m.content for m in rig.store.messages(rig.conversation_id())]
-    assert GARBLED not in stored
+    assert GARBLED not in stored and REDONE_LINE not in stored
     assert rig.fake.cuts == 1  # the request sent again fitted
     assert len(rig.turn_requests()) == 3
     # The cut proves the size: the ratio moved past one step (x1.5), far enough to fit.
@@ -283,7 +286,7 @@ async def test_an_answer_to_a_prompt_cut_after_a_tool_result_is_discarded_and_as
 
     pages.fake.default_reply = answer
     await pages.say("Read page p0 and tell me what it says.")
-    assert pages.channel.texts("reply") == ["The page says: facts."]
+    assert pages.channel.texts("reply") == [f"{REDONE_LINE}\n\nThe page says: facts."]
     cid = pages.engine.store.active_conversation("console:local").id  # type: ignore[union-attr]
     assert GARBLED not in [m.content for m in pages.engine.store.messages(cid)]
     assert pages.fake.cuts == 1 and len(answered) == 2
