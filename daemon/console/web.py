@@ -16,19 +16,20 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 from aiohttp import web
 
-from daemon.console import views
+from daemon.console import signin, views
 from daemon.console.board import AutomationBoard, HealthView
 from daemon.console.chart import sawtooth
+from daemon.console.notices import Notices
 from daemon.console.people import People
 from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, stored_path
-from daemon.store.console_keys import ConsoleKeys, ConsoleSession
+from daemon.store.console_keys import LINK_TTL, ConsoleKeys, ConsoleSession
 from daemon.store.event_log import Records
 
 PREFIX = "/console"
@@ -37,7 +38,9 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Nothing to other sites, and a true Origin on roost's own forms (no-referrer makes every
+    # form's Origin "null", which the sign-in cannot tell from another site's page).
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 _HERE = Path(__file__).parent
@@ -57,6 +60,8 @@ class Console:
         self.board = board
         self.health = health  # synchronous: called in a thread
         self.keys = ConsoleKeys(settings.daemon.state_dir)
+        self.forms = signin.SignInForms()
+        self.notices = Notices()
         self.clock = clock
         self.people = People(settings, clock)
         self.templates = jinja2.Environment(
@@ -118,17 +123,27 @@ class Console:
     # ---- signing in and out -------------------------------------------------------------
 
     async def login_page(self, request: web.Request) -> web.StreamResponse:
-        return self._page("signin.html", link=request.query.get("t", ""), signed_out=False)
+        link = request.query.get("t", "")
+        nonce = signin.browser_nonce(request.cookies.get(signin.COOKIE))
+        response = self._page("signin.html", link=link, signed_out=False,
+                              token_field=signin.FIELD, token=self.forms.token(nonce, link))
+        response.set_cookie(signin.COOKIE, nonce, path=f"{PREFIX}/login", httponly=True,
+                            samesite="Strict", secure=self._secure(request),
+                            max_age=int(LINK_TTL))
+        return response
 
     async def login(self, request: web.Request) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
-            # Another site posting a link of its own would sign this browser in as someone
-            # else (login CSRF): the form is only ever posted from roost's own page.
-            return self._page("message.html", status=403,
-                              text="This sign-in did not come from roost's own page.")
-        link = str((await request.post()).get("t", ""))
-        made = await asyncio.to_thread(self.keys.redeem, link, self.clock()) if link else None
+        form = await request.post()
+        link = str(form.get("t", ""))
+        # Another site posting a link of its own would sign this browser in as someone else
+        # (login CSRF): only a press on roost's own page, in this browser, counts (signin.py).
+        if not (signin.pressed_on_our_page(request.headers, self._hosts(request))
+                and self.forms.valid(request.cookies.get(signin.COOKIE), link,
+                                     str(form.get(signin.FIELD, "")))):
+            return self._page("message.html", status=403, text=(
+                "This sign-in did not come from roost's own page. Open your sign-in link "
+                "again and press Sign in there (the link still works)."))
+        made = await asyncio.to_thread(self.keys.redeem, link, self.clock())
         if made is None:
             return self._page("message.html", status=403, text=(
                 "This sign-in link was used already or has expired (links work once, for 10 "
@@ -138,6 +153,7 @@ class Console:
         response.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="Strict",
                             secure=self._secure(request),
                             max_age=int(session.expires - session.created))
+        response.del_cookie(signin.COOKIE, path=f"{PREFIX}/login")
         return response
 
     async def logout(self, request: web.Request,
@@ -150,6 +166,12 @@ class Console:
     def _secure(self, request: web.Request) -> bool:
         url = self.settings.console.url or ""
         return request.secure or url.startswith("https://")
+
+    def _hosts(self, request: web.Request) -> tuple[str, ...]:
+        """Where roost's own pages are served: this request's host, and `console.url`'s (a
+        proxy may pass another Host on)."""
+        configured = urlsplit(self.settings.console.url or "").netloc.rpartition("@")[2]
+        return (request.host, configured) if configured else (request.host,)
 
     # ---- pages --------------------------------------------------------------------------
 
@@ -212,7 +234,7 @@ class Console:
     async def people_page(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
         shown = await asyncio.to_thread(self.people.view, session)
-        return self._page("people.html", session=session, done=request.query.get("done", ""),
+        return self._page("people.html", session=session, done=self._notice(request, session),
                           **shown)
 
     async def people_form(self, request: web.Request,
@@ -235,22 +257,21 @@ class Console:
                                            field.get("text", ""))
         else:
             raise web.HTTPNotFound(text="No such action.")
-        # Back to the page with what happened (POST, redirect, GET: a reload sends nothing twice)
-        return _see_other(f"{PREFIX}/people?{urlencode({'done': done})}")
+        return self._back(f"{PREFIX}/people", session, done)
 
     async def automations(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
         board = self._owners_board(session)
         shown = await asyncio.to_thread(board.overview)
         return self._page("automations.html", session=session, automations=shown,
-                          done=request.query.get("done", ""))
+                          done=self._notice(request, session))
 
     async def run_now(self, request: web.Request,
                       session: ConsoleSession) -> web.StreamResponse:
         board = self._owners_board(session)
         name = str((await request.post()).get("name", ""))
         done = await board.run_now(name)
-        return _see_other(f"{PREFIX}/automations?{urlencode({'done': done})}")
+        return self._back(f"{PREFIX}/automations", session, done)
 
     async def health_page(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
@@ -258,6 +279,14 @@ class Console:
             raise web.HTTPNotFound(text="The daemon's health is the owner's to see.")
         return self._page("health.html", session=session,
                           health=await asyncio.to_thread(self.health))
+
+    def _back(self, page: str, session: ConsoleSession, done: str) -> web.Response:
+        """Back to the page with what happened (POST, redirect, GET: a reload sends nothing
+        twice); the words stay here, the address names them by a key (notices.py)."""
+        return _see_other(f"{page}?{urlencode({'done': self.notices.put(session.csrf, done)})}")
+
+    def _notice(self, request: web.Request, session: ConsoleSession) -> str:
+        return self.notices.text(session.csrf, request.query.get("done", ""))
 
     def _owners_board(self, session: ConsoleSession) -> AutomationBoard:
         if not session.is_owner or self.board is None:

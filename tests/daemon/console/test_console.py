@@ -29,11 +29,21 @@ def jar() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
 
 
-async def sign_in(http: aiohttp.ClientSession, url: str, link: str) -> int:
+async def sign_in_form(http: aiohttp.ClientSession, url: str, link: str) -> dict[str, str]:
+    """What the sign-in page's form posts: the link and the page's own form token."""
     async with http.get(f"{url}/console/login", params={"t": link}) as page:
         assert page.status == 200
-        assert 'id="sign-in"' in await page.text()
-    async with http.post(f"{url}/console/login", data={"t": link},
+        text = await page.text()
+    assert 'id="sign-in"' in text
+    token = re.search(r'name="signin_token" value="([^"]*)"', text)
+    return {"t": link, **({"signin_token": token.group(1)} if token else {})}
+
+
+async def sign_in(http: aiohttp.ClientSession, url: str, link: str,
+                  headers: dict[str, str] | None = None) -> int:
+    """Open the link's page and press Sign in, as a browser on roost's own page does."""
+    form = await sign_in_form(http, url, link)
+    async with http.post(f"{url}/console/login", data=form, headers=headers,
                          allow_redirects=False) as answer:
         return answer.status
 
@@ -97,9 +107,11 @@ async def test_the_session_cookie_is_httponly_and_strict(
         console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
     url, settings, _ = console
     link = owner_link(settings, capsys)
-    async with jar() as http, http.post(f"{url}/console/login", data={"t": link},
-                                        allow_redirects=False) as answer:
-        header = answer.headers["Set-Cookie"]
+    async with jar() as http:
+        form = await sign_in_form(http, url, link)
+        async with http.post(f"{url}/console/login", data=form,
+                             allow_redirects=False) as answer:
+            header = answer.cookies["roost_console"].OutputString()
     assert "HttpOnly" in header and "SameSite=Strict" in header and "Path=/console" in header
 
 
@@ -310,3 +322,73 @@ async def test_a_sign_in_posted_from_another_site_is_refused(
                              headers={"Origin": "https://evil.example"}) as answer:
             assert answer.status == 403
         assert await sign_in(http, url, link) == 303  # the link was not used up
+
+
+async def test_a_press_on_roosts_own_page_signs_in_whatever_its_referrer_policy(
+        console: tuple[str, Settings, Seeded]) -> None:
+    url, settings, _ = console
+    keys = ConsoleKeys(settings.daemon.state_dir)
+    # What browsers send for a form on roost's page: no-referrer makes Origin "null", other
+    # policies give the origin; a browser without Fetch Metadata sends no Sec-Fetch-Site.
+    for headers in ({}, {"Origin": url}, {"Origin": url, "Sec-Fetch-Site": "same-origin"},
+                    {"Origin": "null", "Sec-Fetch-Site": "same-origin"}):
+        async with jar() as http:
+            assert await sign_in(http, url, keys.issue_link((OMAR,), 2e9 - 1), headers) == 303
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "null"},  # a page that sets no-referrer, in a browser without Fetch Metadata
+    {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Origin": "null", "Sec-Fetch-Site": "same-site"},  # a neighbouring host of the same site
+    {},  # no header at all: the form token alone must refuse it
+])
+async def test_another_sites_post_of_its_own_link_does_not_swap_the_session(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str],
+        headers: dict[str, str]) -> None:
+    url, settings, _ = console
+    attackers = ConsoleKeys(settings.daemon.state_dir).issue_link((OMAR,), 2e9 - 1)
+    async with jar() as attacker:  # the attacker reads the form of their own link's page
+        forged = await sign_in_form(attacker, url, attackers)
+    async with jar() as owner:
+        assert await sign_in(owner, url, owner_link(settings, capsys)) == 303
+        async with owner.post(f"{url}/console/login", data=forged, headers=headers,
+                              allow_redirects=False) as answer:
+            assert answer.status == 403
+            assert "roost_console" not in answer.cookies
+            assert "roost&#39;s own page" in await answer.text()
+        async with owner.get(f"{url}/console/") as page:
+            text = await page.text()
+        assert DANA in text and OMAR in text  # still the owner's session, not the attacker's
+    async with jar() as attacker:
+        assert await sign_in(attacker, url, attackers) == 303  # the link was not used up
+
+
+async def test_a_sign_in_without_its_form_token_is_refused(
+        console: tuple[str, Settings, Seeded]) -> None:
+    url, settings, _ = console
+    link = ConsoleKeys(settings.daemon.state_dir).issue_link((OMAR,), 2e9 - 1)
+    async with jar() as other:
+        elsewhere = await sign_in_form(other, url, link)  # the token of another browser
+    async with jar() as http:
+        await sign_in_form(http, url, link)
+        for data in ({"t": link}, {"t": link, "signin_token": ""}, elsewhere):
+            async with http.post(f"{url}/console/login", data=data,
+                                 allow_redirects=False) as answer:
+                assert answer.status == 403
+        async with http.get(f"{url}/console/") as page:
+            assert page.status == 401
+        assert await sign_in(http, url, link) == 303  # the link was not used up
+
+
+async def test_a_notice_written_into_the_address_is_not_shown(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    words = "Your session expired. Call +1 555 0100 to keep your data."
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        for path in ("/console/people", "/console/automations"):
+            async with http.get(f"{url}{path}", params={"done": words}) as page:
+                text = await page.text()
+            assert page.status == 200
+            assert "555 0100" not in text and 'id="done"' not in text

@@ -8,17 +8,23 @@ import asyncio
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from daemon.app.serve import build_app
 from daemon.core.config import Settings
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook
 from daemon.store.console_keys import OWNER, ConsoleKeys
-from tests.daemon.console.conftest import DANA, OMAR, Rig, Seeded
+from tests.conftest import RecordingChannel, SettingsFactory
+from tests.daemon.app.test_app import start
+from tests.daemon.console.conftest import DANA, OMAR, Rig, Seeded, seed
+from tests.daemon.console.test_console import jar, sign_in_form
 from tests.daemon.console.test_console_people import TOOL, seed_access
 from tests.fakes.ollama import FakeOllama
 
@@ -158,3 +164,123 @@ async def test_run_an_automation_by_tapping(automation_daemon: tuple[str, Path],
         shot(driver, "desktop-automations")
 
     await asyncio.to_thread(walk)
+
+
+@dataclass
+class Watched:
+    """A daemon whose sign-in posts are noted with the headers the browser sent."""
+
+    url: str
+    settings: Settings
+    presses: list[dict[str, str]] = field(default_factory=list)
+
+
+@pytest.fixture
+async def watched(fake_ollama: FakeOllama, make_settings: SettingsFactory,
+                  state_dir: Path) -> AsyncIterator[Watched]:
+    seed(state_dir)
+    settings = make_settings(model={"host": fake_ollama.url})
+    app = build_app(settings, {"telegram": RecordingChannel("telegram")})
+    presses: list[dict[str, str]] = []
+
+    @web.middleware
+    async def note(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST" and request.path == "/console/login":
+            presses.append({name: request.headers.get(name, "-")
+                            for name in ("Origin", "Sec-Fetch-Site")})
+        return await handler(request)  # type: ignore[no-any-return]
+
+    app.middlewares.append(note)
+    runner, url = await start(app)
+    try:
+        yield Watched(url, settings, presses)
+    finally:
+        await runner.cleanup()
+
+
+def set_referrer_policy(driver: object, policy: str) -> None:
+    """The page's referrer policy, as if its meta said `policy` (a WebDriver script runs
+    whatever the page's Content-Security-Policy says; the page itself runs none)."""
+    driver.execute_script(  # type: ignore[attr-defined]
+        "document.querySelector('meta[name=referrer]').content = arguments[0]", policy)
+
+
+@pytest.mark.parametrize("policy", ["page's own", "no-referrer", "same-origin",
+                                    "strict-origin-when-cross-origin"])
+async def test_the_sign_in_button_works_whatever_the_pages_referrer_policy(
+        watched: Watched, browser: object, policy: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    link = ConsoleKeys(watched.settings.daemon.state_dir).issue_link((OWNER,), 2e9 - 1)
+
+    def walk() -> None:
+        driver.get(f"{watched.url}/console/login?t={link}")  # type: ignore[attr-defined]
+        if policy != "page's own":
+            set_referrer_policy(driver, policy)
+        driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
+        rows = waiting(driver, 20).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"),
+            message=driver.page_source)  # type: ignore[attr-defined]
+        assert {r.text.split()[0] for r in rows} == {DANA, OMAR}
+
+    await asyncio.to_thread(walk)
+    # The browser said what the policy makes it say (no-referrer: Origin null), and the
+    # press counted all the same.
+    (press,) = watched.presses
+    assert press["Sec-Fetch-Site"] == "same-origin"
+    assert press["Origin"] == ("null" if policy == "no-referrer" else watched.url)
+
+
+ATTACKERS_PAGE = """<!doctype html><meta name="referrer" content="no-referrer">
+<form method="post" action="{action}"><input type="hidden" name="t" value="{link}">
+<input type="hidden" name="signin_token" value="{token}">
+<button id="prize" type="submit">Claim your prize</button></form>"""
+
+
+async def test_another_sites_page_cannot_sign_the_browser_in_as_someone_else(
+        watched: Watched, browser: object) -> None:
+    """The attack as it was confirmed in Chromium: a page on another site that sets
+    no-referrer posts the attacker's own link, with the form token of its own page."""
+    from selenium.webdriver.common.by import By
+
+    keys = ConsoleKeys(watched.settings.daemon.state_dir)
+    attackers = keys.issue_link((OMAR,), 2e9 - 1)
+    async with jar() as attacker:
+        forged = await sign_in_form(attacker, watched.url, attackers)
+    page = ATTACKERS_PAGE.format(action=f"{watched.url}/console/login", link=attackers,
+                                 token=forged.get("signin_token", ""))
+    async def attackers_page(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    elsewhere = web.Application()
+    elsewhere.router.add_get("/", attackers_page)
+    runner, other = await start(elsewhere)
+    driver = browser
+    owners = keys.issue_link((OWNER,), 2e9 - 1)
+
+    def walk() -> None:
+        wait = waiting(driver, 20)
+        driver.get(f"{watched.url}/console/login?t={owners}")  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "sign-in").click()  # type: ignore[attr-defined]
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"))
+        # localhost is another site than 127.0.0.1 to the browser
+        driver.get(other.replace("127.0.0.1", "localhost"))  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "prize").click()  # type: ignore[attr-defined]
+        wait.until(lambda d: d.current_url.startswith(watched.url))  # roost answered
+        driver.get(f"{watched.url}/console/")  # type: ignore[attr-defined]
+        rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.list tbody tr"),
+                          message=driver.page_source)  # type: ignore[attr-defined]
+        shown = {r.text.split()[0] for r in rows}
+        assert shown == {DANA, OMAR}, f"the browser is signed in as {shown}, not as the owner"
+
+    try:
+        await asyncio.to_thread(walk)
+    finally:
+        await runner.cleanup()
+    assert watched.presses[-1] == {"Origin": "null", "Sec-Fetch-Site": "cross-site"}
+    async with jar() as http:  # refused before the link was looked at: it still works
+        form = await sign_in_form(http, watched.url, attackers)
+        async with http.post(f"{watched.url}/console/login", data=form,
+                             allow_redirects=False) as answer:
+            assert answer.status == 303

@@ -124,3 +124,22 @@ async def test_a_people_form_without_its_token_changes_nothing(rig: Rig) -> None
     async with http:
         assert (await post(http, rig, "approve", code=code)).startswith("403")
     assert not PairingBook(rig.settings.daemon.state_dir).is_approved("telegram", "3333333")
+
+
+async def test_a_notice_shows_only_to_the_session_whose_form_said_it(rig: Rig) -> None:
+    code = seed_access(rig)
+    owner, csrf = await signed_in(rig, OWNER)
+    omar = jar()  # a link issued now: signed_in's far-future one would end the owner's session
+    link = ConsoleKeys(rig.settings.daemon.state_dir).issue_link((OMAR,), time.time())
+    assert await sign_in(omar, rig.url, link) == 303
+    async with owner, omar:
+        async with owner.post(f"{rig.url}/console/people/approve", data={"code": code,
+                              "csrf": csrf}, allow_redirects=False) as answer:
+            assert answer.status == 303, await answer.text()
+            back = answer.headers["Location"]
+        assert "Zoe" not in back  # the address names the notice, it does not carry it
+        async with owner.get(f"{rig.url}{back}") as page:
+            assert "Approved telegram user 3333333 (Zoe)" in await page.text()
+        async with omar.get(f"{rig.url}{back}") as page:
+            text = await page.text()
+        assert page.status == 200 and 'id="done"' not in text and "Zoe" not in text

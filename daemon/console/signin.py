@@ -1,0 +1,70 @@
+"""Who may press "Sign in": only roost's own sign-in page, in the browser that opened the link.
+
+A sign-in link is a bearer token, and anyone with one of their own (any person who sends
+`/console`) could otherwise make another browser post it from a page of theirs and sign that
+browser in as themselves (login CSRF): the owner would then type into the attacker's scope.
+Two checks close it, each enough on its own in the browsers that support it:
+
+- **Fetch Metadata.** A browser that sends `Sec-Fetch-Site` says where the press came from,
+  whatever referrer policy the page has; only `same-origin` is roost's own page. Without it,
+  `Origin` must be roost's own address or absent; `null` (what any page that sets no-referrer
+  sends) is refused, because it cannot be told from a press on another site.
+- **A form token bound to the link and the browser.** The sign-in page sets a random cookie
+  (SameSite=Strict, HttpOnly, only for the sign-in path) and puts HMAC(key, cookie, link) in
+  the form. Another site can read a token for its own link, but not this browser's cookie, and
+  a Strict cookie never rides on its post. The key is made when the console starts, so a page
+  opened before a restart asks for the link to be opened again (the link is not used up).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Collection, Mapping
+
+COOKIE = "roost_signin"
+FIELD = "signin_token"
+_NONCE = re.compile(r"[A-Za-z0-9_-]{32}")
+
+
+class SignInForms:
+    """The form tokens of the sign-in page, under a key this process made."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def token(self, nonce: str, link: str) -> str:
+        message = f"{nonce}\n{link}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def valid(self, nonce: str | None, link: str, given: str) -> bool:
+        """Whether `given` is the token this browser's page carried for this link."""
+        if not nonce or not _NONCE.fullmatch(nonce) or not link or not given:
+            return False
+        return hmac.compare_digest(given.encode(), self.token(nonce, link).encode())
+
+
+def browser_nonce(existing: str | None) -> str:
+    """The browser's sign-in cookie: the one it has (a second tab of the same link keeps a
+    working form), else a new one."""
+    if existing and _NONCE.fullmatch(existing):
+        return existing
+    return secrets.token_urlsafe(24)  # 32 characters
+
+
+def pressed_on_our_page(headers: Mapping[str, str], hosts: Collection[str]) -> bool:
+    """Whether the request headers allow a press on roost's own page, served at one of
+    `hosts` (the request's Host, and `console.url`'s behind a proxy that rewrites it)."""
+    site = headers.get("Sec-Fetch-Site")
+    origin = headers.get("Origin")
+    if site is not None:
+        # The browser's own word, which no page can set; `same-site` is a neighbouring host
+        # (another app under the same domain), not roost.
+        return site == "same-origin" and (origin in (None, "null") or _ours(origin, hosts))
+    return origin is None or _ours(origin, hosts)
+
+
+def _ours(origin: str, hosts: Collection[str]) -> bool:
+    return origin != "null" and origin.split("://", 1)[-1] in hosts
