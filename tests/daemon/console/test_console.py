@@ -392,3 +392,30 @@ async def test_a_notice_written_into_the_address_is_not_shown(
                 text = await page.text()
             assert page.status == 200
             assert "555 0100" not in text and 'id="done"' not in text
+
+
+async def test_behind_a_proxy_the_console_url_counts_as_roosts_own_page(
+        fake_ollama: FakeOllama, make_settings: SettingsFactory) -> None:
+    proxied = "https://roost.example.org"
+    settings = make_settings(model={"host": fake_ollama.url}, console={"url": proxied})
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")}))
+    keys = ConsoleKeys(settings.daemon.state_dir)
+    try:
+        for origin, status in ((proxied, 303), ("https://evil.example", 403)):
+            async with aiohttp.ClientSession() as http:
+                link = keys.issue_link((OMAR,), 2e9 - 1)
+                async with http.get(f"{url}/console/login", params={"t": link}) as page:
+                    # Secure (console.url is https): a browser sends it back over the proxy
+                    nonce = page.cookies["roost_signin"]
+                    assert nonce["secure"]
+                    token = re.search(r'name="signin_token" value="([^"]+)"', await page.text())
+                assert token
+                # A proxy that passes its own Host on (127.0.0.1:port here), and a browser
+                # without Fetch Metadata: the Origin decides.
+                async with http.post(f"{url}/console/login", allow_redirects=False,
+                                     data={"t": link, "signin_token": token.group(1)},
+                                     headers={"Origin": origin,
+                                              "Cookie": f"roost_signin={nonce.value}"}) as answer:
+                    assert answer.status == status
+    finally:
+        await runner.cleanup()
