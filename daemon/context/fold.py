@@ -56,6 +56,24 @@ ROOST_TAGS = re.compile(r"</?\s*(?:previous_summary|new_messages|user_notes|summ
 MESSAGE_MARK = re.compile(r"\[#\d+ [^\]\n]{1,120}\] ?")
 ECHO_WORDS = 6  # runs of this many words found in the prompt count as echoed
 ECHO_SHARE = 0.6  # a summary more than this share echoed is no summary
+INSTRUCTION_WORDS = 5  # a run of this many words of roost's fold instructions is an echo
+# A summary of 6 content words or more finds at least a fifth of them in what it was given
+# (a paraphrase keeps names and nouns; nonsense in Spanish about an English chat keeps none);
+# a condensed note of 3 or more, half: it stands for the user's own words.
+SUMMARY_WORDS_SHARE = 0.2
+SUMMARY_MIN_WORDS = 6
+NOTE_WORDS_SHARE = 0.5
+NOTE_MIN_WORDS = 3
+STEM_CHARS = 4
+SMALL_NUMBER = 10  # counts ("two questions", "3 beds") may be the model's own
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_LETTERS = re.compile(r"[^\W\d_]+")
+_PUNCTUATION = "\"'`.,;:!?()[]{}<>*-–—…"
+_STOPWORDS = frozenset(
+    "that this with from have has had they them their there then than were what when which "
+    "will would should could your yours about into some also just like more very only over "
+    "such been being does done each other these those where while after before because "
+    "here said says asked asks wants want user users assistant".split())
 
 FOLD_SYSTEM = (
     "You maintain the rolling summary of a conversation between a user and their assistant. "
@@ -320,8 +338,9 @@ def whole_sentences(text: str) -> str:
 
 
 def fold_problem(summary: str, prompt: Sequence[dict[str, str]], previous: str) -> str:
-    """Why a fold's summary must not be stored ("" when it may): empty, or mostly words copied
-    from the prompt (the previous summary aside, which a merge may well repeat)."""
+    """Why a fold's summary must not be stored ("" when it may): empty, mostly words copied
+    from the prompt (the previous summary aside, which a merge may well repeat), a repeat of
+    roost's own instructions, or no summary of what it was given (`unfounded`)."""
     if not summary.strip():
         return "the summary is empty"
     source = " ".join(m["content"] for m in prompt)
@@ -330,7 +349,99 @@ def fold_problem(summary: str, prompt: Sequence[dict[str, str]], previous: str) 
     share = echo_share(summary, source)
     if share > ECHO_SHARE:
         return f"the summary is mostly an echo of the prompt ({share:.0%} copied)"
+    given = fold_given(prompt)
+    echoed = instruction_echo(summary, fold_instructions(prompt), given)
+    if echoed:
+        return f'the summary repeats roost\'s instructions ("{echoed}")'
+    return unfounded(summary, given, "the summary")
+
+
+def notes_problem(condensed: str, notes: str, prompt: Sequence[dict[str, str]]) -> str:
+    """Why the model's condensed user notes must not replace the notes ("" when they may):
+    they go under "in my own words", so every line must be drawn from the user's notes: no
+    run of roost's instructions, no number the notes lack, most of a line's words theirs."""
+    echoed = instruction_echo(condensed, fold_instructions(prompt), notes)
+    if echoed:
+        return f'the condensed notes repeat roost\'s instructions ("{echoed}")'
+    for line in condensed.splitlines():
+        problem = unfounded(line, notes, "a condensed note", NOTE_WORDS_SHARE, NOTE_MIN_WORDS)
+        if problem:
+            return problem
     return ""
+
+
+def fold_instructions(prompt: Sequence[dict[str, str]]) -> str:
+    """roost's own words in a fold prompt: the system message, the ask after the messages,
+    the notes heading (what a small model echoed back as its summary, issue 43)."""
+    system = " ".join(m["content"] for m in prompt if m.get("role") == "system")
+    user = prompt[-1]["content"] if prompt else ""
+    return f"{system}\n{user.rpartition('</new_messages>')[2]}\n{NOTES_HEADING}"
+
+
+def fold_given(prompt: Sequence[dict[str, str]]) -> str:
+    """What a fold was given to summarise: the previous summary, the notes, the messages
+    (the user message up to the ask, without roost's tags)."""
+    user = prompt[-1]["content"] if prompt else ""
+    given, mark, _ = user.rpartition("</new_messages>")
+    return ROOST_TAGS.sub(" ", given if mark else user)
+
+
+def instruction_echo(text: str, instructions: str, given: str) -> str:
+    """The first run of INSTRUCTION_WORDS words of `text` that is in roost's `instructions`
+    and not in what the fold was `given` ("" when there is none)."""
+    words = _words(text)
+    theirs = _runs(_words(instructions), INSTRUCTION_WORDS) - _runs(_words(given),
+                                                                     INSTRUCTION_WORDS)
+    for i in range(len(words) - INSTRUCTION_WORDS + 1):
+        if tuple(words[i:i + INSTRUCTION_WORDS]) in theirs:
+            return " ".join(words[i:i + INSTRUCTION_WORDS])
+    return ""
+
+
+def unfounded(text: str, given: str, what: str, share: float = SUMMARY_WORDS_SHARE,
+              least: int = SUMMARY_MIN_WORDS) -> str:
+    """Why `text` is no account of `given` ("" when it may be): it states a number that is
+    in none of it (a small model's "12 x 7 = 72"), or, with at least `least` content words,
+    fewer than `share` of them are found there (nonsense in another language)."""
+    numbers = _numbers(given)
+    invented = [n for n in _numbers(text) if n not in numbers and int(n) > SMALL_NUMBER]
+    if invented:
+        return f"{what} states numbers found in none of its messages ({', '.join(invented)})"
+    words = _content_words(text)
+    if len(words) < least:
+        return ""
+    found = _stems(given)
+    kept = sum(word[:STEM_CHARS] in found for word in words) / len(words)
+    if kept < share:
+        return f"{what} shares almost no words with its messages ({kept:.0%})"
+    return ""
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words without the punctuation around them (", at most" is "at most")."""
+    return [w for w in (w.strip(_PUNCTUATION) for w in text.lower().split()) if w]
+
+
+def _runs(words: Sequence[str], size: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i:i + size]) for i in range(len(words) - size + 1)}
+
+
+def _numbers(text: str) -> list[str]:
+    """The numbers in `text`, without separators or leading zeros ("3,000" and "3000" are the
+    same, so are "02" and "2")."""
+    return [str(int(re.sub(r"[.,]", "", n))) for n in _NUMBER.findall(text)
+            if len(re.sub(r"[.,]", "", n)) <= 30]
+
+
+def _content_words(text: str) -> list[str]:
+    return [w for w in (m.lower() for m in _LETTERS.findall(text))
+            if len(w) >= 4 and w not in _STOPWORDS]
+
+
+def _stems(text: str) -> set[str]:
+    """The first STEM_CHARS letters of each word of `text` (so "wants" finds "want" and
+    "wanted", a crude stem that needs no language's rules)."""
+    return {w.lower()[:STEM_CHARS] for w in _LETTERS.findall(text)}
 
 
 def echo_share(text: str, source: str) -> float:

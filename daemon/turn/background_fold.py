@@ -16,7 +16,9 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
 * Its answer is checked first (`fold_problem`): one cut at its limit is asked again with more
-  room, and an empty one or an echo of the prompt is not stored but tried again later.
+  room, and an empty one, an echo of the prompt or of roost's instructions, or one that is no
+  summary of its messages is not stored but tried again later. Condensed notes that are not
+  the user's own words (`notes_problem`) are not used: the notes stay the user's messages.
 * A failed fold leaves the raw history as it was and is tried again after a backoff, for as
   long as its conversation is active; once it is archived, no more.
 """
@@ -36,6 +38,7 @@ from daemon.context.fold import (
     merge_user_notes,
     notes_cap_tokens,
     notes_need_condensing,
+    notes_problem,
     parse_fold_reply,
     plan_fold,
     summary_cap_tokens,
@@ -370,6 +373,12 @@ class FoldCall:
             await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
                                     conversation_id, f"not stored: {problem}")
             raise LLMError(f"{problem}; not stored")
+        if condensed and (why := notes_problem(condensed, notes, messages)):
+            # They would go under "in my own words": only the user's words do, so the notes
+            # stay the user's own messages (trimmed to their cap below).
+            await asyncio.to_thread(self.records.event, self.clock(), "notes-rejected",
+                                    conversation_id, f"condensed notes not used: {why}")
+            condensed = None
         kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio,
                                             vocabulary)
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())

@@ -22,6 +22,7 @@ from daemon.context.fold import (
     merge_user_notes,
     notes_cap_tokens,
     notes_need_condensing,
+    notes_problem,
     parse_fold_reply,
     plan_fold,
     summary_cap_chars,
@@ -411,3 +412,81 @@ def test_a_summary_that_repeats_a_fact_is_not_taken_for_an_echo() -> None:
     with_previous = [prompt[0], {"role": "user", "content": f"<previous_summary>\n{previous}\n"
                                                             "</previous_summary>"}]
     assert fold_problem(previous, with_previous, previous) == ""
+
+
+# --- a fold answer is a summary of what it was given (issue 43) -------------------------------
+
+
+def times_table_prompt(condense_notes: bool = False) -> list[dict[str, str]]:
+    """The fold prompt of a short English chat about times tables and a trip to Lisbon."""
+    folded = [message(1, "user", "What is 12 x 7? I need it for my daughter Ilse's homework."),
+              message(2, "assistant", "12 x 7 = 84."),
+              message(3, "user", "We fly to Lisbon on 14 May, flight TP 1301, gate opens 06:40."),
+              message(4, "assistant", "Have a good trip to Lisbon!")]
+    plan = FoldPlan(messages=tuple(folded), through_seq=4, through_id="ID00004")
+    notes = merge_user_notes("", folded)
+    return fold_messages(SummaryState(), plan, notes=notes, condense_notes=condense_notes,
+                         window=2048, prompt_budget=512, ratio=1.0)
+
+
+GOOD_SUMMARY = ("Ilse's homework: 12 x 7 = 84. The family flies to Lisbon on 14 May, flight "
+                "TP 1301; the gate opens at 06:40.")
+
+
+def test_a_summary_of_the_messages_is_stored() -> None:
+    assert fold_problem(GOOD_SUMMARY, times_table_prompt(), "") == ""
+    # A short one, and one that paraphrases with small counts of its own, too.
+    assert fold_problem("Homework and a trip.", times_table_prompt(), "") == ""
+    assert fold_problem("Two questions: Ilse's times table and the Lisbon flight on 14 May.",
+                        times_table_prompt(), "") == ""
+
+
+def test_a_summary_that_repeats_the_fold_instructions_is_not_stored() -> None:
+    # What SmolLM2-135M answered, stored and replayed as the summary (issue 43).
+    prompt = times_table_prompt(condense_notes=True)
+    cap = summary_cap_chars(2048)
+    echoed = (f"(sure!) - Please summarize the following …Write the updated summary, at most "
+              f"{cap} characters…")
+    assert "repeats roost's instructions" in fold_problem(echoed, prompt, "")
+    notes_echo = ("Ilse's homework was 12 x 7 = 84, and the family flies to Lisbon on 14 May. "
+                  "and below it a shorter version of the user notes.")
+    assert "instructions" in fold_problem(notes_echo, prompt, "")
+    system_echo = ("Ilse: 12 x 7 = 84; the flight TP 1301 to Lisbon leaves on 14 May. Merge the "
+                   "previous summary and the new messages.")
+    assert "instructions" in fold_problem(system_echo, prompt, "")
+
+
+def test_a_summary_with_numbers_none_of_the_messages_hold_is_not_stored() -> None:
+    problem = fold_problem("Ilse asked about times tables: 12 x 7 = 72.", times_table_prompt(),
+                           "")
+    assert "numbers found in none of its messages (72)" in problem
+
+
+def test_a_summary_that_shares_no_words_with_the_messages_is_not_stored() -> None:
+    spanish = ("El usuario pregunta sobre la configuración del servidor y quiere cambiar la "
+               "contraseña de la cuenta principal.")
+    assert "shares almost no words" in fold_problem(spanish, times_table_prompt(), "")
+
+
+def test_a_summary_of_a_chat_in_spanish_may_be_in_spanish() -> None:
+    folded = [message(1, "user", "Quiero cambiar la contraseña de mi cuenta del servidor."),
+              message(2, "assistant", "Abre la configuración y elige la cuenta principal.")]
+    plan = FoldPlan(messages=tuple(folded), through_seq=2, through_id="ID00002")
+    prompt = fold_messages(SummaryState(), plan, notes="", condense_notes=False, window=2048,
+                           prompt_budget=512, ratio=1.0)
+    summary = ("El usuario quiere cambiar la contraseña de su cuenta; se abre la configuración "
+               "del servidor.")
+    assert fold_problem(summary, prompt, "") == ""
+
+
+def test_condensed_notes_are_the_users_own_words_or_not_used() -> None:
+    prompt = times_table_prompt(condense_notes=True)
+    notes = prompt[-1]["content"].split("<user_notes>\n")[1].split("\n</user_notes>")[0]
+    assert notes_problem("- 12 x 7 for Ilse's homework\n- fly to Lisbon 14 May, TP 1301",
+                         notes, prompt) == ""
+    # The fold prompt's own sentence, stored under "in my own words" (issue 43).
+    echoed = "- and below it a shorter version of the user notes. Keep every fact"
+    assert "instructions" in notes_problem(echoed, notes, prompt)
+    assert "numbers" in notes_problem("- fly to Lisbon on 15 May", notes, prompt)
+    assert "shares almost no words" in notes_problem(
+        "- the assistant recommended a cheaper hotel near the beach", notes, prompt)

@@ -109,7 +109,10 @@ async def rig_for(make_settings: SettingsFactory) -> AsyncIterator[Callable[...,
         def answer(body: dict[str, Any]) -> Reply:
             if is_fold(body):
                 rig.fold_calls += 1
-                summary = f"Summary {rig.fold_calls}: the user chats and reads pages."
+                # Distinct per fold, its count in letters: a number none of the folded
+                # messages holds is no summary of them (fold_problem).
+                count = "".join(chr(ord("a") + int(d)) for d in str(rig.fold_calls))
+                summary = f"Summary {count}: the user chats and reads pages."
                 rig.summaries.append(summary)
                 return Reply(content=summary, delay=rig.fold_delay)
             return echo_reply(body)

@@ -122,3 +122,63 @@ async def test_an_empty_summary_after_the_tags_are_removed_is_not_stored(rig: Ri
     assert not outcome.folded
     await wait_until(lambda: rig.folder.retry_pending(cid))
     assert rig.summary(cid) == ""
+
+
+# --- issue 43: SmolLM2-135M's fold answers that echo roost's instructions ---------------------
+
+
+def fold_ask(body: dict[str, object]) -> str:
+    """The fold prompt's ask: the sentences after the messages (roost's own words)."""
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    return str(messages[-1]["content"]).rpartition("</new_messages>")[2].strip()
+
+
+async def test_a_summary_that_repeats_the_fold_instructions_is_not_stored(rig: Rig) -> None:
+    cid = rig.chat_of()
+    # As stored and replayed before: "<summary>(sure!) - Please summarize the following
+    # …Write the updated summary, at most 224 characters…</summary>".
+    rig.fake.default_reply = lambda body: Reply(
+        "(sure!) - Please summarize the following …" + fold_ask(body).split(".")[0] + "…")
+    outcome = await rig.folder.fold_now(cid)
+    assert not outcome.folded and "instructions" in outcome.reason
+    assert rig.summary(cid) == ""
+    await wait_until(lambda: rig.folder.retry_pending(cid))
+    assert any("fold-rejected" in e and "instructions" in e
+               for e in rig.folder.records.events("2026-12-01"))
+
+
+async def test_a_summary_with_a_number_none_of_the_messages_hold_is_not_stored(rig: Rig) -> None:
+    cid = rig.chat_of()
+    rig.fake.script("The user prunes roses in 12 beds: 12 x 7 = 72 cuts above an outward bud.")
+    outcome = await rig.folder.fold_now(cid)
+    assert not outcome.folded and "72" in outcome.reason
+    assert rig.summary(cid) == ""
+
+
+async def test_condensed_notes_that_echo_the_instructions_are_not_the_users_words(
+        rig: Rig) -> None:
+    conversation = rig.store.create_conversation(CHAT, T0)
+    cid = conversation.id
+    for n in range(12):  # notes over their cap at 2,048: the fold is asked to condense them
+        rig.store.append_message(cid, "user", f"Bed {n} has the old roses my grandmother Ilse "
+                                 f"planted in {1960 + n}; how far back do I cut them this "
+                                 "spring without losing the flowers?", created=T0 + 2 * n)
+        rig.store.append_message(cid, "assistant", f"Answer {n}: cut above an outward bud.",
+                                 created=T0 + 2 * n + 1)
+
+    def answer(body: dict[str, object]) -> Reply:
+        assert "=== USER NOTES ===" in fold_ask(body)
+        return Reply("Ilse's old roses are cut above an outward bud each spring.\n"
+                     "=== USER NOTES ===\n"
+                     "- and below it a shorter version of the user notes. Keep every fact")
+
+    rig.fake.default_reply = answer
+    outcome = await rig.folder.fold_now(cid)
+    assert outcome.folded and outcome.state is not None
+    assert rig.summary(cid) == "Ilse's old roses are cut above an outward bud each spring."
+    notes = outcome.state.user_notes
+    # What goes under "What I said in that part, in my own words:" is what the user said.
+    assert "shorter version" not in notes and "Keep every fact" not in notes
+    assert notes.startswith("- Bed ") and "grandmother Ilse planted in" in notes
+    assert any("notes-rejected" in e for e in rig.folder.records.events("2026-12-01"))
