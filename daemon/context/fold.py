@@ -20,7 +20,10 @@ oldest first, and only then the others. They stay in the store, where `conversat
 
 The answer is checked before it is stored (small models echo the prompt): roost's own section tags
 are removed from it, an answer cut at its limit keeps only its whole sentences, and one that is
-empty or mostly a copy of the prompt is not stored (`fold_problem`).
+empty, mostly a copy of the prompt, repeats a run of roost's own instructions, states a number
+none of its messages holds, or shares almost no words with them is not stored (`fold_problem`).
+Condensed notes stand for the user's own words, so each line must be drawn from the notes it
+condenses (`notes_problem`); else the notes are kept as they were and trimmed.
 
 Pure functions: the background task in `daemon/turn/background_fold.py` does the I/O.
 """
