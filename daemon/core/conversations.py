@@ -100,11 +100,15 @@ class Conversation:
     archived_reason: str | None = None  # "idle" or "new" (the /new command)
     after_idle: bool = False  # started because the chat's previous conversation went idle
     active_tools: tuple[str, ...] = ()  # capabilities loaded with tool_activate
+    # Messages replayed as their handle (daemon/context/handles.py): Ollama refused a request
+    # that carried them whole, so they cost more than their estimate.
+    handled: tuple[int, ...] = ()
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["summary"] = self.summary.to_doc()
         doc["active_tools"] = list(self.active_tools)
+        doc["handled"] = list(self.handled)
         return doc
 
     @classmethod
@@ -121,6 +125,7 @@ class Conversation:
             archived_reason=doc.get("archived_reason"),
             after_idle=doc.get("after_idle", False),
             active_tools=tuple(doc.get("active_tools", ())),
+            handled=tuple(doc.get("handled", ())),
         )
 
     @classmethod

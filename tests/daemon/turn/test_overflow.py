@@ -339,3 +339,29 @@ async def test_a_low_count_from_a_server_that_refuses_is_no_cut(
     assert rig.channel.texts("reply")[-1].startswith("echo: Here are my numbers")
     assert not any("silent-cut" in e for e in events_of(rig))
     assert ratio_of(rig) <= before
+
+
+async def test_a_refused_paste_goes_as_its_handle_and_stays_so(
+    rig_for: Callable[..., Any],  # noqa: F811
+) -> None:
+    """Issue 43: a dense paste at a 2K window was refused (`truncate: false`, no sizes said);
+    roost raised the ratio 1.00 -> 3.11, could not fit its refit and told the user the
+    conversation's setup was too large, and the next turn was refused the same way. The
+    paste is what changed since the last request that fitted: it goes as its handle, the
+    turn is answered, and later turns replay it so."""
+    rig: Rig = await rig_for(window=2048)
+    await rig.say("first")
+    before = ratio_of(rig)
+    paste = "Account export, October\n" + "\n".join(
+        f"{n:06d};DE89370400440532013{n:03d};{n * 7.5:.2f}" for n in range(40))
+    rig.fake.script(Reply(status=400, error="the input length exceeds the context length"))
+    await rig.say(paste, wait_fold=False)
+    assert rig.channel.texts("notice") == []
+    assert rig.channel.texts("reply")[-1] == "echo: Account export, October"
+    refit = rig.turn_requests()[-1]["messages"][-1]["content"]
+    assert "left out" in refit and "DE89370400440532013007" not in refit
+    assert ratio_of(rig) < before * 1.5  # the ratio was not thrown up for the paste's sake
+    await rig.say("thanks")
+    replayed = json.dumps(rig.turn_requests()[-1]["messages"])
+    assert "Account export, October" in replayed
+    assert "DE89370400440532013007" not in replayed
