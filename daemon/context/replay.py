@@ -281,13 +281,8 @@ def build_request(
     system: ChatMessage = {"role": "system", "content": prefix}
     first_message = next((m for m in history if m.role == "user"), None)
     first_user = first_message.seq if first_message is not None else None
-    first, whole = (first_words(first_message, reader, budget // FIRST_MESSAGE_SHARE, ratio,
-                                estimate)
-                    if first_message is not None and first_message.seq <= summary.through_seq
-                    else ("", True))
-    preamble = (summary_preamble(reader, summary, first, None if whole or first_message is None
-                                 else first_message.seq)
-                if summary.through_seq else [])
+    preamble = _preamble(reader, summary, first_message, budget // FIRST_MESSAGE_SHARE, ratio,
+                         estimate)
     tail = [*_kept_through_folds(history, summary.through_seq),
             *(m for m in history if m.seq > summary.through_seq)]
     # The opening rides on the first user message of the request, the same on every turn
@@ -315,6 +310,18 @@ def build_request(
     return Request(messages=messages, estimate=sum(parts.values()), parts=parts, images=images,
                    stubbed=stubbed, decayed=decayed, condensed=condensed, omitted=omitted, cut=cut,
                    shortened=shortened)
+
+
+def _preamble(reader: str | None, summary: SummaryState, first_message: Message | None,
+              tokens: int, ratio: float, estimate: Estimator) -> list[ChatMessage]:
+    """The summary preamble once history was folded (none before), carrying the first user
+    message as `first_words` keeps it within `tokens` once that message is folded too."""
+    if not summary.through_seq:
+        return []
+    if first_message is None or first_message.seq > summary.through_seq:
+        return summary_preamble(reader, summary)
+    first, whole = first_words(first_message, reader, tokens, ratio, estimate)
+    return summary_preamble(reader, summary, first, None if whole else first_message.seq)
 
 
 def _parts(system: ChatMessage, preamble: Sequence[ChatMessage], messages: Sequence[ChatMessage],

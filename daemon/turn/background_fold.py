@@ -365,20 +365,8 @@ class FoldCall:
         )
         started = time.monotonic()
         reply = await self._answer(conversation_id, model, messages, answer_tokens, foreground)
-        summary, condensed = parse_fold_reply(reply, num_ctx, condense, ratio)
-        problem = fold_problem(summary, messages, conversation.summary.summary)
-        if problem:
-            # Also what a model that spent num_predict on thinking returns: never saved. The
-            # tail stays verbatim and the fold is tried again later.
-            await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
-                                    conversation_id, f"not stored: {problem}")
-            raise LLMError(f"{problem}; not stored")
-        if condensed and (why := notes_problem(condensed, notes, messages)):
-            # They would go under "in my own words": only the user's words do, so the notes
-            # stay the user's own messages (trimmed to their cap below).
-            await asyncio.to_thread(self.records.event, self.clock(), "notes-rejected",
-                                    conversation_id, f"condensed notes not used: {why}")
-            condensed = None
+        summary, condensed = await self._checked(conversation_id, parse_fold_reply(
+            reply, num_ctx, condense, ratio), messages, conversation.summary.summary, notes)
         kept_notes = await self._kept_notes(conversation_id, condensed or notes, num_ctx, ratio,
                                             vocabulary)
         state = folded_state(conversation.summary, plan, summary, kept_notes, self.clock())
@@ -397,6 +385,28 @@ class FoldCall:
         await asyncio.to_thread(self.records.event, self.clock(), "fold", conversation_id, detail)
         log.info("conversation %s: %s", conversation_id, detail)
         return FoldOutcome(len(plan.messages), state, folds=1)
+
+    async def _checked(self, conversation_id: str, answer: tuple[str, str | None],
+                       prompt: list[dict[str, str]], previous: str,
+                       notes: str) -> tuple[str, str | None]:
+        """The fold's (summary, condensed notes) once checked: a summary that must not be
+        stored (`fold_problem`) raises, and the fold is tried again later; condensed notes not
+        drawn from the user's own (`notes_problem`) are dropped, since they go under "in my
+        own words": the notes then stay the user's messages (trimmed to their cap)."""
+        summary, condensed = answer
+        problem = fold_problem(summary, prompt, previous)
+        if problem:
+            # Also what a model that spent num_predict on thinking returns: never saved. The
+            # tail stays verbatim and the fold is tried again later.
+            await asyncio.to_thread(self.records.event, self.clock(), "fold-rejected",
+                                    conversation_id, f"not stored: {problem}")
+            raise LLMError(f"{problem}; not stored")
+        why = notes_problem(condensed, notes, prompt) if condensed else ""
+        if why:
+            await asyncio.to_thread(self.records.event, self.clock(), "notes-rejected",
+                                    conversation_id, f"condensed notes not used: {why}")
+            return summary, None
+        return summary, condensed
 
     async def _kept_notes(self, conversation_id: str, notes: str, num_ctx: int,
                           ratio: float, vocabulary: Vocabulary) -> str:
