@@ -51,8 +51,8 @@ def answer(body: dict[str, Any]) -> Reply:
         # A summary of what it was given, as a model writes one (roost stores no summary
         # that shares nothing with its messages).
         given = str(messages[-1].get("content", "")).split("<new_messages>")[-1].split()
-        words = [w for w in given if w.isalpha()][:40]
-        return Reply(content=f"{SUMMARY} They spoke of: {' '.join(words)}.", delay=FOLD_S)
+        words = [w for w in given if w.isalpha() and len(w) >= 4][:40]
+        return Reply(content=f"They spoke of {' '.join(words[:12])}. {SUMMARY}", delay=FOLD_S)
     # A reply of some length, so that history grows towards the window turn by turn.
     return Reply(content=" ".join(WORDS[i % len(WORDS)] for i in range(120)), delay=ANSWER_S)
 

@@ -6,11 +6,6 @@ until no turn waits for or holds the model. A turn keeps its claim between its c
 so no background call evicts its prompt from Ollama's cache while its tools run, and gives it
 up while it waits for the user (`waiting_for_user`). `slot` holds a request slot for other
 work on the same GPU (a transcription), queued as the caller's own model call would be.
-
-A fold a turn must land before its request (`folding`) is not stopped, but it queues behind
-every chat call that waits: a waiting chat call is delayed by at most the one call running in
-each slot, never by a queue of other chats' folds. With `model.concurrency` above 1, folds
-run beside turns in the slots turns leave free.
 """
 
 from __future__ import annotations
@@ -33,9 +28,6 @@ Call = Callable[[], Coroutine[Any, Any, T]]  # one model call, made when it may 
 # and capabilities are all looked up for the model the request goes to.
 _scheduled: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_scheduled",
                                                                 default=False)
-# Set while a turn lands the fold it owes (see `ModelGate.folding`): its calls queue behind
-# the chat calls waiting, like the scheduled flag above, with no argument down the fold's path.
-_folding: contextvars.ContextVar[bool] = contextvars.ContextVar("roost_folding", default=False)
 
 
 class ModelGate:
@@ -49,7 +41,6 @@ class ModelGate:
         self.waiting = 0
         self.turns_active = 0
         self.scheduled_waiting = 0
-        self.folds_waiting = 0  # landed folds' calls waiting behind chat calls
         # Calls holding the model whose answer has been silent for `model.stall` now
         # (daemon/turn/silence.py): /healthz says so while the chat is told.
         self.silent_calls = 0
@@ -66,10 +57,7 @@ class ModelGate:
             return await self._background_call(call)
         if _scheduled.get():
             return await self._scheduled_call(call)
-        if _folding.get():
-            await self._acquire_fold()
-        else:
-            await self._acquire_interactive()
+        await self._acquire_interactive()
         self.in_flight += 1
         try:
             async with while_held() if while_held is not None else contextlib.nullcontext():
@@ -91,17 +79,6 @@ class ModelGate:
             yield
         finally:
             _scheduled.reset(token)
-
-    @contextlib.contextmanager
-    def folding(self) -> Iterator[None]:
-        """Calls made inside (a fold a turn lands before its request) go after every chat
-        call waiting, and ahead of automations and background folds: the turn needs its fold,
-        but another chat's reply should not wait behind it."""
-        token = _folding.set(True)
-        try:
-            yield
-        finally:
-            _folding.reset(token)
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -143,17 +120,6 @@ class ModelGate:
         finally:
             self.waiting -= 1
             self._poke()
-
-    async def _acquire_fold(self) -> None:
-        """A slot for a landed fold's call: once no chat call waits for one."""
-        self.folds_waiting += 1
-        try:
-            while self.waiting or self._gate.locked():
-                await self._changed.wait()
-            # Free and no chat call waiting: acquire() returns without suspending.
-            await self._gate.acquire()
-        finally:
-            self.folds_waiting -= 1
 
     async def _acquire_scheduled(self) -> None:
         """A slot for an automation's call: once no turn waits for or holds the model."""
@@ -225,8 +191,7 @@ class ModelGate:
 
     def _no_room_for_background(self) -> bool:
         """Turns hold every request slot Ollama has (`model.concurrency`), or wait for one."""
-        return (bool(self.waiting or self.folds_waiting)
-                or self.turns_active >= self.concurrency)
+        return bool(self.waiting) or self.turns_active >= self.concurrency
 
     async def _background_call(self, call: Call[T]) -> T:
         if self._no_room_for_background():

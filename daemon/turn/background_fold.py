@@ -58,7 +58,7 @@ FOLD_PROMPT_SHARE = 4
 COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
 LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
-MAX_DEFERRALS = 4  # turns that may go on without the fold they owe while others are answered
+MAX_DEFERRALS = 1  # turns that may go on without the fold they owe while others are answered
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
 
@@ -171,11 +171,10 @@ class BackgroundFold:
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
         try:
-            # Behind every other chat's call that waits: their replies do not queue behind
-            # this chat's fold (ModelGate.folding).
-            with self.llm.gate.folding():
-                outcome = await self.fold_call.fold(conversation_id, force=True,
-                                                    keep_tokens=None, foreground=True)
+            # In turn with the other chats' calls: queued behind every call that waits, the
+            # fold of a busy chat waited for a gap that never came, and its turn with it.
+            outcome = await self.fold_call.fold(conversation_id, force=True,
+                                                keep_tokens=None, foreground=True)
         except LLMError as exc:
             log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
