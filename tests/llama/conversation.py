@@ -39,6 +39,11 @@ MODEL = "smollm2:135m"
 FACTS = ("4417", "0091")  # turn one's locker code and account digits
 TURN_ONE = ("Hi, I am Dana. My locker code is 4417 and my bank account ends in 0091. "
             "Please keep both in mind.")
+# A dense paste (ids, amounts), as a bank export is: the kind of text whose tokens an estimate
+# gets wrong, and the one a refused request shrinks first.
+PASTE = "Here is my October export, which id has the largest amount?\n" + "\n".join(
+    f"TX{n:05d};2026-10-{n % 28 + 1:02d};DE89370400440532013{n:03d};{n * 37 % 1000}.{n % 100:02d}"
+    for n in range(24))
 MESSAGES = (
     "What is the capital of France?",
     "Name three colours of the rainbow.",
@@ -48,6 +53,7 @@ MESSAGES = (
     "What is my locker code?",
     "Tell me a short fact about the moon.",
     "What did I ask you about the rainbow?",
+    PASTE,  # after the test's turns: the bench's 26 have it
     "Give me a word that rhymes with cat.",
     "What is two plus two?",
     "Say something kind.",
