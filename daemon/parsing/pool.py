@@ -33,6 +33,9 @@ from daemon.core.logs import store_log as log
 
 MEMORY_MB = 1024  # address space per child: far above a parse of a sane file, far below the box
 TIMEOUT = 20.0  # seconds per job; a search that needs longer stops early and says where
+# A new child's start (interpreter, confinement, the parsers' imports) is not the job's time: on
+# a loaded box it took the whole 20 s, and every document read "took too long" (issue 48).
+START_TIMEOUT = 120.0
 SIZE = 2  # children at most: two documents at once, and a stuck one does not block all
 
 
@@ -160,7 +163,15 @@ class WorkerPool:
                     return child
                 child.stop()
             self.started += 1
-        return _Child(self.limits.memory_mb)
+        child = _Child(self.limits.memory_mb)
+        try:
+            child.call("ping", [], START_TIMEOUT)
+        except (_TimedOut, _Died, OSError, ValueError):
+            child.stop()
+            log.warning("a document worker did not start within %.0f s", START_TIMEOUT)
+            raise DocumentError("the document reader did not start; try again in a "
+                                "moment") from None
+        return child
 
     def _give_back(self, child: _Child) -> None:
         with self._lock:

@@ -50,6 +50,18 @@ def test_a_zip_bomb_hits_the_memory_bound_and_the_next_file_is_read(
     assert pool.started == 2  # the child that ran out of memory was replaced
 
 
+def test_a_new_workers_start_is_not_counted_against_the_job(
+        files: dict[str, Path]) -> None:
+    """Issue 48: on a loaded machine a cold worker's start (interpreter, confinement, the
+    parsers' imports) used up the job's whole limit, and a 551-byte PDF 'took too long'. The
+    limit here is far below any start, and well above the job itself."""
+    pool = WorkerPool(Limits(memory_mb=300, timeout=0.5))
+    try:
+        assert pool.call("pdf_info", str(files["fine.pdf"]))["text_layer"] is True
+    finally:
+        pool.close()
+
+
 def test_a_zip_bomb_that_declares_its_size_is_refused_unopened(
         pool: WorkerPool, files: dict[str, Path]) -> None:
     with pytest.raises(DocumentError,
