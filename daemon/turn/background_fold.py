@@ -130,7 +130,8 @@ class BackgroundFold:
             self._owed.add(conversation_id)
         if self._stopped or self.busy(conversation_id):
             return
-        if time.monotonic() < self._retry_at.get(conversation_id, 0.0):
+        if (self._failures.get(conversation_id)
+                and time.monotonic() < self._retry_at.get(conversation_id, 0.0)):
             return
         self._start(conversation_id, force=urgent)
 
@@ -170,13 +171,24 @@ class BackgroundFold:
                     self._landing[conversation_id] = left
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
+        if (self._failures.get(conversation_id)
+                and time.monotonic() < self._retry_at.get(conversation_id, 0.0)):
+            # Its last try failed (a small model that echoes the prompt fails every time):
+            # each turn paying a whole fold call for it made every reply slow. The try after
+            # the pause comes in the background, or from the first turn after it.
+            return FoldOutcome(0, None, "its last try failed; tried again later")
         try:
             # In turn with the other chats' calls: queued behind every call that waits, the
             # fold of a busy chat waited for a gap that never came, and its turn with it.
             outcome = await self.fold_call.fold(conversation_id, force=True,
                                                 keep_tokens=None, foreground=True)
         except LLMError as exc:
-            log.warning("owed fold of %s failed (%s); the turn goes on", conversation_id, exc)
+            failures = self._failures.get(conversation_id, 0) + 1
+            self._failures[conversation_id] = failures
+            delay = min(self.retry_after_failure * 2 ** (failures - 1), RETRY_MAX)
+            log.warning("owed fold of %s failed (%s); the turn goes on, retry in %.0fs",
+                        conversation_id, exc, delay)
+            self._retry_later(conversation_id, delay, urgent=True)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
         self._owed.discard(conversation_id)
         # A background try that was preempted would otherwise fold again, needlessly.

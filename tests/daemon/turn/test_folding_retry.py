@@ -73,3 +73,39 @@ async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
     folder.schedule(other.id, urgent=True)
     await wait_until(lambda: len(fake.chat_requests) >= tried + 2)
     assert folder.busy(other.id) or folder.retry_pending(other.id)
+
+
+async def test_an_owed_fold_that_failed_is_not_tried_again_by_every_turn(
+    make_settings: SettingsFactory,
+) -> None:
+    """A small model that echoes the fold prompt fails every fold; each turn landing the owed
+    fold again paid a whole fold call before its reply (minutes a turn on a CPU, SmolLM2 at
+    2K). After a failure, the next try waits for the pause, as a background one does."""
+    fake = FakeOllama(models=[FakeModel(context_length=32768)])
+    await fake.start()
+    fake.default_reply = lambda body: Reply(content="")  # never a summary to keep
+    settings = make_settings(model={"host": fake.url, "window": 4096, "retry_backoff": 0.01,
+                                    "retry_attempts": 1}, daemon={"timezone": "UTC"})
+    store = Store.open(settings.daemon.state_dir)
+    llm = ModelClient(settings.model)
+    folder = BackgroundFold(settings=settings, store=store, llm=llm,
+                            records=Records(store.state_dir, settings.daemon.tz),
+                            clock=lambda: T0, retry_after_failure=600)
+    try:
+        conversation = store.create_conversation(CHAT, T0)
+        for n in range(30):
+            store.append_message(conversation.id, "user" if n % 2 == 0 else "assistant",
+                                 f"Message {n}: " + "words about the garden " * 20,
+                                 created=T0 + n)
+        folder.schedule(conversation.id, urgent=True)
+        await wait_until(lambda: bool(fake.chat_requests))
+        await folder.wait(conversation.id)
+        tried = len(fake.chat_requests)
+        await folder.land(conversation.id)  # the chat's next turn
+        assert len(fake.chat_requests) == tried
+        assert folder.owes(conversation.id)  # still owed: tried again after the pause
+    finally:
+        await folder.stop()
+        await llm.close()
+        store.close()
+        await fake.stop()
