@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from daemon.core.errors import RoostError
+
 CHUNK = 64 * 1024
 MB = 1024 * 1024
 
@@ -37,7 +39,7 @@ async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | N
     return b"".join(chunks)
 
 
-class TooLarge(ValueError):
+class TooLarge(RoostError, ValueError):
     """A JSON answer past its cap (a ValueError, as a body that is not JSON is)."""
 
 

@@ -13,6 +13,7 @@
     ├── WebError                    web_fetch or web_search could not get an answer
     │   └── WebRefused              the address guard refused a URL (private, loopback, ...)
     ├── DoesNotFit                  also a ValueError: the protected messages exceed the budget
+    ├── TooLarge                    (daemon.core.bodies) also a ValueError: an answer past its cap
     ├── Stopped                     the user stopped the reply being written (/stop, Ctrl-C)
     ├── LLMError                    anything the model server answered badly
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached

@@ -35,7 +35,7 @@ async def test_y_allows_once_a_always_and_n_denies(
                        Reply("Third done."))
     chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout and chat.stderr
-    await read_until(chat.stdout, "Ctrl-D to leave")
+    await read_until(chat.stdout, "Ctrl-D to leave", timeout=60)  # a loaded machine: slow start
     chat.stdin.write(b"echo one\n")
     asked = await read_until(chat.stdout, "[n] Deny")
     assert "fake__echo" in asked and "[y] Allow once" in asked
@@ -74,7 +74,7 @@ async def test_a_line_that_is_no_answer_is_told_what_the_question_waits_for(
                        Reply("First done."), Reply("Now to your question."))
     chat = await start_chat(write_config(tmp_path, fake_ollama.url))
     assert chat.stdin and chat.stdout
-    await read_until(chat.stdout, "Ctrl-D to leave")
+    await read_until(chat.stdout, "Ctrl-D to leave", timeout=60)  # a loaded machine: slow start
     chat.stdin.write(b"echo one\n")
     await read_until(chat.stdout, "[n] Deny")
     chat.stdin.write(b"what is taking so long?\n")

@@ -30,8 +30,10 @@ async def start_daemon(config: Path, env: dict[str, str],
     daemon = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", "run", "--config", str(config), env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    # Up within a minute: its imports alone take seconds on a loaded two-core machine.
+    deadline = asyncio.get_running_loop().time() + 60
     async with aiohttp.ClientSession() as http:
-        for _ in range(200):
+        while asyncio.get_running_loop().time() < deadline:
             try:
                 async with http.get(f"{url}/healthz") as reply:
                     if reply.status == 200:

@@ -24,7 +24,9 @@ async def test_a_document_sent_on_telegram_is_noted_and_read(
                 "mime_type": sent.mime, "file_size": len(sent.data)}
     assert await daemon.post(message(1, None, document=document, caption="what is in it?")) \
         == 200
-    await fake_telegram.wait_for("sendMessage")
+    # The first document starts a worker (an interpreter and the parsers' imports): seconds on
+    # a loaded machine, before the file is read at all.
+    await fake_telegram.wait_for("sendMessage", timeout=90)
     await daemon.settle()
     (user,) = daemon.user_messages()
     (doc,) = user.attachments

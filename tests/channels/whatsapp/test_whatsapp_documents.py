@@ -24,7 +24,9 @@ async def test_a_document_sent_on_whatsapp_is_noted_and_read(
                 "document": {"id": "m-doc", "mime_type": sent.mime, "filename": sent.name,
                              "caption": "what is in it?"}}
     assert await daemon.post(webhook(document)) == 200
-    await graph.wait_sent(1)
+    # The first document starts a worker (an interpreter and the parsers' imports): seconds on
+    # a loaded machine, before the file is read at all.
+    await graph.wait_sent(1, timeout=90)
     await daemon.settle()
     (user,) = daemon.user_messages()
     (doc,) = user.attachments
