@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from channels.formatting import to_plain
 from daemon.core.approval import KEYS, Button, parse
 from daemon.core.messages import Outbound, ReplySink
 
@@ -100,7 +101,10 @@ class ConsoleChannel:
             if streamed:
                 self.out.write("\n")  # a notice in the middle of a streamed reply
             prefix = "[roost] " if outbound.kind == "notice" else "roost> "
-            self.out.write(f"{prefix}{outbound.text}\n")
+            # An approval question is Markdown with every character of the call escaped (so
+            # that nothing in it can format the rest): the terminal shows it as plain text.
+            text = to_plain(outbound.text) if outbound.buttons else outbound.text
+            self.out.write(f"{prefix}{text}\n")
             if outbound.buttons:  # an approval question: answered on the next line
                 self.out.write(keys_line(outbound.buttons) + "\n")
         if self.prompt:  # a late answer: the prompt, and what was typed, drawn again
