@@ -3,6 +3,7 @@ and no more once it is archived (no hourly model call for a conversation nobody 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -21,9 +22,10 @@ T0 = 1_796_112_000.0
 
 
 
-@pytest.fixture
-async def failing_folds(
-        make_settings: SettingsFactory) -> AsyncIterator[tuple[BackgroundFold, Store, FakeOllama]]:
+@contextlib.asynccontextmanager
+async def failing(make_settings: SettingsFactory, retry_after_failure: float
+                  ) -> AsyncIterator[tuple[BackgroundFold, Store, FakeOllama]]:
+    """A folder whose every fold fails, pausing `retry_after_failure` before the next try."""
     fake = FakeOllama(models=[FakeModel(context_length=32768)])
     await fake.start()
     # An empty summary is never saved: the fold fails the same way every time.
@@ -34,7 +36,7 @@ async def failing_folds(
     llm = ModelClient(settings.model)
     folder = BackgroundFold(settings=settings, store=store, llm=llm,
                     records=Records(store.state_dir, settings.daemon.tz),
-                    clock=lambda: T0, retry_after_failure=0.05)
+                    clock=lambda: T0, retry_after_failure=retry_after_failure)
     try:
         yield folder, store, fake
     finally:
@@ -42,6 +44,22 @@ async def failing_folds(
         await llm.close()
         store.close()
         await fake.stop()
+
+
+@pytest.fixture
+async def failing_folds(
+        make_settings: SettingsFactory) -> AsyncIterator[tuple[BackgroundFold, Store, FakeOllama]]:
+    async with failing(make_settings, retry_after_failure=0.05) as made:
+        yield made
+
+
+def long_conversation(store: Store) -> str:
+    """A conversation with enough to fold; its id."""
+    conversation = store.create_conversation(CHAT, T0)
+    for n in range(30):
+        store.append_message(conversation.id, "user" if n % 2 == 0 else "assistant",
+                             f"Message {n}: " + "words about the garden " * 20, created=T0 + n)
+    return conversation.id
 
 
 async def test_a_failing_fold_stops_retrying_once_its_conversation_is_archived(
@@ -81,31 +99,12 @@ async def test_an_owed_fold_that_failed_is_not_tried_again_by_every_turn(
     """A small model that echoes the fold prompt fails every fold; each turn landing the owed
     fold again paid a whole fold call before its reply (minutes a turn on a CPU, SmolLM2 at
     2K). After a failure, the next try waits for the pause, as a background one does."""
-    fake = FakeOllama(models=[FakeModel(context_length=32768)])
-    await fake.start()
-    fake.default_reply = lambda body: Reply(content="")  # never a summary to keep
-    settings = make_settings(model={"host": fake.url, "window": 4096, "retry_backoff": 0.01,
-                                    "retry_attempts": 1}, daemon={"timezone": "UTC"})
-    store = Store.open(settings.daemon.state_dir)
-    llm = ModelClient(settings.model)
-    folder = BackgroundFold(settings=settings, store=store, llm=llm,
-                            records=Records(store.state_dir, settings.daemon.tz),
-                            clock=lambda: T0, retry_after_failure=600)
-    try:
-        conversation = store.create_conversation(CHAT, T0)
-        for n in range(30):
-            store.append_message(conversation.id, "user" if n % 2 == 0 else "assistant",
-                                 f"Message {n}: " + "words about the garden " * 20,
-                                 created=T0 + n)
-        folder.schedule(conversation.id, urgent=True)
+    async with failing(make_settings, retry_after_failure=600) as (folder, store, fake):
+        cid = long_conversation(store)
+        folder.schedule(cid, urgent=True)
         await wait_until(lambda: bool(fake.chat_requests))
-        await folder.wait(conversation.id)
+        await folder.wait(cid)
         tried = len(fake.chat_requests)
-        await folder.land(conversation.id)  # the chat's next turn
+        await folder.land(cid)  # the chat's next turn
         assert len(fake.chat_requests) == tried
-        assert folder.owes(conversation.id)  # still owed: tried again after the pause
-    finally:
-        await folder.stop()
-        await llm.close()
-        store.close()
-        await fake.stop()
+        assert folder.owes(cid)  # still owed: tried again after the pause
