@@ -7,8 +7,11 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
   while a turn waits and is cancelled (`Preempted`) when a turn needs the model.
 * A fold that cannot wait always lands: once a conversation's request reached its budget
   (`schedule(urgent=True)`), the fold is owed, and unless a background try lands it first, the
-  chat's next turn runs it (`land()`) under its own model hold before building its request. So
-  under any load, a busy chat folds as part of its own work instead of starving.
+  chat's next turn runs it (`land()`) before building its request when the model is otherwise
+  idle. While other chats are answered, that turn goes on without it (leaving messages out) and
+  the fold then goes in the lane: queued with the turns' calls, never preempted, one fold at a
+  time, so that a waiting turn has at most one fold call ahead of it and under any load a busy
+  chat's folds still land.
 * Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
 * It uses the conversation's model and num_ctx (`daemon.turn.models`: a chat's /model, an
   automation's own), so Ollama never reloads the model for it and it is sized for that window.
@@ -26,6 +29,7 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +62,6 @@ FOLD_PROMPT_SHARE = 4
 COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
 LENGTH_RETRY_ROOM = 2  # a fold cut at its limit is asked again with twice the room
 RETRY_AFTER_PREEMPTION = 5.0
-MAX_DEFERRALS = 1  # turns that may go on without the fold they owe while others are answered
 RETRY_AFTER_FAILURE = 60.0
 RETRY_MAX = 3600.0
 
@@ -103,7 +106,11 @@ class BackgroundFold:
         # An owed fold waits for a quiet model rather than delay other chats (`land`); off,
         # it always lands first (the bench's baseline).
         self.defer_when_busy = True
-        self._deferred: dict[str, int] = {}  # turns that went on without the fold they owe
+        # Held by the one owed fold among the turns' calls (`_lane`), so that a turn that
+        # waits has at most one fold call ahead of it: folds that come later queue behind it.
+        self._turnstile = asyncio.Lock()
+        self.turns_without_owed_fold = 0  # for the benchmark: they left messages out
+        self._went_on: set[str] = set()  # conversations whose turn went on without its fold
         self._stopped = False
 
     @property
@@ -130,8 +137,13 @@ class BackgroundFold:
             self._owed.add(conversation_id)
         if self._stopped or self.busy(conversation_id):
             return
-        if (self._failures.get(conversation_id)
-                and time.monotonic() < self._retry_at.get(conversation_id, 0.0)):
+        if self._pausing(conversation_id):
+            return
+        if conversation_id in self._went_on and conversation_id in self._owed:
+            # Its turn went on without the fold it owed (`land`): the fold goes in the lane,
+            # now that the turn is answered, behind it rather than ahead of it.
+            self._went_on.discard(conversation_id)
+            self._start(conversation_id, force=True, lane=True)
             return
         self._start(conversation_id, force=urgent)
 
@@ -146,19 +158,17 @@ class BackgroundFold:
     async def land(self, conversation_id: str) -> FoldOutcome:
         """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
         model hold, so the call is not preempted), unless other chats are being answered: then
-        it stays owed and lands in the background. A failure is logged and the turn goes on:
-        its request still fits, by leaving messages out."""
-        deferred = self._deferred.get(conversation_id, 0)
-        if (self.defer_when_busy and deferred < MAX_DEFERRALS
-                and self.llm.gate.others_answering()):
-            # Other chats are being answered: this turn leaves messages out once more rather
-            # than make their replies wait for its fold, which lands in the background (it
-            # yields to turns) or, at the latest, MAX_DEFERRALS turns on, as this chat's own
-            # work: then another chat waits for one fold call at most (issue 48: one turn a
-            # chat waited 60 s behind 20 folds).
-            self._deferred[conversation_id] = deferred + 1
-            return FoldOutcome(0, None, "other chats are being answered; it folds later")
-        self._deferred.pop(conversation_id, None)
+        the turn goes on without it, as it does while other folds wait in the fold lane, and
+        its fold goes there once the turn is answered (`schedule`, `_lane`). A failure is
+        logged and the turn goes on: its request still fits, by leaving messages out."""
+        if self.defer_when_busy and (self.llm.gate.others_answering()
+                                     or self._turnstile.locked()):
+            # Their replies do not wait for this chat's fold (issue 48: one turn a chat waited
+            # 60 s behind 20 folds), nor does this turn wait for the folds in the lane: it
+            # leaves messages out once more.
+            self.turns_without_owed_fold += 1
+            self._went_on.add(conversation_id)  # `schedule` puts the fold in the lane
+            return FoldOutcome(0, None, "other chats are being answered; it folds in the lane")
         running = self._tasks.get(conversation_id)
         if running is not None and not running.done():
             # asyncio.wait, not await: the fold's own end (even cancelled) is not ours, but a
@@ -171,8 +181,7 @@ class BackgroundFold:
                     self._landing[conversation_id] = left
         if conversation_id not in self._owed:
             return FoldOutcome(0, None, "a background fold landed it")
-        if (self._failures.get(conversation_id)
-                and time.monotonic() < self._retry_at.get(conversation_id, 0.0)):
+        if self._pausing(conversation_id):
             # Its last try failed (a small model that echoes the prompt fails every time):
             # each turn paying a whole fold call for it made every reply slow. The try after
             # the pause comes in the background, or from the first turn after it.
@@ -180,8 +189,9 @@ class BackgroundFold:
         try:
             # In turn with the other chats' calls: queued behind every call that waits, the
             # fold of a busy chat waited for a gap that never came, and its turn with it.
-            outcome = await self.fold_call.fold(conversation_id, force=True,
-                                                keep_tokens=None, foreground=True)
+            async with self._turnstile if self.defer_when_busy else contextlib.nullcontext():
+                outcome = await self.fold_call.fold(conversation_id, force=True,
+                                                    keep_tokens=None, foreground=True)
         except LLMError as exc:
             failures = self._failures.get(conversation_id, 0) + 1
             self._failures[conversation_id] = failures
@@ -246,10 +256,11 @@ class BackgroundFold:
 
     def _start(
         self, conversation_id: str, force: bool, keep_tokens: int | None = None,
-        retry: bool = False,
+        retry: bool = False, lane: bool = False,
     ) -> asyncio.Task[FoldOutcome]:
-        task = asyncio.create_task(self._guarded(conversation_id, force, keep_tokens, retry),
-                                   name=f"roost-fold-{conversation_id}")
+        task = asyncio.create_task(
+            self._guarded(conversation_id, force, keep_tokens, retry, lane),
+            name=f"roost-fold-{conversation_id}")
         self._tasks[conversation_id] = task
         # A finished fold is forgotten, so months of conversations do not pile up here.
         task.add_done_callback(lambda done: self._tasks.get(conversation_id) is done
@@ -257,13 +268,17 @@ class BackgroundFold:
         return task
 
     async def _guarded(
-        self, conversation_id: str, force: bool, keep_tokens: int | None, retry: bool = False
+        self, conversation_id: str, force: bool, keep_tokens: int | None, retry: bool = False,
+        lane: bool = False,
     ) -> FoldOutcome:
         """The boundary of a background fold: it may fail, but never takes anything down."""
         if retry and not await self._retry_wanted(conversation_id):
             return FoldOutcome(0, None, "the conversation is archived; not retried")
         try:
-            outcome = await self.fold_call.fold(conversation_id, force, keep_tokens)
+            if lane:
+                outcome = await self._lane(conversation_id)
+            else:
+                outcome = await self.fold_call.fold(conversation_id, force, keep_tokens)
         except Preempted:
             if await self._retry_wanted(conversation_id):
                 self._retry_later(conversation_id, RETRY_AFTER_PREEMPTION, urgent=force)
@@ -284,10 +299,27 @@ class BackgroundFold:
         self._retry_at.pop(conversation_id, None)
         if force:
             self._owed.discard(conversation_id)
+            timer = self._timers.pop(conversation_id, None)  # a preempted try's, now needless
+            if timer is not None:
+                timer.cancel()
         if outcome.folded and not force:
             # A backlog is folded a batch at a time: look again once this task is done.
             asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
         return outcome
+
+    async def _lane(self, conversation_id: str) -> FoldOutcome:
+        """An owed fold of a chat whose turn went on without it while others were answered:
+        it queues with the turns' calls and is not preempted, so it lands however busy the
+        model stays; one at a time (`_turnstile`, first come first served), so that each
+        turn waiting for the model has at most this one fold call ahead of it."""
+        async with self._turnstile:
+            return await self.fold_call.fold(conversation_id, force=True, keep_tokens=None,
+                                             foreground=True)
+
+    def _pausing(self, conversation_id: str) -> bool:
+        """Whether its last fold failed and the pause before the next try is not over."""
+        return bool(self._failures.get(conversation_id)
+                    and time.monotonic() < self._retry_at.get(conversation_id, 0.0))
 
     async def _retry_wanted(self, conversation_id: str,
                             failed: BaseException | None = None) -> bool:

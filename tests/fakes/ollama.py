@@ -241,7 +241,7 @@ class FakeOllama:
         self._queue: deque[Reply] = deque()
         self._released = asyncio.Event()  # set while not hanging
         self._released.set()
-        self._resumed = asyncio.Event()  # set by resume_paused(): paused answers go on
+        self._resumed = asyncio.Event()  # set by resume_paused(): the paused answers go on
         self.paused = 0  # answers paused now (Reply.pause_after_chunks)
         self._chat_arrived = asyncio.Condition()
         self._runner: web.AppRunner | None = None
@@ -321,8 +321,10 @@ class FakeOllama:
             self._released.set()
 
     def resume_paused(self) -> None:
-        """Let the answers paused by `Reply.pause_after_chunks` go on (SIGCONT)."""
-        self._resumed.set()
+        """Let the answers paused now by `Reply.pause_after_chunks` go on (SIGCONT); later
+        ones pause again."""
+        resumed, self._resumed = self._resumed, asyncio.Event()
+        resumed.set()
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -489,7 +491,7 @@ class FakeOllama:
                 return response
             if sent == reply.stall_after_chunks:
                 await asyncio.Event().wait()  # until the client gives up (handler_cancellation)
-            if sent == reply.pause_after_chunks and not self._resumed.is_set():
+            if sent == reply.pause_after_chunks:
                 self.paused += 1
                 try:
                     await self._resumed.wait()
