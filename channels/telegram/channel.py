@@ -24,10 +24,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from aiohttp import web
 from telegram import BotCommand
 from telegram.error import BadRequest, InvalidToken, TelegramError, TimedOut
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
+from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
 from channels.media import attachment_limits
@@ -38,6 +40,8 @@ from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.parse import UPDATE_KINDS, BotIdentity
 from channels.webhooks import read_at_most
 from daemon.core.approval import Approver
+from daemon.core.bodies import MB
+from daemon.core.capped_http import capped_transport
 from daemon.core.config import BOT_TOKEN, MALFORMED_TOKEN, AttachmentSettings, TelegramSettings
 from daemon.core.errors import ChannelError, ConfigError, StoreError
 from daemon.core.logs import telegram_log as log
@@ -46,6 +50,7 @@ from daemon.intake.gate import Access
 from daemon.store import Store
 
 WEBHOOK_PATH = "/webhooks/telegram"
+UPDATES_CAP = 16 * MB  # a getUpdates answer: 100 updates, each at most tens of kilobytes
 POLL_BACKOFF_MAX = 60.0  # seconds between polls while the Bot API cannot be reached
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")  # what setWebhook accepts as secret_token
@@ -136,13 +141,20 @@ def build_application(settings: TelegramSettings, tuning: TelegramTuning) -> App
     warnings.filterwarnings("ignore", message=r".*attribute `retry_after` will be of type",
                             category=PTBDeprecationWarning, module=r"telegram\.error")
     assert settings.token is not None  # check_settings
+    # PTB reads each answer whole, files too: each is held to what the largest file roost
+    # downloads needs (getUpdates to UPDATES_CAP), so a Bot API gone wrong costs no more.
+    pool = tuning.connection_pool_size
     builder = (
         ApplicationBuilder()
         .token(settings.token)
         .base_url(settings.api_base)
         .base_file_url(settings.file_base)
         .rate_limiter(_FinishingRateLimiter(max_retries=tuning.rate_limit_retries))
-        .connection_pool_size(tuning.connection_pool_size)
+        .request(HTTPXRequest(connection_pool_size=pool, httpx_kwargs={
+            "transport": capped_transport(tuning.download_limit + MB,
+                                          limits=httpx.Limits(max_connections=pool))}))
+        .get_updates_request(HTTPXRequest(connection_pool_size=1, httpx_kwargs={
+            "transport": capped_transport(UPDATES_CAP, limits=httpx.Limits(max_connections=1))}))
         .job_queue(None)  # roost has its own scheduler
     )
     # No Updater in either mode: webhooks come through roost's own route, and polling is roost's

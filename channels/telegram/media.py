@@ -18,6 +18,7 @@ from typing import Any
 from telegram import Bot, Message, PhotoSize
 from telegram.error import BadRequest, NetworkError, TelegramError
 
+from daemon.core.capped_http import too_large
 from daemon.core.errors import AttachmentError, ChannelError
 from daemon.core.logs import telegram_log as log
 from daemon.store.attachments import AttachmentLimits, store_file, store_image
@@ -172,6 +173,8 @@ class MediaFetcher:
                 raise _DownloadFailed(f"Telegram would not let me download {what}; please send "
                                       "it again.") from exc
             except NetworkError as exc:
+                if too_large(exc):  # past the size getFile gave, or it gave none
+                    raise _DownloadFailed(self._too_large(what[:1].upper() + what[1:])) from exc
                 log.warning("downloading a file from Telegram failed (attempt %d of %d): %s",
                             attempt + 1, DOWNLOAD_ATTEMPTS, exc)
                 if attempt + 1 < DOWNLOAD_ATTEMPTS:

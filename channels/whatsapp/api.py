@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from daemon.core.bodies import MB, TooLarge, json_capped
 from daemon.core.config import WhatsAppSettings
 from daemon.core.errors import ChannelError
 
@@ -28,6 +29,7 @@ TOKEN_PROBLEMS = frozenset({190})  # expired or invalid token: fixable, so never
 TEXT_LIMIT = 4096  # characters of a text message body
 BUTTONS_BODY_LIMIT = 1024  # characters of an interactive message's body
 TRACKING_LIMIT = 512  # characters of biz_opaque_callback_data
+ANSWER_CAP = 4 * MB  # a Graph API answer (a message id, a template list): a few kilobytes
 
 
 class Failure(enum.Enum):
@@ -218,7 +220,9 @@ class GraphClient:
             async with session.request(method, self.base + path, json=payload,
                                        data=form) as response:
                 try:
-                    answer = await response.json(content_type=None)
+                    answer = await json_capped(response, ANSWER_CAP)
+                except TooLarge as exc:
+                    raise GraphError(response.status, 0, f"the Graph API sent {exc}") from exc
                 except ValueError:
                     answer = None
                 if response.status == 200 and isinstance(answer, dict):

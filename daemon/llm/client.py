@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import httpx
 import ollama
 
+from daemon.core.bodies import MB
+from daemon.core.capped_http import capped_transport, too_large
 from daemon.core.config import ModelSettings
 from daemon.core.errors import (
     ContextOverflow,
@@ -54,6 +56,9 @@ _REQUEST_FAULT_TEXTS = ("template:", "image", "does not support", "unmarshal")
 # ConnectionError for a refused connection (an OSError), httpx's transport errors (timeouts,
 # dropped connections), and ValueError for a line or an answer that does not parse (json,
 # pydantic). These alone become LLMErrors; anything else is a bug and travels as itself.
+# Any one answer: a streamed one costs about 150 bytes a token, so this holds the longest
+# answer of the largest window with room; a server gone wrong costs no more.
+ANSWER_CAP = 64 * MB
 OLLAMA_ERRORS: tuple[type[Exception], ...] = (
     ollama.ResponseError, ollama.RequestError, httpx.HTTPError, OSError, ValueError)
 
@@ -80,16 +85,21 @@ class _CountsStream(httpx.AsyncByteStream):
     def __init__(self, inner: httpx.AsyncByteStream, counts: _FinalCounts) -> None:
         self._inner = inner
         self._counts = counts
-        self._pending = b""
+        self._pending: list[bytes] = []  # the line begun, in pieces: joined once it ends
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
-            self._pending += chunk
-            *lines, self._pending = self._pending.split(b"\n")
-            for line in lines:
-                self._read(line)
+            if b"\n" in chunk:
+                first, *lines, rest = chunk.split(b"\n")
+                for line in (b"".join((*self._pending, first)), *lines):
+                    self._read(line)
+                self._pending = [rest]
+            else:
+                # Not `pending += chunk`: a line that never ends (a server gone wrong) cost
+                # a copy of all of it per chunk, minutes before the cap was reached.
+                self._pending.append(chunk)
             yield chunk
-        self._read(self._pending)
+        self._read(b"".join(self._pending))
 
     def _read(self, line: bytes) -> None:
         if b'"prompt_eval_cached_count"' not in line:
@@ -138,7 +148,7 @@ class _CountsTransport(httpx.AsyncBaseTransport):
     request fields the client cannot send (`_never_cut`)."""
 
     def __init__(self) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
+        self._inner = capped_transport(ANSWER_CAP)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self._inner.handle_async_request(_never_cut(request))
@@ -276,7 +286,8 @@ class ModelClient:
         """The server's version from `/api/version`, asked once; None when unknown."""
         if self._server_version is None:
             try:
-                async with httpx.AsyncClient(base_url=self.settings.host, timeout=10.0) as http:
+                async with httpx.AsyncClient(base_url=self.settings.host, timeout=10.0,
+                                             transport=capped_transport(ANSWER_CAP)) as http:
                     response = await http.get("/api/version")
                     response.raise_for_status()
                     text = str(response.json().get("version", ""))
@@ -521,6 +532,8 @@ def _translate(exc: BaseException, model: str) -> LLMError:
     """Map what httpx and the ollama client raise onto roost's LLMError family."""
     if isinstance(exc, LLMError):
         return exc
+    if too_large(exc):
+        return LLMError(f"Ollama's answer was too large: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return LLMTimeout(f"Ollama stopped answering: {type(exc).__name__}")
     if isinstance(exc, ConnectionError | httpx.ConnectError | httpx.RemoteProtocolError

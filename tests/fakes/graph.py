@@ -49,6 +49,8 @@ from typing import Any
 import aiohttp
 from aiohttp import BodyPartReader, web
 
+from tests.fakes.flood import Flood
+
 API_VERSION = "v23.0"
 PHONE_NUMBER_ID = "277321005464405"
 DISPLAY_NUMBER = "15550953877"
@@ -108,6 +110,7 @@ class FakeGraph:
     calls: list[Call] = field(default_factory=list)
     media: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     templates: list[Template] = field(default_factory=list)
+    number_flood: Flood | None = None  # the next phone number lookup: a server gone wrong
     _faults: dict[str, deque[_Fault]] = field(default_factory=lambda: defaultdict(deque))
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
@@ -400,6 +403,8 @@ class FakeGraph:
         if (fault := self._fault(request, kind)) is not None:
             return fault
         if kind == "number":
+            if self.number_flood is not None and not self.number_flood.done:
+                return await self.number_flood.send(request)
             return web.json_response({"display_phone_number": DISPLAY_NUMBER,
                                       "verified_name": "roost test", "id": PHONE_NUMBER_ID})
         if object_id not in self.media:

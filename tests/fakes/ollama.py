@@ -85,6 +85,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.flood import Flood
+
 VERSION = "0.12.6"
 
 
@@ -235,6 +237,7 @@ class FakeOllama:
         self.first_content: list[tuple[float, dict[str, Any]]] = []
         self.last_token: list[tuple[float, dict[str, Any]]] = []  # when a stream's end went out
         self.streaming = 0  # answers being streamed now
+        self.flood: Flood | None = None  # the next chat's answer: a server gone wrong
         self.answering = 0  # /api/chat requests being answered now (waits and delays included)
         self.most_answered_at_once = 0
         self._cache: dict[str, tuple[list[dict[str, Any]], Any]] = {}  # model -> messages, tools
@@ -367,6 +370,8 @@ class FakeOllama:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self.flood is not None and not self.flood.done:
+            return await self.flood.send(request)
         self.answering += 1
         self.most_answered_at_once = max(self.most_answered_at_once, self.answering)
         try:

@@ -49,6 +49,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import BodyPartReader, web
 
+from tests.fakes.flood import Flood
+
 METHODS = (  # the Bot API methods the fake answers
     "getMe setWebhook deleteWebhook getWebhookInfo getUpdates sendMessage editMessageText"
     " deleteMessage sendChatAction sendPhoto sendDocument getFile setMyCommands"
@@ -144,6 +146,7 @@ class FakeTelegram:
         self.commands: list[dict[str, Any]] = []
         self.files: dict[str, _File] = {}
         self.downloads: list[str] = []  # the file paths downloaded, in order
+        self.download_flood: Flood | None = None  # the next download: a server gone wrong
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}  # (chat id, message id)
         # Callback queries made by tap(), by id: None until answerCallbackQuery answers one.
         self.callback_answers: dict[str, dict[str, Any] | None] = {}
@@ -353,6 +356,8 @@ class FakeTelegram:
         found = next((f for f in self.files.values() if f.file_path == path), None)
         if found is None:
             return _error(404, "Not Found")
+        if self.download_flood is not None and not self.download_flood.done:
+            return await self.download_flood.send(request)  # whatever getFile said its size is
         return web.Response(body=found.content, content_type="application/octet-stream")
 
     # -- methods ---------------------------------------------------------------------------

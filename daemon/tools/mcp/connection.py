@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from daemon.core import confine
+from daemon.core.capped_http import capped_transport
 from daemon.core.child_env import child_env
 from daemon.core.config import McpServerSettings
 from daemon.core.errors import McpError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from mcp import ClientSession, types
 
 BACKOFF_FIRST = 1.0
+ANSWER_CAP = 32 * 1024 * 1024  # one answer of a server over HTTP (a JSON body or a stream)
 BACKOFF_MAX = 60.0
 # What a wait for a start adds to the start timeout: the start's own timeout, begun earlier,
 # speaks first, so the waiter hears why it failed.
@@ -208,10 +210,11 @@ class Connection:
 
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[ClientSession]:
+        import httpx2
         from mcp import ClientSession
         from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
+        from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
         settings = self.settings
         async with contextlib.AsyncExitStack() as stack:
@@ -226,8 +229,12 @@ class Connection:
                 read, write = await stack.enter_async_context(stdio_client(params, self._errlog))
             else:
                 assert settings.url is not None
-                http = await stack.enter_async_context(
-                    create_mcp_http_client(headers=dict(settings.headers)))
+                # The SDK's client (create_mcp_http_client) with answers held to ANSWER_CAP:
+                # the SDK holds each event of a stream to 1 MB, but reads a JSON answer whole.
+                http = await stack.enter_async_context(httpx2.AsyncClient(
+                    headers=dict(settings.headers),
+                    timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+                    transport=capped_transport(ANSWER_CAP, httpx2)))
                 read, write = await stack.enter_async_context(
                     streamable_http_client(settings.url, http_client=http))
             session = await stack.enter_async_context(ClientSession(read, write))

@@ -43,14 +43,21 @@ _LINKS = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 _CLAUSE = re.compile(r"[:.;(|]| [-–—] ")  # "GitHub: issues and PRs" is titled "GitHub"
 
 
-def index_words(text: str | None) -> str:
-    """A few plain words of a server's title or description for its index line: the first
-    clause of its first line, without markup that could open or close a prompt section.
-    Full-width and other compatibility forms are folded first (NFKC): a model reads
-    `＜/system＞` as `</system>`, so the markup it spells is found and dropped the same way."""
+def plain_line(text: str | None, limit: int) -> str:
+    """The first line of a server's text (a title, a tool's description) without markup that
+    could open or close a prompt section: tags, template markers, links (their text kept) and
+    the characters of Markdown's markup. Full-width and other compatibility forms are folded
+    first (NFKC): a model reads `＜/system＞` as `</system>`, so the markup it spells is found
+    and dropped the same way."""
     text = unicodedata.normalize("NFKC", (text or "")[:4000])  # bounded work on a huge one
     text = _LINKS.sub(r"\1", _TEMPLATES.sub(" ", _TAGS.sub(" ", text)))
-    line = one_line(text.translate(str.maketrans("", "", "#*_`<>[]{}")), 200)
+    return one_line(text.translate(str.maketrans("", "", "#*`<>[]{}")), limit)
+
+
+def index_words(text: str | None) -> str:
+    """A few plain words of a server's title or description for its index line: the first
+    clause of its `plain_line`."""
+    line = plain_line(text, 200).replace("_", "")
     words = _CLAUSE.split(line, maxsplit=1)[0].split()[:INDEX_WORDS]
     return " ".join(words)[:INDEX_CHARS].rstrip()
 
@@ -85,7 +92,7 @@ def _node(node: Any, defs: Mapping[str, Any], depth: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if kind:
         out["type"] = kind
-    description = str(node.get("description") or "")
+    description = plain_line(str(node.get("description") or ""), DESCRIPTION_CHARS)
     if notes:
         description = "; ".join(filter(None, [description, *notes]))
     if description:

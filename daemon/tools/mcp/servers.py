@@ -33,7 +33,7 @@ from daemon.tools import builtin
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
-from daemon.tools.mcp.schema import index_words, one_line, simplify, tool_name
+from daemon.tools.mcp.schema import index_words, plain_line, simplify, tool_name
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class McpServers:
     def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
         return McpTool(
             name=tool_name(server.name, tool.name),
-            description=one_line(tool.description, 300) or tool.name,
+            description=plain_line(tool.description, 300) or tool.name,
             parameters=simplify(tool.input_schema),
             handler=functools.partial(self._call, server.name, tool.name),
             timeout=server.timeout + TIMEOUT_SLACK,

@@ -43,6 +43,7 @@ from daemon.engine.facts_commands import FactsCommands
 from daemon.engine.workers import Engine
 from daemon.store import Store
 from tests.conftest import FIXTURES, SettingsFactory, wait_until
+from tests.fakes.flood import Flood
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram, parse_html
 
@@ -627,6 +628,27 @@ async def test_a_file_whose_message_gives_no_size_is_held_to_the_download_limit(
                for t in texts(fake_telegram)), texts(fake_telegram)
     assert fake_telegram.downloads == []  # refused on getFile's size, not read first
     assert not daemon.user_messages()[0].attachments
+
+
+async def test_a_download_past_the_size_getfile_gave_is_cut_at_the_limit(
+        start: Start, fake_telegram: FakeTelegram) -> None:
+    # A Bot API gone wrong (or a local one) says 1 KB and sends 200 MB: PTB reads a download
+    # whole, so roost's cap on its answers is what stops it (issue 48 item 6).
+    daemon = await start()
+    fake_telegram.add_file("liar", b"\0" * 1024, "documents/liar.bin")
+    fake_telegram.download_flood = flood = Flood(200 * 1024 * 1024)
+    document = {"file_id": "liar", "file_unique_id": "l", "file_name": "liar.bin",
+                "mime_type": "application/octet-stream", "file_size": 1024}
+    assert await daemon.post(message(1, None, document=document, caption="keep this")) == 200
+    await fake_telegram.wait_for("sendMessage")
+    await daemon.settle()
+    assert any('The document "liar.bin" is too large for me to download' in t
+               for t in texts(fake_telegram)), texts(fake_telegram)
+    await wait_until(lambda: flood.done, 10)
+    assert flood.cut and flood.sent < 100 * 1024 * 1024, flood  # roost hung up at its cap
+    assert fake_telegram.downloads == ["documents/liar.bin"]  # tried once, not again
+    kept = daemon.user_messages()[0]
+    assert kept.content == "keep this" and not kept.attachments
 
 
 # Bot API before 4.5 had no file_unique_id; public test data (the Bot API page "Testing your bot

@@ -15,7 +15,8 @@ from channels.whatsapp.api import Failure, GraphClient, GraphError
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import Described, describe, parse_webhook
 from daemon.core.config import WhatsAppSettings
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, wait_until
+from tests.fakes.flood import Flood
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph
 
 
@@ -134,3 +135,15 @@ def test_an_answer_without_metas_error_body_is_retried_only_when_waiting_helps(
     # A proxy's HTML page or a wrong api_version has no Graph error code: a 4xx there would
     # fail the same way for ever, and retrying it would stall the chat.
     assert GraphError(status, 0, "unexpected answer").kind is kind
+
+
+@pytest.mark.parametrize("declared", [False, True])
+async def test_a_graph_answer_past_its_cap_is_an_error_read_no_further(
+        graph: FakeGraph, client: GraphClient, declared: bool) -> None:
+    graph.number_flood = flood = Flood(50 * 1024 * 1024, declared, "application/json")
+    with pytest.raises(GraphError) as raised:
+        await client.phone_number()
+    assert "the Graph API sent an answer larger than 4 MB" in str(raised.value)
+    await wait_until(lambda: flood.done, 10)
+    assert flood.cut and flood.sent < 20 * 1024 * 1024, flood  # roost hung up at its cap
+    assert (await client.phone_number())["id"] == PHONE_NUMBER_ID  # the next is read as ever

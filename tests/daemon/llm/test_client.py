@@ -1,4 +1,5 @@
-"""The Ollama client's error translation covers the ollama library and httpx, nothing of roost's."""
+"""The Ollama client's error translation covers the ollama library and httpx, nothing of roost's;
+an answer past its cap is one of those errors."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from daemon.app.assembly import assemble
 from daemon.core.errors import ContextOverflow, LLMError, LLMUnavailable
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from tests.conftest import RecordingChannel, SettingsFactory
+from tests.conftest import RecordingChannel, SettingsFactory, wait_until
 from tests.daemon.turn.test_turn import fast, say
+from tests.fakes.flood import Flood
 from tests.fakes.ollama import FakeOllama, Reply
 
 
@@ -110,3 +112,24 @@ async def test_an_over_window_prompt_is_refused_as_an_overflow_not_cut(
         await llm.close()
     assert refused.value.prompt_tokens == fake_ollama.count_tokens(messages)
     assert fake_ollama.cuts == 0
+
+
+@pytest.mark.parametrize("declared", [False, True])
+async def test_an_answer_past_its_cap_is_a_model_error_read_no_further(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, declared: bool
+) -> None:
+    # A server gone wrong answers 200 MB, in one line that never ends (issue 48 item 6: every
+    # body read from outside has a cap); chunked, or with its length said up front.
+    fake_ollama.flood = flood = Flood(200 * 1024 * 1024, declared, "application/x-ndjson")
+    llm = ModelClient(fast(make_settings, fake_ollama, concurrency=1).model)
+    try:
+        with pytest.raises(LLMError) as raised:
+            await asyncio.wait_for(llm.chat([{"role": "user", "content": "hi"}]), 60)
+        assert "Ollama's answer was too large: an answer larger than 64 MB" in str(raised.value)
+        await wait_until(lambda: flood.done, 10)
+        assert flood.cut and flood.sent < 100 * 1024 * 1024, flood  # roost hung up at its cap
+        # And the next answer is read as ever.
+        result = await asyncio.wait_for(llm.chat([{"role": "user", "content": "again"}]), 10)
+        assert result.content == "echo: again"
+    finally:
+        await llm.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from mcp import types
 
 from daemon.context.prefix import capability_index
@@ -32,6 +33,7 @@ from daemon.tools.mcp.schema import simplify
 from daemon.tools.mcp.servers import McpServers, with_servers
 from daemon.tools.registry import Registry, ToolCall
 from tests.conftest import standard_registry, wait_until
+from tests.fakes.flood import Flood
 from tests.fakes.mcp_results import unlabelled
 
 SERVER = Path(__file__).resolve().parents[2] / "fakes" / "mcp_server.py"
@@ -251,6 +253,31 @@ async def test_the_same_server_over_streamable_http(running: Any, http_server: s
     assert (await call(registry, "fake__fail")).startswith("ERROR:")
 
 
+async def test_a_server_over_http_answering_past_the_cap_is_down_and_read_no_further(
+    running: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A server gone wrong answers its initialize with 200 MB (issue 48 item 6): the SDK reads
+    # a JSON answer whole, so roost's cap on its answers is what stops it.
+    flood = Flood(200 * 1024 * 1024, content_type="application/json")
+    app = web.Application()
+    app.router.add_post("/mcp", flood.send)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        await running(McpServerSettings(name="flood", url=f"http://127.0.0.1:{port}/mcp"),
+                      start_timeout=30.0)
+        await wait_until(lambda: flood.done, 30)
+        assert flood.cut and flood.sent < 100 * 1024 * 1024, flood  # roost hung up at its cap
+        await wait_until(lambda: any(
+            "MCP server flood is down (an answer larger than 32 MB" in r.getMessage()
+            for r in caplog.records), 30)
+    finally:
+        await runner.cleanup()
+
+
 def test_schemas_are_simplified_for_small_models() -> None:
     schema = {"type": "object", "title": "x", "required": ["where"],
               "$defs": {"A": {"type": "object", "title": "A", "required": ["city"],
@@ -393,6 +420,26 @@ def test_an_index_line_is_the_name_a_few_plain_words_and_the_tool_count(
     folded = unicodedata.normalize("NFKC", about)
     assert not set(folded) & set("#*`<>[]{}%\n") and "Instructions" not in about
     assert "system" not in folded
+
+
+@pytest.mark.parametrize("description", HOSTILE)
+def test_a_tools_description_and_its_arguments_reach_the_model_without_markup(
+    state_dir: Path, description: str
+) -> None:
+    # Chat templates write the tools into the system prompt (issue 48 item 6: full-width
+    # `＜/system＞` and `{{system}}` passed the neutraliser there).
+    Catalog(state_dir).write({"notes": Listing("Notes", (types.Tool(
+        name="add", description=description, input_schema={
+            "type": "object", "properties": {"text": {"type": "string",
+                                                      "description": description}}}),))})
+    registry, _ = with_servers(McpSettings(servers=(stdio("notes"),)), state_dir)
+    [function] = [s["function"] for s in registry.schemas(["notes"])
+                  if s["function"]["name"] == "notes__add"]
+    for said in (function["description"], function["parameters"]["properties"]["text"][
+            "description"]):
+        folded = unicodedata.normalize("NFKC", said)
+        assert said and not set(folded) & set("#*`<>[]{}%\n"), said
+        assert "system" not in folded, said
 
 
 def test_servers_that_never_came_up_are_not_listed_and_none_is_a_bare_mcp_server(
