@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from daemon.context.compact import (
 )
 from daemon.context.echoes import without_framing
 from daemon.context.replay import ChatMessage, shown_result
+from daemon.context.text_calls import looks_like_text_tool_call
 from daemon.core.errors import AttachmentError, ContextOverflow, PromptCut
 from daemon.llm.client import ChatResult
 from daemon.store.attachments import StoredImage, read_image_base64, store_image
@@ -99,33 +99,6 @@ class LoopResult:
     calls: int
     tool_calls: int
     note: str = ""
-
-
-_PSEUDO_CALL_MARKERS = ("<tool_call>", "<|tool_call|>", "[TOOL_CALLS]", "<function=")
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
-
-
-def looks_like_text_tool_call(text: str, tool_names: Sequence[str]) -> bool:
-    """True when a reply is a tool call written out as text rather than a structured call."""
-    stripped = text.strip()
-    if any(marker in stripped for marker in _PSEUDO_CALL_MARKERS):
-        return True
-    body = _FENCE.sub("", stripped)
-    if not body.startswith(("{", "[")):
-        return False
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return False
-    items = parsed if isinstance(parsed, list) else [parsed]
-    for item in items:
-        if not isinstance(item, dict):
-            return False
-        function = item.get("function")
-        name = function.get("name") if isinstance(function, dict) else item.get("name")
-        if name in tool_names or ("arguments" in item or "parameters" in item):
-            return True
-    return False
 
 
 def could_become_text_tool_call(text: str) -> bool:
