@@ -39,12 +39,14 @@ ALLOWED: dict[str, set[str]] = {
     "console": {"core", "context", "store", "intake", "tools"},
     "engine": {"core", "context", "parsing", "store", "llm", "tools", "intake", "turn",
                "voice"},
+    # `roost models`: probes the model server and keeps its cards; no turn, no channel.
+    "models": {"core", "context", "store", "llm"},
     # A channel verifies, parses, admits and translates: it never reaches the engine or the model.
     "channels": {"core", "intake", "store"},
     "automations": _MIDDLE,
     # Only the composition roots import channels and automations.
     "app": _MIDDLE | {"channels", "automations", "daemon"},
-    "cli": _MIDDLE | {"channels", "automations", "daemon", "app"},
+    "cli": _MIDDLE | {"channels", "automations", "daemon", "app", "models"},
     "daemon": {"cli"},
 }
 

@@ -34,7 +34,7 @@ EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
 _READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory",
-                        "mcp", "approvals", "console"})
+                        "mcp", "approvals", "console", "models"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -48,6 +48,7 @@ _HEAVY = {
     "automations run": "daemon.cli.automation_run",
     "init": "daemon.cli.init",
     "mcp": "daemon.cli.mcp",
+    "models": "daemon.cli.models",
 }
 
 
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_parser(commands, common)
     _add_mcp(commands, common)
     _add_console_and_approvals(commands, common)
+    _add_models(commands, common)
     return parser
 
 
@@ -179,6 +181,22 @@ def _add_console_and_approvals(commands: argparse._SubParsersAction[argparse.Arg
     revoke_always.add_argument("--tool", default=None, help="only this tool (server__tool)")
 
 
+def _add_models(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                common: argparse.ArgumentParser) -> None:
+    """`roost models [--json] [--model NAME ...] [--yes]`."""
+    models = commands.add_parser(
+        "models", parents=[common], help="probe which pulled models work with roost here",
+        description="Send each model a few short requests (tools, thinking, a prompt over the "
+                    "window, speed, cache, vision), print a card per model and keep it in the "
+                    "state directory. Never pulls anything. Without --model every pulled model "
+                    "is loaded in turn, which unloads what is loaded now: it asks first.")
+    models.add_argument("--json", action="store_true", help="the cards as JSON, for scripts")
+    models.add_argument("--model", action="append", default=[], metavar="NAME", dest="models",
+                        help="probe this model only (repeat for more)")
+    models.add_argument("--yes", action="store_true",
+                        help="probe every pulled model without asking")
+
+
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument("--config", type=Path, metavar="PATH",
                         default=argparse.SUPPRESS if suppress else None,
@@ -248,6 +266,10 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         if args.action == "list":
             return int(asyncio.run(commands.mcp_list(settings)))
         return int(asyncio.run(commands.mcp_test(settings, args.name)))
+    if args.command == "models":  # its cards are the output; log lines only with -v
+        logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+        return int(asyncio.run(_load("models").run_models(
+            settings, args.models, as_json=args.json, yes=args.yes)))
     if args.command == "console":
         return console_command(settings, args.revoke_all)
     if args.command == "approvals":
