@@ -51,6 +51,28 @@ chatPrompt, ``runner/ollamarunner`` NewSequence, ``server/sched.go``), checked a
 - While ``busy`` (Ollama's queue is full, ``OLLAMA_MAX_QUEUE``), chats get a 503 ``server busy,
   please try again.  maximum pending requests exceeded``.
 
+Kinds of model (``FakeModel`` fields, for ``roost models``; the defaults answer as before), checked
+against Ollama 0.12.6 and its main branch (``api/types.go`` Message, ToolCall, Metrics,
+ProcessModelResponse; ``server/routes.go`` ChatHandler; ``server/images.go`` Capabilities):
+
+- ``tool_style``: with ``tools`` in the request and a last user message that asks for a tool,
+  "native" answers with ``message.tool_calls`` (``{"function": {"index", "name", "arguments"}}``,
+  as ChatHandler's tool parser sets ``res.Message.ToolCalls`` and clears the content), arguments
+  filled from the first tool's required properties; "text" writes the same call as JSON in the
+  content (``{"name", "arguments"}``: what reaches the client when Ollama's parser does not
+  recognise the model's call); "never" and None answer as ``default_reply``.
+- ``thinking_style``: "separate" is the thinking above (``message.thinking``); "inline" puts what
+  the model thinks between ``<think>`` tags in the content, whatever ``think`` says (Ollama
+  separates thinking only for a template whose tags it knows: such a model has no ``thinking``
+  capability); "empty-with-tools" thinks and answers no content (``done_reason`` stop) when tools
+  are offered.
+- ``load_duration``: seconds the final object's ``load_duration`` says (nanoseconds on the wire,
+  only in the final object, as ChatHandler sets it when ``r.Done``) for a request that loaded
+  the model; one already loaded at that ``num_ctx`` says 1 ms.
+- ``vision_reply``: the answer to a request whose messages carry ``images`` (give the model the
+  ``vision`` capability too, as /api/show would).
+- ``/api/ps`` says ``size`` and ``size_vram`` (ProcessModelResponse) for each loaded model.
+
 Failures: ``refuse_connections`` (nothing listens), ``hang`` (requests accepted, none answered),
 ``busy`` (503 on chats), ``gateway_status`` (a proxy whose upstream is down answers every route),
 and per ``Reply``: a status before streaming, or after some streamed pieces a dropped connection
@@ -104,6 +126,12 @@ class FakeModel:
     vocab_size: int | None = None
     # What a thinking model thinks when the script gives no thinking (600 bytes: 200 tokens).
     default_thinking: str = "Let me think about what the user needs here. " * 13 + "Right, ok."
+    # How it answers when nothing is scripted (module docstring, "Kinds of model"); the
+    # defaults are the fake's behaviour from before these fields.
+    tool_style: str | None = None  # "native", "text" or "never"; None: the default reply
+    thinking_style: str = "separate"  # or "inline", "empty-with-tools"
+    load_duration: float = 0.001  # seconds a cold load reports in `load_duration`
+    vision_reply: str | None = None  # the answer to a request carrying `images`
 
     @property
     def arch(self) -> str:
@@ -402,9 +430,10 @@ class FakeOllama:
         if not messages and body.get("keep_alive") in (0, "0", "0s"):  # Ollama's unload request
             self.loaded.pop(model.name, None)
             return _json(self._final(name, "unload", 0, 0, started))
-        self._load(model.name, num_ctx)
+        load_ns = round(model.load_duration * 1e9) if self._load(model.name, num_ctx) \
+            else 1_000_000
         if not messages:  # Ollama's load request
-            return _json(self._final(name, "load", 0, 0, started))
+            return _json(self._final(name, "load", 0, 0, started, load_ns))
         truncate = body.get("truncate") is not False or self.ignores_truncate
         prompt_tokens, kept = self._fit(messages, body.get("tools"), num_ctx, truncate)
         if prompt_tokens > num_ctx:
@@ -414,7 +443,7 @@ class FakeOllama:
             return _error(400, _overflow_text(prompt_tokens, num_ctx))
         cached = min(self._cached(model.name, kept, body.get("tools")), prompt_tokens - 1)
         self._cache[model.name] = (kept, body.get("tools"))
-        reply = self._queue.popleft() if self._queue else self.default_reply(body)
+        reply = self._queue.popleft() if self._queue else self._own_reply(model, body)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
@@ -422,6 +451,7 @@ class FakeOllama:
         thinking = None
         if thinks and body.get("think") is not False:  # Ollama: think unset means true
             thinking = reply.thinking if reply.thinking is not None else model.default_thinking
+        reply, thinking = _thinking_style(model, body, reply, thinking)
         content, done_reason = reply.content, reply.done_reason
         num_predict = options.get("num_predict")
         eval_count = _tokens(content + (thinking or ""))
@@ -440,7 +470,7 @@ class FakeOllama:
             eval_count, done_reason = num_predict, "length"
         final = self._final(name, done_reason,
                             prompt_tokens - cached if self.uncached_only else prompt_tokens,
-                            eval_count, started)
+                            eval_count, started, load_ns)
         if self.report_cached:
             final["prompt_eval_cached_count"] = cached
         if not body.get("stream", True):
@@ -518,12 +548,32 @@ class FakeOllama:
         await response.write_eof()
         return response
 
-    def _load(self, name: str, num_ctx: int) -> None:
+    def _load(self, name: str, num_ctx: int) -> bool:
+        """Load the model at num_ctx; True when that took a load (it was not loaded so)."""
         previous = self.loaded.get(name)
         if previous is not None and previous != num_ctx:
             self.reloads += 1
             self._cache.pop(name, None)  # a reload starts with an empty KV cache
         self.loaded[name] = num_ctx
+        return previous != num_ctx
+
+    def _own_reply(self, model: FakeModel, body: dict[str, Any]) -> Reply:
+        """The model's answer when nothing is scripted: a picture described, a tool called
+        in the model's style when the last user message asks for a tool, else
+        `default_reply`."""
+        messages = body.get("messages") or []
+        if model.vision_reply is not None and any(m.get("images") for m in messages):
+            return Reply(content=model.vision_reply)
+        tools = body.get("tools")
+        users = [m for m in messages if m.get("role") == "user"]
+        asked = bool(users) and "tool" in str(users[-1].get("content") or "").lower()
+        if tools and asked and model.tool_style in ("native", "text"):
+            call = _call_of(tools[0])
+            if model.tool_style == "native":
+                return Reply(tool_calls=[call])
+            return Reply(content=_compact({"name": call["function"]["name"],
+                                           "arguments": call["function"]["arguments"]}))
+        return self.default_reply(body)
 
     def _cached(self, name: str, messages: list[dict[str, Any]], tools: list[Any] | None) -> int:
         """Tokens of the prompt's leading messages that the model's last prompt had too."""
@@ -564,7 +614,8 @@ class FakeOllama:
 
     @staticmethod
     def _final(
-        name: str, done_reason: str, prompt_tokens: int, eval_count: int, started: int
+        name: str, done_reason: str, prompt_tokens: int, eval_count: int, started: int,
+        load_ns: int = 1_000_000,
     ) -> dict[str, Any]:
         return {
             "model": name,
@@ -573,7 +624,7 @@ class FakeOllama:
             "done": True,
             "done_reason": done_reason,
             "total_duration": time.monotonic_ns() - started,
-            "load_duration": 1_000_000,
+            "load_duration": load_ns,
             "prompt_eval_count": prompt_tokens,
             "prompt_eval_duration": 20_000 * prompt_tokens,
             "eval_count": eval_count,
@@ -639,6 +690,38 @@ def _message(
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message
+
+
+def _call_of(tool: dict[str, Any]) -> dict[str, Any]:
+    """A call of `tool` as Ollama's ToolCall (api/types.go): its required properties filled
+    with a value of their type (an enum's first)."""
+    function = tool.get("function") or {}
+    schema = function.get("parameters") or {}
+    properties = schema.get("properties") or {}
+    samples = {"integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+    arguments = {}
+    for key in schema.get("required") or []:
+        spec = properties.get(key) or {}
+        enum = spec.get("enum")
+        arguments[key] = enum[0] if enum else samples.get(spec.get("type"), "Europe/Berlin")
+    return {"function": {"index": 0, "name": function.get("name", ""), "arguments": arguments}}
+
+
+def _thinking_style(model: FakeModel, body: dict[str, Any], reply: Reply,
+                    thinking: str | None) -> tuple[Reply, str | None]:
+    """The reply and its separate thinking as the model's thinking style makes them:
+    "inline" writes what it thinks into the content between <think> tags (whatever `think`
+    says: Ollama cannot tell it from the answer), "empty-with-tools" thinks and then answers
+    nothing when tools are offered."""
+    if model.thinking_style == "inline":
+        thought = thinking or (reply.thinking if reply.thinking is not None
+                               else model.default_thinking)
+        return dataclasses.replace(reply, content=f"<think>{thought}</think>\n\n"
+                                   + reply.content), None
+    if model.thinking_style == "empty-with-tools" and thinking and body.get("tools"):
+        return dataclasses.replace(reply, content="", tool_calls=None, done_reason="stop"), \
+            thinking
+    return reply, thinking
 
 
 def _overflow_text(n_prompt: int, n_ctx: int) -> str:

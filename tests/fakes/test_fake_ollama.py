@@ -377,3 +377,68 @@ async def test_a_paced_stream_comes_a_token_at_a_time_and_can_be_cancelled(
     await stream.aclose()  # closes the HTTP response, as roost's /stop does
     await wait_until(lambda: fake.cancelled == 1 and fake.streaming == 0)
     await client._client.aclose()
+
+
+# -- kinds of model (the FakeModel fields `roost models` tells apart) ------------------------
+
+CLOCK_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "the time",
+    "parameters": {"type": "object", "required": ["timezone", "hours"], "properties": {
+        "timezone": {"type": "string"}, "hours": {"type": "integer"},
+        "unused": {"type": "string"}}}}}
+ASK_TOOL = [{"role": "user", "content": "Use the get_time tool, please."}]
+
+
+async def kinds() -> FakeOllama:
+    return FakeOllama([
+        FakeModel("native:1b", capabilities=("completion", "tools"), tool_style="native"),
+        FakeModel("text:1b", capabilities=("completion", "tools"), tool_style="text"),
+        FakeModel("never:1b", capabilities=("completion", "tools"), tool_style="never"),
+        FakeModel("inline:1b", capabilities=("completion",), thinking_style="inline"),
+        FakeModel("empty:1b", thinking_style="empty-with-tools"),
+        FakeModel("eyes:1b", capabilities=("completion", "vision"), vision_reply="Red and blue.",
+                  load_duration=2.5),
+    ])
+
+
+async def test_each_tool_style_answers_a_request_for_a_tool_its_own_way() -> None:
+    async with await kinds() as fake, ollama.AsyncClient(host=fake.url) as client:
+        native = await client.chat(model="native:1b", messages=ASK_TOOL, tools=[CLOCK_TOOL])
+        (call,) = native.message.tool_calls or []
+        assert call.function.name == "get_time"
+        assert dict(call.function.arguments) == {"timezone": "Europe/Berlin", "hours": 1}
+        assert native.message.content == ""
+        text = await client.chat(model="text:1b", messages=ASK_TOOL, tools=[CLOCK_TOOL])
+        assert not text.message.tool_calls
+        assert json.loads(text.message.content) == {
+            "name": "get_time", "arguments": {"timezone": "Europe/Berlin", "hours": 1}}
+        never = await client.chat(model="never:1b", messages=ASK_TOOL, tools=[CLOCK_TOOL])
+        assert never.message.content == "echo: Use the get_time tool, please."
+        # Not asked for a tool, the native model answers in words.
+        plain = await client.chat(model="native:1b", messages=USER_HI, tools=[CLOCK_TOOL])
+        assert plain.message.content == "echo: hi" and not plain.message.tool_calls
+
+
+async def test_inline_thinking_is_in_the_content_and_empty_with_tools_says_nothing() -> None:
+    async with await kinds() as fake, ollama.AsyncClient(host=fake.url) as client:
+        inline = await client.chat(model="inline:1b", messages=USER_HI)
+        assert inline.message.content.startswith("<think>Let me think")
+        assert "</think>\n\necho: hi" in inline.message.content and not inline.message.thinking
+        empty = await client.chat(model="empty:1b", messages=USER_HI, tools=[CLOCK_TOOL],
+                                  think=True)
+        assert empty.message.thinking and empty.message.content == ""
+        assert empty.done_reason == "stop"
+        without_tools = await client.chat(model="empty:1b", messages=USER_HI, think=True)
+        assert without_tools.message.content == "echo: hi"
+
+
+async def test_a_cold_load_reports_its_duration_and_a_picture_is_described() -> None:
+    picture = [{"role": "user", "content": "what is it?", "images": ["iVBORw0KGgo="]}]
+    async with await kinds() as fake, ollama.AsyncClient(host=fake.url) as client:
+        first = await client.chat(model="eyes:1b", messages=picture)
+        assert first.load_duration == 2_500_000_000
+        assert first.message.content == "Red and blue."
+        warm = await client.chat(model="eyes:1b", messages=USER_HI)
+        assert warm.load_duration == 1_000_000 and warm.message.content == "echo: hi"
+        (running,) = (await client.ps()).models
+        assert running.model == "eyes:1b" and running.size_vram == running.size > 0
