@@ -41,8 +41,12 @@ async def run_models(settings: Settings, names: Sequence[str] = (), *, as_json: 
     try:
         return await _run(battery, settings, names, as_json, yes, (out, err, stdin))
     except LLMUnavailable as exc:
-        print(f"roost: {exc} (is Ollama running at {redact_url(settings.model.host)}? "
-              "Start it with `ollama serve` or `systemctl start ollama`)", file=err)
+        host = redact_url(settings.model.host)
+        # The ollama client's own words for a refused connection are a paragraph; a gateway's
+        # answer (502, 503) is worth showing as it is.
+        why = "cannot reach Ollama" if "cannot reach Ollama" in str(exc) else str(exc)
+        print(f"roost: {why} at {host}: start it with `ollama serve` or "
+              "`systemctl start ollama`", file=err)
         return NOT_DONE
     finally:
         await battery.close()
