@@ -8,6 +8,7 @@ import ctypes
 import platform
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,34 @@ def write_config(tmp_path: Path, host: str) -> Path:
     return config
 
 
+_started: list[asyncio.subprocess.Process] = []  # this worker's `roost chat`s, ended by each test
+
+
+@pytest.fixture(autouse=True)
+async def no_chat_left() -> AsyncIterator[None]:
+    """A test that failed half-way leaves no `roost chat` running, nor its pipes open (they
+    failed the next test on the worker with ResourceWarnings)."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.returncode is None:
+            process.kill()
+        await asyncio.wait_for(process.communicate(), 60)
+
+
 async def start_chat(config: Path) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
+    process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "daemon", "chat", "--config", str(config),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+    _started.append(process)
+    return process
 
 
-async def read_until(stream: asyncio.StreamReader, marker: str, timeout: float = 10) -> str:  # noqa: ASYNC109
+# A minute: `roost chat` starts in about two seconds, but far slower on a loaded machine
+# (the suite with -n 4 on two cores).
+async def read_until(stream: asyncio.StreamReader, marker: str, timeout: float = 60) -> str:  # noqa: ASYNC109
     seen = ""
     async with asyncio.timeout(timeout):
         while marker not in seen:

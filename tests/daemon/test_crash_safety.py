@@ -294,11 +294,11 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
     fake_telegram.hold("sendMessage", after=in_flight)  # parts before it go through
     daemon = await _roost(config, env)
     try:
-        await fake_telegram.wait_for("setWebhook", timeout=30)
+        await fake_telegram.wait_for("setWebhook", timeout=60)
         async with aiohttp.ClientSession() as http:
             assert _resent(await metrics(http)) == 0
             await post(http, update(1, "hello"))
-            await fake_telegram.wait_for("sendMessage", in_flight + 1, timeout=30)
+            await fake_telegram.wait_for("sendMessage", in_flight + 1, timeout=60)
     finally:
         daemon.kill()
         _, err = await daemon.communicate()
@@ -306,7 +306,7 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
     fake_telegram.release()
     daemon = await _roost(config, env)
     try:
-        sent = await fake_telegram.wait_for("sendMessage", 4, timeout=30)
+        sent = await fake_telegram.wait_for("sendMessage", 4, timeout=60)
         async with aiohttp.ClientSession() as http:
             for _ in range(100):  # the counter is bumped just before the record is written
                 if _resent(await metrics(http)) == 1:
@@ -314,7 +314,7 @@ async def test_a_part_in_flight_at_a_crash_is_sent_again_and_counted_in_metrics(
                 await asyncio.sleep(0.05)
             assert _resent(await metrics(http)) == 1
             await post(http, update(2, "and again"))  # a reply no crash interrupted
-            sent = await fake_telegram.wait_for("sendMessage", 5, timeout=30)
+            sent = await fake_telegram.wait_for("sendMessage", 5, timeout=60)
             assert _resent(await metrics(http)) == 1
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -98,7 +98,8 @@ async def notify_socket() -> AsyncIterator[tuple[socket.socket, str]]:
 
 
 async def _next_datagram(sock: socket.socket) -> str:
-    async with asyncio.timeout(20):
+    # A minute: the first one comes once roost started, far slower on a loaded machine.
+    async with asyncio.timeout(60):
         return (await asyncio.get_running_loop().sock_recv(sock, 4096)).decode()
 
 
