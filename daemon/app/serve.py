@@ -5,9 +5,9 @@ Ollama client, the health monitor, pairing and pacing, the channels (before the 
 delivers through them), the core (daemon/app/assembly.py: the tools and MCP servers, the engine,
 the automations' scheduler), then the channels' receiving sides (after the engine, which they
 feed; so they stop first).
-`serve()` binds the port first (a second instance stops before it touches Telegram), starts the
-parts, serves, tells systemd it is ready and keeps its watchdog fed from the event loop; on
-SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
+`serve()` refuses a channel's bad settings first, then binds the port (a second instance stops
+before it touches Telegram), starts the parts, serves, tells systemd it is ready and keeps its
+watchdog fed from the event loop; on SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
 (the whole stop's budget, see `shutdown_budget`), closes the store and returns 0.
 """
 
@@ -28,7 +28,7 @@ from aiohttp import web
 
 from automations.board import Board
 from automations.scheduler import Automations
-from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning
+from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning, check_settings
 from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
 from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
@@ -455,6 +455,12 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
     tuning = tuning or Tuning()
     daemon = settings.daemon
+    if settings.telegram.enabled:
+        try:  # a config error first: said as one, whatever the port (a plain user's port 9)
+            check_settings(settings.telegram)
+        except ConfigError as exc:
+            log.error("config error: %s", exc)
+            return ConfigError.exit_status
     sock = _bind(settings, tuning)
     if sock is None:
         return EX_OSERR

@@ -182,15 +182,24 @@ async def test_a_state_directory_readable_by_others_fails(
 async def test_doctor_fails_on_every_config_run_refuses(
     tmp_path: Path, toml: str, env: dict[str, str]
 ) -> None:
-    config = tmp_path / "roost.toml"
-    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlisten = "127.0.0.1:9"\n'
-                      + toml)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
-    run = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", "run", "--config", str(config), env={**clean, **env},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(run.communicate(), 60)
+    # The port it would listen on is taken: the config error is still what `roost run` says
+    # (before, a port it could not take came first: as a plain user, port 9 said "Permission
+    # denied" and exit 71, where root took the port and went on to the config error).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = tmp_path / "roost.toml"
+        config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                          f'listen = "127.0.0.1:{port}"\n' + toml)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("ROOST_")}
+        run = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "daemon", "run", "--config", str(config),
+            env={**clean, **env}, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(run.communicate(), 60)
     assert run.returncode == 78, err.decode()
+    assert "config error" in err.decode() and "cannot listen" not in err.decode()
     status, out = await doctor(config, **env)
     assert status != 0, out
 
