@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 EXAMPLE = ROOT / "roost.example.toml"
-README_MAX_LINES = 755  # the front door: setup and use; depth goes to docs/
+README_MAX_LINES = 770  # the front door: setup and use; depth goes to docs/
 
 
 def docs_pages() -> list[Path]:
