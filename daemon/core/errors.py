@@ -22,7 +22,8 @@
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
     │   │   └── PromptCut           Ollama cut a prompt silently, again after a refit
     │   ├── ModelCrashed            a 500: the server failed (retried, then an outage)
-    │   └── Preempted               a background call gave the model up to a turn
+    │   ├── Preempted               a background call gave the model up to a turn
+    │   └── ProbeFailed             (daemon.models.wire) a probe of `roost models` not made
     └── ChannelError                a messaging platform refused, failed or sent nonsense
         ├── DeliveryError           a reply could not be delivered
         ├── GraphError              (channels.whatsapp.api) a Graph API call failed
