@@ -7,8 +7,9 @@ the automations' scheduler), then the channels' receiving sides (after the engin
 feed; so they stop first).
 `serve()` refuses a channel's bad settings first, then binds the port (a second instance stops
 before it touches Telegram), starts the parts, serves, tells systemd it is ready and keeps its
-watchdog fed from the event loop; on SIGTERM or SIGINT it stops taking requests, gives turns in flight most of `daemon.shutdown_grace`
-(the whole stop's budget, see `shutdown_budget`), closes the store and returns 0.
+watchdog fed from the event loop; on SIGTERM or SIGINT it stops taking requests, gives turns in
+flight most of `daemon.shutdown_grace` (the whole stop's budget, see `shutdown_budget`), closes
+the store and returns 0.
 """
 
 from __future__ import annotations
