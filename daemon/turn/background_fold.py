@@ -106,7 +106,7 @@ class BackgroundFold:
         # An owed fold waits for a quiet model rather than delay other chats (`land`); off,
         # it always lands first (the bench's baseline).
         self.defer_when_busy = True
-        # Held by the one owed fold among the turns' calls (`_lane`), so that a turn that
+        # Held by the one owed fold among the turns' calls (`_owed_fold`), so that a turn that
         # waits has at most one fold call ahead of it: folds that come later queue behind it.
         self._turnstile = asyncio.Lock()
         self.turns_without_owed_fold = 0  # for the benchmark: they left messages out
@@ -159,7 +159,7 @@ class BackgroundFold:
         """Run an owed fold now, as part of the chat's own turn (the caller holds the turn's
         model hold, so the call is not preempted), unless other chats are being answered: then
         the turn goes on without it, as it does while other folds wait in the fold lane, and
-        its fold goes there once the turn is answered (`schedule`, `_lane`). A failure is
+        its fold goes there once the turn is answered (`schedule`, `_owed_fold`). A failure is
         logged and the turn goes on: its request still fits, by leaving messages out."""
         if self.defer_when_busy and (self.llm.gate.others_answering()
                                      or self._turnstile.locked()):
@@ -187,11 +187,7 @@ class BackgroundFold:
             # the pause comes in the background, or from the first turn after it.
             return FoldOutcome(0, None, "its last try failed; tried again later")
         try:
-            # In turn with the other chats' calls: queued behind every call that waits, the
-            # fold of a busy chat waited for a gap that never came, and its turn with it.
-            async with self._turnstile if self.defer_when_busy else contextlib.nullcontext():
-                outcome = await self.fold_call.fold(conversation_id, force=True,
-                                                    keep_tokens=None, foreground=True)
+            outcome = await self._owed_fold(conversation_id)
         except LLMError as exc:
             failures = self._failures.get(conversation_id, 0) + 1
             self._failures[conversation_id] = failures
@@ -200,11 +196,7 @@ class BackgroundFold:
                         conversation_id, exc, delay)
             self._retry_later(conversation_id, delay, urgent=True)
             return FoldOutcome(0, None, f"the fold failed: {exc}")
-        self._owed.discard(conversation_id)
-        # A background try that was preempted would otherwise fold again, needlessly.
-        timer = self._timers.pop(conversation_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._settled(conversation_id)
         self._retry_at.pop(conversation_id, None)
         return outcome
 
@@ -276,7 +268,7 @@ class BackgroundFold:
             return FoldOutcome(0, None, "the conversation is archived; not retried")
         try:
             if lane:
-                outcome = await self._lane(conversation_id)
+                outcome = await self._owed_fold(conversation_id)
             else:
                 outcome = await self.fold_call.fold(conversation_id, force, keep_tokens)
         except Preempted:
@@ -298,23 +290,29 @@ class BackgroundFold:
         self._failures.pop(conversation_id, None)
         self._retry_at.pop(conversation_id, None)
         if force:
-            self._owed.discard(conversation_id)
-            timer = self._timers.pop(conversation_id, None)  # a preempted try's, now needless
-            if timer is not None:
-                timer.cancel()
+            self._settled(conversation_id)
         if outcome.folded and not force:
             # A backlog is folded a batch at a time: look again once this task is done.
             asyncio.get_running_loop().call_soon(self.schedule, conversation_id)
         return outcome
 
-    async def _lane(self, conversation_id: str) -> FoldOutcome:
-        """An owed fold of a chat whose turn went on without it while others were answered:
-        it queues with the turns' calls and is not preempted, so it lands however busy the
-        model stays; one at a time (`_turnstile`, first come first served), so that each
-        turn waiting for the model has at most this one fold call ahead of it."""
-        async with self._turnstile:
+    async def _owed_fold(self, conversation_id: str) -> FoldOutcome:
+        """An owed fold, landed by the chat's turn (`land`) or in the lane (a chat whose turn
+        went on without it): it queues with the turns' calls and is not preempted, so it lands
+        however busy the model stays (queued behind every call that waits, the fold of a busy
+        chat waited for a gap that never came); one at a time (`_turnstile`, first come first
+        served), so that each turn waiting for the model has at most this one fold call ahead
+        of it. Without `defer_when_busy` (the bench's baseline) they do not take turns."""
+        async with self._turnstile if self.defer_when_busy else contextlib.nullcontext():
             return await self.fold_call.fold(conversation_id, force=True, keep_tokens=None,
                                              foreground=True)
+
+    def _settled(self, conversation_id: str) -> None:
+        """An owed fold landed: nothing is owed, and a preempted try's retry is needless."""
+        self._owed.discard(conversation_id)
+        timer = self._timers.pop(conversation_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def _pausing(self, conversation_id: str) -> bool:
         """Whether its last fold failed and the pause before the next try is not over."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from daemon.core import confine
+from daemon.core.bodies import MB
 from daemon.core.capped_http import capped_transport
 from daemon.core.child_env import child_env
 from daemon.core.config import McpServerSettings
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from mcp import ClientSession, types
 
 BACKOFF_FIRST = 1.0
-ANSWER_CAP = 32 * 1024 * 1024  # one answer of a server over HTTP (a JSON body or a stream)
+ANSWER_CAP = 32 * MB  # one answer of a server over HTTP (a JSON body or a stream)
 BACKOFF_MAX = 60.0
 # What a wait for a start adds to the start timeout: the start's own timeout, begun earlier,
 # speaks first, so the waiter hears why it failed.

@@ -47,6 +47,16 @@ async def owing_chats(rig: Rig) -> None:
                                      created=rig.clock())
 
 
+async def owing_chats_write(rig: Rig, text: str) -> None:
+    """While the model is held, each OWING chat's request reached its budget (its fold is
+    owed) and it writes `text`: their calls wait for the model."""
+    for key in OWING:
+        rig.engine.parts.folder.schedule(conversation_of(rig, key), urgent=True)
+        assert await rig.engine.submit(Inbound(chat_key=key, text=f"{key} {text}",
+                                               received=rig.clock()))
+    await wait_until(lambda: rig.engine.parts.llm.gate.waiting == len(OWING), timeout=10)
+
+
 def served_since(rig: Rig, before: int) -> list[str]:
     """What the model answered since request `before`: "fold", or a turn's first line."""
     return ["fold" if is_fold(b) else b["messages"][-1]["content"].split("\n")[0]
@@ -68,11 +78,8 @@ async def test_a_turn_owing_a_fold_answers_first_while_another_chat_is_answered(
         await rig.say(f"message {n}: " + "words of some length " * 20)
     owed = rig.conversation_id()
     before = len(rig.fake.chat_requests)
-    # The other chat's answer holds the model, paused mid-answer.
-    rig.fake.script(Reply(content="the other answer", chunks=2, pause_after_chunks=1))
+    await hold_the_model(rig, "hello")
     engine = rig.engine
-    assert await engine.submit(Inbound(chat_key=OTHER, text="hello", received=rig.clock()))
-    await wait_until(lambda: rig.fake.paused == 1)
     engine.parts.folder.schedule(owed, urgent=True)  # the last request reached its budget
     assert await engine.submit(Inbound(chat_key=CHAT, text="and now?", received=rig.clock()))
     # This chat's turn goes on without its fold, so its call waits behind the one running.
@@ -80,9 +87,7 @@ async def test_a_turn_owing_a_fold_answers_first_while_another_chat_is_answered(
     rig.fake.resume_paused()
     await asyncio.wait_for(asyncio.gather(engine.wait_idle(CHAT), engine.wait_idle(OTHER)), 20)
     assert any(t.startswith("echo: and now?") for t in rig.channel.texts("reply"))
-    served = ["fold" if is_fold(b) else b["messages"][-1]["content"].split("\n")[0]
-              for b in rig.fake.chat_requests[before:]]
-    assert served[:2] == ["hello", "and now?"]
+    assert served_since(rig, before)[:2] == ["hello", "and now?"]
 
 
 async def test_chats_owing_folds_while_the_model_is_busy_delay_no_other_chat(
@@ -94,11 +99,7 @@ async def test_chats_owing_folds_while_the_model_is_busy_delay_no_other_chat(
         await owing_chats(rig)
         before = len(rig.fake.chat_requests)
         await hold_the_model(rig, f"hold {round_}")
-        for key in OWING:
-            folder.schedule(conversation_of(rig, key), urgent=True)  # its request was full
-            assert await rig.engine.submit(Inbound(chat_key=key, text=f"{key} round {round_}",
-                                                   received=rig.clock()))
-        await wait_until(lambda: gate.waiting == len(OWING), timeout=10)
+        await owing_chats_write(rig, f"round {round_}")
         assert await rig.engine.submit(Inbound(chat_key=LATE, text=f"late {round_}",
                                                received=rig.clock()))
         await wait_until(lambda: gate.waiting == len(OWING) + 1, timeout=10)
@@ -122,11 +123,7 @@ async def test_folds_in_the_lane_go_one_at_a_time_so_a_turn_waits_behind_one(
     await owing_chats(rig)
     folder, gate = rig.engine.parts.folder, rig.engine.parts.llm.gate
     await hold_the_model(rig, "hold")
-    for key in OWING:
-        folder.schedule(conversation_of(rig, key), urgent=True)
-        assert await rig.engine.submit(Inbound(chat_key=key, text=f"{key} now",
-                                               received=rig.clock()))
-    await wait_until(lambda: gate.waiting == len(OWING), timeout=10)
+    await owing_chats_write(rig, "now")
     before = len(rig.fake.chat_requests)
     # Two of the owing chats are answered and their folds wait; the third one's answer holds
     # the model, paused, while the late chat writes.
