@@ -24,8 +24,9 @@ COLUMNS = (("MODEL", 20), ("CTX", 5), ("TOOLS", 6), ("THINKING", 16), ("TRUNC", 
            ("EST", 5), ("LOAD", 5), ("1ST", 5), ("TOK/S", 5), ("CACHE", 5), ("VIS", 3),
            ("MEM", 5))
 LEGEND = ("CTX: the model's context length; EST: roost's token estimate against Ollama's "
-          "count;\nLOAD (cold), 1ST (first token) in seconds; CACHE: share of a repeated "
-          "prefix from cache;\nMEM: what the loaded model takes (/api/ps).")
+          "count;\nLOAD (cold; warm: it was loaded already, no load to time), 1ST (first "
+          "token) in seconds;\nCACHE: share of a repeated prefix from cache; MEM: what the "
+          "loaded model takes (/api/ps).")
 
 
 def full_name(name: str) -> str:
@@ -120,8 +121,8 @@ def table(cards: Sequence[Card]) -> str:
 
 def _row(card: Card) -> list[str]:
     return [card.name, _thousands(card.context), card.tools, card.thinking, card.truncate,
-            _signed(card.estimate_error), _number(card.load_s), _number(card.first_token_s),
-            _number(card.tokens_per_s, 0), _share(card.cached_share),
+            _signed(card.estimate_error), "warm" if card.already_loaded else _number(card.load_s),
+            _number(card.first_token_s), _number(card.tokens_per_s, 0), _share(card.cached_share),
             {True: "yes", False: "no", None: "-"}[card.vision], _bytes(card.memory)]
 
 

@@ -30,7 +30,9 @@ FORMAT = 1  # the file's layout; a reader skips a file of a layout it does not k
 @dataclass(frozen=True)
 class Card:
     """One model on one Ollama version. Timings are seconds; `memory` and `memory_vram` are
-    bytes as /api/ps said after the battery; None where the server did not say."""
+    bytes as /api/ps said after the battery; None where the server did not say or the battery
+    did not look. The fields with a default came later: a stored card without them reads as
+    that default."""
 
     name: str
     ollama_version: str
@@ -41,13 +43,18 @@ class Card:
     thinking: ThinkingStyle
     truncate: TruncateStyle
     estimate_error: float | None  # roost's estimate / prompt_eval_count - 1, on a mixed text
-    load_s: float | None
+    load_s: float | None  # None as well when the model was loaded already (`already_loaded`)
     first_token_s: float | None
     tokens_per_s: float | None
     cached_share: float | None  # of a repeated prefix, the share read from Ollama's cache
-    vision: bool | None  # None: no vision capability
+    vision: bool | None  # None: no vision capability, or a quick card (not probed)
     memory: int | None
     memory_vram: int | None
+    # /api/ps listed the model before the battery's first request: no cold load to time.
+    already_loaded: bool = False
+    # From the quick battery (daemon.models.probe): no cache, truncation or vision probe, so
+    # `cached_share` and `vision` are None and `truncate` is what the Ollama version implies.
+    quick: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -55,10 +62,13 @@ class Card:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Card | None:
         """The card, or None when `data` is not one (missing fields, a value of another kind)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        if not fields <= data.keys():
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        if not required <= data.keys():
             return None
-        card = cls(**{k: data[k] for k in fields})
+        card = cls(**{f.name: data[f.name] for f in fields if f.name in data})
+        if not all(isinstance(flag, bool) for flag in (card.already_loaded, card.quick)):
+            return None
         styles = ((card.tools, ToolStyle), (card.thinking, ThinkingStyle),
                   (card.truncate, TruncateStyle))
         if not all(value in get_args(kind) for value, kind in styles):

@@ -65,7 +65,12 @@ ProcessModelResponse; ``server/routes.go`` ChatHandler; ``server/images.go`` Cap
   the model thinks between ``<think>`` tags in the content, whatever ``think`` says (Ollama
   separates thinking only for a template whose tags it knows: such a model has no ``thinking``
   capability); "empty-with-tools" thinks and answers no content (``done_reason`` stop) when tools
-  are offered.
+  are offered. Two more reason only when the last user message asks for a sum ("What is 17 +
+  25?"), and then answer it: "plain" works it out in words in the content before the number,
+  no tags (as models without a reasoning template do when a question invites it), and
+  "inline-when-asked" writes the same between ``<think>`` tags (in the content, never in
+  ``message.thinking``, whatever ``think`` says); to anything else both answer as
+  ``default_reply``.
 - ``load_duration``: seconds the final object's ``load_duration`` says (nanoseconds on the wire,
   only in the final object, as ChatHandler sets it when ``r.Done``) for a request that loaded
   the model; one already loaded at that ``num_ctx`` says 1 ms.
@@ -97,6 +102,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -129,7 +135,8 @@ class FakeModel:
     # How it answers when nothing is scripted (module docstring, "Kinds of model"); the
     # defaults are the fake's behaviour from before these fields.
     tool_style: str | None = None  # "native", "text" or "never"; None: the default reply
-    thinking_style: str = "separate"  # or "inline", "empty-with-tools"
+    # or "inline", "empty-with-tools", "plain", "inline-when-asked"
+    thinking_style: str = "separate"
     load_duration: float = 0.001  # seconds a cold load reports in `load_duration`
     vision_reply: str | None = None  # the answer to a request carrying `images`
 
@@ -564,6 +571,9 @@ class FakeOllama:
         messages = body.get("messages") or []
         if model.vision_reply is not None and any(m.get("images") for m in messages):
             return Reply(content=model.vision_reply)
+        summed = _sum_asked(body)
+        if summed is not None and model.thinking_style in REASONS_WHEN_ASKED:
+            return Reply(content=str(sum(summed)))
         tools = body.get("tools")
         users = [m for m in messages if m.get("role") == "user"]
         asked = bool(users) and "tool" in str(users[-1].get("content") or "").lower()
@@ -707,17 +717,37 @@ def _call_of(tool: dict[str, Any]) -> dict[str, Any]:
     return {"function": {"index": 0, "name": function.get("name", ""), "arguments": arguments}}
 
 
+REASONS_WHEN_ASKED = ("plain", "inline-when-asked")
+
+
+def _sum_asked(body: dict[str, Any]) -> tuple[int, int] | None:
+    """The two numbers of a sum the last user message asks for ("What is 17 + 25?")."""
+    users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+    asked = re.search(r"(\d+)\s*\+\s*(\d+)", str(users[-1].get("content") or "")) if users \
+        else None
+    return (int(asked[1]), int(asked[2])) if asked else None
+
+
 def _thinking_style(model: FakeModel, body: dict[str, Any], reply: Reply,
                     thinking: str | None) -> tuple[Reply, str | None]:
     """The reply and its separate thinking as the model's thinking style makes them:
     "inline" writes what it thinks into the content between <think> tags (whatever `think`
     says: Ollama cannot tell it from the answer), "empty-with-tools" thinks and then answers
-    nothing when tools are offered."""
+    nothing when tools are offered, "plain" and "inline-when-asked" work out a sum asked for
+    before the answer, in words or between <think> tags."""
     if model.thinking_style == "inline":
         thought = thinking or (reply.thinking if reply.thinking is not None
                                else model.default_thinking)
         return dataclasses.replace(reply, content=f"<think>{thought}</think>\n\n"
                                    + reply.content), None
+    summed = _sum_asked(body)
+    if model.thinking_style in REASONS_WHEN_ASKED and summed is not None:
+        first, second = summed
+        working = (f"Okay, let me work this out. {first} plus {second}. First add the tens, "
+                   f"then the ones. So the answer is {first + second}.")
+        if model.thinking_style == "inline-when-asked":
+            working = f"<think>{working}</think>"
+        return dataclasses.replace(reply, content=f"{working}\n\n{reply.content}"), None
     if model.thinking_style == "empty-with-tools" and thinking and body.get("tools"):
         return dataclasses.replace(reply, content="", tool_calls=None, done_reason="stop"), \
             thinking

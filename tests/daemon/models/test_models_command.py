@@ -3,6 +3,7 @@ the ways it goes wrong (a probe that fails, a model not pulled, no terminal, Oll
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 
 from daemon.cli.models import run_models
 from daemon.core.config import Settings
-from daemon.models import all_cards, load_card
+from daemon.models import all_cards, load_card, store_cards
 from daemon.models.card import CARDS_FILE
 from tests.conftest import SettingsFactory
 from tests.fakes.ollama import VERSION, FakeModel, FakeOllama, Reply, echo_reply
@@ -29,6 +30,10 @@ KINDS = [
     FakeModel("inline:7b", capabilities=("completion",), thinking_style="inline"),
     FakeModel("empty:8b", tool_style="native", thinking_style="empty-with-tools"),
     FakeModel("eyes:4b", capabilities=("completion", "vision"), vision_reply="Red and blue."),
+    FakeModel("plain:3b", capabilities=("completion",), thinking_style="plain"),
+    FakeModel("asked:3b", capabilities=("completion",), thinking_style="inline-when-asked"),
+    FakeModel("blind:4b", capabilities=("completion", "vision"),
+              vision_reply="I cannot see images, but I am happy to help."),
 ]
 
 
@@ -72,18 +77,22 @@ async def test_every_kind_of_model_gets_the_card_a_user_would_read(
     assert list(cards) == [m.name for m in KINDS]
     assert {n: c["tools"] for n, c in cards.items()} == {
         "native:4b": "native", "text:3b": "text", "never:1b": "none", "inline:7b": "none",
-        "empty:8b": "native", "eyes:4b": "none"}
+        "empty:8b": "native", "eyes:4b": "none", "plain:3b": "none", "asked:3b": "none",
+        "blind:4b": "none"}
     assert {n: c["thinking"] for n, c in cards.items()} == {
         "native:4b": "separate", "text:3b": "none", "never:1b": "none", "inline:7b": "inline",
-        "empty:8b": "empty-with-tools", "eyes:4b": "none"}
+        "empty:8b": "empty-with-tools", "eyes:4b": "none", "plain:3b": "inline",
+        "asked:3b": "inline", "blind:4b": "none"}
     assert {n: c["vision"] for n, c in cards.items()} == {
         "native:4b": None, "text:3b": None, "never:1b": None, "inline:7b": None,
-        "empty:8b": None, "eyes:4b": True}
+        "empty:8b": None, "eyes:4b": True, "plain:3b": None, "asked:3b": None,
+        "blind:4b": False}
+    assert not any(c["quick"] or c["already_loaded"] for c in cards.values())
     native = cards["native:4b"]
     assert native["context"] == 32768 and native["num_ctx"] == 2048
     assert cards["text:3b"]["context"] == 4096
     assert native["truncate"] == "refuses"
-    assert native["load_s"] == 3.2  # the first request loaded it
+    assert native["load_s"] == 3.2  # the first request loaded it (/api/ps did not list it)
     assert native["tokens_per_s"] == 100.0  # the fake: 10 ms a token
     assert native["first_token_s"] is not None and native["first_token_s"] < 5
     assert 0 < native["cached_share"] < 1  # the mixed text came from the cache the second time
@@ -125,6 +134,22 @@ async def test_the_table_fits_in_100_columns_and_the_cards_are_kept_privately(
     assert card is not None and card.tools == "native" and card.thinking == "separate"
     assert load_card(state_dir, "native:4b", "0.13.0") is None  # another Ollama: probe again
     assert [c.name for c in all_cards(state_dir)] == ["eyes:4b", "native:4b"]
+
+
+async def test_a_model_loaded_before_its_battery_shows_no_load_time(
+        kinds: FakeOllama, make_settings: SettingsFactory) -> None:
+    kinds.loaded["native:4b"] = 2048  # a chat used it a moment ago
+    settings = settings_for(make_settings, kinds)
+    status, out, err = await models(settings, "native:4b", "text:3b")
+    assert status == 0, err
+    lines = out.splitlines()
+    load = lines[0].index("LOAD")
+    assert lines[1].startswith("native:4b") and lines[1][load:].split()[0] == "warm"
+    assert lines[2].startswith("text:3b") and lines[2][load:].split()[0] == "0.0"
+    assert "warm: it was loaded already" in out
+    status, out, _ = await models(settings, "native:4b", as_json=True)
+    (card,) = json.loads(out)
+    assert card["load_s"] is None and card["already_loaded"] is True
 
 
 async def test_json_prints_exactly_what_was_stored(
@@ -206,6 +231,28 @@ async def test_a_server_older_than_truncate_cuts(
     (card,) = json.loads(out)
     assert card["truncate"] == "cuts" and card["ollama_version"] == "0.12.5"
     assert card["cached_share"] is None  # this server does not say what it cached
+
+
+def test_a_card_stored_before_quick_cards_reads_as_a_full_one(state_dir: Path) -> None:
+    stored = {"name": "qwen3:4b", "ollama_version": VERSION, "probed_at": "2025-01-01T00:00:00Z",
+              "context": 40960, "num_ctx": 8192, "tools": "native", "thinking": "separate",
+              "truncate": "refuses", "estimate_error": 0.05, "load_s": 3.1,
+              "first_token_s": 0.2, "tokens_per_s": 80.0, "cached_share": 0.9, "vision": None,
+              "memory": 3_000_000_000, "memory_vram": 3_000_000_000}
+    path = state_dir / CARDS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": 1, "cards": [stored]}))
+    card = load_card(state_dir, "qwen3:4b", VERSION)
+    assert card is not None and card.quick is False and card.already_loaded is False
+    assert card.tools == "native" and card.load_s == 3.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        card.quick = True  # type: ignore[misc]
+    quick = dataclasses.replace(card, ollama_version="0.13.0", quick=True, cached_share=None)
+    store_cards(state_dir, [quick])
+    assert load_card(state_dir, "qwen3:4b", "0.13.0") == quick
+    assert json.loads(path.read_text())["format"] == 1
+    path.write_text(json.dumps({"format": 1, "cards": [stored | {"quick": "yes"}]}))
+    assert all_cards(state_dir) == []  # not a card: a flag of another kind
 
 
 def test_a_cards_file_that_does_not_parse_reads_as_no_cards(state_dir: Path) -> None:
