@@ -1,5 +1,6 @@
 """The console's Health page: the facts /healthz and `roost doctor` give, read from the running
-daemon's own state (nothing is probed per page view), each with its fix."""
+daemon's own state (nothing is probed per page view), each with its fix; and the models' cards
+with what roost does for each (daemon.models.strategy)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.app.health import Health
-from daemon.console.board import Check, HealthView
+from daemon.console.board import CardRow, Check, HealthView
 from daemon.core.config import Settings
+from daemon.models.card import Card
+from daemon.models.strategy import NOTHING_DIFFERENT, what_roost_does
 from daemon.tools.mcp.servers import ServerStatus
 
 LOW_DISK = 512 * 1024 * 1024  # bytes free under which the disk is worth a warning
@@ -28,6 +31,7 @@ class Running:
     in_flight: int
     outbox: Sequence[Mapping[str, Any]]
     servers: Sequence[ServerStatus]
+    cards: Sequence[Card] = ()  # the running Ollama's, as the calls act on them
 
 
 def health_view(now: Running) -> HealthView:
@@ -55,7 +59,38 @@ def health_view(now: Running) -> HealthView:
         Check("voice", True, now.settings.voice.backend),
         _disk(now),
     ]
-    return HealthView(now.status, tuple(checks))
+    return HealthView(now.status, tuple(checks), tuple(card_row(c) for c in now.cards))
+
+
+def card_row(card: Card) -> CardRow:
+    """The card's cells, in the units `roost models` prints them in (a number and its unit
+    kept together: the cells wrap)."""
+    loaded = getattr(card, "already_loaded", False)  # no cold load to time
+    quick = " (quick probe)" if getattr(card, "quick", False) else ""
+    return CardRow(
+        name=card.name, tools=card.tools, thinking=card.thinking,
+        over_window="cut" if card.truncate == "cuts" else "refused",
+        estimate_error=_or_dash(card.estimate_error, "{:+.1%}"),
+        tokens_per_s=_or_dash(card.tokens_per_s, "{:.1f}"),
+        first_token=_or_dash(card.first_token_s, "{:.2f}\u00a0s"),
+        load="loaded already" if loaded and card.load_s is None
+        else _or_dash(card.load_s, "{:.1f}\u00a0s"),
+        vision={True: "describes images", False: "did not describe an image", None: "-"}[
+            card.vision],
+        memory=_memory(card.memory, card.memory_vram),
+        probed=f"{card.probed_at[:10]} on Ollama {card.ollama_version}{quick}",
+        does=tuple(what_roost_does(card)) or (NOTHING_DIFFERENT,))
+
+
+def _or_dash(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
+
+
+def _memory(size: int | None, vram: int | None) -> str:
+    if size is None:
+        return "-"
+    on_gpu = f" ({vram / size:.0%} on the GPU)" if vram is not None and size else ""
+    return f"{size / 1e9:.1f}\u00a0GB{on_gpu}"
 
 
 def _disk(now: Running) -> Check:

@@ -2,7 +2,8 @@
 
 Checks what `roost run` would refuse (config, secrets), the state directory (writable, private,
 not full, its files readable), Ollama (reachable, the model pulled, its context length and
-capabilities and what roost does about each, the loaded runner's num_ctx), the quarantine,
+capabilities and what roost does about each, the loaded runner's num_ctx), the card of each
+configured model on the running Ollama and what roost does for it, the quarantine,
 Telegram (getMe, and getWebhookInfo against `telegram.webhook_url`), WhatsApp (the token is
 valid for the phone number id) and the voice backend (a test transcription, or its model
 loaded). Nothing here prints a secret or a URL's
@@ -18,7 +19,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from http import HTTPStatus
@@ -41,6 +42,15 @@ from daemon.core.errors import ConfigError, LLMError, ModelNotFound, StoreError
 from daemon.core.filemodes import exposure
 from daemon.core.redact import redact_url
 from daemon.llm.client import OLLAMA_ERRORS, ModelClient
+from daemon.models.card import Card, all_cards
+from daemon.models.strategy import (
+    NOTHING_DIFFERENT,
+    card_line,
+    card_of,
+    latest_card,
+    what_roost_does,
+)
+from daemon.models.wire import ProbeWire
 from daemon.store import NoState, Store, quarantined_items
 from daemon.voice.backends import build_backend
 from daemon.voice.speaking import readiness as speech_readiness
@@ -48,6 +58,7 @@ from daemon.voice.speaking import readiness as speech_readiness
 log = logging.getLogger("roost.doctor")
 
 PENDING_PILE_UP = 100  # updates waiting at Telegram: roost has not been taking them for a while
+VERSION_TIMEOUT = 10.0  # seconds for Ollama's /api/version, which answers at once when up
 
 # What roost does with or without each capability /api/show reports, and whether lacking it is
 # a problem. roost adapts to each (a model without tools gets none), so none is.
@@ -83,6 +94,8 @@ async def run_doctor(settings: Settings, *, as_json: bool = False,
     for check in await _guarded("state directory", asyncio.to_thread(_state_checks, settings)):
         say(check)
     for check in await _guarded("ollama", _ollama_checks(settings)):
+        say(check)
+    for check in await _guarded("model cards", _card_checks(settings)):
         say(check)
     if settings.telegram.enabled:
         for check in await _guarded("telegram", _telegram_checks(settings)):
@@ -327,6 +340,39 @@ async def _runner_check(host: str, name: str, num_ctx: int) -> Check:
                          "num_ctx; set model.window to match, or stop that client")
     return Check("loaded runner", True, f"{name} is not loaded now (Ollama loads it on the "
                  "first message)")
+
+
+async def _card_checks(settings: Settings) -> list[Check]:
+    """The card of the chat model and of each automation's own model, for the Ollama running
+    now (a card speaks only for the version it was probed on), and what roost does about it."""
+    wire = ProbeWire(settings.model.host, VERSION_TIMEOUT)
+    try:
+        version = await wire.version()
+    except LLMError:
+        return []  # the ollama check above already says why it cannot be asked
+    finally:
+        await wire.close()
+    cards = await asyncio.to_thread(all_cards, settings.daemon.state_dir)
+    models = dict.fromkeys([settings.model.name,
+                            *(a.model for a in settings.automations if a.model)])
+    return [check for model in models for check in _card_check(model, version, cards)]
+
+
+def _card_check(model: str, version: str, cards: Sequence[Card]) -> list[Check]:
+    """None of them fails: without a card roost treats the model as any model, and probes it
+    quietly the first time it is used."""
+    card = card_of(cards, model, version)
+    if card is not None:
+        does = what_roost_does(card) or [NOTHING_DIFFERENT]
+        return [Check("model card", True, card_line(card)),
+                *(Check(f"model {model}", True, line) for line in does)]
+    fix = f"`roost models --model {model}`"
+    older = latest_card(cards, model)
+    if older is not None:
+        return [Check("model card", True, f"{model}: probed on Ollama {older.ollama_version}; "
+                      f"this is {version}", f"run {fix} again")]
+    return [Check("model card", True, f"{model}: none yet (roost also probes it quietly on "
+                  "first use)", fix)]
 
 
 def _automation_checks(settings: Settings) -> list[Check]:

@@ -45,6 +45,26 @@ class Check:
 
 
 @dataclass(frozen=True)
+class CardRow:
+    """One model's card as the Health page's table shows it: each cell text, "-" where the
+    battery did not measure it; `does` is what roost does differently for it, line by line."""
+
+    name: str
+    tools: str
+    thinking: str
+    over_window: str
+    estimate_error: str
+    tokens_per_s: str
+    first_token: str
+    load: str
+    vision: str
+    memory: str
+    probed: str
+    does: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class HealthView:
     status: str  # ok, degraded, stopping (as /healthz says)
     checks: tuple[Check, ...]
+    cards: tuple[CardRow, ...] = ()  # of the running Ollama's version

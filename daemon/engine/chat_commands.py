@@ -38,6 +38,7 @@ HELP = (
     "/console - a sign-in link to your conversations in a browser\n"
     "/help - this list"
 )
+NO_CARD = "none yet (`roost models` probes it; roost also does it quietly on first use)"
 GREETING = (
     "Hello! I am roost, an assistant running on your own computer with a local model. "
     "Send me a message to start. /help lists the commands."
@@ -61,8 +62,12 @@ class Commands:
         folder: BackgroundFold,
         clock: Callable[[], float],
         registry: Registry | None = None,
+        card_line: Callable[[str], str | None] | None = None,
     ) -> None:
         self.registry = registry
+        # Model name -> its card for the running Ollama in one line (daemon.models.strategy),
+        # None without one. A line, not the card: the engine does not import the models layer.
+        self.card_line = card_line
         self.settings = settings
         self.store = store
         self.router = router
@@ -120,6 +125,8 @@ class Commands:
         flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
         name = flags.get(MODEL_FLAG) or model.name  # the chat's /model
         lines = [f"Model: {name} at {redact_url(model.host)}"]
+        if self.card_line is not None:  # it may read the cards' file: off the loop
+            lines.append(f"Card: {await asyncio.to_thread(self.card_line, name) or NO_CARD}")
         if templates := flags.get(TEMPLATE_FLAG, {}).get("count"):
             last = datetime.fromtimestamp(flags[TEMPLATE_FLAG]["last"],
                                           self.settings.daemon.tz).strftime("%Y-%m-%d %H:%M")
