@@ -65,16 +65,15 @@ def health_view(now: Running) -> HealthView:
 def card_row(card: Card) -> CardRow:
     """The card's cells, in the units `roost models` prints them in (a number and its unit
     kept together: the cells wrap)."""
-    loaded = getattr(card, "already_loaded", False)  # no cold load to time
-    quick = " (quick probe)" if getattr(card, "quick", False) else ""
+    quick = " (quick probe)" if card.quick else ""
     return CardRow(
         name=card.name, tools=card.tools, thinking=card.thinking,
         over_window="cut" if card.truncate == "cuts" else "refused",
         estimate_error=_or_dash(card.estimate_error, "{:+.1%}"),
         tokens_per_s=_or_dash(card.tokens_per_s, "{:.1f}"),
         first_token=_or_dash(card.first_token_s, "{:.2f}\u00a0s"),
-        load="loaded already" if loaded and card.load_s is None
-        else _or_dash(card.load_s, "{:.1f}\u00a0s"),
+        # As `roost models` says it: the model was loaded already, no cold load to time.
+        load="warm" if card.already_loaded else _or_dash(card.load_s, "{:.1f}\u00a0s"),
         vision={True: "describes images", False: "did not describe an image", None: "-"}[
             card.vision],
         memory=_memory(card.memory, card.memory_vram),

@@ -80,7 +80,7 @@ def card_line(card: Card) -> str:
         parts.append(f"{card.tokens_per_s:.3g} tokens/s")
     if card.vision is not None:
         parts.append("describes images" if card.vision else "did not describe an image")
-    quick = " (quick probe; `roost models` for all)" if getattr(card, "quick", False) else ""
+    quick = " (quick probe; `roost models` for all)" if card.quick else ""
     return f"{card.name}: " + ", ".join(parts) + f" — probed {card.probed_at[:10]}{quick}"
 
 

@@ -58,6 +58,8 @@ def test_the_card_in_one_line_and_what_roost_does_in_plain_words() -> None:
         "the server cut a prompt over the window instead of refusing it",
         "roost's token estimate was +12.0% off the server's count"]
     assert "calibration ratio 0.89" in does[-1]
+    assert card_line(card(quick=True)).endswith(
+        "— probed 2025-06-01 (quick probe; `roost models` for all)")
     plain = card(tools="native", thinking="separate", truncate="refuses", estimate_error=0.001)
     assert [line.split(":")[0] for line in what_roost_does(plain)] == [
         "thinks apart from its answer"]
@@ -212,7 +214,8 @@ async def test_the_health_page_shows_the_cards_table_with_what_roost_does(
     assert "No model has a card for this Ollama version yet" in text
     cards += [card(),
               card("llava:7b", tools="none", thinking="none", truncate="refuses",
-                   vision=False, memory=None, estimate_error=None, load_s=None)]
+                   vision=False, memory=None, estimate_error=None, load_s=None,
+                   already_loaded=True, quick=True)]
     text = await page(url, state_dir)
     assert "<th>Over-window prompts</th>" in text and "What roost does:" in text
     row = card_row(cards[0])
@@ -222,6 +225,7 @@ async def test_the_health_page_shows_the_cards_table_with_what_roost_does(
     for line in row.does:
         assert f"<li>{escape(line)}</li>" in text
     assert ">did not describe an image</td>" in text and "<td>refused</td>" in text
+    assert '<td class="wide">warm</td>' in text and "(quick probe)</td>" in text
 
 
 async def test_a_hostile_model_name_on_the_health_page_stays_text(
