@@ -89,6 +89,9 @@ def make_settings(state_dir: Path) -> SettingsFactory:
 
     def make(**sections: dict[str, Any]) -> Settings:
         base = Settings.defaults(env={"STATE_DIRECTORY": str(state_dir)})
+        # The quiet probe of a model without a card adds requests to the fake's record after
+        # a chat; the tests of it (tests/daemon/models) turn it on.
+        base = dataclasses.replace(base, model=dataclasses.replace(base.model, probe_new=False))
         changes = {}
         for name, values in sections.items():
             changes[name] = dataclasses.replace(getattr(base, name), **values)

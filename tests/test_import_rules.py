@@ -45,7 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     "channels": {"core", "intake", "store"},
     "automations": _MIDDLE,
     # Only the composition roots import channels and automations.
-    "app": _MIDDLE | {"channels", "automations", "daemon"},
+    # ...and the model cards the turns act on (daemon/models/book.py).
+    "app": _MIDDLE | {"channels", "automations", "daemon", "models"},
     "cli": _MIDDLE | {"channels", "automations", "daemon", "app", "models"},
     "daemon": {"cli"},
 }

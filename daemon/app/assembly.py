@@ -30,6 +30,8 @@ from daemon.core.messages import Channel
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
+from daemon.llm.habits import no_habits
+from daemon.models.book import CardBook
 from daemon.store import Store
 from daemon.store.search_index import SearchIndex
 from daemon.tools import builtin, documents, facts
@@ -75,6 +77,7 @@ class Core:
     engine: Engine
     automations: Automations
     servers: McpServers
+    cards: CardBook  # the models' cards the calls act on (daemon/models/book.py)
 
 
 @dataclass(frozen=True)
@@ -97,18 +100,27 @@ async def core(settings: Settings, store: Store, llm: ModelClient,
     """The core over an open `store` and `llm` (the caller closes those), running what `runs`
     says; on the way out the scheduler stops first and the MCP servers last. The daemon's stop
     takes `daemon.shutdown_grace` (see daemon/app/shutdown.py); a terminal's chat none."""
-    built = assemble(settings, store, llm, channels, extra=extra, clock=clock)
+    built = assemble(settings, store, llm, channels, extra=extra, clock=clock,
+                     probe=runs is Runs.DAEMON)
     try:
+        built.cards.start()  # in the background: Ollama may be down or slow to answer
+        llm.habits_of = built.cards.habits
         await _start(built, runs, settings)
         yield built
     finally:
-        await _stop(built, runs, settings)
+        try:
+            await _stop(built, runs, settings)
+        finally:
+            llm.habits_of = no_habits
+            await built.cards.close()
 
 
 def assemble(settings: Settings, store: Store, llm: ModelClient,
              channels: Mapping[str, Channel], *, extra: DaemonParts = DaemonParts(),
-             clock: Callable[[], float] = time.time) -> Core:
-    """The core built, nothing started (`core()` starts and stops it; a test may itself)."""
+             clock: Callable[[], float] = time.time, probe: bool = False) -> Core:
+    """The core built, nothing started (`core()` starts and stops it; a test may itself).
+    `probe`: a model without a card is probed quietly on first use (the daemon's alone: a
+    command leaves nothing running behind it)."""
     metrics = extra.metrics
     reminders = Reminders(settings.daemon.tz, AutomationState(store.state_dir), clock=clock)
     registry, servers = with_servers(settings.mcp, settings.daemon.state_dir,
@@ -123,7 +135,9 @@ def assemble(settings: Settings, store: Store, llm: ModelClient,
                               clock=clock, on_run=metrics.automation_run if metrics else None)
     if metrics is not None:
         metrics.automations_known((a.name for a in settings.automations), RUN_STATUSES)
-    return Core(parts, engine, automations, servers)
+    cards = CardBook(settings.model, settings.daemon.state_dir, llm,
+                     probe=probe and settings.model.probe_new)
+    return Core(parts, engine, automations, servers, cards)
 
 
 async def _start(core: Core, runs: Runs, settings: Settings) -> None:

@@ -40,6 +40,8 @@ from daemon.core.errors import (
 from daemon.core.logs import llm_log as log
 from daemon.core.redact import redact_url
 from daemon.llm.gate import ModelGate
+from daemon.llm.habits import HabitsOf, no_habits
+from daemon.llm.inline_reasoning import ReasoningSplitter
 
 SYSTEM_FIRST_TEXT = "System message must be at the beginning"
 # llama-server's refusal (with sizes), Ollama's own, and its Go runners' before #16031 (no sizes).
@@ -227,6 +229,8 @@ class ModelClient:
         self._info: dict[str, ModelInfo] = {}
         self._system_only_first: set[str] = set()
         self._server_version: tuple[int, ...] | None = None  # () once asked: not said
+        # What the model's card says to do (daemon.models sets it once the cards are read).
+        self.habits_of: HabitsOf = no_habits
 
     async def close(self) -> None:
         await self._client.close()
@@ -274,11 +278,14 @@ class ModelClient:
         version = await self._version()
         return version is None or version[:2] != (0, 30)
 
-    async def cuts_silently(self) -> bool:
+    async def cuts_silently(self, model: str | None = None) -> bool:
         """Whether the server may cut a prompt although roost sends `truncate: false`: one
-        older than the parameter (Ollama 0.12.6, ollama/ollama#12582), or one that does not
-        say its version (a proxy or another server speaking Ollama's API). A server that
-        honours it refuses an over-window prompt instead, so its low counts are never cuts."""
+        older than the parameter (Ollama 0.12.6, ollama/ollama#12582), one that does not say
+        its version (a proxy or another server speaking Ollama's API), or one that `model`'s
+        card saw cut. A server that honours it refuses an over-window prompt instead, so its
+        low counts are never cuts."""
+        if self.habits_of(model or self.settings.name).cuts:
+            return True
         version = await self._version()
         return version is None or version < TRUNCATE_SINCE
 
@@ -337,12 +344,13 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        if info.thinks:
-            think = bool(self.settings.think and not background and think is not False)
-        else:
-            think = None
         if not info.tools:
             tools = None
+        if info.thinks:
+            think = bool(self.settings.think and not background and think is not False
+                         and not (tools and self.habits_of(name).no_thinking_with_tools))
+        else:
+            think = None
         # Made only once the call may go: a coroutine made earlier and cancelled while it
         # queued would never be awaited.
         call = functools.partial(self._observed, name, num_ctx, options, messages, tools,
@@ -397,6 +405,13 @@ class ModelClient:
     ) -> ChatResult:
         """The call, told to the observer (daemon.app.metrics) once it finished."""
         result = await self._stream_adapting(name, num_ctx, options, messages, tools, on, think)
+        if think and not result.content.strip() and not result.tool_calls:
+            # Some models think and then say nothing (with tools offered, most often): the
+            # answer is asked for again without thinking rather than shown empty.
+            log.info("model %s thought and answered nothing; asked again without thinking",
+                     name)
+            result = await self._stream_adapting(name, num_ctx, options, messages, tools, on,
+                                                 False)
         if self.observer is not None:
             self.observer.model_call(messages, result, background)
         return result
@@ -435,9 +450,7 @@ class ModelClient:
         on: _Callbacks,
         think: bool | None,
     ) -> ChatResult:
-        on_delta, on_thinking = on
-        content: list[str] = []
-        thinking: list[str] = []
+        words = _Words(on, ReasoningSplitter(unopened=self.habits_of(name).inline_reasoning))
         tool_calls: list[Mapping[str, Any]] = []
         final: Any = None
         counts = _FinalCounts()
@@ -458,25 +471,20 @@ class ModelClient:
             # Closed on the way out, so a callback that raises does not leave the response open.
             async with contextlib.aclosing(_translated(request, name)) as parts:
                 async for part in parts:
-                    piece = part.message.content or ""
-                    if piece:
-                        content.append(piece)
-                        if on_delta is not None:
-                            # roost's own code, outside the translation: a bug here is a bug.
-                            on_delta(piece)
+                    if part.message.content:
+                        words.content(part.message.content)
                     if part.message.thinking:
-                        thinking.append(part.message.thinking)
-                        if on_thinking is not None:
-                            on_thinking(part.message.thinking)
+                        words.pass_on("", part.message.thinking)
                     for call in part.message.tool_calls or ():
                         tool_calls.append(call.model_dump(exclude_none=True))
                     if part.done:
                         final = part
+            words.end()
         finally:
             _final_counts.reset(token)
         return ChatResult(
-            content="".join(content),
-            thinking="".join(thinking),
+            content="".join(words.answer),
+            thinking="".join(words.thinking),
             tool_calls=tuple(tool_calls),
             prompt_eval_count=getattr(final, "prompt_eval_count", None),
             prompt_eval_cached_count=counts.cached if final is not None else None,
@@ -485,6 +493,34 @@ class ModelClient:
             num_ctx=num_ctx,
             sent_tools=bool(tools),
         )
+
+
+class _Words:
+    """A call's words as they stream: the answer and the thinking, each kept and passed on to
+    its callback, with reasoning the model wrote into its answer moved to the thinking.
+    roost's own code, outside the translation: a bug here is a bug."""
+
+    def __init__(self, on: _Callbacks, inline: ReasoningSplitter) -> None:
+        self.on_delta, self.on_thinking = on
+        self.inline = inline
+        self.answer: list[str] = []
+        self.thinking: list[str] = []
+
+    def content(self, piece: str) -> None:
+        self.pass_on(*self.inline.feed(piece))
+
+    def end(self) -> None:
+        self.pass_on(*self.inline.end())
+
+    def pass_on(self, answer: str, reasoning: str) -> None:
+        if answer:
+            self.answer.append(answer)
+            if self.on_delta is not None:
+                self.on_delta(answer)
+        if reasoning:
+            self.thinking.append(reasoning)
+            if self.on_thinking is not None:
+                self.on_thinking(reasoning)
 
 
 async def _translated(

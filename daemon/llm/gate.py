@@ -97,6 +97,12 @@ class ModelGate:
             self._gate.release()
             self._poke()
 
+    async def until_free(self) -> None:
+        """Return once no turn waits for or holds the model and a slot is free: a background
+        call made then goes at once, unless a turn comes first."""
+        while self._no_room_for_background() or self._gate.locked():
+            await self._changed.wait()
+
     def silence_began(self) -> None:
         self.silent_calls += 1
 

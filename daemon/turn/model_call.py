@@ -349,7 +349,7 @@ class ModelCall:
         low = count < estimate  # only then can the reading lower the ratio or mark a cut
         whole = (result.prompt_eval_cached_count is not None or not low
                  or await self.llm.counts_whole_prompt())
-        may_cut = low and await self.llm.cuts_silently()
+        may_cut = low and await self.llm.cuts_silently(prepared.model)
         ratio, cut = recalibrate(prepared.ratio, count=count, raw=raw,
                                  overhead=prepared.overhead(), estimate=estimate,
                                  num_ctx=prepared.num_ctx, whole=whole, may_cut=may_cut)

@@ -7,6 +7,7 @@ its stream, its channel's "working" context), so neither reaches into the other.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from daemon.store.search_index import SearchIndex
 from daemon.tools.registry import Registry
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.background_fold import BackgroundFold
+from daemon.turn.models import model_of
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
 from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
@@ -57,7 +59,8 @@ class TurnParts:
         facts = FactsBook(store.files)
         return cls(
             settings=settings, store=store, llm=llm,
-            router=Router(store, settings.daemon.idle_rotation), records=records,
+            router=Router(store, settings.daemon.idle_rotation, functools.partial(
+                _start_ratio, store, settings, llm)), records=records,
             registry=registry, index=index,
             prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
                                 clock=clock, facts=facts),
@@ -78,3 +81,8 @@ class TurnParts:
                           streaming=streaming, clock=self.clock,
                           folder=self.folder if fold else None, working=working,
                           facts=self.facts, approvals=self.approvals, ask=ask)
+
+
+def _start_ratio(store: Store, settings: Settings, llm: ModelClient, chat_key: str) -> float:
+    """A new chat's first token ratio: its model's card's, else 1.0 (bytes/4)."""
+    return llm.habits_of(model_of(store, settings, chat_key)).start_ratio or 1.0

@@ -38,6 +38,7 @@ from daemon.tools.scope import person_of
 
 BUDGET_MARGIN_SHARE = 50  # 2% of the budget
 BUDGET_MARGIN_MIN = 16
+CUTS_MARGIN_SHARE = 10  # 10% where the server cuts silently
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Prepared:
     tool_tokens: int
     tools: tuple[Mapping[str, Any], ...] = ()
     vocabulary: Vocabulary = MULTILINGUAL  # the model's: what another script costs
+    model: str | None = None  # the model it goes to (None: model.name)
 
     def raw_estimate(self) -> int:
         """The request's estimate at ratio 1, what calibration divides Ollama's count by."""
@@ -150,7 +152,10 @@ class Prompting:
         budget = request_budget(num_ctx, self.settings.model.response_reserve) - tool_tokens
         # The estimate is calibrated, not exact: a margin keeps a request that is a few tokens
         # off still inside the window Ollama would otherwise cut silently.
-        budget -= max(BUDGET_MARGIN_MIN, budget // BUDGET_MARGIN_SHARE)
+        # A server seen cutting instead of refusing (its card) gets a wider one: a request a
+        # little over its window is answered from a cut prompt, not refused and refitted.
+        share = CUTS_MARGIN_SHARE if self.llm.habits_of(info.name).cuts else BUDGET_MARGIN_SHARE
+        budget -= max(BUDGET_MARGIN_MIN, budget // share)
         frozen = await self.frozen_facts(conversation, num_ctx, vocabulary)
         request = build_request(
             conversation_id=conversation.id,
@@ -166,7 +171,8 @@ class Prompting:
             estimate=vocabulary.estimate,
         )
         return Prepared(request=request, budget=budget, num_ctx=num_ctx, ratio=ratio,
-                        tool_tokens=tool_tokens, tools=tuple(tools), vocabulary=vocabulary)
+                        tool_tokens=tool_tokens, tools=tuple(tools), vocabulary=vocabulary,
+                        model=model)
 
     async def frozen_facts(self, conversation: Conversation, num_ctx: int,
                            vocabulary: Vocabulary = MULTILINGUAL) -> FrozenFacts | None:

@@ -7,6 +7,8 @@ fresh one, marked `after_idle` so its first reply can say so; the old one stays 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from daemon.core.conversations import Conversation
 from daemon.core.logs import turn_log as log
 from daemon.store import Store
@@ -15,9 +17,13 @@ from daemon.store import Store
 class Router:
     """Maps chat keys to active conversations. Synchronous: call it from a worker thread."""
 
-    def __init__(self, store: Store, idle_rotation: float) -> None:
+    def __init__(self, store: Store, idle_rotation: float,
+                 start_ratio: Callable[[str], float] = lambda chat_key: 1.0) -> None:
+        """`start_ratio` is a chat's first token ratio (from its model's card: what roost's
+        estimate was off by there), used until Ollama's counts calibrate the chat."""
         self.store = store
         self.idle_rotation = idle_rotation
+        self.start_ratio = start_ratio
 
     def conversation_for(self, chat_key: str, now: float) -> Conversation:
         """The chat's active conversation, rotating it first when it has been idle too long."""
@@ -38,12 +44,12 @@ class Router:
     def _start(self, chat_key: str, now: float) -> Conversation:
         """A new conversation, marked when its predecessor went idle. It starts from the
         previous conversation's token ratio: same model, same tokenizer, so the first request
-        is estimated as well as the last one was."""
+        is estimated as well as the last one was; a chat's first from its model's card."""
         last = self.store.newest_conversation(chat_key)
         return self.store.create_conversation(
             chat_key, now,
             after_idle=last is not None and last.archived_reason == "idle",
-            token_ratio=last.token_ratio if last is not None else 1.0,
+            token_ratio=last.token_ratio if last is not None else self.start_ratio(chat_key),
         )
 
     def rotate_idle(self, now: float, busy: set[str]) -> list[Conversation]:

@@ -265,7 +265,8 @@ class TurnRunner:
             vision="vision" in (await self.llm.model_info(model)).capabilities,
             attachments=self.store.state_dir / "attachments",
             whole=self.llm.counts_whole_prompt,
-            cuts=self.llm.cuts_silently,
+            cuts=functools.partial(self.llm.cuts_silently, model),
+            text_calls=self.llm.habits_of(model).text_tool_calls,
             retract=turn.site.stream.retract,
         )
         return ToolLoop(parts, max_calls=self.settings.model.max_calls, budget=prepared.budget,

@@ -3,9 +3,11 @@
 * Tool calls (Ollama's native tools API) run through the registry; each call and its result are
   saved as messages. At most `model.max_calls` model calls per turn; the last one is asked to
   answer without tools.
-* A tool call written as plain text is never executed and never shown: the model is nudged once
-  (at the end of the last message, not in a system message of its own), then the user gets a
-  plain apology instead of raw JSON.
+* A tool call written as plain text is never shown. From a model whose card says it writes
+  its calls so (`text_calls`) it is read and run like a native one, and one that cannot be
+  read goes back to the model as a failed call saying what is wrong. Any other model is nudged
+  once (at the end of the last message, not in a system message of its own); written out
+  again, the call is run if it can be read, else the user gets a plain apology, not raw JSON.
 * An answer cut off with `done_reason: "length"` is continued, a bounded number of times, unless
   the window is already full to within 512 tokens: then the turn ends with what it has and says so.
 * Before each call, the in-turn safety net (`daemon/context/compact.py`) may shrink the
@@ -26,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ from daemon.context.compact import (
 )
 from daemon.context.echoes import without_framing
 from daemon.context.replay import ChatMessage, shown_result
-from daemon.context.text_calls import looks_like_text_tool_call
+from daemon.context.text_calls import looks_like_text_tool_call, read_text_calls
 from daemon.core.errors import AttachmentError, ContextOverflow, PromptCut
 from daemon.llm.client import ChatResult
 from daemon.store.attachments import StoredImage, read_image_base64, store_image
@@ -86,6 +88,9 @@ Save = Callable[..., Awaitable[int]]  # save(role, content, **fields) -> the mes
 # (daemon.turn.approvals); None for the whole loop: nobody can be asked, so nothing that
 # needs a yes runs.
 Approve = Callable[[Tool, Mapping[str, Any]], Awaitable[str | None]]
+UNREADABLE_CALL = ("ERROR: your tool call could not be read: {problem}. Write it as one JSON "
+                   'object, {{"name": "<tool>", "arguments": {{...}}}}, with one of these tools: '
+                   "{tools}.")
 NOBODY_TO_ASK = "ERROR: {name} needs the user's approval, which cannot be asked here."
 
 
@@ -132,6 +137,7 @@ class LoopParts:
     whole: Callable[[], Awaitable[bool]] | None = None
     cuts: Callable[[], Awaitable[bool]] | None = None
     retract: Callable[[], None] | None = None  # the stream forgets a dropped answer's words
+    text_calls: bool = False  # the model writes tool calls as text (its card): read and run
 
 
 class ToolLoop:
@@ -176,7 +182,20 @@ class ToolLoop:
                 calls += 1
                 continue
             text = result.content
-            if result.tool_calls or looks_like_text_tool_call(text, self.tool_names()):
+            written = not result.tool_calls and looks_like_text_tool_call(text, self.tool_names())
+            if written and (self.parts.text_calls or nudged):
+                read = read_text_calls(text, self.tool_names())
+                if read.calls:  # run like Ollama's own calls, the JSON never shown
+                    await self._record("text-tool-call", f"{len(read.calls)} tool calls read "
+                                       "from the model's text")
+                    result = replace(result, content="", tool_calls=read.calls)
+                    continue
+                if self.parts.text_calls and calls < self.max_calls:
+                    await self._unreadable(messages, text, read.problem)
+                    result = await self._call(messages, self._schemas())
+                    calls += 1
+                    continue
+            if result.tool_calls or written:
                 if nudged or calls >= self.max_calls:
                     return LoopResult("".join(pieces) or TEXT_CALL_APOLOGY, calls, tools_run)
                 nudged = True
@@ -337,6 +356,21 @@ class ToolLoop:
                     for s in stored]
             messages.append(message)
         return len(calls)
+
+    async def _unreadable(self, messages: list[ChatMessage], text: str, problem: str) -> None:
+        """A tool call the model wrote as text that cannot be run: it goes back as a failed
+        call with what is wrong, which the model can fix on its next step (the user never sees
+        the JSON). Saved like any call, so the next turn's replay shows the same."""
+        names = self.tool_names()
+        named = next((n for n in names if f'"{n}"' in text or f"={n}>" in text), "tool_call")
+        call: dict[str, Any] = {"function": {"name": named, "arguments": {}}}
+        await self.parts.save("assistant", "", tool_calls=(call,))
+        messages.append({"role": "assistant", "content": "",
+                         "tool_calls": [call]})  # type: ignore[dict-item]
+        error = UNREADABLE_CALL.format(problem=problem, tools=", ".join(names))
+        await self.parts.save("tool", error, tool_name=named, meta={"error": True})
+        messages.append({"role": "tool", "content": error, "tool_name": named})
+        await self._record("text-tool-call", f"unreadable tool call sent back: {problem}")
 
     async def _images(self, outcome: ToolResult) -> tuple[list[StoredImage], str]:
         """A tool's images, checked and stored like a user's (Pillow, downscaled); and the

@@ -68,6 +68,8 @@ class ModelSettings:
     retry_backoff: float = 2.0  # seconds before the first retry, doubled each time
     max_calls: int = 8  # model calls one turn may make (tool rounds, continuations)
     think: bool = False  # let a thinking model think on chat turns (never on background calls)
+    # Probe a model without a card quietly on its first use (daemon/models/book.py).
+    probe_new: bool = True
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ _SPECS: Mapping[str, _Spec] = {
         "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
                              "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
         "timeout": _PERIOD, "stall": _PERIOD, "retry_attempts": _at_least(1),
-        "retry_backoff": _DURATION, "max_calls": _at_least(1), "think": _BOOL},
+        "retry_backoff": _DURATION, "max_calls": _at_least(1), "think": _BOOL,
+        "probe_new": _BOOL},
     "telegram": {
         "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
         "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id")),
