@@ -125,9 +125,12 @@ def assemble(settings: Settings, store: Store, llm: ModelClient,
     reminders = Reminders(settings.daemon.tz, AutomationState(store.state_dir), clock=clock)
     registry, servers = with_servers(settings.mcp, settings.daemon.state_dir,
                                      tool_registry(settings, reminders))
+    cards = CardBook(settings.model, settings.daemon.state_dir, llm,
+                     probe=probe and settings.model.probe_new)
     parts = TurnParts.build(
         settings=settings, store=store, llm=llm, index=extra.index, registry=registry,
-        clock=clock, on_event=(lambda kind: metrics.events.labels(kind).inc()) if metrics else None)
+        clock=clock, on_event=(lambda kind: metrics.events.labels(kind).inc()) if metrics else None,
+        card_line=cards.card_line)
     hooks = DeliveryHooks()
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
                     clock=clock, hooks=hooks, voice=extra.voice, speaking=extra.speaking)
@@ -135,8 +138,6 @@ def assemble(settings: Settings, store: Store, llm: ModelClient,
                               clock=clock, on_run=metrics.automation_run if metrics else None)
     if metrics is not None:
         metrics.automations_known((a.name for a in settings.automations), RUN_STATUSES)
-    cards = CardBook(settings.model, settings.daemon.state_dir, llm,
-                     probe=probe and settings.model.probe_new)
     return Core(parts, engine, automations, servers, cards)
 
 

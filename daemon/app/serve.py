@@ -397,10 +397,11 @@ def _status(app: web.Application) -> tuple[str, list[str]]:
 
 def _running(app: web.Application) -> Running:
     """What the console's Health page shows; reads the outbox (call it in a thread)."""
-    servers = app.get(MCP)
+    servers, core = app.get(MCP), app.get(CORE)
     return Running(app[SETTINGS], app[HEALTH].health, _status(app)[0], channel_names(app),
                    app[ENGINE].queue_depths(), app[LLM].in_flight, app[STORE].outbox_pending(),
-                   servers.status() if servers is not None else [])
+                   servers.status() if servers is not None else [],
+                   core.cards.cards() if core is not None else ())
 
 
 async def _gauges(app: web.Application) -> dict[str, float]:

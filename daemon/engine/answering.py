@@ -45,7 +45,7 @@ class Answering:
         self.commands = Commands(settings=parts.settings, store=parts.store,
                                  router=parts.router, llm=parts.llm, prompting=parts.prompting,
                                  folder=parts.folder, clock=parts.clock,
-                                 registry=parts.registry)
+                                 registry=parts.registry, card_line=parts.card_line)
         self.models = ModelChoice(settings=parts.settings, store=parts.store, llm=parts.llm,
                                   router=parts.router, clock=parts.clock)
         self.facts_commands = FactsCommands(settings=parts.settings,

@@ -25,7 +25,7 @@ from daemon.llm.client import ModelClient
 from daemon.llm.habits import Habits
 from daemon.models.card import Card, all_cards, store_cards
 from daemon.models.probe import Battery
-from daemon.models.strategy import habits_of
+from daemon.models.strategy import card_line, card_of, habits_of
 from daemon.models.wire import ProbeWire
 
 PREEMPTIONS = 5  # a probe's request stopped by chats this often waits for a later use
@@ -49,15 +49,22 @@ class CardBook:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def card(self, model: str) -> Card | None:
-        """The model's card for the running Ollama, None when there is none (yet)."""
-        return self._cards.get(model)
+        """The model's card for the running Ollama however its name is tagged, None when
+        there is none (yet)."""
+        return card_of(self.cards(), model, self.version or "")
 
     def cards(self) -> list[Card]:
-        return sorted(self._cards.values(), key=lambda c: c.name)
+        """The cards of the running Ollama (a copy: the quiet probe adds to them)."""
+        return sorted(list(self._cards.values()), key=lambda c: c.name)
+
+    def card_line(self, model: str) -> str | None:
+        """The model's card in one line (`/status`), None when it has none."""
+        card = self.card(model)
+        return card_line(card) if card is not None else None
 
     def habits(self, model: str) -> Habits:
         """What the client does for `model`; starts what is missing (see the docstring)."""
-        card = self._cards.get(model)
+        card = self.card(model)
         if card is not None:
             return habits_of(card)
         if self.version is None:

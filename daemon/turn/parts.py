@@ -28,6 +28,8 @@ from daemon.turn.router import Router
 from daemon.turn.runner import Notify, TurnRunner, Working, not_shown
 from daemon.turn.streaming import Streaming, not_streamed
 
+CardLine = Callable[[str], str | None]  # model -> its card in one line (daemon.models)
+
 
 @dataclass(frozen=True)
 class TurnParts:
@@ -45,12 +47,15 @@ class TurnParts:
     clock: Callable[[], float]
     facts: FactsBook | None = None
     approvals: Approvals | None = None  # asks before a tool that needs a yes runs
+    card_line: CardLine | None = None  # a model's card in one line, for /status
+
 
     @classmethod
     def build(cls, *, settings: Settings, store: Store, llm: ModelClient,
               registry: Registry, index: SearchIndex | None = None,
               clock: Callable[[], float] = time.time,
-              on_event: Callable[[str], None] | None = None) -> TurnParts:
+              on_event: Callable[[str], None] | None = None,
+              card_line: CardLine | None = None) -> TurnParts:
         """`index` is derived from the store and rebuilt from it when lost; the daemon opens it
         with the store, so that a disk that cannot take it stops the start before anything
         else runs. `registry` holds every tool (daemon/app/assembly.py builds it)."""
@@ -68,7 +73,8 @@ class TurnParts:
                                   clock=clock, on_fold=index.mark_dirty),
             clock=clock, facts=facts,
             approvals=Approvals(ApprovalBook(store.state_dir), settings.mcp.approve_timeout,
-                                clock))
+                                clock),
+            card_line=card_line)
 
     def runner(self, *, notify: Notify, streaming: Streaming = not_streamed,
                working: Working = not_shown, fold: bool = True,

@@ -22,6 +22,8 @@ def write_config(tmp_path: Path, host: str) -> Path:
     config = tmp_path / "roost.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
                       f'listen = "127.0.0.1:{free_port()}"\n[model]\nhost = "{host}"\n'
+                      # the quiet probe's requests are not the chats' this test compares
+                      'probe_new = false\n'
                       '[[automations]]\nname = "brief"\nschedule = "0 7 * * *"\n'
                       'prompt = "Anything new on the things I follow?"\n'
                       'deliver = ["console:local"]\n')

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from daemon.app.serve import Tuning, build_app
+from daemon.models.card import store_cards
 from daemon.store.console_keys import OWNER
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.daemon.app.test_app import start
 from tests.daemon.console.conftest import OMAR
 from tests.daemon.console.test_console_automations import browser_for
+from tests.daemon.models.test_card_surfaces import card
 from tests.fakes.ollama import FakeOllama
 
 
@@ -45,5 +48,30 @@ async def test_health_shows_an_outage_with_its_fix_and_the_recovery(
         async with await browser_for(url, state_dir, OMAR) as person, person.get(
                 f"{url}/console/health") as answer:
             assert answer.status == 404
+    finally:
+        await runner.cleanup()
+
+
+async def test_health_lists_the_running_ollamas_model_cards(
+        fake_ollama: FakeOllama, make_settings: SettingsFactory, state_dir: Path) -> None:
+    settings = make_settings(model={"host": fake_ollama.url})
+    stored = card(settings.model.name, tools="text")  # on the fake's Ollama version
+    store_cards(settings.daemon.state_dir, [stored, replace(stored, name="old:1b",
+                                                            ollama_version="0.11.0")])
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")},
+                                        tuning=Tuning(health_interval=0.05)))
+    try:
+        async with await browser_for(url, state_dir, OWNER) as http:
+            async def page() -> str:
+                async with http.get(f"{url}/console/health") as answer:
+                    return await answer.text()
+
+            for _ in range(400):  # the cards are read once Ollama said its version
+                text = await page()
+                if "writes its tool calls" in text:
+                    break
+                await asyncio.sleep(0.02)
+            assert "writes its tool calls as JSON text" in text
+            assert "old:1b" not in text  # another Ollama's card says nothing of this one
     finally:
         await runner.cleanup()

@@ -115,6 +115,8 @@ async def test_a_text_model_has_its_written_call_run_and_never_shown(rig_of: Rig
     assert TEXT_CALL_NUDGE not in json.dumps(second)  # run at once, not nudged first
     assert [m.role for m in rig.stored()][-3:] == ["assistant", "tool", "assistant"]
     assert '"name"' not in "".join(rig.channel.deltas)
+    await rig.say("/status")
+    assert "Card: texty:1b: tools text" in rig.channel.texts()[-1]
 
 
 async def test_a_text_models_malformed_call_goes_back_as_a_tool_error(rig_of: RigOf) -> None:
