@@ -32,13 +32,16 @@ FAKES = [
     FakeModel("text-tools:3b", capabilities=("completion", "tools"), tool_style="text"),
     FakeModel("never-calls:1b", capabilities=("completion", "tools"), tool_style="never"),
     FakeModel("inline-think:7b", capabilities=("completion",), thinking_style="inline"),
+    FakeModel("plain-reasons:3b", capabilities=("completion",), thinking_style="plain"),
     FakeModel("empty-think:8b", tool_style="native", thinking_style="empty-with-tools"),
     FakeModel("vision:4b", capabilities=("completion", "vision"), vision_reply="Red and blue."),
 ]
 
 
-async def cards_of(host: str, window: int, names: list[str]) -> list[tuple[Card, float]]:
-    """Each model's card and the seconds its battery took."""
+async def cards_of(host: str, window: int, names: list[str], *, quick: bool = False
+                   ) -> list[tuple[Card, float]]:
+    """Each model's card and the seconds its battery took (`quick`: the daemon's quiet
+    probe, the cheap parts only)."""
     with tempfile.TemporaryDirectory() as state:
         settings = Settings.defaults(env={"STATE_DIRECTORY": state})
     model = dataclasses.replace(settings.model, host=host, window=window)
@@ -48,7 +51,7 @@ async def cards_of(host: str, window: int, names: list[str]) -> list[tuple[Card,
         found = []
         for name in names:
             started = time.monotonic()
-            card = await battery.probe(await battery.target(name), version)
+            card = await battery.probe(await battery.target(name), version, quick=quick)
             found.append((card, time.monotonic() - started))
         return found
     finally:
@@ -84,8 +87,13 @@ def main() -> None:
         server = ServerThread(path)
         server.start()
         try:
+            full = asyncio.run(cards_of(server.url, args.window, ["smollm2:135m"]))
             show(f"the real SmolLM2-135M on llama.cpp, Ollama-wire (window {args.window}):",
-                 asyncio.run(cards_of(server.url, args.window, ["smollm2:135m"])))
+                 full)
+            quick = asyncio.run(cards_of(server.url, args.window, ["smollm2:135m"],
+                                         quick=True))
+            show("the same, the daemon's quiet probe (cheap parts only):", quick)
+            print(f"quiet probe / whole battery: {quick[0][1] / full[0][1]:.2f}\n")
         finally:
             server.stop()
     print(LEGEND)
