@@ -344,7 +344,7 @@ class ModelClient:
         options: dict[str, Any] = {"num_ctx": num_ctx}
         if num_predict is not None:
             options["num_predict"] = num_predict
-        if not info.tools:
+        if not info.tools or self.habits_of(name).no_tools:
             tools = None
         if info.thinks:
             think = bool(self.settings.think and not background and think is not False

@@ -17,8 +17,9 @@ TOOL_WORDS = {
     "native": "",
     "text": "writes its tool calls as JSON text: roost reads and runs them like native ones, "
             "and a malformed one goes back to the model as a tool error to fix",
-    "none": "called no tool when asked to: expect answers without a search of its memory or "
-            "files (roost offers tools only to a model with Ollama's tools capability)",
+    "none": "has no tools or called none when asked to: roost sends it no tools and no word "
+            "of them, so it answers without searching its memory or files (probe again with "
+            "`roost models` after an update of the model)",
 }
 THINKING_WORDS = {
     "none": "",
@@ -40,7 +41,7 @@ NOTHING_DIFFERENT = "nothing in its card asks roost to treat it differently"
 
 def habits_of(card: Card) -> Habits:
     """What the client does for the card's model (daemon.llm.habits)."""
-    return Habits(text_tool_calls=card.tools == "text",
+    return Habits(no_tools=card.tools == "none", text_tool_calls=card.tools == "text",
                   no_thinking_with_tools=card.thinking == "empty-with-tools",
                   inline_reasoning=card.thinking == "inline",
                   cuts=card.truncate == "cuts",

@@ -142,7 +142,7 @@ class Prompting:
         # A model without the tools capability gets no tools and no word of them (Ollama
         # would answer 400 to the tools, and the model would promise searches it cannot do).
         info = await self.llm.model_info(model)
-        with_tools = info.tools
+        with_tools = info.tools and not self.llm.habits_of(info.name).no_tools
         vocabulary = vocabulary_of(info.vocabulary_size)
         tools = self.registry.schemas(conversation.active_tools) if with_tools else []
         capabilities = self.registry.index(conversation.active_tools) if with_tools else []

@@ -238,3 +238,17 @@ async def test_a_model_without_a_card_is_probed_quietly_after_its_first_chat(
     await rig.say("Use the tool: where is the hedge?")
     assert rig.replies()[-1] == "The hedge is by the shed."
     assert tool_messages(rig.fake.chat_requests[before + 1])
+
+
+async def test_a_model_that_never_calls_gets_no_tools_and_no_word_of_them(
+    rig_of: RigOf,
+) -> None:
+    offered = await rig_of(PLAIN)
+    await offered.say("hello there")
+    assert offered.fake.chat_requests[0].get("tools")
+    quiet = await rig_of(PLAIN, (card(PLAIN.name, tools="none"),))
+    await quiet.say("hello there")
+    request = quiet.fake.chat_requests[0]
+    assert not request.get("tools")
+    assert "tool_search" not in request["messages"][0]["content"]
+    assert quiet.replies() == ["echo: hello there"]
