@@ -29,6 +29,14 @@ _KINDS = {"audio": ("audio", "audio message", "audio.ogg"),
           "sticker": ("document", "sticker", "sticker.webp")}
 
 
+def _recorded(described: Described) -> bool:
+    """A voice note, not an audio file: what the payload's `voice` says; where it says nothing
+    (payloads before Meta added it), WhatsApp's recordings are OGG/Opus."""
+    if described.voice is not None:
+        return described.voice
+    return (described.mime_type or "").replace(" ", "").lower() == "audio/ogg;codecs=opus"
+
+
 @dataclass(frozen=True)
 class Fetched:
     attachments: tuple[dict[str, Any], ...] = ()
@@ -50,6 +58,8 @@ class WhatsAppMedia:
             return Fetched()
         image = described.media_kind == "image"
         kind, what, default_name = _KINDS.get(described.media_kind, ("document", "file", "file"))
+        if described.media_kind == "audio" and _recorded(described):
+            kind, what, default_name = "voice", "voice note", "voice-note.ogg"
         what = "photo" if image else what
         try:
             data = await self._download(described.media_id, what)

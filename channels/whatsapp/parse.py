@@ -171,6 +171,9 @@ class Described:
     media_kind: str | None = None  # image, audio, video, document, sticker
     mime_type: str | None = None
     filename: str | None = None
+    # An audio message's `voice`: recorded with WhatsApp's own voice button (True), or a file
+    # (False); None where the payload does not say.
+    voice: bool | None = None
     reaction: str | None = None  # the emoji, for a reaction (not a new turn)
     reacted_to: str | None = None  # the wamid reacted to
     unsupported: bool = False
@@ -192,7 +195,8 @@ def describe(message: WaMessage) -> Described:
         caption = str(inner.get("caption") or "")
         return Described(_join(context, caption), media_id=inner["id"], media_kind=kind,
                          mime_type=str(inner.get("mime_type") or "") or None,
-                         filename=str(inner.get("filename") or "") or None)
+                         filename=str(inner.get("filename") or "") or None,
+                         voice=inner["voice"] if isinstance(inner.get("voice"), bool) else None)
     if kind == "location":
         place = ", ".join(str(inner[k]) for k in ("name", "address") if inner.get(k))
         where = f"{inner.get('latitude')}, {inner.get('longitude')}"

@@ -12,6 +12,7 @@ what the cap is and what the user hears when it is passed.
 from __future__ import annotations
 
 import json
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ from daemon.core.errors import RoostError
 
 CHUNK = 64 * 1024
 MB = 1024 * 1024
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
@@ -49,3 +51,14 @@ async def json_capped(response: aiohttp.ClientResponse, limit: int) -> Any:
     if body is None:
         raise TooLarge(f"an answer larger than {limit / MB:g} MB")
     return json.loads(body)
+
+
+def answered(where: str, status: int, problem: str) -> str:
+    """`where answered STATUS: problem`, the problem left out where it only repeats the status
+    (aiohttp's and many servers' plain-text error pages are "404: Not Found")."""
+    words = problem.strip()
+    redundant = words.lower().removeprefix(str(status)).strip(" :-").lower()
+    if not words or redundant in ("", _REASONS.get(status, "").lower()):
+        reason = _REASONS.get(status)
+        return f"{where} answered {status}" + (f" {reason}" if reason else "")
+    return f"{where} answered {status}: {words}"

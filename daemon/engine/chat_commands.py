@@ -120,6 +120,15 @@ class Commands:
             return f"{said}; then stopped: {outcome.reason}."
         return f"{said}; the last few stay word for word."
 
+    def _mcp_log(self, name: str) -> str:
+        """Where a stdio server's own words are (its traceback, often): the file its stderr
+        goes to. An HTTP server's are on its own host."""
+        server = next((s for s in self.settings.mcp.servers if s.name == name), None)
+        if server is None or server.command is None:
+            return f"; `roost mcp test {name}` shows why"
+        return (f"; its messages are in {self.settings.daemon.state_dir}/logs/mcp-{name}.log, "
+                f"and `roost mcp test {name}` tries it")
+
     async def status(self, chat_key: str) -> str:
         model = self.settings.model
         flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
@@ -144,7 +153,7 @@ class Commands:
             lines.append(f"Tools: none ({name} has no tools capability, so no searches "
                          "or files)")
         if self.registry is not None:
-            lines += [f"MCP server {name}: not working ({problem})"
+            lines += [f"MCP server {name}: not working ({problem}){self._mcp_log(name)}"
                       for name, problem in sorted(self.registry.problems.items())]
         if info.thinks:
             lines.append("Thinking: " + ("on for replies (model.think)" if model.think

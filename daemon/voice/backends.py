@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from daemon.core.bodies import MB, read_capped
+from daemon.core.bodies import MB, answered, read_capped
 from daemon.core.config import VoiceSettings
 from daemon.core.errors import VoiceError
 from daemon.core.logs import voice_log as log
@@ -160,7 +160,7 @@ class HttpBackend:
             return text.strip()
         log.warning("transcription server answered %d: %s", status, problem)
         reason = "unavailable" if status in _OUTAGE_STATUSES else "failed"
-        raise VoiceError(f"{self.where} answered {status}: {problem}"[:300], reason)
+        raise VoiceError(answered(self.where, status, problem)[:300], reason)
 
     def _fix(self, exc: VoiceError) -> str:
         message = str(exc)

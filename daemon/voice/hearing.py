@@ -175,10 +175,9 @@ class Hearing:
 
 
 def _label(doc: Mapping[str, Any]) -> str:
-    """How a recording is named: WhatsApp stores its voice notes as "audio", but records them
-    as OGG/Opus, which is not what an audio file sent from the phone's files usually is."""
-    voice = doc.get("kind") == "voice" or doc.get("mime") == "audio/ogg"
-    return "voice note" if voice else "audio file"
+    """How a recording is named: a voice note is what the platform says was recorded with its
+    voice button (kind "voice"); any other sound is a file, an OGG one too."""
+    return "voice note" if doc.get("kind") == "voice" else "audio file"
 
 
 def last_transcript(store: Store, chat_key: str) -> str:
@@ -199,4 +198,5 @@ def last_transcript(store: Store, chat_key: str) -> str:
             return f"Your last {label} ({clock(record.get('duration', 0))}), as I heard " \
                    f"it:\n{transcript}"
         return f"Your last {label} was not transcribed. {record.get('why', '')}".strip()
-    return "No voice note in this conversation yet: send one and I will transcribe it."
+    return ("No voice note or audio file in this conversation yet: send one and I will "
+            "transcribe it.")

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from daemon.core import confine
-from daemon.core.bodies import MB, read_capped
+from daemon.core.bodies import MB, answered, read_capped
 from daemon.core.child_env import child_env
 from daemon.core.config import SpeechSettings
 from daemon.core.errors import VoiceError
@@ -110,7 +110,7 @@ class HttpSpeech:
         problem = _problem(body)
         log.warning("speech server answered %d: %s", status, problem)
         reason = "unavailable" if status in _OUTAGE_STATUSES else "failed"
-        raise VoiceError(f"{self.where} answered {status}: {problem}"[:300], reason)
+        raise VoiceError(answered(self.where, status, problem)[:300], reason)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -76,11 +76,13 @@ async def start(graph: FakeGraph, fake_ollama: FakeOllama, whisper: FakeTranscri
         await runner.cleanup()
 
 
-def voice_note(wamid: str, graph: FakeGraph) -> bytes:
+def voice_note(wamid: str, graph: FakeGraph, *, recorded: bool = True) -> bytes:
+    """An audio message as Meta's webhook sends it: `voice` true for a recording made with
+    WhatsApp's voice button, false for an audio file (both OGG/Opus here)."""
     graph.add_media(f"m-{wamid}", OPUS.read_bytes(), "audio/ogg; codecs=opus")
     voice: dict[str, Any] = {"from": USER, "id": wamid, "timestamp": sent_now(), "type": "audio",
                              "audio": {"id": f"m-{wamid}", "mime_type": "audio/ogg; codecs=opus",
-                                       "voice": True}}
+                                       "voice": recorded}}
     return webhook(voice)
 
 
@@ -149,3 +151,12 @@ async def test_after_24_hours_the_voice_note_waits_with_its_reply_for_the_user(
     assert [c.body["type"] for c in graph.sent] == ["text", "audio", "text"]
     assert graph.texts() == ["Late, but spoken.", "echo: hello again"]
     assert daemon.store.outbox_pending() == []
+
+
+async def test_an_audio_file_is_heard_as_an_audio_file(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    assert await daemon.post(voice_note("wamid.a1", graph, recorded=False)) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    assert graph.texts()[0].startswith("echo: [audio file, 0:02]")

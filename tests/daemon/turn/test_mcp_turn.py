@@ -110,6 +110,9 @@ async def test_status_names_a_server_that_never_came_up(engine_with: Any) -> Non
         await say(engine, "/status")
         assert any("MCP server broken: not working (command not found: /nonexistent/mcp-server)"
                    in text for text in channel.texts())
+        # ...and where its own words are (its stderr: a traceback, often)
+        log = engine.parts.store.state_dir / "logs" / "mcp-broken.log"
+        assert any(f"its messages are in {log}" in text for text in channel.texts())
 
 
 def test_past_60_capabilities_the_index_collapses_mcp_servers_too(state_dir: Path) -> None:

@@ -160,7 +160,8 @@ async def test_the_servers_base_url_works_as_openai_clients_take_it(
 async def test_a_wrong_path_says_what_voice_url_takes(whisper: FakeTranscriber) -> None:
     base = whisper.url.removesuffix("/v1/audio/transcriptions")
     ready = await http(f"{base}/api/transcribe").check()
-    assert not ready.ok and "404" in ready.detail
+    assert not ready.ok and "answered 404 Not Found" in ready.detail
+    assert "404: 404" not in ready.detail  # the server's "404: Not Found" page says no more
     assert f"{base}/v1" in ready.fix and "/v1/audio/transcriptions" in ready.fix, ready.fix
 
 

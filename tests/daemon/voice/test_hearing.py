@@ -224,7 +224,8 @@ async def test_transcript_after_an_audio_file_calls_it_an_audio_file(
 
 
 def test_transcript_command_text(store: Store) -> None:
-    assert last_transcript(store, CHAT).startswith("No voice note in this conversation yet")
+    assert last_transcript(store, CHAT).startswith(
+        "No voice note or audio file in this conversation yet")
     conversation = store.create_conversation(CHAT, 1.0)
     store.append_message(conversation.id, "user", "[voice note, 0:42] buy milk", created=2.0,
                          meta={"voice": [{"status": "heard", "duration": 42.2,
@@ -249,3 +250,12 @@ async def test_a_recording_no_longer_stored_is_a_line_not_a_crash(
     assert told.lines == [(CHAT, "That voice note is no longer stored here; please send it "
                                  "again.")]
     assert whisper.requests == []
+
+
+async def test_an_ogg_audio_file_is_an_audio_file_not_a_voice_note(
+        store: Store, whisper: FakeTranscriber) -> None:
+    """Only what the platform says was recorded with its voice button is a voice note: an OGG
+    file sent as audio (a podcast clip, a recording from another app) is an audio file."""
+    item = voice_item(store, OPUS.read_bytes(), kind="audio", name="clip.ogg", mime="audio/ogg")
+    (heard,) = await hearing(store, whisper.url).hear([item], Told())
+    assert heard.text.startswith("[audio file, 0:02]")
