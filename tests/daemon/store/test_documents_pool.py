@@ -28,6 +28,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {"bomb.docx": documents.word_bomb(BOMB_PARAGRAPHS),
             "huge.docx": documents.word_bomb(8_000_000),
             "loop.pdf": documents.looping_pdf(),
+            "no-tree.pdf": documents.pdf_without_page_tree(),
             "fine.pdf": documents.pdf(["all is well"]),
             "not-a-pdf.pdf": b"GIF89a this is not a pdf"}
     for name, data in made.items():
@@ -81,15 +82,23 @@ def test_a_parse_past_its_time_is_killed_with_a_clear_error(files: dict[str, Pat
 
 
 @pytest.mark.parametrize(("name", "problem"), [
-    ("loop.pdf", DAMAGED),
+    ("no-tree.pdf", DAMAGED),
     ("not-a-pdf.pdf", "it is not a PDF I can read (damaged, or not a PDF at all)"),
 ])
-def test_a_looping_or_fake_pdf_is_an_error_and_the_worker_stays(
+def test_a_pdf_without_pages_or_a_fake_is_an_error_and_the_worker_stays(
         pool: WorkerPool, files: dict[str, Path], name: str, problem: str) -> None:
     for job, args in (("pdf_info", ()), ("pdf_read", (1, 5, 1000)), ("pdf_search", ("x", 1))):
         with pytest.raises(DocumentError) as error:
             pool.call(job, str(files[name]), *args)
         assert str(error.value) == problem
+    assert pool.started == 1
+
+
+def test_a_page_tree_that_lists_itself_is_read_once(pool: WorkerPool,
+                                                    files: dict[str, Path]) -> None:
+    """PDFium follows each page once: the looping tree is the one blank page it holds."""
+    assert pool.call("pdf_info", str(files["loop.pdf"]))["pages"] == 1
+    assert pool.call("pdf_search", str(files["loop.pdf"]), "x", 1)["hits"] == []
     assert pool.started == 1
 
 
@@ -120,8 +129,8 @@ async def test_the_event_loop_runs_on_while_a_hostile_file_is_parsed(
 
 def test_an_attachment_that_breaks_its_reader_is_still_stored_with_a_note(
         files: dict[str, Path], tmp_path: Path) -> None:
-    stored = store_file(files["loop.pdf"].read_bytes(), tmp_path / "attachments",
-                        name="loop.pdf", mime="application/pdf", kind="document")
+    stored = store_file(files["no-tree.pdf"].read_bytes(), tmp_path / "attachments",
+                        name="no-tree.pdf", mime="application/pdf", kind="document")
     assert stored.path.is_file()
     assert stored.to_doc()["note"].endswith(
         f"; a PDF I could not read: {DAMAGED}]")
