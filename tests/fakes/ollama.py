@@ -723,8 +723,10 @@ REASONS_WHEN_ASKED = ("plain", "inline-when-asked")
 def _sum_asked(body: dict[str, Any]) -> tuple[int, int] | None:
     """The two numbers of a sum the last user message asks for ("What is 17 + 25?")."""
     users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
-    asked = re.search(r"(\d+)\s*\+\s*(\d+)", str(users[-1].get("content") or "")) if users \
-        else None
+    # Bounded digits: an unbounded (\d+) backtracks quadratically over a long run of digits
+    # (a pasted 20,000-digit number took 15 s).
+    asked = re.search(r"(?<!\d)(\d{1,9})\s*\+\s*(\d{1,9})", str(users[-1].get("content") or "")) \
+        if users else None
     return (int(asked[1]), int(asked[2])) if asked else None
 
 
@@ -740,8 +742,8 @@ def _thinking_style(model: FakeModel, body: dict[str, Any], reply: Reply,
                                else model.default_thinking)
         return dataclasses.replace(reply, content=f"<think>{thought}</think>\n\n"
                                    + reply.content), None
-    summed = _sum_asked(body)
-    if model.thinking_style in REASONS_WHEN_ASKED and summed is not None:
+    summed = _sum_asked(body) if model.thinking_style in REASONS_WHEN_ASKED else None
+    if summed is not None:
         first, second = summed
         working = (f"Okay, let me work this out. {first} plus {second}. First add the tens, "
                    f"then the ones. So the answer is {first + second}.")

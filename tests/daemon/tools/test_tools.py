@@ -287,10 +287,13 @@ async def test_a_tool_call_written_as_text_is_not_run_and_not_shown(
     assert "memory_search" not in "".join(setup.channel.deltas)
     nudged = setup.turn_requests()[-1]["messages"][-1]["content"]
     assert "tool-calling interface" in nudged
-    # A model that insists gets the user a plain apology, never the JSON.
-    setup.fake.script(Reply(content=written), Reply(content=f"```json\n{written}\n```"))
+    # A model that insists with a call that cannot be run gets the user a plain apology,
+    # never the JSON (one it can run is run: tests/daemon/models/test_card_in_chats.py).
+    unknown = json.dumps({"name": "cat_search", "arguments": {"query": "cats"}})
+    setup.fake.script(Reply(content=unknown), Reply(content=f"```json\n{unknown}\n```"))
     await setup.say("Really?")
     assert setup.channel.texts("reply")[-1] == TEXT_CALL_APOLOGY
+    assert "cat_search" not in "".join(setup.channel.deltas)
 
 
 async def test_the_context_full_guard_stops_a_length_loop(
