@@ -1,4 +1,4 @@
-"""The `documents` capability: PDF, DOCX and XLSX files the user sent, read a range at a time.
+"""The `documents` capability: PDF, DOCX, XLSX, ODT and ODS files the user sent, a range at a time.
 
 A tool opens only a file whose reference is on a message of a conversation in scope
 (`builtin.sent_file`, the check `file_read` uses): never a path the model makes up. The parse
@@ -64,12 +64,13 @@ class Documents:
         return labelled("PDF details", path, text)
 
     async def pdf_read(self, ctx: ToolContext, path: str, from_page: int = 1,
-                       to_page: int = 0) -> str:
+                       to_page: int = 0, part: int = 1) -> str:
         first = max(from_page, 1)
         last = to_page if to_page >= first else first + 4
         last = min(last, first + PAGES_PER_READ - 1)
         try:
-            got = await self._open(ctx, path, "pdf_read", first, last, READ_CAP_CHARS)
+            got = await self._open(ctx, path, "pdf_read", first, last, READ_CAP_CHARS, path,
+                                   to_page, part)
         except _Refusal as exc:
             return str(exc)
         pages = got["pages"]
@@ -77,12 +78,7 @@ class Documents:
             return f"ERROR: {path} has {pages} pages; there is no page {first}."
         body = "\n".join(f"--- page {n} ---\n{text or '(no text on this page)'}"
                          for n, text in got["texts"])
-        shown = got["texts"][-1][0] if got["texts"] else first
-        after = f"Pages {first}-{shown} of {pages}."
-        wanted = min(pages, to_page if to_page >= first else pages)
-        if shown < wanted:
-            after += f' More: pdf_read("{path}", {got["next"] or shown + 1}, {wanted})'
-        return labelled("PDF text", path, body, after)
+        return labelled("PDF text", path, body, got["after"])
 
     async def pdf_search(self, ctx: ToolContext, path: str, query: str,
                          from_page: int = 1) -> str:
@@ -137,6 +133,9 @@ class Documents:
         if got.get("more_columns"):
             after += (f' More columns: xlsx_read("{path}", "{sheet}", '
                       f'"{got["more_columns"]}")')
+        if got.get("uncalculated"):  # in roost's words too, not only in the cells and the note
+            after += (" Its formulas were never calculated: the file holds no results for "
+                      "them, only the formulas.")
         return labelled("spreadsheet cells", path, got["table"] or "(empty)", after)
 
 
@@ -157,25 +156,27 @@ def register(registry: Registry, pool: WorkerPool | None = None) -> Documents:
     docs = Documents(pool)
     registry.register(Capability(
         name="documents", group="files",
-        description="read PDF, Word and Excel files the user sent",
+        description="read PDF, Word, Excel and OpenDocument (.odt, .ods) files the user sent",
         tools=(
             Tool("pdf_info", "Page count, title and whether a PDF has a text layer.",
                  _schema({"path": _PATH}, "path"), docs.pdf_info, TOOL_TIMEOUT,
                  progress=_READING),
             Tool("pdf_read", f"Text of a PDF's pages from_page..to_page (at most "
-                 f"{PAGES_PER_READ} pages a call).",
+                 f"{PAGES_PER_READ} pages a call; a long page in parts: part=2, ...).",
                  _schema({"path": _PATH, "from_page": {"type": "integer"},
-                          "to_page": {"type": "integer"}}, "path"), docs.pdf_read, TOOL_TIMEOUT,
-                 progress=_READING),
+                          "to_page": {"type": "integer"}, "part": {"type": "integer"}},
+                         "path"), docs.pdf_read, TOOL_TIMEOUT, progress=_READING),
             Tool("pdf_search", "Pages of a PDF holding all the words, with a line of context.",
                  _schema({"path": _PATH, "query": {"type": "string"},
                           "from_page": {"type": "integer"}}, "path", "query"),
                  docs.pdf_search, TOOL_TIMEOUT, progress="searching your document…"),
-            Tool("docx_read", "Paragraphs (tables as Markdown) of a Word document by range.",
+            Tool("docx_read", "Paragraphs (tables as Markdown; footnotes, comments and tracked "
+                 "changes marked) of a Word or OpenDocument text (.docx, .odt) by range.",
                  _schema({"path": _PATH, "from_paragraph": {"type": "integer"},
                           "to_paragraph": {"type": "integer"}}, "path"),
                  docs.docx_read, TOOL_TIMEOUT, progress=_READING),
-            Tool("xlsx_read", "A sheet or a range (like A1:F40) of a spreadsheet as a table.",
+            Tool("xlsx_read", "A sheet or a range (like A1:F40) of a spreadsheet (.xlsx, .ods) as "
+                 "a table; a formula shows =FORMULA -> its saved value.",
                  _schema({"path": _PATH, "sheet": {"type": "string"},
                           "cells": {"type": "string"}}, "path"), docs.xlsx_read, TOOL_TIMEOUT,
                  progress=_READING),

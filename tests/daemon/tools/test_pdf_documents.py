@@ -191,3 +191,20 @@ async def test_the_note_and_pdf_info_call_a_page_of_glyph_numbers_no_text_layer(
     assert "has no text layer" in info.content, info.content
     read = await _call(desk, "pdf_read", path=stored.ref)
     assert "/g437" not in read.content and "reads like a scan" in read.content
+
+
+async def test_the_tool_names_the_pages_it_gives_and_reads_a_long_page_in_parts(
+        desk: tuple[Store, Settings, Registry, str], tmp_path: Path) -> None:
+    ref = _send(desk, WARN)
+    read = await _call(desk, "pdf_read", path=ref, from_page=1, to_page=12)
+    assert "--- page 1 ---" in read.content and "Pages 1-1" not in read.content
+    assert f'of 16. More: pdf_read("{ref}", ' in read.content, read.content
+    assert ", 12) reads on (pages " in read.content
+    dense = tmp_path / "dense.pdf"
+    dense.write_bytes(documents.pdf(["\n".join(f"Row {n}: " + "figures " * 20
+                                               for n in range(1, 80))]))
+    long_ref = _send(desk, str(dense))
+    first = await _call(desk, "pdf_read", path=long_ref, from_page=1, to_page=1)
+    assert f'More: pdf_read("{long_ref}", 1, 1, part=2)' in first.content, first.content
+    second = await _call(desk, "pdf_read", path=long_ref, from_page=1, to_page=1, part=2)
+    assert "this is part 2 of" in second.content and "Row 79:" not in first.content
