@@ -95,7 +95,9 @@ def capability_index(capabilities: Sequence[Capability]) -> str:
     """One line per capability in name order; past 60 the rest collapse into grouped counts."""
     ordered = sorted(capabilities, key=lambda c: (not c.loaded, c.name))
     shown = ordered[:MAX_CAPABILITY_LINES]
-    lines = [f"- {c.name}{' [loaded]' if c.loaded else ''}: {c.description}" for c in shown]
+    # An MCP server starting for the first time may have no words yet: its name alone.
+    lines = [f"- {c.name}{' [loaded]' if c.loaded else ''}"
+             + (f": {c.description}" if c.description else "") for c in shown]
     rest = ordered[MAX_CAPABILITY_LINES:]
     if rest:
         groups: dict[str, int] = {}

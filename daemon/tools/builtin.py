@@ -31,6 +31,7 @@ from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
 from daemon.store.facts import FactsBook, Person, matching
 from daemon.store.search_index import SearchIndex
+from daemon.tools.ranking import Hit
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 from daemon.tools.scope import RecallScope, recall_scope
 
@@ -48,6 +49,9 @@ FILE_SLACK = 86_400.0
 # tool_activate may wait for an MCP server that is starting; the wait bounds itself by the
 # server's start timeout, so this only catches what nothing else would.
 ACTIVATE_TIMEOUT = 900.0
+# Tool names a tool_search answer shows a capability with: a server of 14 tools would make
+# five answers hundreds of tokens; tool_activate names them all.
+SEARCH_TOOLS_SHOWN = 6
 _MSG_REF = re.compile(rf"msg:({ID_PATTERN}):([0-9]{{1,12}})")
 _SUMMARY_REF = re.compile(rf"summary:({ID_PATTERN})")
 
@@ -322,12 +326,26 @@ def _read_text(path: Path) -> str | None:
 
 
 async def tool_search(ctx: ToolContext, query: str = "") -> str:
+    """The capabilities not loaded yet that `query` means, best first, each with why it
+    matched; with no query, all of them."""
     found = ctx.registry.search(query, ctx.active)
     if not found:
-        return f"No more capabilities match {query!r}; everything relevant is loaded."
-    lines = [f"- {c.name}: {c.description} (tools: {', '.join(t.name for t in c.tools)})"
-             for c in found]
-    return "Capabilities you can load with tool_activate(name):\n" + "\n".join(lines)
+        return (f"No capability that is not loaded matches {query!r}; try other words, or "
+                "tool_search() with none to list them all.")
+    order = ", best match first" if query.strip() else ""
+    return (f"Capabilities you can load with tool_activate(name){order}:\n"
+            + "\n".join(_found_line(hit) for hit in found))
+
+
+def _found_line(hit: Hit) -> str:
+    """One capability of a tool_search answer: its index words, its first tools, why."""
+    capability = hit.capability
+    about = f": {capability.description}" if capability.description else ""
+    names = [t.name for t in capability.tools]
+    more = len(names) - SEARCH_TOOLS_SHOWN
+    tools = (", ".join(names[:SEARCH_TOOLS_SHOWN]) + (f" and {more} more" if more > 0 else "")
+             if names else "listed once its server is up")
+    return f"- {capability.name}{about} (tools: {tools}){f'; {hit.why}' if hit.why else ''}"
 
 
 async def tool_activate(ctx: ToolContext, name: str) -> str:

@@ -2,7 +2,8 @@
 
 A capability is a named group of tools with a one-line description. The core capabilities are
 always loaded; the others are loaded per conversation with `tool_activate`, found with
-`tool_search`. Each tool module has one `register(registry, ...)`, called from the list in
+`tool_search` (ranked by `daemon.tools.ranking`, its index kept until a capability changes).
+Each tool module has one `register(registry, ...)`, called from the list in
 daemon/app/assembly.py, the same path an extra would use; a tool carries its own progress line.
 
 Running a tool never raises out of here: a tool that raises, times out, gets bad arguments or does
@@ -19,9 +20,11 @@ from typing import Any
 
 from daemon.context.prefix import Capability as CapabilityLine
 from daemon.core.logs import turn_log as log
+from daemon.tools.ranking import Hit, Ranking
 
 ERROR_PREFIX = "ERROR: "
 DEFAULT_TIMEOUT = 30.0
+SEARCH_RESULTS = 5  # tool_search's answers at most: a small model reads the first few
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,9 @@ class Registry:
     # Capabilities whose tools may still be coming (an MCP server starting): tool_activate
     # awaits this (it bounds itself) before it answers.
     starting: dict[str, Callable[[], Awaitable[object]]] = field(default_factory=dict)
+    # tool_search's index, with the capabilities it was built from (see `ranking`).
+    _ranking: tuple[tuple[Capability, ...], Ranking] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def register(self, capability: Capability) -> None:
         if capability.name in self.capabilities:
@@ -161,23 +167,35 @@ class Registry:
     def index(self, active: Iterable[str]) -> list[CapabilityLine]:
         """The `<capabilities>` lines of the prefix for a conversation."""
         loaded = {c.name for c in self.loaded(active)}
-        # A server that never listed its tools is not offered: tool_activate would refuse it.
         return [CapabilityLine(c.name, c.description, c.name in loaded, c.group)
-                for c in self.capabilities.values() if c.tools]
+                for c in self.capabilities.values() if self.in_index(c)]
 
-    def search(self, query: str, active: Iterable[str]) -> list[Capability]:
-        """Capabilities not loaded yet whose name, description or tools mention the query."""
-        words = [w for w in query.lower().split() if w]
+    def in_index(self, capability: Capability) -> bool:
+        """Whether the index names it: it has tools, or it is an MCP server still starting
+        (tool_activate waits for it). One that failed without ever listing tools is not:
+        tool_activate would refuse it."""
+        return bool(capability.tools) or (capability.name in self.starting
+                                          and capability.name not in self.problems)
+
+    def ranking(self) -> Ranking:
+        """tool_search's index of every capability, built again only when one was registered
+        or replaced (an MCP server that listed its tools anew), never per query."""
+        current = tuple(self.capabilities.values())
+        kept = self._ranking
+        if kept is None or len(kept[0]) != len(current) or any(
+                a is not b for a, b in zip(kept[0], current, strict=True)):
+            kept = self._ranking = (current, Ranking(current))
+        return kept[1]
+
+    def search(self, query: str, active: Iterable[str]) -> list[Hit]:
+        """The capabilities not loaded yet that `query` means, best first, at most
+        SEARCH_RESULTS; with no query, every one not loaded, by name."""
         loaded = {c.name for c in self.loaded(active)}
-        found = []
-        for capability in sorted(self.capabilities.values(), key=lambda c: c.name):
-            if capability.name in loaded:
-                continue
-            text = " ".join([capability.name, capability.description,
-                             *(f"{t.name} {t.description}" for t in capability.tools)]).lower()
-            if not words or any(w in text for w in words):
-                found.append(capability)
-        return found
+        if not query.strip():
+            return [Hit(c, 0.0, "") for c in sorted(self.capabilities.values(),
+                                                    key=lambda c: c.name)
+                    if c.name not in loaded]
+        return self.ranking().search(query, loaded, SEARCH_RESULTS)
 
     def tool(self, name: str, active: Iterable[str]) -> Tool | None:
         for capability in self.loaded(active):

@@ -35,12 +35,13 @@ class Catalog:
                 tools = tuple(types.Tool.model_validate(t) for t in entry["tools"])
             except (KeyError, TypeError, ValueError):
                 continue  # one bad entry: that server is listed anew
-            out[name] = Listing(description=str(entry.get("description", "")), tools=tools)
+            out[name] = Listing(description=str(entry.get("description", "")), tools=tools,
+                                instructions=str(entry.get("instructions", "")))
         return out
 
     def write(self, listings: dict[str, Listing]) -> None:
         data: dict[str, Any] = {
-            name: {"description": listing.description,
+            name: {"description": listing.description, "instructions": listing.instructions,
                    "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                              for t in listing.tools]}
             for name, listing in sorted(listings.items())}

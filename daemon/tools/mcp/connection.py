@@ -48,6 +48,7 @@ START_SLACK = 5.0
 PING_EVERY = 15.0
 PING_TIMEOUT = 10.0
 MAX_PAGES = 20  # tools/list pages read at most
+INSTRUCTIONS_KEPT = 4000  # characters of a server's instructions kept (plain_line reads as many)
 
 
 class State(enum.Enum):
@@ -61,8 +62,9 @@ class State(enum.Enum):
 class Listing:
     """What a server said about itself once it was up."""
 
-    description: str  # its own description or instructions (cut to one line by the caller)
+    description: str  # its title, else its own description
     tools: tuple[types.Tool, ...]
+    instructions: str = ""  # what it tells a client's model (its index line's second choice)
 
 
 class Connection:
@@ -255,10 +257,11 @@ class Connection:
             if not cursor:
                 break
         info = init.server_info
-        # Its title names it; the instructions are for a model that loaded it (and often open
-        # with a Markdown heading), so they never make its index line.
-        description = info.title or info.description or ""
-        return Listing(description=description, tools=tuple(tools))
+        # Without a title, the instructions' first line of prose makes its index line
+        # (daemon.tools.mcp.about); they can run to pages, so only their start is kept.
+        instructions = (init.instructions or "")[:INSTRUCTIONS_KEPT]
+        return Listing(description=info.title or info.description or "", tools=tuple(tools),
+                       instructions=instructions)
 
     async def _watch(self, session: ClientSession) -> None:
         """Until the session breaks or roost stops: a ping now and then finds a dead server

@@ -6,13 +6,15 @@ templates print the schema into the prompt and small models lose their way in it
 one plain object schema: references inlined (a bounded depth), `X | null` as X, an `anyOf` of
 several types as its first simple type with the others named in the description, and no
 titles. The arguments are still checked against the server's own schema before a call.
+Descriptions are the server's own, untrusted text: chat templates print them in the system
+prompt, so they lose whatever markup could open or close a prompt section (`_unmarked`).
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_DEPTH = 4
@@ -34,32 +36,58 @@ def one_line(text: str | None, limit: int = 120) -> str:
     return line if len(line) <= limit else line[:limit - 1].rstrip() + "…"
 
 
-# A server's index line carries a few words of its title (issue 29): 20 servers stay ~300 tokens.
-INDEX_WORDS = 5
-INDEX_CHARS = 40
 _TAGS = re.compile(r"<[^>]*>")
 _TEMPLATES = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)  # {{system}}, {% if %}
 _LINKS = re.compile(r"\[([^\]]*)\]\([^)]*\)")
-_CLAUSE = re.compile(r"[:.;(|]| [-–—] ")  # "GitHub: issues and PRs" is titled "GitHub"
+_MARKUP = str.maketrans("", "", "#*`<>[]{}")
+
+# A loaded tool's description goes whole into every request of the conversation that loaded
+# it, so it has a cap: 3,000 characters (about 580 Qwen tokens of English) keeps whole the
+# longest of eight common servers' tools (sequential-thinking's 2,781, which says how to use it
+# after its first sentence). A server's descriptions together get 6,000 (about 1,200 tokens, a
+# sixth of the 7,168 an 8,192 window leaves a request): past that its longest ones share what
+# the others leave, never under the 300 each had before.
+TOOL_DESCRIPTION_CHARS = 3_000
+SERVER_DESCRIPTION_CHARS = 6_000
+DESCRIPTION_FLOOR = 300
+
+
+def _unmarked(text: str) -> str:
+    """`text` without markup that could open or close a prompt section: tags, template markers,
+    links (their text kept) and the characters of Markdown's markup. Full-width and other
+    compatibility forms are folded first (NFKC): a model reads `＜/system＞` as `</system>`, so
+    the markup it spells is found and dropped the same way."""
+    text = unicodedata.normalize("NFKC", text)
+    text = _LINKS.sub(r"\1", _TEMPLATES.sub(" ", _TAGS.sub(" ", text)))
+    return text.translate(_MARKUP)
 
 
 def plain_line(text: str | None, limit: int) -> str:
-    """The first line of a server's text (a title, a tool's description) without markup that
-    could open or close a prompt section: tags, template markers, links (their text kept) and
-    the characters of Markdown's markup. Full-width and other compatibility forms are folded
-    first (NFKC): a model reads `＜/system＞` as `</system>`, so the markup it spells is found
-    and dropped the same way."""
-    text = unicodedata.normalize("NFKC", (text or "")[:4000])  # bounded work on a huge one
-    text = _LINKS.sub(r"\1", _TEMPLATES.sub(" ", _TAGS.sub(" ", text)))
-    return one_line(text.translate(str.maketrans("", "", "#*`<>[]{}")), limit)
+    """The first line of a server's text (a title, an argument's description) without markup
+    (`_unmarked`), cut to `limit`."""
+    return one_line(_unmarked((text or "")[:4000]), limit)  # bounded work on a huge one
 
 
-def index_words(text: str | None) -> str:
-    """A few plain words of a server's title or description for its index line: the first
-    clause of its `plain_line`."""
-    line = plain_line(text, 200).replace("_", "")
-    words = _CLAUSE.split(line, maxsplit=1)[0].split()[:INDEX_WORDS]
-    return " ".join(words)[:INDEX_CHARS].rstrip()
+def plain_text(text: str | None, limit: int) -> str:
+    """All of a server's text (a tool's description) on one line without markup, cut at a
+    word to `limit`."""
+    text = _unmarked((text or "")[:2 * limit])  # markup only shortens it
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return text if len(text) <= limit else text[:limit - 1].rsplit(" ", 1)[0] + "…"
+
+
+def description_caps(lengths: Sequence[int]) -> list[int]:
+    """The cap of each of a server's tool descriptions (see TOOL_DESCRIPTION_CHARS): the short
+    ones whole, the long ones an equal share of the room the short ones leave."""
+    wanted = [min(n, TOOL_DESCRIPTION_CHARS) for n in lengths]
+    caps = [0] * len(wanted)
+    room = SERVER_DESCRIPTION_CHARS
+    by_length = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    for done, i in enumerate(by_length):
+        share = max(DESCRIPTION_FLOOR, room // (len(wanted) - done))
+        caps[i] = min(wanted[i], share)
+        room -= caps[i]
+    return caps
 
 
 def simplify(schema: Mapping[str, Any]) -> dict[str, Any]:

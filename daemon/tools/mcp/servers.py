@@ -30,10 +30,11 @@ from daemon.core.config import McpServerSettings, McpSettings
 from daemon.core.errors import McpError, StoreError
 from daemon.core.logs import mcp_log as log
 from daemon.tools import builtin
+from daemon.tools.mcp.about import index_about
 from daemon.tools.mcp.catalog import Catalog
 from daemon.tools.mcp.connection import Connection, Listing, State
 from daemon.tools.mcp.results import ERROR_PREFIX, result_output
-from daemon.tools.mcp.schema import index_words, plain_line, simplify, tool_name
+from daemon.tools.mcp.schema import description_caps, plain_text, simplify, tool_name
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
 
 if TYPE_CHECKING:
@@ -93,9 +94,11 @@ class McpServers:
         self._listings = self.catalog.read()
         self._saved = dict(self._listings)
         for server in self.settings.servers:
-            listing = self._listings.get(server.name, Listing("", ()))
+            if not server.enabled:  # never started nor offered, whatever it listed once
+                continue
             try:
-                self.registry.register(self._capability(server, listing))
+                self.registry.register(self._capability(server,
+                                                        self._listings.get(server.name)))
             except ValueError as exc:
                 self._refused[server.name] = f"cannot be registered: {exc}"
                 log.error("MCP server %s %s", server.name, self._refused[server.name])
@@ -177,17 +180,21 @@ class McpServers:
         except StoreError as exc:  # the next start lists the tools again: nothing is lost
             log.warning("could not save the MCP catalog: %s", exc)
 
-    def _capability(self, server: McpServerSettings, listing: Listing) -> Capability:
-        about = index_words(server.description or listing.description)
-        tools = tuple(self._tool(server, t) for t in listing.tools if callable_here(t))
-        count = f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"
-        return Capability(name=server.name, group=GROUP, tools=tools,
-                          description=f"{about} ({count})" if about else count)
+    def _capability(self, server: McpServerSettings, listing: Listing | None) -> Capability:
+        """The server's capability from what it listed (None: it never did, its tools are
+        still coming); its index line from `index_about`."""
+        offered = [t for t in listing.tools if callable_here(t)] if listing else []
+        caps = description_caps([len(t.description or "") for t in offered])
+        return Capability(name=server.name, group=GROUP,
+                          description=index_about(server.name, server.description, listing,
+                                                  offered),
+                          tools=tuple(self._tool(server, t, cap)
+                                      for t, cap in zip(offered, caps, strict=True)))
 
-    def _tool(self, server: McpServerSettings, tool: types.Tool) -> Tool:
+    def _tool(self, server: McpServerSettings, tool: types.Tool, cap: int) -> Tool:
         return McpTool(
             name=tool_name(server.name, tool.name),
-            description=plain_line(tool.description, 300) or tool.name,
+            description=plain_text(tool.description, cap) or tool.name,
             parameters=simplify(tool.input_schema),
             handler=functools.partial(self._call, server.name, tool.name),
             timeout=server.timeout + TIMEOUT_SLACK,

@@ -168,6 +168,11 @@ def test_capabilities_one_line_each_with_loaded_marks() -> None:
         assert ("[loaded]" in line) == capability.loaded
 
 
+def test_a_capability_with_no_words_yet_is_its_name_alone() -> None:
+    # An MCP server starting for the first time, with no description configured.
+    assert capability_index([Capability("fake", "", group="mcp")]) == "- fake"
+
+
 def test_no_capabilities_no_block() -> None:
     assert "<capabilities>" not in prefix_for(capabilities=())
 
