@@ -156,7 +156,7 @@ def register(registry: Registry, pool: WorkerPool | None = None) -> Documents:
     docs = Documents(pool)
     registry.register(Capability(
         name="documents", group="files",
-        description="read PDF, Word, Excel and OpenDocument (.odt, .ods) files the user sent",
+        description="read PDF, Word and Excel files the user sent",
         tools=(
             Tool("pdf_info", "Page count, title and whether a PDF has a text layer.",
                  _schema({"path": _PATH}, "path"), docs.pdf_info, TOOL_TIMEOUT,
