@@ -21,6 +21,7 @@ import zlib
 from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.types import EmbeddedResource, TextResourceContents, Tool, ToolExecution
 from pydantic import BaseModel
@@ -76,8 +77,10 @@ async def sleep(seconds: float) -> str:
 
 
 @server.tool(description="Always raises an error.")
-def fail(reason: str = "broken") -> str:
-    raise ValueError(f"it failed: {reason}")
+def fail(reason: str = "broken", said: bool = False) -> str:
+    if said:  # the SDK's server sends a ToolError's words, as mcp-server-fetch's refusals are
+        raise ToolError(f"Refused: {reason}")
+    raise ValueError(f"it failed: {reason}")  # these it hides: "Error executing tool fail"
 
 
 @server.tool(description="Return a small PNG image.")

@@ -106,6 +106,11 @@ async def test_results_errors_timeouts_and_bad_arguments_never_raise(running: An
     registry, _ = await running(stdio(timeout=1.0), result_max_chars=1000)
     failed = await call(registry, "fake__fail")
     assert failed.startswith("ERROR: the tool reported an error") and "Error executing" in failed
+    # The server's own reason reaches the model inside the report (issue 49: a refusal of a
+    # private address was said to arrive as "[end of error report]" alone).
+    refused = await call(registry, "fake__fail", reason="127.0.0.1 is not a public address",
+                         said=True)
+    assert refused.endswith("Refused: 127.0.0.1 is not a public address")
     assert "timed out" in await call(registry, "fake__sleep", seconds=30)
     assert "[image: image/png, 70 bytes" in await call(registry, "fake__picture")
     assert "the resource's text" in await call(registry, "fake__resource")
