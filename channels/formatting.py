@@ -26,11 +26,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from channels.markdown_render import PlainRenderer, TelegramRenderer, WhatsAppRenderer
+from channels.markdown_render import (
+    MatrixRenderer,
+    PlainRenderer,
+    TelegramRenderer,
+    WhatsAppRenderer,
+)
 
 TELEGRAM_LIMIT = 4096  # characters of a message's text after entity parsing (what the user sees)
 TELEGRAM_RAW_LIMIT = 32768  # bytes of the text as sent, markup included, checked before parsing
 WHATSAPP_LIMIT = 4096
+# Matrix has no length limit but the event's: 65,536 bytes of JSON, holding the body and the
+# formatted body (and, in an encrypted room, both again as base64 of the ciphertext). 6,000
+# characters of each stays under it even for text of three-byte characters.
+MATRIX_LIMIT = 6000
+MATRIX_RAW_LIMIT = 24000  # bytes of the formatted body of one part
 
 # Below this a part could not hold a reopened ``` fence, a closing one and any text.
 _MIN_LIMIT = 8
@@ -42,12 +52,16 @@ _RAW_RESERVE = 256
 _MIN_FILL = 0.5
 
 __all__ = [
+    "MATRIX_LIMIT",
     "TELEGRAM_LIMIT",
     "TELEGRAM_RAW_LIMIT",
     "WHATSAPP_LIMIT",
     "html_visible_length",
+    "matrix_plain",
+    "split_matrix",
     "split_telegram",
     "split_text",
+    "to_matrix_html",
     "to_plain",
     "to_telegram_html",
     "to_whatsapp",
@@ -79,6 +93,40 @@ def split_telegram(markdown: str, limit: int = TELEGRAM_LIMIT,
     """
     _check_limit(limit)
     return _split(_html_atoms(to_telegram_html(markdown)), limit, reserve=0, raw_limit=raw_limit)
+
+
+def to_matrix_html(markdown: str) -> str:
+    """Markdown -> Matrix's `org.matrix.custom.html` (a message's `formatted_body`)."""
+    return MatrixRenderer().render(markdown)
+
+
+def split_matrix(markdown: str, limit: int = MATRIX_LIMIT,
+                 raw_limit: int = MATRIX_RAW_LIMIT) -> list[tuple[str, str]]:
+    """Render for Matrix and split like Telegram's HTML; each part as (body, formatted_body):
+    the plain `body` every Matrix message must carry is read off the part's own HTML, so the
+    two always say the same."""
+    _check_limit(limit)
+    parts = _split(_html_atoms(to_matrix_html(markdown)), limit, reserve=0, raw_limit=raw_limit)
+    if len(parts) == 1:  # the usual case: the body as a terminal shows it, numbers and all
+        return [(to_plain(markdown), parts[0])]
+    return [(matrix_plain(part), part) for part in parts]
+
+
+_BLOCK_BREAK = re.compile(r"\s*<(?:br/?|hr/?|/?(?:p|h[1-6]|ul|ol|li|blockquote|pre|table|thead|"
+                          r"tbody|tr))(?:\s[^>]*)?>\s*")
+_LIST_ITEM = re.compile(r"<li>(?:\s*<p>)?")
+_CELL_END = re.compile(r"</t[hd]>\s*(?=<t[hd]>)")
+
+
+def matrix_plain(html_part: str) -> str:
+    """The plain-text `body` of a Matrix HTML part: block ends become line breaks, list
+    items bullets, table cells ' | '; tags dropped, entities undone."""
+    text = _LIST_ITEM.sub("<li>\u2022 ", html_part)
+    text = _CELL_END.sub(" | ", text)
+    text = _BLOCK_BREAK.sub("\n", text)
+    text = re.sub(r"<[^>]*>", "", text)
+    text = re.sub(r"\n{2,}", "\n", text)
+    return html.unescape(text).strip()
 
 
 def split_text(text: str, limit: int) -> list[str]:

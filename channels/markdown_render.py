@@ -1,8 +1,9 @@
-"""Markdown from the model -> the text one channel sends: one walk, three dialects.
+"""Markdown from the model -> the text one channel sends: one walk, four dialects.
 
 markdown-it-py parses CommonMark (plus GFM tables and strikethrough) into a syntax tree; a
 `Renderer` walks it and asks its dialect how each construct looks: Telegram's HTML subset,
-WhatsApp's own markers, or plain text for a terminal. Pure functions of the input: no I/O.
+WhatsApp's own markers, plain text for a terminal, or Matrix's HTML (which, unlike the others,
+is built of block elements: `MatrixRenderer`). Pure functions of the input: no I/O.
 
 Blocks render to `Line`s first, not straight to a string, because two block decorations work
 per line: a list item indents its continuation lines under its marker, and a WhatsApp or
@@ -358,3 +359,96 @@ class TelegramRenderer(Renderer):
             *lines[1:-1],
             Line(f"{last.text}</blockquote>", last.verbatim),
         ]
+
+
+class MatrixRenderer(Renderer):
+    """Matrix's HTML subset (`org.matrix.custom.html`, client-server spec "m.room.message
+    msgtypes"): real block elements (p, h1-h6, ul/ol/li, blockquote, pre, table, hr), since a
+    Matrix client collapses the newlines of HTML as a browser does. `<br/>` and `<hr/>` are
+    written self-closing so the splitter never tries to balance them."""
+
+    _TAGS: ClassVar[dict[str, str]] = {"strong": "strong", "em": "em", "s": "del"}
+
+    def render(self, markdown: str) -> str:
+        tree = SyntaxTreeNode(PARSER.parse(markdown))
+        blocks = [b for b in (self._html_block(n) for n in tree.children) if b]
+        # A reply of one paragraph is sent bare, as Element itself sends one.
+        if len(blocks) == 1 and blocks[0].startswith("<p>") and blocks[0].endswith("</p>"):
+            return blocks[0][3:-4]
+        return "\n".join(blocks)
+
+    def text(self, text: str) -> str:
+        return html.escape(text, quote=False)
+
+    def mark(self, kind: str, inner: str) -> str:
+        tag = self._TAGS.get(kind)
+        return f"<{tag}>{inner}</{tag}>" if tag else inner
+
+    def code_span(self, code: str) -> str:
+        return f"<code>{html.escape(code, quote=False)}</code>"
+
+    def link(self, text: str, href: str) -> str:
+        target = safe_href(href)
+        if not text:
+            text = self.text(PARSER.normalizeLinkText(href))
+        if target is None:
+            return text
+        return f'<a href="{html.escape(target, quote=True)}">{text}</a>'
+
+    def _inline_html(self, node: SyntaxTreeNode) -> str:
+        return self._inline_of(node).replace("\n", "<br/>\n")
+
+    def _html_blocks(self, nodes: Sequence[SyntaxTreeNode], tight: bool) -> str:
+        out: list[str] = []
+        for node in nodes:
+            if tight and node.type == "paragraph":
+                out.append(self._inline_html(node))
+            elif block := self._html_block(node):
+                out.append(block)
+        return "\n".join(out)
+
+    def _html_block(self, node: SyntaxTreeNode) -> str:
+        kind = node.type
+        if kind == "paragraph":
+            inner = self._inline_html(node)
+            return f"<p>{inner}</p>" if inner.strip() else ""
+        if kind == "heading":
+            inner = self._inline_html(node)
+            return f"<{node.tag}>{inner}</{node.tag}>" if inner.strip() else ""
+        if kind in ("bullet_list", "ordered_list"):
+            paragraphs = [c for i in node.children for c in i.children if c.type == "paragraph"]
+            tight = not paragraphs or paragraphs[0].hidden
+            items = "\n".join(f"<li>{self._html_blocks(item.children, tight)}</li>"
+                              for item in node.children)
+            if kind == "bullet_list":
+                return f"<ul>\n{items}\n</ul>"
+            start = int(node.attrs.get("start", 1))
+            opening = f'<ol start="{start}">' if start != 1 else "<ol>"
+            return f"{opening}\n{items}\n</ol>"
+        if kind == "blockquote":
+            inner = self._html_blocks(node.children, tight=False)
+            return f"<blockquote>\n{inner}\n</blockquote>" if inner else ""
+        if kind in ("fence", "code_block"):
+            code = node.content.removesuffix("\n")
+            lang = node.info.split()[0] if node.info.strip() else ""
+            if not code.strip():
+                return ""
+            return "\n".join(line.text for line in TelegramRenderer().code_block(code, lang))
+        if kind == "hr":
+            return "<hr/>"
+        if kind == "table":
+            return self._html_table(node)
+        if kind == "html_block":
+            return f"<p>{self.text(node.content.strip())}</p>"
+        return self._html_blocks(node.children, tight=False)
+
+    def _html_table(self, node: SyntaxTreeNode) -> str:
+        sections: list[str] = []
+        for section in node.children:
+            cell_tag = "th" if section.type == "thead" else "td"
+            rows = "\n".join(
+                "<tr>" + "".join(f"<{cell_tag}>{self._inline_html(cell)}</{cell_tag}>"
+                                 for cell in row.children) + "</tr>"
+                for row in section.children)
+            sections.append(f"<{section.type}>\n{rows}\n</{section.type}>")
+        return "<table>\n" + "\n".join(sections) + "\n</table>"

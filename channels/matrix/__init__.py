@@ -1,0 +1,1 @@
+"""Matrix: a bot account on a homeserver, end-to-end encrypted rooms included (matrix-nio)."""
