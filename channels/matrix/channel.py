@@ -49,6 +49,10 @@ from daemon.intake.gate import Access
 from daemon.store import Store
 
 SYNC_BACKOFF_MAX = 60.0
+# Synapse gives 10 events a room per sync unless asked for more, and marks the timeline
+# "limited" past that: a burst while roost was down would then skip events. This many is far
+# beyond what a home bot's rooms see between two syncs.
+SYNC_FILTER = {"room": {"timeline": {"limit": 1000}}}
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class Matrix:
         self.bot = Bot(settings.user_id, "")
         self.intake: MatrixIntake | None = None
         self._syncer: asyncio.Task[None] | None = None
+        self._synced_rooms: set[str] = set()  # a room's first sync is "limited" by nature
 
     async def open(self) -> None:
         """Log in (ConfigError for refused credentials, ChannelError when the homeserver
@@ -165,8 +170,8 @@ class Matrix:
             self.client.next_batch = since  # type: ignore[assignment]
             try:
                 answer = await self.client.sync(
-                    timeout=int(self.tuning.poll_timeout * 1000), since=since,
-                    full_state=True if first else None)
+                    timeout=int(self.tuning.poll_timeout * 1000), sync_filter=SYNC_FILTER,
+                    since=since, full_state=True if first else None)
                 if isinstance(answer, ErrorResponse):
                     raise _SyncFailed(f"{answer.status_code} {answer.message}")
                 assert isinstance(answer, SyncResponse)
@@ -205,6 +210,10 @@ class Matrix:
             partner = direct_partner(set(room.users) | set(room.invited_users),
                                      self.bot.user_id)
             key = person_key(partner) if partner else room_key(room_id)
+            if joined.timeline.limited and room_id in self._synced_rooms:
+                log.warning("the homeserver left out earlier events of %s (a gap of more than "
+                            "%d); they are not answered", key, SYNC_FILTER["room"]["timeline"]
+                            ["limit"])
             for event in joined.timeline.events:
                 if isinstance(event, MegolmEvent):
                     await self._request_key(event)
@@ -213,6 +222,7 @@ class Matrix:
                 await self.intake.accept(Arrival(
                     room_id=room_id, chat_key=key, direct=partner is not None, event=source,
                     sender_name=_name(room, sender) if isinstance(sender, str) else ""))
+            self._synced_rooms.add(room_id)
 
     async def _invited(self, room_id: str, state: list[Any]) -> None:
         """Join a room an allowed person invites the bot to; a stranger's direct room too

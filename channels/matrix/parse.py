@@ -80,7 +80,8 @@ def address_of(key: str) -> Address:
     rest = key.removeprefix(CHAT_PREFIX)
     if key.startswith(CHAT_PREFIX) and is_user_id(rest):
         return Address(user=rest)
-    if key.startswith(CHAT_PREFIX) and rest.startswith("!") and ":" in rest:
+    # Room ids of room version 12 have no server part ("!opaque"); older ones do.
+    if key.startswith(CHAT_PREFIX) and rest.startswith("!") and len(rest) > 1:
         return Address(room=rest)
     raise ValueError(f"not a Matrix chat key: {key!r}")
 
