@@ -43,7 +43,7 @@ from channels.matrix.settings import MatrixSettings
 from channels.media import attachment_limits
 from daemon.core.approval import Approver
 from daemon.core.config import AttachmentSettings
-from daemon.core.errors import ConfigError
+from daemon.core.errors import ChannelError, ConfigError
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store
@@ -279,5 +279,5 @@ def _name(room: MatrixRoom, user: str) -> str:
     return (member.display_name or "") if member is not None else ""
 
 
-class _SyncFailed(ConnectionError):
+class _SyncFailed(ChannelError):
     """The homeserver answered a sync with an error."""
