@@ -17,11 +17,11 @@ from automations.state import SCAN_EVERY, AutomationState, RunResult, manual_run
 from automations.when import split_when
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.ids import new_id
+from daemon.core.platforms import chat_pattern, platform_of
 from daemon.intake.pairing import PairingBook
 from daemon.store import in_use
 
 EX_USAGE = 2
-TARGET = re.compile(r"telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local")
 
 
 def list_automations(settings: Settings) -> int:
@@ -113,38 +113,30 @@ def _gone(state: AutomationState, request: str, automation: AutomationSettings) 
 
 
 def unserved(settings: Settings, target: str) -> str | None:
-    """Why roost would not deliver to `target` (None: it would): its channel is off, or the
-    chat is a person on neither the allow list nor the approved pairings. A Telegram group
-    (a negative chat id) has no list of its own: roost answers there to allowed senders."""
-    kind, _, rest = target.partition(":")
-    chat = rest.partition(":")[0]
-    book = PairingBook(settings.daemon.state_dir)
-    if kind == "telegram":
-        if not settings.telegram.enabled:
-            return "Telegram is not enabled (telegram.enabled)"
-        if chat.startswith("-") or int(chat) in settings.telegram.allow \
-                or book.is_approved("telegram", chat):
-            return None
-        return ("not a chat roost serves: add the user to telegram.allow or approve them "
-                "with `roost pairing approve`")
-    if kind == "whatsapp":
-        if not settings.whatsapp.enabled:
-            return "WhatsApp is not enabled (whatsapp.enabled)"
-        if chat in settings.whatsapp.allow or book.is_approved("whatsapp", chat):
-            return None
-        return ("not a chat roost serves: add the number to whatsapp.allow or approve it "
-                "with `roost pairing approve`")
-    return None
+    """Why roost would not deliver to `target` (None: it would): its platform is off, or the
+    chat is a person on neither the allow list nor the approved pairings. A group has no list
+    of its own: roost answers there to allowed senders."""
+    platform = platform_of(target)
+    if platform is None:
+        return None  # the terminal
+    own = platform.of(settings.platforms)
+    if not own.enabled:
+        return f"{platform.title} is not enabled ({platform.name}.enabled)"
+    chat = target.partition(":")[2]
+    if not platform.is_person(chat) or platform.allowed(own, chat) \
+            or PairingBook(settings.daemon.state_dir).is_approved(platform.name, chat):
+        return None
+    return (f"not a chat roost serves: add them to {platform.name}.allow or approve them with "
+            "`roost pairing approve`")
 
 
 def remind(settings: Settings, words: list[str], target: str) -> int:
     """Add a reminder: `words` are the time, then the text (see `split_when`); the daemon
     arms it within SCAN_EVERY seconds if it runs, else at its start."""
     tz = settings.daemon.tz
-    if not TARGET.fullmatch(target):
-        print(f"roost: --to {target!r}: expected telegram:<chat id>, "
-              "telegram:<chat id>:<topic id>, whatsapp:<wa_id> or console:local",
-              file=sys.stderr)
+    pattern, forms = chat_pattern()
+    if not re.fullmatch(pattern, target):
+        print(f"roost: --to {target!r}: expected {forms}", file=sys.stderr)
         return EX_USAGE
     if (refused := unserved(settings, target)) is not None:
         print(f"roost: --to {target}: {refused}", file=sys.stderr)

@@ -7,9 +7,9 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
-from automations.reminders import TARGET_KINDS, Reminders, when_text
+from automations.reminders import Reminders, when_text
 from automations.when import FORMS, parse_when
-from daemon.core.conversations import kind_of
+from daemon.core.platforms import CONSOLE_CHAT, is_platform_chat
 from daemon.tools.builtin import ToolContext
 from daemon.tools.registry import Capability, Registry, Tool
 
@@ -19,7 +19,8 @@ def register(registry: Registry, reminders: Reminders) -> None:
 
     async def chat_of(ctx: ToolContext) -> str | None:
         conversation = await asyncio.to_thread(ctx.store.get_conversation, ctx.conversation_id)
-        if conversation is None or kind_of(conversation.chat_key) not in TARGET_KINDS:
+        if conversation is None or not (is_platform_chat(conversation.chat_key)
+                                        or conversation.chat_key == CONSOLE_CHAT):
             return None
         return conversation.chat_key
 

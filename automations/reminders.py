@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 LATE_LIMIT = 24 * 3600.0
 LATE_AFTER = 60.0  # delivered more than this after its time: say so
 MAX_TEXT = 1000
-TARGET_KINDS = ("telegram", "whatsapp", "console")
 
 
 def new_reminder(chat_key: str, due: float, text: str, now: float, by: str) -> dict[str, Any]:

@@ -38,12 +38,12 @@ from daemon.core.errors import RoostError, StoreError
 from daemon.core.ids import new_id
 from daemon.core.logs import automation_log as log
 from daemon.core.messages import Inbound, Outbound
+from daemon.core.platforms import automation_key
 from daemon.turn.parts import TurnParts
 from daemon.turn.runner import Outcome
 
 ALERT_EVERY = 3600.0
 RETRY_PAUSE = 30.0
-CHAT_PREFIX = "automation:"
 
 
 # How a run ends up recorded (`status` of its record; "running" meanwhile). "undelivered" is a
@@ -192,7 +192,7 @@ class AutomationRunner:
     async def _answer(self, automation: AutomationSettings,
                       scheduled: float) -> tuple[str, dict[str, Any]]:
         """The reply of a fresh conversation, retried while Ollama is down, until the grace."""
-        chat_key = CHAT_PREFIX + automation.name
+        chat_key = automation_key(automation.name)
         await asyncio.to_thread(self.parts.router.rotate, chat_key, self.clock())
         # The prompt is the user message; the replay stamps it with `received`, the slot's time.
         item = Inbound(chat_key=chat_key, text=prompt_text(automation), received=scheduled,
@@ -246,7 +246,7 @@ class AutomationRunner:
         Safe to repeat (after a crash): a target's item id is the reply's id plus the target,
         and `Engine.deliver` queues an id once.
         """
-        chat_key = CHAT_PREFIX + automation.name
+        chat_key = automation_key(automation.name)
         docs = await asyncio.to_thread(self.store.outbox_pending, chat_key)
         queued: list[str] = []
         replied = False
@@ -332,7 +332,7 @@ class AutomationRunner:
             await self.outlet.notify(target, text)
 
     async def _drop_outbox(self, name: str) -> None:
-        chat_key = CHAT_PREFIX + name
+        chat_key = automation_key(name)
         for doc in await asyncio.to_thread(self.store.outbox_pending, chat_key):
             await asyncio.to_thread(self.store.outbox_done, doc["id"])
 

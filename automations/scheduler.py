@@ -41,11 +41,12 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from automations.reminders import Reminders
-from automations.runner import CHAT_PREFIX, AutomationRunner, Outlet, slot_id
+from automations.runner import AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import SCAN_EVERY
 from daemon.core.config import AutomationSettings
 from daemon.core.logs import automation_log as log
+from daemon.core.platforms import automation_name
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import UNWIND
 from daemon.turn.parts import TurnParts
@@ -241,8 +242,7 @@ class Automations:
                     ended=self.clock(), delivered=found.queued)
                 self.runner.on_run(automation.name, status or "ok")
         stale = [d for d in await asyncio.to_thread(self.store.outbox_pending)
-                 if d["chat_key"].startswith(CHAT_PREFIX)
-                 and d["chat_key"].removeprefix(CHAT_PREFIX) not in self.by_name]
+                 if automation_name(d["chat_key"]) not in (None, *self.by_name)]
         for doc in stale:  # an automation since removed from the config
             await asyncio.to_thread(self.store.outbox_done, doc["id"])
         due = {a.name: due_slot(build_trigger(a.schedule, self.tz), self.now(), a.grace)

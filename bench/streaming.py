@@ -58,12 +58,12 @@ def _replace(base: Settings, fake_ollama: FakeOllama, fake_telegram: FakeTelegra
     return dataclasses.replace(
         base,
         model=dataclasses.replace(base.model, host=fake_ollama.url, think=False),
-        telegram=dataclasses.replace(
-            base.telegram, enabled=True, mode="webhook",
+        platforms={**base.platforms, "telegram": dataclasses.replace(
+            base.platforms["telegram"], enabled=True, mode="webhook",
             webhook_url="https://bot.example.org/webhooks/telegram",
             api_base=fake_telegram.api_base, file_base=fake_telegram.file_base,
             allow=tuple(users), token=fake_telegram.token, secret=SECRET,
-            streaming=streaming, draft_interval=INTERVAL),
+            streaming=streaming, draft_interval=INTERVAL)},
         access=dataclasses.replace(base.access, rate_limit=1000))
 
 
@@ -101,7 +101,7 @@ class Run:
             with tempfile.TemporaryDirectory() as state:
                 settings = _replace(Settings.defaults(env={"STATE_DIRECTORY": state}), ollama,
                                     telegram, users, self.streaming)
-                app = build_app(settings, telegram_tuning=TelegramTuning())
+                app = build_app(settings, tunings={"telegram": TelegramTuning()})
                 runner = web.AppRunner(app, shutdown_timeout=1)
                 await runner.setup()
                 site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -73,12 +73,12 @@ class Side:
         base = Settings.defaults(env={"STATE_DIRECTORY": self.state})
         settings = dataclasses.replace(
             base, model=dataclasses.replace(base.model, host=self.ollama.url, think=False),
-            telegram=dataclasses.replace(
-                base.telegram, enabled=True, mode="webhook",
+            platforms={**base.platforms, "telegram": dataclasses.replace(
+                base.platforms["telegram"], enabled=True, mode="webhook",
                 webhook_url="https://bot.example.org/webhooks/telegram",
                 api_base=self.telegram.api_base, file_base=self.telegram.file_base,
-                allow=(USER,), token=self.telegram.token, secret=SECRET, streaming="draft"))
-        self._runner = web.AppRunner(build_app(settings, telegram_tuning=TelegramTuning(),
+                allow=(USER,), token=self.telegram.token, secret=SECRET, streaming="draft")})
+        self._runner = web.AppRunner(build_app(settings, tunings={"telegram": TelegramTuning()},
                                                speaking=self.speech), shutdown_timeout=1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

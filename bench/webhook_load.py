@@ -201,7 +201,7 @@ class Fakes:
 
 def settings_for(state_dir: Path, fakes: Fakes, chats: int) -> Settings:
     base = Settings.defaults(env={"STATE_DIRECTORY": str(state_dir)})
-    whatsapp = base.whatsapp
+    whatsapp = base.platforms["whatsapp"]
     if fakes.graph is not None:
         whatsapp = dataclasses.replace(
             whatsapp, enabled=True, phone_number_id=PHONE_NUMBER_ID, api_base=fakes.graph,
@@ -215,13 +215,13 @@ def settings_for(state_dir: Path, fakes: Fakes, chats: int) -> Settings:
         # one chat would take 25 minutes and the backlog a minute per 20 messages a chat).
         access=dataclasses.replace(base.access, rate_limit=1_000_000),
         model=dataclasses.replace(base.model, host=fakes.ollama, retry_backoff=0.05),
-        telegram=dataclasses.replace(
-            base.telegram, enabled=True, mode="webhook",
+        platforms={**base.platforms, "telegram": dataclasses.replace(
+            base.platforms["telegram"], enabled=True, mode="webhook",
             webhook_url="https://bot.example.org/webhooks/telegram",
             api_base=fakes.telegram_api, file_base=fakes.telegram_files,
             token=fakes.telegram_token, secret=SECRET,
             allow=tuple(FIRST_USER + i for i in range(chats))),
-        whatsapp=whatsapp)
+            "whatsapp": whatsapp})
 
 
 # ---- the daemon's process ----------------------------------------------------------------------
@@ -301,7 +301,7 @@ async def serve(spec: dict[str, Any]) -> None:
         app.router.add_post(spec["path"], handle)
     else:
         settings = settings_for(Path(spec["state_dir"]), Fakes(**spec["fakes"]), spec["chats"])
-        app = build_app(settings, telegram_tuning=TUNING)
+        app = build_app(settings, tunings={"telegram": TUNING})
 
         async def state(request: web.Request) -> web.Response:
             store = request.app[STORE]

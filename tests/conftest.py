@@ -12,10 +12,12 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 
+import channels.installed  # noqa: F401 (installs the platforms in the core's registry)
 from automations.reminders import Reminders
 from automations.state import AutomationState
 from daemon.app.assembly import tool_registry
@@ -92,10 +94,14 @@ def make_settings(state_dir: Path) -> SettingsFactory:
         # The quiet probe of a model without a card adds requests to the fake's record after
         # a chat; the tests of it (tests/daemon/models) turn it on.
         base = dataclasses.replace(base, model=dataclasses.replace(base.model, probe_new=False))
-        changes = {}
+        changes: dict[str, Any] = {}
+        platforms = dict(base.platforms)
         for name, values in sections.items():
-            changes[name] = dataclasses.replace(getattr(base, name), **values)
-        return dataclasses.replace(base, **changes)
+            if name in platforms:  # a platform's table: telegram={"enabled": True, ...}
+                platforms[name] = dataclasses.replace(platforms[name], **values)
+            else:
+                changes[name] = dataclasses.replace(getattr(base, name), **values)
+        return dataclasses.replace(base, platforms=MappingProxyType(platforms), **changes)
 
     return make
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daemon.cli.main import _HEAVY
+from daemon.core.platforms import installed
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("daemon", "channels", "automations")
@@ -61,8 +62,14 @@ KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 # `roost` command loads the module behind a heavy subcommand (run, chat, doctor, automations)
 # only when that subcommand runs, so that `roost --version` does not import aiohttp and the
 # engine (issue 20 item 6). Its table of module names is checked against the rules below.
+# The daemon loads an installed platform's runtime (python-telegram-bot, matrix-nio) by the
+# module name its light description gives, for the same reason (issue 47): every command reads
+# the config, which needs each platform's description, not its runtime.
 DYNAMIC = "<a name computed at run time>"
-LAZY_LOADERS: set[tuple[str, str]] = {("daemon.cli.main", DYNAMIC)}
+LAZY_LOADERS: set[tuple[str, str]] = {("daemon.cli.main", DYNAMIC),
+                                      ("daemon.app.platforms", DYNAMIC)}
+# The list of installed platforms imports each platform's description, and nothing else of it.
+INSTALLED = "channels.installed"
 
 
 def layer_of(module: str) -> str | None:
@@ -154,7 +161,8 @@ def check_source(module: str, source: str) -> list[Violation]:
         elif target != own and target not in ALLOWED[own]:
             found.append(Violation(module, imported, line, f"{own} may not import {target}"))
         elif own == "channels" and (platform := platform_of(imported)) is not None \
-                and platform != platform_of(module):
+                and platform != platform_of(module) \
+                and not (module == INSTALLED and imported == f"channels.{platform}.platform"):
             found.append(Violation(module, imported, line, f"only channels/{platform} may "
                                    f"import channels/{platform}: share code in channels/"))
     return found
@@ -185,6 +193,21 @@ def test_the_lazily_loaded_command_modules_obey_the_cli_rules() -> None:
         assert (ROOT / (name.replace(".", "/") + ".py")).exists(), name
         layer = layer_of(name)
         assert layer is not None and layer in ALLOWED["cli"] | {"cli"}, name
+
+
+def test_each_platform_runtime_obeys_the_app_rules() -> None:
+    """What daemon/app/platforms.py loads by name is a channels module, as the app may import."""
+    for platform in installed().values():
+        assert (ROOT / (platform.runtime.replace(".", "/") + ".py")).exists(), platform.runtime
+        layer = layer_of(platform.runtime)
+        assert layer == "channels" and platform_of(platform.runtime) == platform.name
+
+
+def test_the_list_of_installed_platforms_imports_only_their_descriptions() -> None:
+    source = "from channels.telegram.channel import Telegram\n"
+    (violation,) = check_source(INSTALLED, source)
+    assert "only channels/telegram may import" in str(violation)
+    assert check_source(INSTALLED, "from channels.telegram.platform import TELEGRAM\n") == []
 
 
 def test_a_module_named_at_run_time_is_reported() -> None:

@@ -97,7 +97,7 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     as_is = tmp_path / "as-is.toml"
     as_is.write_text(text, "utf-8")
     settings = load_settings(as_is, env={})
-    assert not settings.telegram.enabled and settings.automations == ()
+    assert not settings.platforms["telegram"].enabled and settings.automations == ()
 
     uncommented = tmp_path / "uncommented.toml"
     # An MCP server is either a command or a url: the url line stays commented; NAME is named.

@@ -16,8 +16,8 @@ from telegram import Bot
 from telegram.error import TelegramError
 
 from channels.telegram.parse import chat_key
+from channels.telegram.platform import log
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver, parse
-from daemon.core.logs import telegram_log as log
 
 UNKNOWN = "This button is no longer in use."
 ANSWER_LIMIT = 200  # characters answerCallbackQuery shows

@@ -35,18 +35,20 @@ from telegram.warnings import PTBDeprecationWarning
 from channels.media import attachment_limits
 from channels.telegram.callbacks import Callbacks
 from channels.telegram.delivery import TelegramChannel
+from channels.telegram.doctor import doctor_checks
 from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.parse import UPDATE_KINDS, BotIdentity
+from channels.telegram.platform import BOT_TOKEN, MALFORMED_TOKEN, TELEGRAM, TelegramSettings, log
 from channels.webhooks import read_at_most
 from daemon.core.approval import Approver
 from daemon.core.bodies import MB
 from daemon.core.capped_http import capped_transport
-from daemon.core.config import BOT_TOKEN, MALFORMED_TOKEN, AttachmentSettings, TelegramSettings
+from daemon.core.config import AttachmentSettings, Settings
 from daemon.core.errors import ChannelError, ConfigError, StoreError
-from daemon.core.logs import telegram_log as log
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
+from daemon.intake.platforms import PlatformParts, Route, Runtime
 from daemon.store import Store
 
 WEBHOOK_PATH = "/webhooks/telegram"
@@ -193,6 +195,10 @@ class Telegram:
         self.intake: TelegramIntake | None = None
         self._polling = False
         self._poller: asyncio.Task[None] | None = None
+
+    def routes(self) -> list[Route]:
+        """Polling mode has no route: never both."""
+        return [Route("POST", WEBHOOK_PATH, self.webhook)] if self.webhook_mode else []
 
     @property
     def webhook_mode(self) -> bool:
@@ -355,3 +361,15 @@ class Telegram:
             log.exception("storing update %s failed", payload["update_id"])
             return web.Response(status=503, text="not stored\n")
         return web.Response(status=200)
+
+
+def _open(parts: PlatformParts) -> Telegram:
+    return Telegram(TELEGRAM.of(parts.settings.platforms), parts.store, parts.tuning,
+                    parts.settings.attachments, parts.access, on_resent=parts.on_resent)
+
+
+def _check(settings: Settings) -> None:
+    check_settings(TELEGRAM.of(settings.platforms))
+
+
+RUNTIME = Runtime(tuning=TelegramTuning, open=_open, check=_check, doctor=doctor_checks)

@@ -26,10 +26,10 @@ from channels.formatting import split_telegram, split_text
 from channels.progress import Progress
 from channels.telegram.drafts import Draft
 from channels.telegram.parse import address_of
+from channels.telegram.platform import log
 from channels.telegram.voice import send_voice
 from channels.working import kept_up
 from daemon.core.errors import DeliveryError
-from daemon.core.logs import telegram_log as log
 from daemon.core.messages import UNSEEN, Outbound, ReplySink
 from daemon.store import Store
 

@@ -40,7 +40,7 @@ from telegram.constants import ParseMode
 from telegram.error import BadRequest, Forbidden, TelegramError
 
 from channels.formatting import TELEGRAM_LIMIT, html_visible_length, split_telegram
-from daemon.core.logs import telegram_log as log
+from channels.telegram.platform import log
 
 # Telegram's answer for a chat that takes no drafts (a group, a channel): not tried again there.
 NOT_HERE = "TEXTDRAFT_PEER_INVALID"

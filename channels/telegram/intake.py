@@ -45,8 +45,8 @@ from channels.telegram.parse import (
     routable_message,
     with_context,
 )
+from channels.telegram.platform import log
 from channels.webhooks import too_deep
-from daemon.core.logs import telegram_log as log
 from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access, Gate

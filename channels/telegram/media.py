@@ -18,9 +18,9 @@ from typing import Any
 from telegram import Bot, Message, PhotoSize
 from telegram.error import BadRequest, NetworkError, TelegramError
 
+from channels.telegram.platform import log
 from daemon.core.capped_http import too_large
 from daemon.core.errors import AttachmentError, ChannelError
-from daemon.core.logs import telegram_log as log
 from daemon.store.attachments import AttachmentLimits, store_file, store_image
 
 BOT_API_DOWNLOAD_LIMIT = 20 * 1024 * 1024  # getFile refuses larger files on api.telegram.org

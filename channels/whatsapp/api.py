@@ -16,8 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from channels.whatsapp.platform import WhatsAppSettings
 from daemon.core.bodies import MB, TooLarge, json_capped
-from daemon.core.config import WhatsAppSettings
 from daemon.core.errors import ChannelError
 
 # Error codes (developers.facebook.com/docs/whatsapp/cloud-api/support/error-codes).

@@ -27,6 +27,7 @@ from channels.media import attachment_limits
 from channels.webhooks import read_at_most, too_deep
 from channels.whatsapp.api import REENGAGEMENT, GraphClient
 from channels.whatsapp.delivery import ECHO_WAIT, REENGAGEMENT_NOTE, SentPart, WhatsAppChannel
+from channels.whatsapp.doctor import doctor_checks
 from channels.whatsapp.intake import MAX_AGE, SubmitAndDeliver, WhatsAppIntake
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import (
@@ -38,12 +39,13 @@ from channels.whatsapp.parse import (
     check_signature,
     parse_webhook,
 )
+from channels.whatsapp.platform import WHATSAPP, WhatsAppSettings, log
 from daemon.core.approval import Approver
-from daemon.core.config import AttachmentSettings, WhatsAppSettings
+from daemon.core.config import AttachmentSettings
 from daemon.core.errors import StoreError
 from daemon.core.ids import inbound_id
-from daemon.core.logs import whatsapp_log as log
 from daemon.intake.gate import Access
+from daemon.intake.platforms import PlatformParts, Route, Runtime
 from daemon.store import Store
 from daemon.store.event_log import Records
 
@@ -111,6 +113,10 @@ class WhatsApp:
 
     async def close(self) -> None:
         await self.client.close()
+
+    def routes(self) -> list[Route]:
+        return [Route("GET", WEBHOOK_PATH, self.verify, stores=False),
+                Route("POST", WEBHOOK_PATH, self.webhook)]
 
     async def verify(self, request: web.Request) -> web.Response:
         """`GET /webhooks/whatsapp`: Meta's subscription handshake."""
@@ -205,3 +211,12 @@ class WhatsApp:
         await self.intake.engine.deliver(dataclasses.replace(
             original, id=again_id, text=sent.text, parts_sent=0, platform_ids=(), attempting=None,
             held="WhatsApp refused it: more than 24 hours since the user last wrote"))
+
+
+def _open(parts: PlatformParts) -> WhatsApp:
+    return WhatsApp(WHATSAPP.of(parts.settings.platforms), parts.store, parts.records,
+                    parts.tuning, parts.settings.attachments, parts.access,
+                    on_resent=parts.on_resent)
+
+
+RUNTIME = Runtime(tuning=WhatsAppTuning, open=_open, doctor=doctor_checks)

@@ -21,11 +21,10 @@ from channels.progress import Progress
 from channels.whatsapp.api import BUTTONS_BODY_LIMIT, Failure, GraphClient, GraphError
 from channels.whatsapp.invite import Invitations
 from channels.whatsapp.parse import wa_id_of
+from channels.whatsapp.platform import WhatsAppSettings, log
 from channels.whatsapp.voice import send_voice
 from channels.working import kept_up
-from daemon.core.config import WhatsAppSettings
 from daemon.core.errors import DeliveryError
-from daemon.core.logs import whatsapp_log as log
 from daemon.core.messages import UNSEEN, Outbound, ReplySink
 from daemon.store import Store
 from daemon.store.event_log import Records

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from channels.whatsapp.delivery import WhatsAppChannel
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import WaMessage, approval_reply, chat_key, describe
+from channels.whatsapp.platform import log
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver
 from daemon.core.logs import outside
-from daemon.core.logs import whatsapp_log as log
-from daemon.core.messages import Inbound, Outbound
-from daemon.intake.durable import Intake, Outcome, Pending, Submitter
+from daemon.core.messages import Inbound
+from daemon.intake.durable import Intake, Outcome, Pending
 from daemon.intake.gate import Access, Gate
+from daemon.intake.platforms import Port as SubmitAndDeliver
 from daemon.intake.quarantine import UNREADABLE
 from daemon.store import Store
 
@@ -31,15 +32,6 @@ UNSUPPORTED = ("I can read text, photos, voice notes, audio, video, documents, l
 # Meta retries an unanswered webhook "with decreasing frequency ... for up to 7 days" (Cloud API,
 # Set up webhooks): a message older than that is not a delivery but a replay of a signed body.
 MAX_AGE = 7 * 24 * 3600.0
-
-
-class SubmitAndDeliver(Submitter, Protocol):
-    """The port WhatsApp is handed at start (the engine behind it): what every channel has
-    (submit, notify, release when the user wrote again) and `deliver`, to queue a reply of its
-    own: a part Meta took and then refused for the 24-hour rule, sent again to the fallback chat
-    or held until the user writes."""
-
-    async def deliver(self, outbound: Outbound) -> bool: ...
 
 
 def message_key(wamid: str) -> str:

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from channels.whatsapp.api import Failure, GraphClient, GraphError
-from daemon.core.config import WhatsAppSettings
-from daemon.core.logs import whatsapp_log as log
+from channels.whatsapp.platform import WhatsAppSettings, log
 from daemon.core.messages import TEMPLATE_FLAG
 from daemon.store import Store
 from daemon.store.event_log import Records

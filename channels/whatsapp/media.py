@@ -16,8 +16,8 @@ from typing import Any
 
 from channels.whatsapp.api import Failure, GraphClient, GraphError
 from channels.whatsapp.parse import Described
+from channels.whatsapp.platform import log
 from daemon.core.errors import AttachmentError, ChannelError
-from daemon.core.logs import whatsapp_log as log
 from daemon.store.attachments import AttachmentLimits, store_file, store_image
 
 # Meta's own cap on media a user can send is 100 MB (documents); roost's file limits apply after.

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
+import channels.installed  # noqa: F401 (installs the platforms in the core's registry)
 from automations import reminder_tools
 from automations.reminders import Reminders
 from automations.runner import RUN_STATUSES

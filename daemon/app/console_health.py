@@ -12,6 +12,7 @@ from typing import Any
 from daemon.app.health import Health
 from daemon.console.board import CardRow, Check, HealthView
 from daemon.core.config import Settings
+from daemon.core.platforms import installed
 from daemon.models.card import Card
 from daemon.models.strategy import NOTHING_DIFFERENT, what_roost_does
 from daemon.tools.mcp.servers import ServerStatus
@@ -47,11 +48,12 @@ def health_view(now: Running) -> HealthView:
               {True: "pulled", False: "not pulled", None: "not probed yet"}[health.model_pulled],
               f"ollama pull {model.name}"),
         Check("channels", bool(now.channels), ", ".join(sorted(now.channels)) or "none enabled",
-              "enable [telegram] or [whatsapp] in the config (roost init sets one up)"),
+              f"enable one of {', '.join(f'[{name}]' for name in installed())} in the config "
+              "(roost init sets one up)"),
         Check("queues", True, f"{sum(now.queue_depths.values())} messages waiting in "
                               f"{len(now.queue_depths)} chats; {now.in_flight} requests at Ollama"),
         Check("outbox", not held, f"{len(now.outbox)} replies to send, {len(held)} held",
-              "a held reply goes out when its platform takes it again (WhatsApp: once the "
+              "a held reply goes out when its platform takes it again (on WhatsApp: once the "
               "person writes again); the conversation shows why it is held"),
         *(Check(f"MCP {s.name}", s.state == "up",
                 f"{s.state}, {s.tools} tools ({s.transport})" + (f": {s.error}" if s.error else ""),

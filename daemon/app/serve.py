@@ -24,14 +24,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+import channels.installed  # noqa: F401 (installs the platforms in the core's registry)
 from automations.board import Board
 from automations.scheduler import Automations
-from channels.telegram.channel import WEBHOOK_PATH, Telegram, TelegramTuning, check_settings
-from channels.whatsapp.channel import WEBHOOK_PATH as WHATSAPP_PATH
-from channels.whatsapp.channel import WhatsApp, WhatsAppTuning
 from daemon import __version__
 from daemon.app.assembly import Core, DaemonParts, Runs, core
 from daemon.app.chat_socket import ChatSocket
@@ -46,6 +45,7 @@ from daemon.app.httpguard import (
     install_malformed_filter,
 )
 from daemon.app.metrics import START_TIME, Metrics
+from daemon.app.platforms import runtime_of
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.app.shutdown import shutdown_budget
 from daemon.console.web import Console
@@ -60,9 +60,12 @@ from daemon.core.errors import (
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
+from daemon.core.platforms import installed
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.pairing import PairingBook
+from daemon.intake.platforms import PlatformParts, Route, Runtime
+from daemon.intake.platforms import Running as RunningPlatform
 from daemon.llm.client import ModelClient
 from daemon.parsing.pool import shared_pool
 from daemon.store import Store
@@ -98,10 +101,9 @@ METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", Engine)
 CORE = web.AppKey("core", Core)
 CHANNELS = web.AppKey("channels", dict[str, Channel])
-TELEGRAM = web.AppKey("telegram", Telegram)
-TELEGRAM_TUNING = web.AppKey("telegram_tuning", TelegramTuning)
-WHATSAPP = web.AppKey("whatsapp", WhatsApp)
-WHATSAPP_TUNING = web.AppKey("whatsapp_tuning", WhatsAppTuning)
+# The enabled platforms: their runtimes and tunings (before the start), then what runs.
+RUNTIMES = web.AppKey("runtimes", dict[str, tuple[Runtime, Any]])
+PLATFORMS = web.AppKey("platforms", dict[str, RunningPlatform])
 ACCESS = web.AppKey("access", Access)
 AUTOMATIONS = web.AppKey("automations", Automations)
 MCP = web.AppKey("mcp", McpServers)
@@ -111,20 +113,23 @@ Context = Callable[[web.Application], AsyncIterator[None]]
 
 
 def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None, *,
-              telegram_tuning: TelegramTuning | None = None,
-              whatsapp_tuning: WhatsAppTuning | None = None,
+              tunings: Mapping[str, Any] | None = None,
               tuning: Tuning | None = None,
               speaking: Speaking | None = None) -> web.Application:
     """The application with its parts registered; nothing runs until it is started.
-    `speaking` speaks replies (none: built from the `[speech]` settings)."""
+    `tunings` are platforms' own by name (tests shorten them); `speaking` speaks replies
+    (none: built from the `[speech]` settings)."""
     tuning = tuning or Tuning()
     metrics = Metrics()
     rejections = RejectionLog()
     install_malformed_filter(RejectionLog())
-    whatsapp_tuning = whatsapp_tuning or WhatsAppTuning()
+    runtimes = {}
+    for name, platform in installed().items():
+        if platform.of(settings.platforms).enabled:
+            runtime = runtime_of(platform)
+            runtimes[name] = (runtime, (tunings or {}).get(name) or runtime.tuning())
     # The HTTP guard reads each body within this size; a channel then applies its own limit.
-    max_body = max(telegram_tuning.max_body if telegram_tuning else TelegramTuning.max_body,
-                   whatsapp_tuning.max_body if settings.whatsapp.enabled else 0)
+    max_body = max([1024 * 1024, *(getattr(own, "max_body", 0) for _, own in runtimes.values())])
     app = web.Application(client_max_size=max_body, middlewares=[guard_middleware(
         tuning.http, rejections, lambda cause: metrics.webhook_rejections.labels(cause).inc())])
     app[SETTINGS] = settings
@@ -137,20 +142,14 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
         app[SPEAKING] = speaking
     # Channels open before the engine (it delivers through them) and start receiving after it
     # (they feed it), so they stop receiving first.
-    opening: list[Context] = []
-    starting: list[Context] = []
-    if settings.telegram.enabled:
-        app[TELEGRAM_TUNING] = telegram_tuning or TelegramTuning()
-        opening.append(telegram_ctx)
-        starting.append(telegram_start_ctx)
-        if settings.telegram.mode == "webhook":  # polling mode has no route: never both
-            app.router.add_post(WEBHOOK_PATH, telegram_webhook)
-    if settings.whatsapp.enabled:
-        app[WHATSAPP_TUNING] = whatsapp_tuning
-        opening.append(whatsapp_ctx)
-        starting.append(whatsapp_start_ctx)
-        app.router.add_get(WHATSAPP_PATH, whatsapp_verify)
-        app.router.add_post(WHATSAPP_PATH, whatsapp_webhook)
+    app[RUNTIMES] = runtimes
+    app[PLATFORMS] = {}
+    opening: list[Context] = [platforms_ctx] if runtimes else []
+    starting: list[Context] = [platforms_start_ctx] if runtimes else []
+    for name in runtimes:
+        for path in installed()[name].webhooks:  # routed to the running platform, if it has one
+            for method in ("GET", "POST"):
+                app.router.add_route(method, path, _platform_route(name, method, path))
     if "console" not in counted:  # `roost chat` while the daemon runs: app/chat_socket.py
         app[CHAT_SOCKET] = ChatSocket(settings.daemon.state_dir)
         counted["console"] = _Counted(app[CHAT_SOCKET], metrics)
@@ -266,64 +265,67 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
-async def telegram_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    telegram = Telegram(settings.telegram, app[STORE], app[TELEGRAM_TUNING],
-                        settings.attachments, app[ACCESS],
-                        on_resent=app[METRICS].parts_resent.labels("telegram").inc)
-    await telegram.open()
-    app[TELEGRAM] = telegram
-    app[CHANNELS]["telegram"] = _Counted(telegram.channel, app[METRICS])
-    yield
-    await telegram.close()
-
-
-async def telegram_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[TELEGRAM].start(_CountedIntake(app[ENGINE], app[METRICS], "telegram"),
-                              app[CORE].parts.approvals)
-    yield
-    await app[TELEGRAM].stop()
-    log.info("telegram stopped")
-
-
-async def telegram_webhook(request: web.Request) -> web.Response:
-    return await _stored_or_503(request, request.app[TELEGRAM].webhook)
-
-
-async def whatsapp_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    metrics = app[METRICS]
+async def platforms_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Each enabled platform built and opened (before the engine, which delivers through
+    them); closed in reverse."""
+    settings, metrics = app[SETTINGS], app[METRICS]
     records = Records(app[STORE].state_dir, settings.daemon.tz,
                       on_event=lambda kind: metrics.events.labels(kind).inc())
-    whatsapp = WhatsApp(settings.whatsapp, app[STORE], records, app[WHATSAPP_TUNING],
-                        settings.attachments, app[ACCESS],
-                        on_resent=metrics.parts_resent.labels("whatsapp").inc)
-    await whatsapp.open()
-    app[WHATSAPP] = whatsapp
-    app[CHANNELS]["whatsapp"] = _Counted(whatsapp.channel, app[METRICS])
-    yield
-    await whatsapp.close()
+    opened: list[RunningPlatform] = []
+    try:
+        for name, (runtime, own) in app[RUNTIMES].items():
+            running = runtime.open(PlatformParts(
+                settings, app[STORE], app[ACCESS], records, own,
+                on_resent=metrics.parts_resent.labels(name).inc))
+            await running.open()
+            opened.append(running)
+            app[PLATFORMS][name] = running
+            app[CHANNELS][name] = _Counted(running.channel, metrics)
+        yield
+    finally:
+        for running in reversed(opened):
+            await running.close()
 
 
-async def whatsapp_start_ctx(app: web.Application) -> AsyncIterator[None]:
-    await app[WHATSAPP].start(_CountedIntake(app[ENGINE], app[METRICS], "whatsapp"),
-                              app[CORE].parts.approvals)
-    yield
-    await app[WHATSAPP].stop()
-    log.info("whatsapp stopped")
+async def platforms_start_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Each platform receiving (after the engine, which they feed); stopped first."""
+    started: list[tuple[str, RunningPlatform]] = []
+    try:
+        for name, running in app[PLATFORMS].items():
+            await running.start(_CountedIntake(app[ENGINE], app[METRICS], name),
+                                app[CORE].parts.approvals)
+            started.append((name, running))
+        yield
+    finally:
+        for name, running in reversed(started):
+            await running.stop()
+            log.info("%s stopped", name)
 
 
-async def whatsapp_verify(request: web.Request) -> web.Response:
-    return await request.app[WHATSAPP].verify(request)
+def _platform_route(name: str, method: str, path: str
+                    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The platform's own route at `path`, found once it runs; 404 where it has none (a
+    Telegram in polling mode has no webhook) and 503 while it starts."""
 
+    async def route(request: web.Request) -> web.StreamResponse:
+        running = request.app[PLATFORMS].get(name)
+        if running is None:
+            return web.Response(status=503, text="starting\n")
+        found: Route | None = next((r for r in running.routes()
+                                    if r.method == method and r.path == path), None)
+        if found is None:
+            raise web.HTTPNotFound() if method == "POST" or not any(
+                r.path == path for r in running.routes()) else web.HTTPMethodNotAllowed(
+                    method, [r.method for r in running.routes() if r.path == path])
+        return await (_stored_or_503(request, found.handler) if found.stores
+                      else found.handler(request))
 
-async def whatsapp_webhook(request: web.Request) -> web.Response:
-    return await _stored_or_503(request, request.app[WHATSAPP].webhook)
+    return route
 
 
 async def _stored_or_503(request: web.Request,
-                         webhook: Callable[[web.Request], Awaitable[web.Response]]
-                         ) -> web.Response:
+                         webhook: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
     """A webhook call while the disk is full gets 503 before anything is written, so the
     platform sends it again; a call that could not be stored makes the disk be looked at."""
     health = request.app[HEALTH]
@@ -457,9 +459,11 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     """Run the daemon until SIGTERM or SIGINT; returns the exit status."""
     tuning = tuning or Tuning()
     daemon = settings.daemon
-    if settings.telegram.enabled:
+    for platform in installed().values():
+        if not platform.of(settings.platforms).enabled:
+            continue
         try:  # a config error first: said as one, whatever the port (a plain user's port 9)
-            check_settings(settings.telegram)
+            runtime_of(platform).check(settings)
         except ConfigError as exc:
             log.error("config error: %s", exc)
             return ConfigError.exit_status
@@ -476,11 +480,6 @@ async def serve(settings: Settings, channels: Mapping[str, Channel] | None = Non
     if (failed := await _set_up(runner, sock)) is not None:
         return failed
     await GuardedSite(runner, sock, tuning.http).start()
-    for name, enabled in (("telegram", settings.telegram.enabled),
-                          ("whatsapp", settings.whatsapp.enabled)):
-        if enabled and name not in app[CHANNELS]:
-            log.warning("[%s] is enabled but this version of roost has no %s channel yet; "
-                        "its messages are not served", name, name)
     log.info("roost %s listening on http://%s:%d", __version__, daemon.listen_host,
              daemon.listen_port)
     sd_notify("READY=1")

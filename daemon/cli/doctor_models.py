@@ -11,7 +11,7 @@ from http import HTTPStatus
 import httpx
 import ollama
 
-from daemon.cli.checks import Check
+from daemon.core.checks import Check
 from daemon.core.config import Settings
 from daemon.core.errors import LLMError, ModelNotFound
 from daemon.core.redact import redact_url

@@ -36,17 +36,13 @@ import ollama
 from telegram import Bot
 from telegram.error import Conflict, InvalidToken, TelegramError
 
+from channels.telegram.platform import BOT_TOKEN, MALFORMED_TOKEN
 from channels.whatsapp.api import GraphClient, GraphError
+from channels.whatsapp.platform import WhatsAppSettings
 from daemon.cli import init_files as files
+from daemon.core.checks import network_reason
 from daemon.core.child_env import child_env
-from daemon.core.config import (
-    BOT_TOKEN,
-    MALFORMED_TOKEN,
-    Settings,
-    WhatsAppSettings,
-    credentials_dir,
-    load_settings,
-)
+from daemon.core.config import Settings, credentials_dir, load_settings
 from daemon.core.errors import ConfigError, RoostError
 from daemon.intake.pairing import PairingBook
 
@@ -306,7 +302,7 @@ async def _connect_bot(args: argparse.Namespace, console: Console,
         except TelegramError as exc:
             await bot.shutdown()
             raise _Stop(f"cannot reach the Bot API at {args.telegram_api_base} "
-                        f"({files.network_reason(exc)}): check this machine's network, or the "
+                        f"({network_reason(exc)}): check this machine's network, or the "
                         "address (--telegram-api-base)", EX_UNAVAILABLE) from None
         console.say(f"Telegram: the token belongs to @{bot.bot.username}")
         return bot, str(bot.bot.username)
@@ -430,7 +426,7 @@ async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,
                     "roost runs, write to the bot and `roost pairing approve CODE`.")
         return False
     except TelegramError as exc:
-        raise _Stop(f"reading /start from Telegram failed ({files.network_reason(exc)})",
+        raise _Stop(f"reading /start from Telegram failed ({network_reason(exc)})",
                     EX_UNAVAILABLE) from None
     console.say(f"nobody sent /start within {timeout:g} s. Once roost runs, write to the bot "
                 "and approve the code it gives you: `roost pairing approve CODE`.")

@@ -129,13 +129,6 @@ def roost_command(env: Mapping[str, str]) -> str:
     return shlex.quote(str(script))
 
 
-def network_reason(error: BaseException) -> str:
-    """What went wrong on the network, in words: python-telegram-bot's message without the
-    exception class it quotes ("httpx.ConnectError: All connection attempts failed")."""
-    text = re.sub(r"^([A-Za-z_][\w.]*(Error|Exception|Timeout)\b:?\s*)+", "", str(error))
-    return text.strip().rstrip(".").lower() or "no answer"
-
-
 def render_user_unit(template: str, config: Path, credentials: Path, secrets: list[str]) -> str:
     """The user unit for this install: this interpreter's roost, this config, and the
     LoadCredential= lines of the secrets init wrote uncommented."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import channels.installed  # noqa: F401 (installs the platforms in the core's registry)
 from daemon import __version__
 from daemon.cli import init_files
 from daemon.cli.approvals import approvals_command
@@ -24,6 +25,7 @@ from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.filemodes import make_private
 from daemon.core.logs import configure as configure_logging
+from daemon.core.platforms import chat_pattern, person_chat_pattern
 from daemon.intake.pairing import PairingBook
 from daemon.store import NoState, Store
 from daemon.store.approvals import ApprovalBook
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Ctrl-D ends it.")
     doctor = commands.add_parser(
         "doctor", parents=[common],
-        help="check the config, the state directory, Ollama and Telegram; exit 1 on a problem")
+        help="check the config, the state directory, Ollama and each platform; exit 1 on a problem")
     doctor.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
     _add_conversations(commands, common)
     _add_pairing(commands, common)
@@ -107,12 +109,12 @@ def _add_conversations(commands: argparse._SubParsersAction[argparse.ArgumentPar
     actions = conversations.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("list", parents=[common], help="one line per conversation")
     show = actions.add_parser("show", parents=[common], help="print a conversation")
-    show.add_argument("id", help="conversation id (a unique prefix is enough) or a chat "
-                                 "(telegram:1111111): its active conversation")
+    show.add_argument("id", help="conversation id (a unique prefix is enough) or a chat key "
+                                 "(as `conversations list` shows it): its active conversation")
     export = actions.add_parser("export", parents=[common],
                                 help="a conversation as JSON, every message byte for byte")
-    export.add_argument("id", help="conversation id (a unique prefix is enough) or a chat "
-                                   "(telegram:1111111): its active conversation")
+    export.add_argument("id", help="conversation id (a unique prefix is enough) or a chat key "
+                                   "(as `conversations list` shows it): its active conversation")
 
 
 def _add_pairing(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -130,7 +132,7 @@ def _add_pairing(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     revoke = steps.add_parser("revoke", parents=[common],
                               help="remove an approved sender (they must pair again)")
     revoke.add_argument("sender", metavar="CHANNEL:SENDER",
-                        help="as `pairing list` shows it: telegram:<user id> or whatsapp:<wa_id>")
+                        help=f"as `pairing list` shows it: {person_chat_pattern()[1]}")
 
 
 def _add_automations(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -148,7 +150,7 @@ def _add_automations(commands: argparse._SubParsersAction[argparse.ArgumentParse
                              "'next monday 8:00', '2026-12-24 18:00'), then the reminder's "
                              "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
-                        help="telegram:<chat id>, whatsapp:<wa_id> or console:local")
+                        help=chat_pattern()[1])
 
 
 def _add_mcp(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -177,7 +179,7 @@ def _add_console_and_approvals(commands: argparse._SubParsersAction[argparse.Arg
     revoke_always = standing.add_parser("revoke", parents=[common],
                                         help="ask again: for one person, one tool, or both")
     revoke_always.add_argument("person", nargs="?", default=None,
-                               help="as `approvals list` shows it, e.g. telegram:1111111")
+                               help="a person's chat key, as `approvals list` shows it")
     revoke_always.add_argument("--tool", default=None, help="only this tool (server__tool)")
 
 

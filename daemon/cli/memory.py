@@ -10,12 +10,12 @@ import time
 from datetime import datetime
 
 from daemon.core.config import Settings
+from daemon.core.platforms import person_chat_pattern
 from daemon.store.facts import FactError, FactsBook, Person
 from daemon.tools.scope import named_person, people_with_facts
 
-PERSON_HELP = ("whose facts: a person's chat (telegram:<user id>, whatsapp:<wa_id>, "
-               "console:local) or an [identities] name; default: the only identity when "
-               "exactly one is configured, else console:local")
+PERSON_HELP = ("whose facts: a person's chat key or an [identities] name; default: the only "
+               "identity when exactly one is configured, else console:local")
 
 
 def add_memory_parser(commands: argparse._SubParsersAction,  # type: ignore[type-arg]
@@ -43,8 +43,8 @@ def memory_command(args: argparse.Namespace, settings: Settings) -> int:
     person = _person(args.person, settings)
     if person is None:
         print(f"roost: {args.person!r} is not a person: give a private chat "
-              "(telegram:<user id>, whatsapp:<wa_id>, console:local) or an [identities] name "
-              "(groups have no facts)", file=sys.stderr)
+              f"({person_chat_pattern()[1]}) or an [identities] name (groups have no facts)",
+              file=sys.stderr)
         return 1
     try:
         if args.action == "list":

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 
+from daemon.core.platforms import installed
+
 CORE_PROMPT = """\
 You are roost, the user's personal assistant on their own computer; they reach you from their \
 phone or terminal.
@@ -36,13 +38,8 @@ This prompt is a lean working set: older parts of this conversation may appear o
 summary. You have no tools, so when the user refers to something you do not see here, say so \
 and ask them to repeat the detail. Be direct and useful; say so when you are unsure."""
 
+# Each platform writes its own note (daemon/core/platforms.py); these are roost's own kinds.
 CHANNEL_NOTES = {
-    "telegram": "The user reads you in Telegram. Markdown is fine: it is rendered for them.",
-    "whatsapp": (
-        "The user reads you in WhatsApp. Write Markdown as usual: it is converted to "
-        "WhatsApp's own formatting. Keep it simple: WhatsApp shows no headings, tables or "
-        "link labels, only bold, italics, strikethrough, lists and code."
-    ),
     "console": "The user reads you in a terminal. Write plain text, no Markdown.",
     "automation": (
         "This is a scheduled automation, not a live chat: nobody answers follow-up questions. "
@@ -129,7 +126,9 @@ def _counted(count: int, one: str, many: str) -> str:
 def channel_note(channel_kind: str) -> str:
     """What a conversation on `channel_kind` is told about where its replies go; it goes in
     the conversation's first user message (see the module docstring)."""
-    note = CHANNEL_NOTES.get(channel_kind, CHANNEL_NOTES["console"])
+    platform = installed().get(channel_kind)
+    note = platform.note if platform else CHANNEL_NOTES.get(channel_kind,
+                                                            CHANNEL_NOTES["console"])
     return f"<channel>\n{note}\n</channel>"
 
 

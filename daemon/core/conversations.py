@@ -11,18 +11,18 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from daemon.core.ids import new_id
+from daemon.core.platforms import known_kind
 
 Role = Literal["system", "user", "assistant", "tool"]
-Kind = Literal["telegram", "whatsapp", "console", "automation"]
+Kind = str  # a platform's name (daemon/core/platforms.py), "console" or "automation"
 Status = Literal["active", "archived"]
 
 
 def kind_of(chat_key: str) -> Kind:
     """The channel kind of a chat key such as `telegram:1111111` or `console:local`."""
-    kind = chat_key.partition(":")[0]
-    if kind not in ("telegram", "whatsapp", "console", "automation"):
+    if not known_kind(chat_key):
         raise ValueError(f"unknown chat key kind: {chat_key!r}")
-    return kind  # type: ignore[return-value]
+    return chat_key.partition(":")[0]
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,17 @@ llm_log = logging.getLogger("roost.llm")
 turn_log = logging.getLogger("roost.turn")
 fold_log = logging.getLogger("roost.fold")
 app_log = logging.getLogger("roost.app")
-telegram_log = logging.getLogger("roost.telegram")
 intake_log = logging.getLogger("roost.intake")
-whatsapp_log = logging.getLogger("roost.whatsapp")
 http_log = logging.getLogger("roost.http")
 mcp_log = logging.getLogger("roost.mcp")
 pairing_log = logging.getLogger("roost.pairing")
 automation_log = logging.getLogger("roost.automations")
 voice_log = logging.getLogger("roost.voice")
+
+
+def platform_log(name: str) -> logging.Logger:
+    """A platform's own logger: `roost.<name>`."""
+    return logging.getLogger(f"roost.{name}")
 
 OUTSIDE_SHOWN = 200  # characters of an outside text kept in a log line: enough to know it by
 

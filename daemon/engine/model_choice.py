@@ -19,7 +19,7 @@ from daemon.core.errors import LLMError
 from daemon.core.redact import redact_url
 from daemon.llm.client import ModelClient, ModelInfo
 from daemon.store import Store
-from daemon.turn.models import MODEL_FLAG
+from daemon.turn.models import MODEL_FLAG, model_of
 from daemon.turn.router import Router
 
 FLAG = MODEL_FLAG  # every call of the chat's conversations reads it (daemon.turn.models)
@@ -42,10 +42,8 @@ class ModelChoice:
         self.clock = clock
 
     async def model_of(self, chat_key: str) -> str:
-        """The model the chat's turns go to."""
-        flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
-        chosen = flags.get(FLAG)
-        return chosen if isinstance(chosen, str) and chosen else self.settings.model.name
+        """The model the chat's turns go to (the one rule: daemon/turn/models.py)."""
+        return await asyncio.to_thread(model_of, self.store, self.settings, chat_key)
 
     async def run(self, chat_key: str, text: str) -> str:
         """`/model` or `/model NAME` (the message's text); the answer for the user."""

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Literal
 
-from daemon.core.conversations import kind_of
 from daemon.core.errors import VoiceError
 from daemon.core.ids import inbound_id
 from daemon.core.logs import voice_log as log
 from daemon.core.messages import Outbound
+from daemon.core.platforms import platform_of
 from daemon.store import Store
 from daemon.voice.speaking import Speaking
 from daemon.voice.spoken import spoken_text
@@ -31,7 +31,6 @@ from daemon.voice.spoken import spoken_text
 FLAG = "voice"
 Mode = Literal["on", "off", "auto"]
 MODES: tuple[Mode, ...] = ("on", "off", "auto")
-SPOKEN_CHANNELS = ("telegram", "whatsapp")  # the platforms with voice notes
 CUT_LINE = "(The voice note reads the start; the rest is written above.)"
 HOW_TO_TURN_ON = ("Speech is off on this roost: set a [speech] backend in the config "
                   "(\"espeak-ng\", or \"http\" with the url of a speech server) and restart.")
@@ -102,7 +101,7 @@ class VoiceReplies:
 
     async def _speaks(self, outbound: Outbound) -> bool:
         if self.speaking is None or outbound.origin is not None \
-                or kind_of(outbound.chat_key) not in SPOKEN_CHANNELS:
+                or "voice" not in getattr(platform_of(outbound.chat_key), "sends", ()):
             return False
         mode = await self.mode_of(outbound.chat_key)
         if mode != "auto":

@@ -24,9 +24,9 @@ from types import MappingProxyType
 
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.conversations import Conversation
+from daemon.core.platforms import AUTOMATION_PREFIX, is_person_chat
 from daemon.store.facts import Person
 
-AUTOMATION_PREFIX = "automation:"
 Identities = Mapping[str, tuple[str, ...]]
 NO_IDENTITIES: Identities = MappingProxyType({})
 
@@ -50,15 +50,6 @@ def person_chats(chat_key: str, identities: Identities = NO_IDENTITIES) -> froze
         if chat_key in chats:
             return frozenset(chats)
     return frozenset({chat_key})
-
-
-def is_person_chat(chat_key: str) -> bool:
-    """A chat with one person: a Telegram private chat (positive id, no topic), a WhatsApp
-    wa_id, the terminal. Groups and forum topics are not."""
-    kind, _, rest = chat_key.partition(":")
-    if kind == "telegram":
-        return rest.isdigit() and not rest.startswith("0")
-    return (kind == "whatsapp" and rest.isdigit()) or chat_key == "console:local"
 
 
 def person_of(chat_key: str, settings: Settings) -> Person | None:

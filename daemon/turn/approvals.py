@@ -27,6 +27,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from daemon.core.platforms import platform_of
 from daemon.core.approval import (
     ANSWERED,
     KEYS,
@@ -177,7 +178,8 @@ class Approvals:
                     if waiting.answer.done():
                         return waiting.answer.result()
                     waiting.nudged.clear()
-                    typed = waiting.chat_key.startswith("console:")
+                    # Where there are no buttons to tap (the terminal, Matrix), it is typed.
+                    typed = "buttons" not in getattr(platform_of(waiting.chat_key), "sends", ())
                     await ask(waiting.chat_key, WAITING_TYPED if typed else WAITING)
         except TimeoutError:
             return None

@@ -9,16 +9,15 @@ automation's conversation uses the automation's own model; anything else `model.
 from __future__ import annotations
 
 from daemon.core.config import Settings
+from daemon.core.platforms import automation_name
 from daemon.store import Store
 
 MODEL_FLAG = "model"
-AUTOMATION_PREFIX = "automation:"
 
 
 def model_of(store: Store, settings: Settings, chat_key: str) -> str:
     """The model the chat's calls go to (reads the store: call it off the event loop)."""
-    if chat_key.startswith(AUTOMATION_PREFIX):
-        name = chat_key.removeprefix(AUTOMATION_PREFIX)
+    if (name := automation_name(chat_key)) is not None:
         own = next((a.model for a in settings.automations if a.name == name), None)
         return own or settings.model.name
     chosen = store.chat_flags(chat_key).get(MODEL_FLAG)

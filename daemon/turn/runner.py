@@ -45,6 +45,7 @@ from daemon.core.errors import (
 )
 from daemon.core.logs import turn_log as log
 from daemon.core.messages import UNSEEN, Inbound, ReplySink
+from daemon.core.platforms import automation_name
 from daemon.llm.client import ChatResult, ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
@@ -115,7 +116,7 @@ def _person(chat_key: str, items: Sequence[Inbound]) -> str | None:
     """Who may approve this turn's tool calls: the sender of its last message
     (`<channel>:<id>`), or the chat itself where there is no sender (the console). An
     automation's run has nobody to ask."""
-    if chat_key.startswith("automation:"):
+    if automation_name(chat_key) is not None:
         return None
     sender = items[-1].sender if items else None
     return f"{chat_key.split(':', 1)[0]}:{sender}" if sender else chat_key

@@ -148,7 +148,7 @@ async def story_for(fake_telegram: FakeTelegram,
                       "allow": (USER, *BUSY_USERS), "token": fake_telegram.token,
                       "secret": SECRET})
         # The daemon's own timings (typing every 4 s...): nothing here needs them short.
-        app = build_app(config, telegram_tuning=TelegramTuning())
+        app = build_app(config, tunings={"telegram": TelegramTuning()})
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         runners.append(runner)

@@ -54,7 +54,7 @@ async def _whatsapp(graph: FakeGraph, fake_ollama: FakeOllama,
                 "app_secret": wa.APP_SECRET, "verify_token": wa.VERIFY}
     settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
                              whatsapp=whatsapp)
-    app = build_app(settings, whatsapp_tuning=wa.FAST)
+    app = build_app(settings, tunings={"whatsapp": wa.FAST})
     runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from daemon.core.config import SECRETS, DaemonSettings
+from daemon.core.platforms import installed
 from tests.daemon.app.test_app import free_port
 from tests.fakes.ollama import FakeOllama
 
@@ -76,7 +77,8 @@ def test_units_ask_for_what_the_daemon_does() -> None:
 def test_both_units_name_every_secret_roost_reads() -> None:
     """Each secret has its LoadCredential= line (commented until used) in both units, so
     uncommenting is all a user (or `roost init`) has to do."""
-    names = {name for table in SECRETS.values() for name in table.values()}
+    names = {name for table in SECRETS.values() for name in table.values()} | {
+        name for platform in installed().values() for name in platform.secrets.values()}
     for unit in ("roost.service", "roost-user.service"):
         lines = re.findall(r"(?m)^#?LoadCredential=(\w+):\S*/\1$",
                            (UNITS / unit).read_text())

@@ -29,9 +29,7 @@ from daemon.core.config.load import (
 )
 from daemon.core.config.mcp import BUILTIN_CAPABILITIES, McpServerSettings, McpSettings
 from daemon.core.config.sections import (
-    BOT_TOKEN,
     DEFAULT_HOST,
-    MALFORMED_TOKEN,
     OLLAMA_WEB_SEARCH,
     AccessSettings,
     AttachmentSettings,
@@ -39,18 +37,14 @@ from daemon.core.config.sections import (
     DaemonSettings,
     ModelSettings,
     SpeechSettings,
-    TelegramSettings,
     VoiceSettings,
     WebSettings,
-    WhatsAppSettings,
 )
 from daemon.core.errors import ConfigError
 
 __all__ = [
-    "BOT_TOKEN",
     "BUILTIN_CAPABILITIES",
     "DEFAULT_HOST",
-    "MALFORMED_TOKEN",
     "OLLAMA_WEB_SEARCH",
     "SECRETS",
     "SYSTEM_CONFIG",
@@ -66,10 +60,8 @@ __all__ = [
     "ModelSettings",
     "Settings",
     "SpeechSettings",
-    "TelegramSettings",
     "VoiceSettings",
     "WebSettings",
-    "WhatsAppSettings",
     "config_keys",
     "credentials_dir",
     "find_config_path",

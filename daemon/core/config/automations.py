@@ -9,6 +9,7 @@ from typing import Any
 from daemon.core.config.values import (
     _BOOL,
     _STRING,
+    Convert,
     _array,
     _like,
     _schedule,
@@ -17,6 +18,7 @@ from daemon.core.config.values import (
     _value,
 )
 from daemon.core.errors import ConfigError
+from daemon.core.platforms import chat_pattern
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
     prompt: str
-    deliver: tuple[str, ...]  # "telegram:<chat id>", "whatsapp:<wa_id>", "console:local", "log"
+    deliver: tuple[str, ...]  # chat keys ("console:local" among them), or "log"
     model: str | None = None  # None: the chat model (another one means a reload on one GPU)
     enabled: bool = True
     quiet: str | None = None  # a reply that is exactly this token is not delivered
@@ -37,16 +39,21 @@ _AUTOMATION: _Spec = {
     "schedule": _value(str, "a crontab string such as '0 7 * * *' or 'every 1h'",
                        then=_schedule),
     "prompt": _STRING,
-    # A forum topic is its own chat: `telegram:<chat>:<topic>`, as channels/telegram/parse.py
-    # keys it (topic ids start at 1; the General topic has none).
-    "deliver": _array(_like("telegram:-?[0-9]+(:[1-9][0-9]*)?|whatsapp:[0-9]+|console:local|log",
-                            "a known target ('telegram:<chat id>', 'telegram:<chat id>:<topic>', "
-                            "'whatsapp:<wa_id>', 'console:local' or 'log')")),
+    "deliver": _array(lambda value: _target()(value)),
     "model": _STRING, "enabled": _BOOL, "quiet": _STRING,
     "grace": _value(str, "a duration string such as '5m'", lambda v: _seconds(v) >= 1,
                     "must be at least 1s", _seconds),
     "timeout": _value(str, "a duration string such as '10m'", lambda v: _seconds(v) >= 1,
                       "must be at least 1s", _seconds)}
+
+
+def _target() -> Convert:
+    """A chat some platform (or the terminal) delivers to, or 'log': as the installed platforms
+    describe their chat keys."""
+    pattern, forms = chat_pattern()
+    return _like(f"{pattern}|log", f"a known target ({forms} or 'log')")
+
+
 _AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")
 
 

@@ -12,11 +12,9 @@ from daemon.core.errors import ConfigError
 SYSTEM_CONFIG = Path("/etc/roost/roost.toml")
 SYSTEM_CREDENTIALS = Path("/etc/roost/credentials")
 
-# Environment variable (and credential file) name of each secret, per table.
+# Environment variable (and credential file) name of each secret, per table; a platform's are
+# in its description (daemon/core/platforms.py).
 SECRETS: Mapping[str, Mapping[str, str]] = {
-    "telegram": {"token": "ROOST_TELEGRAM_TOKEN", "secret": "ROOST_TELEGRAM_SECRET"},
-    "whatsapp": {"token": "ROOST_WHATSAPP_TOKEN", "app_secret": "ROOST_WHATSAPP_APP_SECRET",
-                 "verify_token": "ROOST_WHATSAPP_VERIFY_TOKEN"},
     "voice": {"key": "ROOST_VOICE_KEY"},
     "speech": {"key": "ROOST_SPEECH_KEY"},
     "web": {"ollama_api_key": "ROOST_OLLAMA_API_KEY"}}

@@ -9,12 +9,8 @@ from typing import Any
 
 from daemon.core.config.values import _TOML_TYPES, _array, _Bad, _like
 from daemon.core.errors import ConfigError
+from daemon.core.platforms import person_chat_pattern
 
-# A person's own chat: a Telegram private chat (its id is the user's, positive), a WhatsApp
-# wa_id or the terminal. Groups and forum topics are nobody's, so they cannot be linked.
-_PERSON_CHAT = _like("telegram:[1-9][0-9]*|whatsapp:[0-9]+|console:local",
-                     "a person's chat ('telegram:<user id>', 'whatsapp:<wa_id>' or "
-                     "'console:local')")
 _IDENTITY_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,39}")
 
 
@@ -24,6 +20,10 @@ def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
     if not isinstance(raw, dict):
         raise fail("identities", "expected a table, got "
                    f"{_TOML_TYPES.get(type(raw), 'date/time')}")
+    # A person's own chat on a platform, or the terminal. Groups and forum topics are nobody's,
+    # so they cannot be linked.
+    pattern, forms = person_chat_pattern()
+    person_chat = _like(pattern, f"a person's chat ({forms})")
     identities: dict[str, tuple[str, ...]] = {}
     owner: dict[str, str] = {}
     for name, chats in raw.items():
@@ -31,7 +31,7 @@ def _identities(raw: Any, fail: Callable[[str, str], ConfigError]
             raise fail(f"identities.{name}", "the name must be lowercase letters, digits, '-' "
                        "and '_' (at most 40)")
         try:
-            keys = _array(_PERSON_CHAT)(chats)
+            keys = _array(person_chat)(chats)
         except _Bad as bad:
             raise fail(f"identities.{name}{bad.where}", str(bad)) from None
         if not keys:

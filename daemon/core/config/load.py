@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 from daemon.core.config.automations import _AUTOMATION, AutomationSettings, _automations
 from daemon.core.config.credentials import (
@@ -30,21 +29,21 @@ from daemon.core.config.sections import (
     DaemonSettings,
     ModelSettings,
     SpeechSettings,
-    TelegramSettings,
     VoiceSettings,
     WebSettings,
-    WhatsAppSettings,
 )
 from daemon.core.config.values import _TEXT, _TOML_TYPES, _Bad, _seconds, _Spec, _valid_zone
 from daemon.core.errors import ConfigError
+from daemon.core.platforms import installed
 
 
 @dataclass(frozen=True)
 class Settings:
     daemon: DaemonSettings
     model: ModelSettings
-    telegram: TelegramSettings
-    whatsapp: WhatsAppSettings
+    # Each installed platform's settings by its name (channels/<name>/platform.py): read one
+    # with the platform's `of`, e.g. TELEGRAM.of(settings.platforms).
+    platforms: Mapping[str, Any]
     access: AccessSettings
     attachments: AttachmentSettings
     automations: tuple[AutomationSettings, ...]
@@ -66,21 +65,12 @@ class Settings:
         return _build({}, None, os.environ if env is None else env)
 
 
-def _file_base(api_base: str) -> str:
-    """Where files are downloaded beside a Bot API base, as Telegram and a local Bot API server
-    lay them out: https://api.telegram.org/bot -> https://api.telegram.org/file/bot."""
-    parts = urlsplit(api_base)
-    head, _, last = parts.path.rpartition("/")
-    if not last:  # no path to go by (doctor names the address's problem)
-        return api_base.rstrip("/") + "/file/bot"
-    return parts._replace(path=f"{head}/file/{last}").geturl()
-
-
 def config_keys() -> dict[str, frozenset[str]]:
     """Every key the config file may hold, by table as the README heads it (`[model]`,
     `[[automations]]`): tests/test_readme.py holds the README's key reference to it, both ways.
     [variables] takes any key and is not listed."""
     keys = {f"[{name}]": frozenset(spec) for name, spec in _SPECS.items()}
+    keys |= {f"[{name}]": frozenset(p.spec) for name, p in installed().items()}
     keys["[[automations]]"] = frozenset(_AUTOMATION)
     keys["[mcp]"] = frozenset(_MCP)
     keys["[mcp.servers.NAME]"] = frozenset(_MCP_SERVER)
@@ -128,15 +118,16 @@ def load_settings(path: Path | None = None, env: Mapping[str, str] | None = None
 def missing_secrets(settings: Settings) -> list[ConfigError]:
     """The secrets the enabled channels need and do not have, as the errors `roost run` gives."""
     source = str(settings.source) if settings.source else None
-    telegram, whatsapp = settings.telegram, settings.whatsapp
-    unset = [var for key, var in SECRETS["whatsapp"].items() if not getattr(whatsapp, key)]
     folder = settings.credentials or "$CREDENTIALS_DIRECTORY"
-    return [ConfigError(key, problem, source) for key, broken, problem in (
-        ("telegram.enabled", telegram.enabled and not telegram.token, "needs the bot token: set "
-         f"ROOST_TELEGRAM_TOKEN, or put it in {folder}/ROOST_TELEGRAM_TOKEN (roost init does)"),
-        ("whatsapp.enabled", whatsapp.enabled and unset,
-         f"needs {', '.join(unset)} in the environment or as files in {folder}"),
-    ) if broken]
+    missing = []
+    for name, platform in installed().items():
+        own = platform.of(settings.platforms)
+        unset = platform.missing_secrets(own)
+        if own.enabled and unset:
+            missing.append(ConfigError(f"{name}.enabled", f"needs {', '.join(unset)} in the "
+                                       f"environment or as files in {folder} (roost init "
+                                       "writes them)", source))
+    return missing
 
 
 def _read_document(path: Path | None) -> Mapping[str, Any]:
@@ -153,7 +144,7 @@ def _read_document(path: Path | None) -> Mapping[str, Any]:
     return document
 
 
-def _check_together(model: ModelSettings, telegram: TelegramSettings, whatsapp: WhatsAppSettings,
+def _check_together(model: ModelSettings, platforms: Mapping[str, Any],
                     fail: Callable[[str, str], ConfigError]) -> None:
     """The settings that are wrong only together with others."""
     for key, broken, problem in (
@@ -162,15 +153,13 @@ def _check_together(model: ModelSettings, telegram: TelegramSettings, whatsapp: 
         # A stall as long as the timeout would never be said: the request fails first.
         ("model.stall", model.stall >= model.timeout,
          f"must be shorter than model.timeout ({model.timeout:g}s)"),
-        ("telegram.webhook_url", telegram.enabled and telegram.mode == "webhook"
-         and not telegram.webhook_url, "is required when telegram.mode is 'webhook' (the "
-         "public HTTPS URL of /webhooks/telegram); without a public address, set "
-         'mode = "polling"'),
-        ("whatsapp.phone_number_id", whatsapp.enabled and not whatsapp.phone_number_id,
-         "is required when WhatsApp is enabled"),
     ):
         if broken:
             raise fail(key, problem)
+    for name, platform in installed().items():
+        own = platform.of(platforms)
+        for key, problem in platform.check(own) if own.enabled else ():
+            raise fail(f"{name}.{key}", problem)
 
 
 def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str]) -> Settings:
@@ -182,7 +171,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
             raise fail(prefix, f"expected a table, got {_TOML_TYPES.get(type(table), 'date/time')}")
         values: dict[str, Any] = {}
         for key, value in table.items():
-            if secret := SECRETS.get(prefix, {}).get(key):
+            if secret := secret_names.get(prefix, {}).get(key):
                 raise fail(f"{prefix}.{key}", f"secrets do not belong in the config file; set "
                            f"{secret} in the environment or $CREDENTIALS_DIRECTORY/{secret}")
             if key not in spec:
@@ -193,26 +182,27 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
                 raise fail(f"{prefix}.{key}{bad.where}", str(bad)) from None
         return values
 
+    platforms = installed()
+    secret_names = {**SECRETS, **{name: p.secrets for name, p in platforms.items()}}
     for name, value in document.items():
-        if name not in (*_SPECS, "automations", "variables", "identities", "mcp"):
+        if name not in (*_SPECS, *platforms, "automations", "variables", "identities", "mcp"):
             raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
         name: {key: read_secret(var, env, path) for key, var in names.items()}
-        for name, names in SECRETS.items()}
+        for name, names in secret_names.items()}
     daemon = tables["daemon"]
     listen_host, listen_port = daemon.pop("listen", ("127.0.0.1", 8780))
     state_dir = _state_dir(daemon.pop("state_dir", None), path, env)
     daemon["timezone"] = daemon.get("timezone") or _system_timezone(env)
     model = ModelSettings(**tables["model"])
-    if "telegram" in document:  # no mode: a webhook_url says webhook, else polling (no address)
-        tables["telegram"].setdefault(
-            "mode", "webhook" if tables["telegram"].get("webhook_url") else "polling")
-        if "api_base" in tables["telegram"] and "file_base" not in tables["telegram"]:
-            tables["telegram"]["file_base"] = _file_base(tables["telegram"]["api_base"])
-    telegram = TelegramSettings(**tables["telegram"], **secrets["telegram"])
-    whatsapp = WhatsAppSettings(**tables["whatsapp"], **secrets["whatsapp"])
-    _check_together(model, telegram, whatsapp, fail)
+    own: dict[str, Any] = {}
+    for name, platform in platforms.items():
+        table = read(document.get(name, {}), name, platform.spec)
+        if name in document:
+            platform.prepare(table)
+        own[name] = platform.settings(**table, **secrets[name])
+    _check_together(model, own, fail)
 
     jobs = _automations(document.get("automations", []), read, fail)
     # [variables] takes any key; read() still checks that it is a table of strings.
@@ -221,7 +211,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     mcp = _mcp(document.get("mcp", {}), read, fail, env, path)
     return Settings(
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
-        telegram=telegram, whatsapp=whatsapp, access=AccessSettings(**tables["access"]),
+        platforms=MappingProxyType(own), access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
         automations=jobs, variables=MappingProxyType(variables), source=path,
         credentials=credentials_dir(env, path),

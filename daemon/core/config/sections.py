@@ -1,8 +1,8 @@
-"""The settings of the plain tables ([daemon], [model], [telegram], ...) and their specs."""
+"""The settings of the plain tables ([daemon], [model], [voice], ...) and their specs; each
+platform's table is its own (channels/<name>/platform.py)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 from daemon.core.config.values import (
     _BASE_URL,
     _BOOL,
-    _DIGITS,
     _DURATION,
     _PERIOD,
     _STRING,
@@ -32,10 +31,6 @@ from daemon.core.config.values import (
 
 DEFAULT_HOST = "http://127.0.0.1:11434"
 OLLAMA_WEB_SEARCH = "https://ollama.com/api/web_search"
-# What @BotFather gives: the bot's id, a colon, then letters, digits, '-' and '_'.
-BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
-MALFORMED_TOKEN = ("does not look like a bot token (digits, a colon, then letters, digits, - "
-                   "and _, with no quotes or spaces): copy it again from @BotFather")
 
 
 @dataclass(frozen=True)
@@ -70,39 +65,6 @@ class ModelSettings:
     think: bool = False  # let a thinking model think on chat turns (never on background calls)
     # Probe a model without a card quietly on its first use (daemon/models/book.py).
     probe_new: bool = True
-
-
-@dataclass(frozen=True)
-class TelegramSettings:
-    enabled: bool = False
-    mode: str = "webhook"  # or "polling"; a file without mode: webhook only with a webhook_url
-    webhook_url: str | None = None
-    api_base: str = "https://api.telegram.org/bot"
-    file_base: str = "https://api.telegram.org/file/bot"
-    allow: tuple[int, ...] = ()  # user ids
-    streaming: str = "draft"  # or "off": replies shown as they are written (sendMessageDraft)
-    draft_interval: float = 0.7  # seconds between two draft updates of one chat
-    token: str | None = field(default=None, repr=False)
-    secret: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class WhatsAppSettings:
-    enabled: bool = False
-    phone_number_id: str | None = None
-    api_base: str = "https://graph.facebook.com"
-    api_version: str = "v23.0"
-    allow: tuple[str, ...] = ()  # wa_ids, digits only
-    fallback: str | None = None  # a chat key for replies WhatsApp refuses after 24 hours
-    # An approved template sent when a reply is held by the 24-hour rule ("reply to see it")
-    template: str | None = None
-    template_language: str = "en_US"
-    template_parameter: bool = False  # its one body parameter: the held reply's first words
-    template_interval: float = 24 * 3600.0  # at most one template per chat this often
-    business_account_id: str | None = None  # the WABA, for doctor's check of the template
-    token: str | None = field(default=None, repr=False)
-    app_secret: str | None = field(default=None, repr=False)
-    verify_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -190,21 +152,6 @@ _SPECS: Mapping[str, _Spec] = {
         "timeout": _PERIOD, "stall": _PERIOD, "retry_attempts": _at_least(1),
         "retry_backoff": _DURATION, "max_calls": _at_least(1), "think": _BOOL,
         "probe_new": _BOOL},
-    "telegram": {
-        "enabled": _BOOL, "mode": _one_of("webhook", "polling"), "webhook_url": _URL,
-        "api_base": _URL, "file_base": _URL, "allow": _array(_value(int, "an integer user id")),
-        "streaming": _one_of("draft", "off"),
-        "draft_interval": _value(str, "a duration string such as '700ms'",
-                                 lambda v: 0.1 <= _seconds(v) <= 60, "must be 100ms to 60s",
-                                 _seconds)},
-    "whatsapp": {
-        "enabled": _BOOL, "phone_number_id": _DIGITS, "api_base": _BASE_URL,
-        "api_version": _like("v[0-9]+[.][0-9]+", "like 'v23.0'"), "allow": _array(_DIGITS),
-        "fallback": _like("telegram:-?[0-9]+(:[0-9]+)?", "'telegram:<chat id>'"),
-        "template": _like("[a-z0-9_]{1,512}", "a template's name: lowercase letters, digits, _"),
-        "template_language": _like("[a-z]{2,3}(_[A-Z]{2})?", "a language code such as 'en_US'"),
-        "template_parameter": _BOOL, "template_interval": _PERIOD,
-        "business_account_id": _DIGITS},
     "access": {"unknown_senders": _one_of("pair", "ignore"), "rate_limit": _at_least(1)},
     "attachments": {
         "image_max_side": _at_least(64), "image_max_mb": _at_least(1),

@@ -34,7 +34,7 @@ from channels.telegram.channel import (
     Telegram,
     TelegramTuning,
 )
-from daemon.app.serve import ENGINE, STORE, TELEGRAM, build_app, serve
+from daemon.app.serve import ENGINE, PLATFORMS, STORE, build_app, serve
 from daemon.core.conversations import Message
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.ids import inbound_id
@@ -103,7 +103,7 @@ class Daemon:
 
     @property
     def telegram(self) -> Telegram:
-        return self.app[TELEGRAM]
+        return self.app[PLATFORMS]["telegram"]
 
     async def post(self, update: object = None, *, secret: str | None = SECRET,
                    content_type: str = "application/json", body: bytes | None = None) -> int:
@@ -144,7 +144,7 @@ async def start_roost(make_settings: SettingsFactory, fake_telegram: FakeTelegra
     settings = make_settings(
         model={"host": fake_ollama.url, "retry_backoff": 0.05},
         telegram=telegram | sections.pop("telegram", {}), **sections)
-    app = build_app(settings, telegram_tuning=tuning)
+    app = build_app(settings, tunings={"telegram": tuning})
     runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

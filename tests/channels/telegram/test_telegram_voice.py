@@ -61,7 +61,7 @@ async def start(fake_telegram: FakeTelegram, fake_ollama: FakeOllama, whisper: F
                                  telegram=telegram,
                                  voice={"backend": "http", "url": whisper.url},
                                  speech=speech or {})
-        app = build_app(settings, telegram_tuning=FAST, speaking=speaking)
+        app = build_app(settings, tunings={"telegram": FAST}, speaking=speaking)
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -28,7 +28,7 @@ from PIL import Image
 from channels.telegram.channel import TelegramTuning
 from channels.whatsapp.channel import WEBHOOK_PATH, WhatsAppTuning
 from channels.whatsapp.intake import UNSUPPORTED
-from daemon.app.serve import ENGINE, METRICS, STORE, WHATSAPP, build_app
+from daemon.app.serve import ENGINE, METRICS, PLATFORMS, STORE, build_app
 from daemon.core.conversations import Message
 from daemon.core.messages import Outbound
 from daemon.store import Store
@@ -86,7 +86,7 @@ class Daemon:
             return reply.status
 
     async def settle(self, *chat_keys: str) -> None:
-        intake = self.app[WHATSAPP].intake
+        intake = self.app[PLATFORMS]["whatsapp"].intake
         assert intake is not None
         await asyncio.wait_for(intake.intake.idle(), 10)
         for key in chat_keys or (KEY,):
@@ -112,8 +112,8 @@ async def start(graph: FakeGraph, fake_ollama: FakeOllama,
                     "app_secret": APP_SECRET, "verify_token": VERIFY}
         settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
                                  whatsapp=whatsapp | sections.pop("whatsapp", {}), **sections)
-        app = build_app(settings, whatsapp_tuning=tuning,
-                        telegram_tuning=TelegramTuning(poll_timeout=1, poll_backoff=0.05))
+        app = build_app(settings, tunings={"whatsapp": tuning,
+                                 "telegram": TelegramTuning(poll_timeout=1, poll_backoff=0.05)})
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -647,7 +647,7 @@ async def test_a_report_after_24_hours_is_held_without_calling_meta(
     await graph.wait_sent(1)
     await daemon.settle()
     # The user last wrote 25 hours ago (as this process would know after a restart, too).
-    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
+    daemon.app[PLATFORMS]["whatsapp"].channel.last_inbound[KEY] = time.time() - 25 * 3600
     engine = daemon.app[ENGINE]
     for n in range(25):  # an hourly report to a user who stopped writing
         report = Outbound(chat_key=KEY, text=f"report {n}", created=time.time() + n)
@@ -765,7 +765,7 @@ async def metrics_text(daemon: Daemon) -> str:
 
 async def hold_reports(daemon: Daemon, *texts: str) -> None:
     """Reports for a user who last wrote 25 hours ago: each is held (Meta is not even asked)."""
-    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
+    daemon.app[PLATFORMS]["whatsapp"].channel.last_inbound[KEY] = time.time() - 25 * 3600
     engine = daemon.app[ENGINE]
     for n, text in enumerate(texts):
         assert await engine.deliver(Outbound(chat_key=KEY, text=text, created=time.time() + n))
@@ -898,7 +898,7 @@ async def test_with_a_fallback_chat_no_template_is_sent(
                                     "api_base": fake_telegram.api_base,
                                     "file_base": fake_telegram.file_base,
                                     "token": fake_telegram.token, "allow": (1111111,)})
-    daemon.app[WHATSAPP].channel.last_inbound[KEY] = time.time() - 25 * 3600
+    daemon.app[PLATFORMS]["whatsapp"].channel.last_inbound[KEY] = time.time() - 25 * 3600
     assert await daemon.app[ENGINE].deliver(Outbound(chat_key=KEY, text="report",
                                                      created=time.time()))
     (call,) = await fake_telegram.wait_for("sendMessage")

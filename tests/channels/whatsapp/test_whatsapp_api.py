@@ -14,7 +14,7 @@ from PIL import Image
 from channels.whatsapp.api import Failure, GraphClient, GraphError
 from channels.whatsapp.media import WhatsAppMedia
 from channels.whatsapp.parse import Described, describe, parse_webhook
-from daemon.core.config import WhatsAppSettings
+from channels.whatsapp.platform import WhatsAppSettings
 from tests.conftest import FIXTURES, wait_until
 from tests.fakes.flood import Flood
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph

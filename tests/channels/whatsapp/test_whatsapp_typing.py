@@ -11,7 +11,7 @@ import pytest
 
 from channels.whatsapp.api import GraphClient
 from channels.whatsapp.delivery import WhatsAppChannel
-from daemon.core.config import WhatsAppSettings
+from channels.whatsapp.platform import WhatsAppSettings
 from daemon.store import Store
 from tests.conftest import wait_until
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph

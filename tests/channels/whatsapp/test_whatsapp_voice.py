@@ -62,8 +62,8 @@ async def start(graph: FakeGraph, fake_ollama: FakeOllama, whisper: FakeTranscri
         settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
                                  whatsapp=whatsapp,
                                  voice={"backend": "http", "url": whisper.url})
-        app = build_app(settings, whatsapp_tuning=FAST, speaking=speech,
-                        telegram_tuning=TelegramTuning(poll_timeout=1, poll_backoff=0.05))
+        app = build_app(settings, speaking=speech, tunings={
+            "whatsapp": FAST, "telegram": TelegramTuning(poll_timeout=1, poll_backoff=0.05)})
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

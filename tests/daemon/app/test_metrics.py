@@ -73,9 +73,9 @@ async def start(fake_ollama: FakeOllama, fake_telegram: FakeTelegram, graph: Fak
                       "api_base": graph.url, "api_version": API_VERSION, "allow": (WA_USER,),
                       "token": graph.token, "app_secret": APP_SECRET, "verify_token": "v"})
         settings = dataclasses.replace(settings, automations=automations)
-        app = build_app(settings, telegram_tuning=TelegramTuning(poll_timeout=1,
-                                                                 poll_backoff=0.05),
-                        whatsapp_tuning=WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01))
+        app = build_app(settings, tunings={
+            "telegram": TelegramTuning(poll_timeout=1, poll_backoff=0.05),
+            "whatsapp": WhatsAppTuning(typing_refresh=0.1, media_backoff=0.01)})
         runner = web.AppRunner(app, shutdown_timeout=0.5)
         await runner.setup()
         runners.append(runner)

@@ -93,8 +93,9 @@ async def test_non_interactive_writes_a_private_config_and_secrets_and_pairs_the
     assert fake_telegram.token not in config.read_text()  # secrets never in the config
     # What `roost run` would read, with the credentials the unit loads:
     settings = load_settings(config, env={**home, "CREDENTIALS_DIRECTORY": str(credentials)})
-    assert settings.telegram.enabled and settings.telegram.mode == "polling"
-    assert settings.telegram.token == fake_telegram.token
+    telegram = settings.platforms["telegram"]
+    assert telegram.enabled and telegram.mode == "polling"
+    assert telegram.token == fake_telegram.token
     assert settings.model.host == fake_ollama.url and settings.model.name == "qwen3:4b"
     book = PairingBook(Path(home["STATE_DIRECTORY"]))
     assert book.is_approved("telegram", str(OWNER))
@@ -160,7 +161,8 @@ async def test_interactive_lists_models_asks_again_for_a_refused_token_and_insta
     assert "Telegram refused that token" in out and "@roost_test_bot" in out
     settings = load_settings(config_of(home), env={
         **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
-    assert settings.model.name == "gemma3:4b" and settings.telegram.mode == "polling"
+    assert settings.model.name == "gemma3:4b"
+    assert settings.platforms["telegram"].mode == "polling"
     unit = Path(home["XDG_CONFIG_HOME"]) / "systemd" / "user" / "roost.service"
     text = unit.read_text()
     token_file = credentials_of(home) / "ROOST_TELEGRAM_TOKEN"
@@ -191,14 +193,15 @@ async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_che
     credentials = credentials_of(home)
     settings = load_settings(config_of(home), env={**home,
                                                    "CREDENTIALS_DIRECTORY": str(credentials)})
-    assert settings.telegram.mode == "webhook"
-    assert settings.telegram.webhook_url == "https://bot.example.org/webhooks/telegram"
-    assert len(settings.telegram.secret or "") == 64
-    assert settings.whatsapp.enabled and settings.whatsapp.phone_number_id == PHONE_NUMBER_ID
-    assert settings.whatsapp.api_base == graph.url
-    assert settings.whatsapp.token == graph.token  # the one the Graph API took
+    telegram, whatsapp = settings.platforms["telegram"], settings.platforms["whatsapp"]
+    assert telegram.mode == "webhook"
+    assert telegram.webhook_url == "https://bot.example.org/webhooks/telegram"
+    assert len(telegram.secret or "") == 64
+    assert whatsapp.enabled and whatsapp.phone_number_id == PHONE_NUMBER_ID
+    assert whatsapp.api_base == graph.url
+    assert whatsapp.token == graph.token  # the one the Graph API took
     # The owner's own number is let in: no pairing code from their own bot.
-    assert settings.whatsapp.allow == ("972544401243",)
+    assert whatsapp.allow == ("972544401243",)
     assert (credentials / "ROOST_WHATSAPP_APP_SECRET").read_text() == "app-secret"
     assert len((credentials / "ROOST_WHATSAPP_VERIFY_TOKEN").read_text()) == 32  # made up
     assert all(mode(f) == 0o600 for f in credentials.iterdir())
@@ -424,8 +427,9 @@ async def test_whatsapp_without_its_secrets_or_with_a_refused_token_writes_nothi
     assert "WhatsApp: number 15550953877 (roost test)" in out
     settings = load_settings(config_of(home), env={
         **home, "CREDENTIALS_DIRECTORY": str(credentials_of(home))})
-    assert settings.whatsapp.enabled and settings.whatsapp.app_secret == "app-secret"
-    assert settings.whatsapp.allow == ("972544401243",)
+    whatsapp = settings.platforms["whatsapp"]
+    assert whatsapp.enabled and whatsapp.app_secret == "app-secret"
+    assert whatsapp.allow == ("972544401243",)
 
 
 async def test_ctrl_c_at_a_question_stops_init_at_once_with_130(

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from channels.telegram.parse import chat_key
+from channels.telegram.platform import TelegramSettings
+from channels.whatsapp.platform import WhatsAppSettings
 from daemon.core.config import (
     DEFAULT_HOST,
     SYSTEM_CONFIG,
@@ -17,8 +19,6 @@ from daemon.core.config import (
     DaemonSettings,
     ModelSettings,
     Settings,
-    TelegramSettings,
-    WhatsAppSettings,
     find_config_path,
     load_settings,
     parse_duration,
@@ -95,7 +95,7 @@ def test_no_file_means_console_only_defaults(
     assert settings.source is None
     assert settings.model == ModelSettings()
     assert settings.model.host == DEFAULT_HOST
-    assert not settings.telegram.enabled and not settings.whatsapp.enabled
+    assert not settings.platforms["telegram"].enabled and not settings.platforms["whatsapp"].enabled
     assert settings.automations == () and dict(settings.variables) == {}
     assert settings.daemon.state_dir == tmp_path / "home/.local/state/roost"
     assert (settings.daemon.listen_host, settings.daemon.listen_port) == ("127.0.0.1", 8780)
@@ -114,11 +114,11 @@ def test_the_design_example_parses(tmp_path: Path) -> None:
     )
     assert settings.daemon.tz.key == "Europe/Berlin"
     assert settings.model == ModelSettings()
-    assert settings.telegram == TelegramSettings(
+    assert settings.platforms["telegram"] == TelegramSettings(
         enabled=True, mode="webhook", webhook_url="https://bot.example.org/webhooks/telegram",
         allow=(1111111,), token="123:abc", secret="webhook-secret",
     )
-    assert settings.whatsapp == WhatsAppSettings(
+    assert settings.platforms["whatsapp"] == WhatsAppSettings(
         enabled=True, phone_number_id="277321005464405", allow=("972544401243",),
         token="wa-token", app_secret="wa-app-secret", verify_token="wa-verify",
     )
@@ -237,16 +237,16 @@ def test_webhook_mode_needs_a_webhook_url(tmp_path: Path) -> None:
     assert caught.value.key == "telegram.webhook_url"
     assert 'mode = "polling"' in caught.value.problem  # the way out without a public address
     polling = write(tmp_path, '[telegram]\nenabled = true\nmode = "polling"\n', "polling.toml")
-    assert load_settings(polling, env=SECRETS).telegram.mode == "polling"
+    assert load_settings(polling, env=SECRETS).platforms["telegram"].mode == "polling"
 
 
 def test_without_mode_telegram_polls_unless_a_webhook_url_is_given(tmp_path: Path) -> None:
     # As the five-minute guide and roost init set it up: no public address needed.
     path = write(tmp_path, "[telegram]\nenabled = true\n")
-    assert load_settings(path, env=SECRETS).telegram.mode == "polling"
+    assert load_settings(path, env=SECRETS).platforms["telegram"].mode == "polling"
     hook = write(tmp_path, '[telegram]\nenabled = true\nwebhook_url = "https://b.example/w"\n',
                  "hook.toml")
-    assert load_settings(hook, env=SECRETS).telegram.mode == "webhook"
+    assert load_settings(hook, env=SECRETS).platforms["telegram"].mode == "webhook"
 
 
 def test_whatsapp_needs_a_phone_number_id(tmp_path: Path) -> None:
@@ -421,7 +421,7 @@ def test_secrets_from_systemd_credentials(tmp_path: Path) -> None:
     (credentials / "ROOST_TELEGRAM_TOKEN").write_text("123:from-credential\n")
     path = write(tmp_path, '[telegram]\nenabled = true\nmode = "polling"\n')
     settings = load_settings(path, env={"CREDENTIALS_DIRECTORY": str(credentials)})
-    assert settings.telegram.token == "123:from-credential"
+    assert settings.platforms["telegram"].token == "123:from-credential"
 
 
 def test_state_directory_from_systemd(tmp_path: Path, env: dict[str, str]) -> None:
@@ -455,7 +455,7 @@ def test_bad_streaming_settings_name_the_key(tmp_path: Path, line: str, key: str
 
 def test_streaming_settings_are_read(tmp_path: Path) -> None:
     path = write(tmp_path, '[telegram]\nstreaming = "off"\ndraft_interval = "1.5s"\n')
-    telegram = load_settings(path, env=SECRETS).telegram
+    telegram = load_settings(path, env=SECRETS).platforms["telegram"]
     assert (telegram.streaming, telegram.draft_interval) == ("off", 1.5)
 
 
@@ -494,20 +494,20 @@ def test_without_credentials_directory_the_secrets_come_from_inits_folder(
     folder.mkdir(parents=True)
     (folder / "ROOST_TELEGRAM_TOKEN").write_text("123:from-init\n")
     path = write(tmp_path, '[telegram]\nenabled = true\nmode = "polling"\n')
-    assert load_settings(path, env=env).telegram.token == "123:from-init"
+    assert load_settings(path, env=env).platforms["telegram"].token == "123:from-init"
     # systemd's folder, when it is set, is the only one read (the unit says what it loads).
     empty = tmp_path / "systemd-credentials"
     empty.mkdir()
     settings = load_settings(path, env=env | {"CREDENTIALS_DIRECTORY": str(empty)},
                              require_secrets=False)
-    assert settings.telegram.token is None
+    assert settings.platforms["telegram"].token is None
 
 
 def test_a_bot_api_base_of_its_own_moves_the_file_base_too(tmp_path: Path) -> None:
     # A local Bot API server serves files beside its methods, as Telegram does.
     path = write(tmp_path, '[telegram]\napi_base = "http://127.0.0.1:8081/bot"\n')
-    assert load_settings(path, env={}).telegram.file_base == "http://127.0.0.1:8081/file/bot"
+    assert load_settings(path, env={}).platforms["telegram"].file_base == "http://127.0.0.1:8081/file/bot"
     both = write(tmp_path, '[telegram]\napi_base = "http://127.0.0.1:8081/bot"\n'
                  'file_base = "http://files.example/f/bot"\n', "both.toml")
-    assert load_settings(both, env={}).telegram.file_base == "http://files.example/f/bot"
-    assert Settings.defaults(env={}).telegram.file_base == "https://api.telegram.org/file/bot"
+    assert load_settings(both, env={}).platforms["telegram"].file_base == "http://files.example/f/bot"
+    assert Settings.defaults(env={}).platforms["telegram"].file_base == "https://api.telegram.org/file/bot"

@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
-from daemon.app.serve import METRICS, STORE, TELEGRAM, build_app
+from daemon.app.serve import METRICS, PLATFORMS, STORE, build_app
 from daemon.intake.gate import SLOW_DOWN, RateLimit
 from daemon.intake.pairing import PairingBook
 from tests.conftest import SettingsFactory
@@ -133,7 +133,7 @@ async def test_strangers_get_at_most_three_codes_and_a_denied_code_is_gone(
     assert fake_ollama.chat_requests == []
     book = (state_dir / "pairing.json").read_text()
     assert book.count('"code"') == 2  # the book holds only what waits
-    intake = app[TELEGRAM].intake
+    intake = app[PLATFORMS]["telegram"].intake
     assert intake is not None
     await asyncio.wait_for(intake.idle(), 10)
     metrics = text_string_to_metric_families(app[METRICS].exposition().decode())

@@ -152,8 +152,8 @@ async def test_a_whatsapp_voice_note_is_heard(
                 "app_secret": APP_SECRET, "verify_token": VERIFY}
     settings = make_settings(model={"host": fake_ollama.url, "retry_backoff": 0.05},
                              whatsapp=whatsapp, voice={"backend": "http", "url": whisper.url})
-    app = build_app(settings, whatsapp_tuning=FAST,
-                    telegram_tuning=TelegramTuning(poll_timeout=1, poll_backoff=0.05))
+    app = build_app(settings, tunings={"whatsapp": FAST,
+                                 "telegram": TelegramTuning(poll_timeout=1, poll_backoff=0.05)})
     runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     try:
