@@ -2,9 +2,10 @@
 daemon/app/) import this module, which installs them in the core's registry
 (daemon/core/platforms.py). Adding a platform is its folder under channels/ and a line here."""
 
+from channels.matrix.platform import MATRIX
 from channels.telegram.platform import TELEGRAM
 from channels.whatsapp.platform import WHATSAPP
 from daemon.core.platforms import install
 
-PLATFORMS = (TELEGRAM, WHATSAPP)
+PLATFORMS = (TELEGRAM, WHATSAPP, MATRIX)
 install(PLATFORMS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,10 +18,6 @@ import aiohttp
 from nio import ErrorResponse, LocalProtocolError, SendRetryError  # type: ignore[import-untyped]
 
 from daemon.core.errors import DeliveryError
-
-# roost.matrix: daemon.core.logs names the other platforms' loggers; Matrix's moves there when
-# the platform is wired in.
-log = logging.getLogger("roost.matrix")
 
 # The errcodes that mean the bot may not write in that room (any more): kicked, banned, or the
 # person left their direct room. Retrying cannot help; the engine marks the chat.

@@ -31,21 +31,24 @@ from nio import (  # type: ignore[import-untyped]
     SyncResponse,
 )
 
-from channels.matrix.api import NETWORK_ERRORS, log
+from channels.matrix.api import NETWORK_ERRORS
 from channels.matrix.delivery import MatrixChannel
+from channels.matrix.doctor import doctor_checks
 from channels.matrix.intake import Arrival, Bot, MatrixIntake
 from channels.matrix.media import DOWNLOAD_LIMIT, MatrixMedia
 from channels.matrix.parse import direct_partner, person_key, room_key
+from channels.matrix.platform import MATRIX, log
 from channels.matrix.prompts import Questions
 from channels.matrix.rooms import Rooms
 from channels.matrix.session import SessionFile, sign_in
 from channels.matrix.settings import MatrixSettings
 from channels.media import attachment_limits
 from daemon.core.approval import Approver
-from daemon.core.config import AttachmentSettings
+from daemon.core.config import AttachmentSettings, Settings
 from daemon.core.errors import ChannelError, ConfigError
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
+from daemon.intake.platforms import PlatformParts, Route, Runtime
 from daemon.store import Store
 
 SYNC_BACKOFF_MAX = 60.0
@@ -116,6 +119,10 @@ class Matrix:
         self.intake: MatrixIntake | None = None
         self._syncer: asyncio.Task[None] | None = None
         self._synced_rooms: set[str] = set()  # a room's first sync is "limited" by nature
+
+    def routes(self) -> list[Route]:
+        """None: Matrix is read by syncing, not by webhooks."""
+        return []
 
     async def open(self) -> None:
         """Log in (ConfigError for refused credentials, ChannelError when the homeserver
@@ -281,3 +288,15 @@ def _name(room: MatrixRoom, user: str) -> str:
 
 class _SyncFailed(ChannelError):
     """The homeserver answered a sync with an error."""
+
+
+def _open(parts: PlatformParts) -> Matrix:
+    return Matrix(MATRIX.of(parts.settings.platforms), parts.store, parts.tuning,
+                  parts.settings.attachments, parts.access, on_resent=parts.on_resent)
+
+
+def _check(settings: Settings) -> None:
+    check_settings(MATRIX.of(settings.platforms))
+
+
+RUNTIME = Runtime(tuning=MatrixTuning, open=_open, check=_check, doctor=doctor_checks)

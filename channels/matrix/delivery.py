@@ -24,9 +24,10 @@ from typing import Any
 from nio import AsyncClient, RoomSendResponse  # type: ignore[import-untyped]
 
 from channels.formatting import split_matrix
-from channels.matrix.api import NETWORK_ERRORS, checked, log, network_errors
+from channels.matrix.api import NETWORK_ERRORS, checked, network_errors
 from channels.matrix.media import upload
 from channels.matrix.parse import address_of
+from channels.matrix.platform import log
 from channels.matrix.prompts import Question, Questions, approval_of, hint
 from channels.matrix.rooms import Rooms
 from channels.matrix.stream import EditStream

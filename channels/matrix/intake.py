@@ -23,7 +23,7 @@ from typing import Any
 
 from nio import AsyncClient  # type: ignore[import-untyped]
 
-from channels.matrix.api import NETWORK_ERRORS, log
+from channels.matrix.api import NETWORK_ERRORS
 from channels.matrix.media import UNSUPPORTED, MatrixMedia
 from channels.matrix.parse import (
     MEDIA_TYPES,
@@ -40,6 +40,7 @@ from channels.matrix.parse import (
     typed_choice,
     with_context,
 )
+from channels.matrix.platform import log
 from channels.matrix.prompts import Question, Questions
 from channels.matrix.rooms import Rooms
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver, Choice

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from nio import AsyncClient, RoomCreateResponse, RoomPreset  # type: ignore[import-untyped]
 
-from channels.matrix.api import checked, log, network_errors
+from channels.matrix.api import checked, network_errors
 from channels.matrix.parse import address_of
+from channels.matrix.platform import log
 from daemon.core.errors import DeliveryError
 from daemon.store import Store
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from nio import AsyncClient, LoginResponse, WhoamiError, WhoamiResponse  # type: ignore[import-untyped]
 
-from channels.matrix.api import NETWORK_ERRORS, log
+from channels.matrix.api import NETWORK_ERRORS
+from channels.matrix.platform import log
 from channels.matrix.settings import MatrixSettings
 from daemon.core.errors import ChannelError, ConfigError
 from daemon.store.files import atomic_write, dumps, read_json

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from channels.formatting import split_matrix
-from channels.matrix.api import log
+from channels.matrix.platform import log
 
 # (body, html) -> event id, None: refused
 Send = Callable[[str, str], Coroutine[Any, Any, str | None]]
