@@ -1,0 +1,1 @@
+"""A real Matrix homeserver (Synapse) on loopback for the Matrix channel's tests."""
