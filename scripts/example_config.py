@@ -49,9 +49,10 @@ def _literal(default: str) -> str | None:
     return match[1]
 
 
-def _example_values(section: str) -> dict[str, dict[str, str]]:
-    """Values of the README's example, per table (the first of an array of tables)."""
-    example = re.findall(r"```toml\n(.*?)```", section, re.S)[-1]
+def _example_values(page: str) -> dict[str, dict[str, str]]:
+    """Values of the example configuration (docs/config-example.md), per table (the first of
+    an array of tables)."""
+    example = re.findall(r"```toml\n(.*?)```", page, re.S)[-1]
     values: dict[str, dict[str, str]] = {}
     table = ""
     for line in example.splitlines():
@@ -69,9 +70,10 @@ def _comment(text: str) -> list[str]:
                          break_on_hyphens=False)
 
 
-def render(readme: str) -> str:
+def render(readme: str, example: str) -> str:
+    """roost.example.toml from the README's reference and docs/config-example.md's values."""
     section = readme.partition(START)[2].partition(END)[0]
-    examples = _example_values(section)
+    examples = _example_values(example)
     out = [HEADER]
     table: str | None = None
     prose: list[str] = []
@@ -108,7 +110,8 @@ def render(readme: str) -> str:
 
 
 def main() -> int:
-    text = render((ROOT / "README.md").read_text("utf-8"))
+    text = render((ROOT / "README.md").read_text("utf-8"),
+                  (ROOT / "docs" / "config-example.md").read_text("utf-8"))
     (ROOT / "roost.example.toml").write_text(text, "utf-8")
     print(f"wrote {ROOT / 'roost.example.toml'} ({len(text.splitlines())} lines)")
     return 0

@@ -67,7 +67,8 @@ def test_a_cut_table_is_caught() -> None:
 
 
 def test_the_example_config_is_what_the_readme_reference_renders() -> None:
-    rendered = generator().render(README.read_text("utf-8"))
+    rendered = generator().render(README.read_text("utf-8"),
+                                  (ROOT / "docs" / "config-example.md").read_text("utf-8"))
     assert EXAMPLE.read_text("utf-8") == rendered, (
         "roost.example.toml is stale: run `python scripts/example_config.py`")
 
@@ -106,7 +107,8 @@ def test_the_example_loads_as_it_is_and_with_every_line_uncommented(tmp_path: Pa
     full = load_settings(uncommented, env={}, require_secrets=False)
     assert [automation.name for automation in full.automations] == ["morning-brief"]
     assert full.variables["city"] == "Berlin"
-    assert dict(full.identities) == {"owner": ("telegram:1111111", "whatsapp:972544401243")}
+    assert dict(full.identities) == {"owner": ("telegram:1111111", "whatsapp:972544401243",
+                                               "matrix:@dana:example.org")}
     (server,) = full.mcp.servers
     assert (server.name, server.command, server.approve) == ("github", "npx", "ask")
 

@@ -18,6 +18,7 @@ from daemon.core.config.values import (
 )
 from daemon.core.logs import platform_log
 from daemon.core.platforms import Platform
+from daemon.core.setup import InitFlag
 
 log = platform_log("matrix")
 
@@ -55,7 +56,7 @@ MATRIX: Platform[MatrixSettings] = Platform(
     spec={
         "enabled": _BOOL, "homeserver": _homeserver,
         "user_id": _like(USER_ID, "a user id such as '@roost:example.org'"),
-        "device_id": _like(r"[A-Za-z0-9_.=-]{1,64}", "a device id such as 'ROOSTBOT'"),
+        "device_id": _like(r"[A-Za-z0-9_.=-]{0,64}", "a device id such as 'ROOSTBOT'"),
         "device_name": _STRING,
         "allow": _array(_like(USER_ID, "a user id such as '@dana:example.org'")),
         "require_mention": _BOOL, "streaming": _one_of("edit", "off"),
@@ -71,4 +72,12 @@ MATRIX: Platform[MatrixSettings] = Platform(
     note=("The user reads you in Matrix. Markdown is fine: it is rendered for them."),
     runtime="channels.matrix.channel",
     sends=frozenset({"voice", "drafts"}),
-    check=_check, allowed=_allowed)
+    check=_check, allowed=_allowed,
+    init_flags=(
+        InitFlag("--matrix-homeserver", "set Matrix up: the homeserver's address (such as "
+                 "https://matrix.example.org); the bot's password from $ROOST_MATRIX_PASSWORD "
+                 "(or its access token from $ROOST_MATRIX_TOKEN)", metavar="URL"),
+        InitFlag("--matrix-user", "the bot's Matrix user id (such as @roost:example.org)",
+                 metavar="USER_ID"),
+        InitFlag("--matrix-owner", "your own Matrix user id: roost answers it without "
+                 "pairing (matrix.allow)", metavar="USER_ID")))

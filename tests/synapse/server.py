@@ -1,6 +1,7 @@
 """Synapse, the reference Matrix homeserver, run from its own venv on a loopback port.
 
-Synapse pins its own dependencies (Twisted and friends), so it lives in tests/synapse/.venv,
+Synapse pins its own dependencies (Twisted and friends), so it lives in .venv-synapse/ at the
+root of the checkout (out of tests/, which the tests themselves walk),
 apart from roost's venv; .ci/run installs it there. One `Homeserver` is a data directory (config,
 signing key, SQLite database, media, log) and a port: `stop()` then `start()` brings the same
 server back with its users, rooms and devices, as after a restart in production.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VENV_PYTHON = Path(__file__).resolve().parent / ".venv" / "bin" / "python"
+VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-synapse" / "bin" / "python"
 
 START_TIMEOUT = 90.0  # Synapse's first start creates its schema: ~5 s here, far more under load
 STOP_TIMEOUT = 20.0
@@ -81,9 +82,9 @@ class Registered:
 
 
 def synapse_available() -> str | None:
-    """Why Synapse cannot run here, or None when tests/synapse/.venv has it."""
+    """Why Synapse cannot run here, or None when .venv-synapse has it."""
     if not VENV_PYTHON.exists():
-        return "no Synapse in tests/synapse/.venv (.ci/run installs it)"
+        return "no Synapse in .venv-synapse (.ci/run installs it)"
     # Finding it is enough (importing it takes 2 s); a broken install fails start() loudly.
     find = "import importlib.util, sys; sys.exit(importlib.util.find_spec('synapse') is None)"
     probe = subprocess.run(
@@ -94,7 +95,7 @@ def synapse_available() -> str | None:
         check=False,
     )
     if probe.returncode != 0:
-        return "no Synapse in tests/synapse/.venv (.ci/run installs it)"
+        return "no Synapse in .venv-synapse (.ci/run installs it)"
     return None
 
 
@@ -237,7 +238,7 @@ class Homeserver:
         if self.running:
             return
         if not VENV_PYTHON.exists():
-            raise SynapseError("no Synapse in tests/synapse/.venv (.ci/run installs it)")
+            raise SynapseError("no Synapse in .venv-synapse (.ci/run installs it)")
         for _ in range(3):
             began = time.monotonic()
             if self._launch(began + timeout):

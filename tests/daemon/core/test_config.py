@@ -25,6 +25,7 @@ from daemon.core.config import (
     read_secret,
 )
 from daemon.core.errors import ConfigError
+from daemon.core.platforms import installed
 
 DESIGN_EXAMPLE = """\
 [daemon]
@@ -72,6 +73,7 @@ SECRETS = {
     "ROOST_WHATSAPP_TOKEN": "wa-token",
     "ROOST_WHATSAPP_APP_SECRET": "wa-app-secret",
     "ROOST_WHATSAPP_VERIFY_TOKEN": "wa-verify",
+    "ROOST_MATRIX_PASSWORD": "mx-password",
 }
 
 
@@ -139,14 +141,17 @@ def test_settings_are_frozen_and_secrets_stay_out_of_repr(tmp_path: Path) -> Non
 
 
 def test_the_readme_reference_is_true(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).parents[3]
+    readme = (root / "README.md").read_text(encoding="utf-8")
     section = readme.partition("<!-- config-reference:start -->")[2]
     section = section.partition("<!-- config-reference:end -->")[0]
-    example = re.findall(r"```toml\n(.*?)```", section, re.S)[-1]
-    load_settings(write(tmp_path, example), env=SECRETS)
+    page = (root / "docs" / "config-example.md").read_text(encoding="utf-8")
+    example = re.findall(r"```toml\n(.*?)```", page, re.S)[-1]
+    settings = load_settings(write(tmp_path, example), env=SECRETS)
+    assert all(own.enabled for own in settings.platforms.values())  # every platform shown
     renamed = {"listen_host": "listen", "listen_port": "listen"}
-    for cls in (DaemonSettings, ModelSettings, TelegramSettings, WhatsAppSettings,
-                AccessSettings, AutomationSettings):
+    for cls in (DaemonSettings, ModelSettings, AccessSettings, AutomationSettings,
+                *(platform.settings for platform in installed().values())):
         for field in dataclasses.fields(cls):
             if field.repr:  # the secrets are documented by their variable names instead
                 assert f"`{renamed.get(field.name, field.name)}`" in section, field.name
