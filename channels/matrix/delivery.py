@@ -92,10 +92,13 @@ class MatrixChannel:
             line = hint(outbound.buttons)
             parts[-1] = (f"{body}\n\n{line}", f"{formatted}<br/>\n<em>{line}</em>")
         done, ids = self.progress.start(outbound)
-        streamed = self._streamed.pop(outbound.id, None)
+        # Kept until the preview is the first part: a failed edit (the homeserver away) is
+        # tried again, never followed by the reply as a second message beside a half preview.
+        streamed = self._streamed.get(outbound.id)
         if streamed is not None and not done and parts and streamed[0] == room:
             await self._adopt(outbound, streamed[1], parts[0], more=len(parts) > 1)
             done, ids = 1, [streamed[1]]
+        self._streamed.pop(outbound.id, None)
         group = address_of(outbound.chat_key).room is not None
         for index in range(done, len(parts)):
             content = text_content(*parts[index], notice=outbound.kind == "notice")

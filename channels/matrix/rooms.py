@@ -1,8 +1,9 @@
 """Which room a chat key is: a group's key names its room; a person's key their direct room.
 
 A person's direct room is recorded when they write from it (a chat flag on their key, so a
-restart keeps it) and, for a message to a person with none yet (an automation's report, a
-reminder), created: a private, encrypted room flagged `is_direct`, the person invited. The
+restart keeps it); for a message to a person with none recorded, it is the room the bot shares
+with them alone (a stranger's, whose pairing code goes there) or else (an automation's report,
+a reminder) created: a private, encrypted room flagged `is_direct`, the person invited. The
 first message waits for them to join, bounded: an invited person's devices are not yet
 members the room's keys are shared with, so a message sent before they join is one they
 could never decrypt. Until they join, delivery fails retryably and the engine tries again.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from nio import AsyncClient, RoomCreateResponse, RoomPreset  # type: ignore[import-untyped]
 
 from channels.matrix.api import checked, network_errors
-from channels.matrix.parse import address_of
+from channels.matrix.parse import address_of, direct_partner
 from channels.matrix.platform import log
 from daemon.core.errors import DeliveryError
 from daemon.store import Store
@@ -64,7 +65,7 @@ class Rooms:
         async with lock:  # two replies at once must not make two rooms
             room = (await asyncio.to_thread(self.store.chat_flags, chat_key)).get(ROOM_FLAG)
             if not isinstance(room, str):
-                room = await self._create(address.user)
+                room = self._shared_with(address.user) or await self._create(address.user)
                 await asyncio.to_thread(self.store.set_chat_flag, chat_key, ROOM_FLAG, room)
         await self._ready(room)
         if not await self.wait_for(lambda: self._joined(room, address.user or ""),
@@ -72,6 +73,16 @@ class Rooms:
             raise DeliveryError(f"waiting for {address.user} to accept the invitation to "
                                 f"{room}")
         return room
+
+    def _shared_with(self, user: str) -> str | None:
+        """A room the bot is in with only this person, which the intake keys as their chat: a
+        stranger's direct room, joined for pairing and never remembered (the door stores
+        nothing of a stranger), is where their pairing code goes, not a new room."""
+        for room_id, room in self.client.rooms.items():
+            members = set(room.users) | set(room.invited_users)
+            if direct_partner(members, str(self.client.user_id)) == user:
+                return str(room_id)
+        return None
 
     def _joined(self, room_id: str, user: str) -> bool:
         room = self.client.rooms.get(room_id)
