@@ -40,6 +40,7 @@ from channels.telegram.intake import TelegramIntake
 from channels.telegram.media import BOT_API_DOWNLOAD_LIMIT, MediaFetcher
 from channels.telegram.parse import UPDATE_KINDS, BotIdentity
 from channels.telegram.platform import BOT_TOKEN, MALFORMED_TOKEN, TELEGRAM, TelegramSettings, log
+from channels.telegram.setup import set_up
 from channels.webhooks import read_at_most
 from daemon.core.approval import Approver
 from daemon.core.bodies import MB
@@ -372,4 +373,5 @@ def _check(settings: Settings) -> None:
     check_settings(TELEGRAM.of(settings.platforms))
 
 
-RUNTIME = Runtime(tuning=TelegramTuning, open=_open, check=_check, doctor=doctor_checks)
+RUNTIME = Runtime(tuning=TelegramTuning, open=_open, check=_check, doctor=doctor_checks,
+                  setup=set_up)

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from daemon.core.config.values import _BOOL, _URL, _array, _one_of, _seconds, _value
 from daemon.core.logs import platform_log
 from daemon.core.platforms import Platform
+from daemon.core.setup import InitFlag
 
 # What @BotFather gives: the bot's id, a colon, then letters, digits, '-' and '_'.
 BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
@@ -83,4 +84,12 @@ TELEGRAM: Platform[TelegramSettings] = Platform(
     runtime="channels.telegram.channel",
     sends=frozenset({"voice", "drafts", "buttons"}),
     webhooks=("/webhooks/telegram",),
-    prepare=_prepare, check=_check, allowed=_allowed)
+    prepare=_prepare, check=_check, allowed=_allowed,
+    init_flags=(
+        InitFlag("--token-file", "set Telegram up with the bot token in this file (or "
+                 "in $ROOST_TELEGRAM_TOKEN)", metavar="PATH", path=True,
+                 env="ROOST_TELEGRAM_TOKEN"),
+        InitFlag("--telegram-api-base", "the Bot API's base URL (a local Bot API server)",
+                 metavar="URL", default=DEFAULT_API_BASE, selects=False),
+        InitFlag("--webhook-url", "the public HTTPS URL of /webhooks/telegram (default: "
+                 "polling)", metavar="URL", selects=False)))

@@ -40,6 +40,7 @@ from channels.whatsapp.parse import (
     parse_webhook,
 )
 from channels.whatsapp.platform import WHATSAPP, WhatsAppSettings, log
+from channels.whatsapp.setup import set_up
 from daemon.core.approval import Approver
 from daemon.core.config import AttachmentSettings
 from daemon.core.errors import StoreError
@@ -219,4 +220,5 @@ def _open(parts: PlatformParts) -> WhatsApp:
                     on_resent=parts.on_resent)
 
 
-RUNTIME = Runtime(tuning=WhatsAppTuning, open=_open, doctor=doctor_checks)
+RUNTIME = Runtime(tuning=WhatsAppTuning, open=_open, doctor=doctor_checks,
+                  setup=set_up)

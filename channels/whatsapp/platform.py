@@ -10,6 +10,7 @@ from typing import Any
 from daemon.core.config.values import _BASE_URL, _BOOL, _DIGITS, _PERIOD, _array, _Bad, _like
 from daemon.core.logs import platform_log
 from daemon.core.platforms import Platform, chat_pattern
+from daemon.core.setup import InitFlag
 
 log = platform_log("whatsapp")
 @dataclass(frozen=True)
@@ -74,4 +75,12 @@ WHATSAPP: Platform[WhatsAppSettings] = Platform(
     runtime="channels.whatsapp.channel",
     sends=frozenset({"voice", "templates", "buttons"}),
     webhooks=("/webhooks/whatsapp",),
-    check=_check, allowed=_allowed)
+    check=_check, allowed=_allowed,
+    init_flags=(
+        InitFlag("--whatsapp-phone-number-id", "set WhatsApp up; its three secrets from "
+                 "$ROOST_WHATSAPP_TOKEN, $ROOST_WHATSAPP_APP_SECRET and "
+                 "$ROOST_WHATSAPP_VERIFY_TOKEN", metavar="ID"),
+        InitFlag("--whatsapp-owner", "your own WhatsApp number with its country code: roost "
+                 "answers it without pairing (whatsapp.allow)", metavar="NUMBER"),
+        InitFlag("--whatsapp-api-base", "the Graph API's base URL", metavar="URL",
+                 default=WhatsAppSettings.api_base, selects=False)))

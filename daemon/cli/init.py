@@ -1,25 +1,26 @@
 """`roost init`: from nothing to a bot that answers its owner, asking only what it must.
 
 Each answer is checked where it is given: Ollama's address by listing the pulled models
-(`/api/tags`, then `/api/show` for each one's context length and capabilities), the bot token by
-`getMe`. The owner claims the bot by sending it /start: the daemon is not running yet, so init
-reads that update itself with `getUpdates` (bounded by `--pair-timeout`) and approves the sender
-in the pairing book, as `roost pairing approve` would; nobody needs a numeric user id.
+(`/api/tags`, then `/api/show` for each one's context length and capabilities), then each
+chat platform's by the platform itself. init names no platform: it offers each installed one
+(daemon/core/platforms.py), and a platform chosen is set up by its own runtime's `setup`
+(daemon/core/setup.py), which asks its questions, checks them with its service, and gives back
+its config table, its secrets and, where the owner claims the bot by writing to it, a pairing
+step init runs once the config is written (it approves the sender in the pairing book, as
+`roost pairing approve` would).
 
-`--non-interactive` asks nothing: every answer comes from a flag or the environment, and a
-missing or refused one is an error with its exit status. systemctl is a parameter, so tests (and
-`--no-service`) never touch a real service manager.
+`--non-interactive` asks nothing: every answer comes from a flag or the environment, the
+platforms set up are those whose flags or variables are given, and a missing or refused answer
+is an error with its exit status. systemctl is a parameter, so tests (and `--no-service`) never
+touch a real service manager.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import getpass
 import os
-import re
-import secrets
 import shlex
 import signal
 import subprocess
@@ -29,39 +30,35 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import httpx
 import ollama
-from telegram import Bot
-from telegram.error import Conflict, InvalidToken, TelegramError
 
-from channels.telegram.platform import BOT_TOKEN, MALFORMED_TOKEN
-from channels.whatsapp.api import GraphClient, GraphError
-from channels.whatsapp.platform import WhatsAppSettings
+from daemon.app.platforms import runtime_of
 from daemon.cli import init_files as files
-from daemon.core.checks import network_reason
 from daemon.core.child_env import child_env
 from daemon.core.config import Settings, credentials_dir, load_settings
-from daemon.core.errors import ConfigError, RoostError
+from daemon.core.errors import ConfigError
+from daemon.core.platforms import Platform, installed
+from daemon.core.setup import (
+    EX_CONFIG,
+    EX_UNAVAILABLE,
+    TRIES,
+    Admit,
+    SetUp,
+    SetupRequest,
+    SetupStop,
+    given,
+    how_to_select,
+    selected,
+)
 from daemon.intake.pairing import PairingBook
 
-EX_NOTPAIRED = 1  # the config is written, but nobody sent /start in time
-EX_UNAVAILABLE = 69  # sysexits.h: Ollama or the Bot API cannot be reached
+EX_NOTPAIRED = 1  # the config is written, but the owner did not claim the bot in time
 EX_CANTCREAT = 73  # the config exists (and no --force)
-EX_CONFIG = ConfigError.exit_status  # a token Telegram refuses, a model not pulled
-TRIES = 3  # an interactive question asked again at most this often
-POLL = 10.0  # seconds one getUpdates long poll may wait
 
 Systemctl = Callable[[Sequence[str]], int]
-
-
-class _Stop(RoostError):
-    """A step that cannot go on (control flow inside init); carries the exit status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ class Console:
                 self.stdout.flush()
                 line = self.stdin.readline()
                 if not line:
-                    raise _Stop("no answer (end of input); nothing was written", 1)
+                    raise SetupStop("no answer (end of input); nothing was written", 1)
                 answer = line
         return answer.strip() or default
 
@@ -132,7 +129,7 @@ async def run_init(args: argparse.Namespace, *, stdin: TextIO = sys.stdin,
     console = Console(stdin, stdout, interactive=not args.non_interactive)
     try:
         return await _init(args, console, env, systemctl, root)
-    except _Stop as failed:
+    except SetupStop as failed:
         print(f"roost: {failed}", file=sys.stderr)
         return failed.status
 
@@ -141,24 +138,18 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
                 systemctl: Systemctl, root: bool) -> int:
     config = args.config or files.default_config(env, root)
     if config.exists() and not args.force:
-        raise _Stop(f"{config} exists; roost init leaves it alone (--force replaces it)",
-                         EX_CANTCREAT)
+        raise SetupStop(f"{config} exists; roost init leaves it alone (--force replaces it)",
+                        EX_CANTCREAT)
     credentials = args.credentials_dir or files.default_credentials(env, root)
     ollama_url, models = await _find_ollama(args, console)
     model = _pick_model(args, console, models)
-    bot, username = await _connect_bot(args, console, await _telegram_token(args, console, env))
+    chosen: list[tuple[Platform[Any], SetUp]] = []
     try:
-        webhook_url = _webhook_url(args, console)
-        wanted = {"ROOST_TELEGRAM_TOKEN": bot.token}
-        if webhook_url:  # Telegram sends it back with every call; roost refuses calls without
-            wanted["ROOST_TELEGRAM_SECRET"] = secrets.token_hex(32)
-        phone_number_id = _whatsapp(args, console, env, wanted)
-        owner = None
-        if phone_number_id:
-            owner = _whatsapp_owner(args, console)
-            await _check_whatsapp(args, console, phone_number_id, wanted)
-        answers = files.Answers(ollama_url, model, args.telegram_api_base, webhook_url,
-                                phone_number_id, args.whatsapp_api_base, wanted, owner)
+        await _set_up_platforms(args, console, env, chosen)
+        wanted = {name: value for _, done in chosen for name, value in done.secrets.items()}
+        answers = files.Answers(ollama_url, model,
+                                {platform.name: done.table for platform, done in chosen},
+                                wanted)
         files.write_credentials(credentials, wanted)
         settings = _write_config(config, files.render_config(answers),
                                  {**env, "CREDENTIALS_DIRECTORY": str(credentials)})
@@ -167,11 +158,12 @@ async def _init(args: argparse.Namespace, console: Console, env: Mapping[str, st
         system = root and config == files.SYSTEM_CONFIG
         state_dir = args.state_dir or (files.SYSTEM_STATE if system
                                        else settings.daemon.state_dir)
-        paired = await _pair(bot, console, username, state_dir, args.pair_timeout)
+        paired = await _pair(chosen, console, state_dir, args.pair_timeout)
     finally:
-        await bot.shutdown()
+        for _, done in reversed(chosen):
+            await done.close()
     _service(args, console, env, config, credentials, list(wanted), systemctl, root)
-    return 0 if paired or args.pair_timeout <= 0 else EX_NOTPAIRED
+    return 0 if paired else EX_NOTPAIRED
 
 
 def _write_config(config: Path, text: str, env: Mapping[str, str]) -> Settings:
@@ -183,7 +175,7 @@ def _write_config(config: Path, text: str, env: Mapping[str, str]) -> Settings:
         settings = load_settings(draft, env=env)
     except ConfigError as exc:
         draft.unlink()
-        raise _Stop(f"config error: {exc}", EX_CONFIG) from None
+        raise SetupStop(f"config error: {exc}", EX_CONFIG) from None
     draft.replace(config)
     return settings
 
@@ -201,13 +193,13 @@ async def _find_ollama(args: argparse.Namespace,
         except (httpx.HTTPError, ollama.ResponseError, OSError) as exc:
             problem = f"cannot reach Ollama at {url}: {exc or type(exc).__name__}"
             if not console.interactive or attempt == TRIES - 1:
-                raise _Stop(f"{problem}; start it (ollama serve) or pass --ollama-url",
+                raise SetupStop(f"{problem}; start it (ollama serve) or pass --ollama-url",
                                  EX_UNAVAILABLE) from None
             console.say(problem)
             url = console.ask("Ollama's address (start it with `ollama serve`)", url)
             continue
         if not models:
-            raise _Stop(f"Ollama at {url} has no model pulled: `ollama pull qwen3:4b`, "
+            raise SetupStop(f"Ollama at {url} has no model pulled: `ollama pull qwen3:4b`, "
                              "then roost init again", EX_CONFIG)
         return url, models
     raise AssertionError("unreachable")
@@ -234,7 +226,7 @@ def _pick_model(args: argparse.Namespace, console: Console, models: list[ModelCh
     names = [m.name for m in models]
     if args.model:
         if args.model not in names:
-            raise _Stop(f"model {args.model!r} is not pulled (pulled: {', '.join(names)}); "
+            raise SetupStop(f"model {args.model!r} is not pulled (pulled: {', '.join(names)}); "
                              f"`ollama pull {args.model}` or pick one of those", EX_CONFIG)
         return str(args.model)
     best = next((m.name for m in models if "tools" in m.capabilities), names[0])
@@ -251,186 +243,71 @@ def _pick_model(args: argparse.Namespace, console: Console, models: list[ModelCh
         if answer in names:
             return answer
         console.say(f"{answer!r} is not one of them")
-    raise _Stop("no model chosen", 1)
+    raise SetupStop("no model chosen", 1)
 
 
-# ---- Telegram ---------------------------------------------------------------------------------
+# ---- the platforms ---------------------------------------------------------------------------
 
-async def _telegram_token(args: argparse.Namespace, console: Console,
-                          env: Mapping[str, str]) -> str:
-    if args.token_file:
-        try:
-            return str(args.token_file.read_text("utf-8").strip())
-        except OSError as exc:
-            raise _Stop(f"cannot read {args.token_file}: {exc.strerror}", EX_CONFIG) from None
-    if env.get("ROOST_TELEGRAM_TOKEN"):
-        return env["ROOST_TELEGRAM_TOKEN"].strip()
-    if not console.interactive:
-        raise _Stop("no bot token: set ROOST_TELEGRAM_TOKEN or pass --token-file "
-                         "(from @BotFather)", EX_CONFIG)
-    console.say("Make a bot with @BotFather in Telegram (/newbot); it gives you a token.")
-    return console.ask("Bot token", hidden=True)
-
-
-async def _connect_bot(args: argparse.Namespace, console: Console,
-                       token: str) -> tuple[Bot, str]:
-    """The bot and its @name from getMe; a refused token is asked again (interactive only)."""
-    for attempt in range(TRIES):
-        if not BOT_TOKEN.fullmatch(token):  # said here, not by the network as a refusal
-            if not console.interactive or attempt == TRIES - 1:
-                raise _Stop(f"the token {MALFORMED_TOKEN}", EX_CONFIG)
-            console.say(f"That {MALFORMED_TOKEN}.")
-            token = console.ask("Bot token", hidden=True)
-            continue
-        bot = Bot(token, base_url=args.telegram_api_base)
-        try:
-            await bot.initialize()  # getMe; and shutdown() then closes the connections
-        except InvalidToken as exc:
-            await bot.shutdown()
-            answers = (exc, exc.__cause__, exc.__cause__ and exc.__cause__.__cause__)
-            said = " ".join(e.message for e in answers if isinstance(e, TelegramError))
-            if "not found" in said.lower():  # PTB calls a 404 a bad token too
-                raise _Stop(f"the Bot API at {args.telegram_api_base} answered 404: it is "
-                                 "not the address the token follows (--telegram-api-base)",
-                                 EX_CONFIG) from None
-            if not console.interactive or attempt == TRIES - 1:
-                raise _Stop("Telegram refused the bot token; copy it again from "
-                                 "@BotFather", EX_CONFIG) from None
-            console.say("Telegram refused that token; copy it again from @BotFather.")
-            token = console.ask("Bot token", hidden=True)
-            continue
-        except TelegramError as exc:
-            await bot.shutdown()
-            raise _Stop(f"cannot reach the Bot API at {args.telegram_api_base} "
-                        f"({network_reason(exc)}): check this machine's network, or the "
-                        "address (--telegram-api-base)", EX_UNAVAILABLE) from None
-        console.say(f"Telegram: the token belongs to @{bot.bot.username}")
-        return bot, str(bot.bot.username)
-    raise AssertionError("unreachable")
-
-
-def _webhook_url(args: argparse.Namespace, console: Console) -> str | None:
-    if args.webhook_url or not console.interactive:
-        return str(args.webhook_url) if args.webhook_url else None
-    console.say("Polling needs no public address. A webhook needs a public HTTPS URL that "
-                "reaches /webhooks/telegram (README: A public HTTPS address).")
+async def _set_up_platforms(args: argparse.Namespace, console: Console, env: Mapping[str, str],
+                            chosen: list[tuple[Platform[Any], SetUp]]) -> None:
+    """Each installed platform asked for (by its flags or environment, or, interactive, by a
+    yes), set up in turn into `chosen`; at least one."""
     for _ in range(TRIES):
-        url = console.ask("Public webhook URL (empty: polling)")
-        if not url or url.startswith("https://"):
-            return url or None
-        console.say("Telegram sends webhooks to https:// addresses only")
-    raise _Stop("no usable webhook URL", 1)
-
-
-def _whatsapp(args: argparse.Namespace, console: Console, env: Mapping[str, str],
-              wanted: dict[str, str]) -> str | None:
-    names = ("ROOST_WHATSAPP_TOKEN", "ROOST_WHATSAPP_APP_SECRET", "ROOST_WHATSAPP_VERIFY_TOKEN")
-    phone_number_id: str | None = args.whatsapp_phone_number_id
-    if not console.interactive:
-        if phone_number_id:
-            missing = [name for name in names if not env.get(name)]
-            if missing:
-                raise _Stop(f"WhatsApp needs {', '.join(missing)} in the environment",
-                                 EX_CONFIG)
-            wanted.update({name: env[name].strip() for name in names})
-        return phone_number_id
-    if not phone_number_id and not console.confirm("Set up WhatsApp too (README: WhatsApp)?",
-                                                    False):
-        return None
-    phone_number_id = phone_number_id or console.ask("Phone number id (Meta app dashboard)")
-    wanted["ROOST_WHATSAPP_TOKEN"] = console.ask("Permanent access token", hidden=True)
-    wanted["ROOST_WHATSAPP_APP_SECRET"] = console.ask("App secret", hidden=True)
-    wanted["ROOST_WHATSAPP_VERIFY_TOKEN"] = console.ask(
-        "Verify token (enter it in Meta's webhook settings)", secrets.token_hex(16))
-    return phone_number_id
-
-
-def _whatsapp_owner(args: argparse.Namespace, console: Console) -> str | None:
-    """The owner's own WhatsApp number (a wa_id: digits with the country code), let in by
-    whatsapp.allow so that their own bot does not answer them with a pairing code."""
-    given: str | None = args.whatsapp_owner
-    for _ in range(TRIES):
-        if given is None and console.interactive:
-            given = console.ask("Your own WhatsApp number, with its country code (roost "
-                                "answers it without pairing; empty: pair later)")
-        number = re.sub(r"[\s()+-]", "", given or "")
-        if not number or number.isdigit():
-            return number or None
+        for platform in installed().values():
+            options = {flag.dest: getattr(args, flag.dest) for flag in platform.init_flags}
+            if not selected(platform.init_flags, options, env) and not (
+                    console.interactive and console.confirm(f"Set up {platform.title}?",
+                                                            not chosen)):
+                _unused(console, platform, given(platform.init_flags, options))
+                continue
+            try:
+                setup = runtime_of(platform).setup
+            except ConfigError as exc:
+                if not console.interactive:
+                    raise SetupStop(str(exc), EX_CONFIG) from None
+                console.say(f"{platform.title} cannot run here: {exc.problem}")
+                continue
+            if setup is None:
+                console.say(f"roost init cannot set {platform.title} up; its table is in the "
+                            "README's configuration reference")
+                continue
+            chosen.append((platform, await setup(SetupRequest(console, options, env))))
+        if chosen:
+            return
         if not console.interactive:
-            raise _Stop(f"--whatsapp-owner {given!r} is not a phone number (digits with the "
-                        "country code, such as 972544401243)", EX_CONFIG)
-        console.say("That is not a phone number: digits with the country code, such as "
-                    "+972 54 440 1243")
-        given = None
-    raise _Stop("no usable WhatsApp number", 1)
+            ways = "; ".join(f"{p.title}: {how_to_select(p.init_flags)}"
+                             for p in installed().values() if p.init_flags)
+            raise SetupStop(f"no platform to set up: {ways}", EX_CONFIG)
+        console.say("roost needs at least one platform to talk to you on.")
+    raise SetupStop("no platform chosen", 1)
 
 
-async def _check_whatsapp(args: argparse.Namespace, console: Console, phone_number_id: str,
-                          wanted: dict[str, str]) -> None:
-    """The access token is valid for the number (`GET /{phone_number_id}`, as doctor asks); a
-    refused one is asked again (interactive only)."""
-    for attempt in range(TRIES):
-        client = GraphClient(WhatsAppSettings(
-            enabled=True, phone_number_id=phone_number_id, api_base=args.whatsapp_api_base,
-            token=wanted["ROOST_WHATSAPP_TOKEN"]), timeout=10)
-        await client.start()
-        try:
-            number = await client.phone_number()
-        except GraphError as exc:
-            if exc.status >= 500:
-                raise _Stop(f"WhatsApp: {exc}", EX_UNAVAILABLE) from None
-            if not console.interactive or attempt == TRIES - 1:
-                raise _Stop(f"the Graph API refused the WhatsApp token for number id "
-                            f"{phone_number_id}: {exc}", EX_CONFIG) from None
-            console.say(f"The Graph API refused that token for {phone_number_id}: {exc}")
-            wanted["ROOST_WHATSAPP_TOKEN"] = console.ask("Permanent access token", hidden=True)
-            continue
-        finally:
-            await client.close()
-        console.say(f"WhatsApp: number {number.get('display_phone_number', '?')} "
-                    f"({number.get('verified_name', 'no verified name')})")
-        return
+def _unused(console: Console, platform: Platform[Any], named: list[str]) -> None:
+    """A flag of a platform not set up is a mistake a script should hear of (`--webhook-url`
+    without the bot token); interactive, the owner just said no."""
+    if named and not console.interactive:
+        raise SetupStop(f"{', '.join(named)} given, but {platform.title} is not set up without "
+                        f"{how_to_select(platform.init_flags)}", EX_CONFIG)
 
 
-async def _pair(bot: Bot, console: Console, username: str, state_dir: Path,
+async def _pair(chosen: list[tuple[Platform[Any], SetUp]], console: Console, state_dir: Path,
                 timeout: float) -> bool:  # noqa: ASYNC109 (the owner's own bound)
-    """Wait for /start in a private chat and approve its sender; False on timeout."""
-    if timeout <= 0:
-        return False
-    console.say(f"Now send /start to @{username} in Telegram (https://t.me/{username}); "
-                f"waiting up to {timeout:g} s.")
-    deadline = time.monotonic() + timeout
-    offset: int | None = None
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            updates = await bot.get_updates(offset=offset, timeout=int(min(left, POLL)),
-                                            allowed_updates=["message"])
-            for update in updates:
-                offset = update.update_id + 1
-                message = update.message
-                if (message is not None and message.from_user is not None
-                        and message.chat.type == "private"
-                        and (message.text or "").startswith("/start")):
-                    await bot.get_updates(offset=offset, timeout=0)  # confirm what init read
-                    user = message.from_user
-                    PairingBook(state_dir).admit("telegram", str(user.id), user.full_name,
-                                                 time.time())
-                    await bot.send_message(message.chat.id, "You are paired: roost answers you "
-                                           "here once it runs.")
-                    console.say(f"approved telegram:{user.id} ({user.full_name}): roost "
-                                "answers them")
-                    return True
-            await asyncio.sleep(0)
-    except Conflict:
-        console.say("A webhook is registered with Telegram, so init cannot read /start: once "
-                    "roost runs, write to the bot and `roost pairing approve CODE`.")
-        return False
-    except TelegramError as exc:
-        raise _Stop(f"reading /start from Telegram failed ({network_reason(exc)})",
-                    EX_UNAVAILABLE) from None
-    console.say(f"nobody sent /start within {timeout:g} s. Once roost runs, write to the bot "
-                "and approve the code it gives you: `roost pairing approve CODE`.")
-    return False
+    """Each platform's pairing step, the owner approved in the pairing book; False when one
+    waited in vain (True when there was none to run, or `--pair-timeout 0`)."""
+    paired = True
+    for platform, done in chosen:
+        if done.pair is not None and timeout > 0:
+            paired = await done.pair(_admitter(platform, console, state_dir), timeout) \
+                and paired
+    return paired
+
+
+def _admitter(platform: Platform[Any], console: Console, state_dir: Path) -> Admit:
+    def admit(sender: str, name: str) -> None:
+        PairingBook(state_dir).admit(platform.name, sender, name, time.time())
+        console.say(f"approved {platform.name}:{sender} ({name}): roost answers them")
+
+    return admit
 
 
 # ---- the service ------------------------------------------------------------------------------

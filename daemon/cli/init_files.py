@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.core.config import SYSTEM_CONFIG, SYSTEM_CREDENTIALS
+from daemon.core.platforms import installed
+from daemon.core.setup import Value, toml_value
 
 DEFAULT_OLLAMA = "http://127.0.0.1:11434"
-DEFAULT_API_BASE = "https://api.telegram.org/bot"
-DEFAULT_GRAPH = "https://graph.facebook.com"
 SYSTEM_STATE = Path("/var/lib/roost")  # the system unit's StateDirectory=roost
 
 
@@ -32,12 +32,9 @@ class Answers:
 
     ollama_url: str
     model: str
-    api_base: str = DEFAULT_API_BASE
-    webhook_url: str | None = None
-    whatsapp_phone_number_id: str | None = None
-    whatsapp_api_base: str = DEFAULT_GRAPH
+    # Each platform set up: its table's keys besides `enabled` (daemon/core/setup.py's SetUp).
+    platforms: Mapping[str, Mapping[str, Value]] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)  # variable name -> value
-    whatsapp_owner: str | None = None  # the owner's wa_id: in whatsapp.allow, never paired
 
 
 def config_home(env: Mapping[str, str]) -> Path:
@@ -55,10 +52,6 @@ def default_credentials(env: Mapping[str, str], root: bool) -> Path:
     return SYSTEM_CREDENTIALS if root else config_home(env) / "roost" / "credentials"
 
 
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def render_config(answers: Answers) -> str:
     """The TOML text: only what differs from the defaults, so the README's reference explains
     the rest (roost.example.toml has every key)."""
@@ -66,21 +59,11 @@ def render_config(answers: Answers) -> str:
              "(Configuration).", "# Secrets are not here: they are files in the credentials "
              "folder (README.md, Secrets).", "", "[model]"]
     if answers.ollama_url.rstrip("/") != DEFAULT_OLLAMA:
-        lines.append(f"host = {_quote(answers.ollama_url.rstrip('/'))}")
-    lines += [f"name = {_quote(answers.model)}", "", "[telegram]", "enabled = true"]
-    if answers.webhook_url:
-        lines += ['mode = "webhook"', f"webhook_url = {_quote(answers.webhook_url)}"]
-    else:
-        lines.append('mode = "polling"')
-    if answers.api_base != DEFAULT_API_BASE:
-        lines.append(f"api_base = {_quote(answers.api_base)}")
-    if answers.whatsapp_phone_number_id:
-        lines += ["", "[whatsapp]", "enabled = true",
-                  f"phone_number_id = {_quote(answers.whatsapp_phone_number_id)}"]
-        if answers.whatsapp_api_base != DEFAULT_GRAPH:
-            lines.append(f"api_base = {_quote(answers.whatsapp_api_base)}")
-        if answers.whatsapp_owner:
-            lines.append(f"allow = [{_quote(answers.whatsapp_owner)}]")
+        lines.append(f"host = {toml_value(answers.ollama_url.rstrip('/'))}")
+    lines.append(f"name = {toml_value(answers.model)}")
+    for name, table in answers.platforms.items():
+        lines += ["", f"[{name}]", "enabled = true"]
+        lines += [f"{key} = {toml_value(value)}" for key, value in table.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -131,12 +114,18 @@ def roost_command(env: Mapping[str, str]) -> str:
 
 def render_user_unit(template: str, config: Path, credentials: Path, secrets: list[str]) -> str:
     """The user unit for this install: this interpreter's roost, this config, and the
-    LoadCredential= lines of the secrets init wrote uncommented."""
+    LoadCredential= lines of the secrets init wrote uncommented (added after the others for a
+    secret the template does not list)."""
     roost = Path(sys.executable).parent / "roost"
     text = re.sub(r"(?m)^ExecStart=.*$", f"ExecStart={roost} run --config {config}", template)
     for name in secrets:
-        text = re.sub(rf"(?m)^#LoadCredential={name}:.*$",
-                      f"LoadCredential={name}:{credentials / name}", text)
+        line = f"LoadCredential={name}:{credentials / name}"
+        text, found = re.subn(rf"(?m)^#LoadCredential={name}:.*$", line, text)
+        if not found:
+            text, found = re.subn(r"(?m)((?:^#?LoadCredential=.*\n)+)", rf"\g<1>{line}\n",
+                                  text, count=1)
+        if not found:
+            text = text.replace("[Service]\n", f"[Service]\n{line}\n", 1)
     return text
 
 
@@ -163,20 +152,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"Ollama's address (default {DEFAULT_OLLAMA})")
     parser.add_argument("--model", help="the model to talk to (default: the first pulled one "
                                         "with tools)")
-    parser.add_argument("--token-file", type=Path, metavar="PATH",
-                        help="a file holding the bot token (else $ROOST_TELEGRAM_TOKEN)")
-    parser.add_argument("--telegram-api-base", metavar="URL", default=DEFAULT_API_BASE,
-                        help="the Bot API's base URL (a local Bot API server)")
-    parser.add_argument("--webhook-url", metavar="URL",
-                        help="the public HTTPS URL of /webhooks/telegram (default: polling)")
-    parser.add_argument("--whatsapp-phone-number-id", metavar="ID",
-                        help="set up WhatsApp too; its three secrets from $ROOST_WHATSAPP_TOKEN, "
-                             "$ROOST_WHATSAPP_APP_SECRET and $ROOST_WHATSAPP_VERIFY_TOKEN")
-    parser.add_argument("--whatsapp-owner", metavar="NUMBER",
-                        help="your own WhatsApp number with its country code: roost answers "
-                             "it without pairing (whatsapp.allow)")
-    parser.add_argument("--whatsapp-api-base", metavar="URL", default=DEFAULT_GRAPH,
-                        help="the Graph API's base URL")
     parser.add_argument("--credentials-dir", type=Path, metavar="PATH",
                         help="where the secrets go (default ~/.config/roost/credentials, "
                              "/etc/roost/credentials for root)")
@@ -184,6 +159,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the state directory the pairing is written to (default: the "
                              "config's; /var/lib/roost for /etc/roost/roost.toml)")
     parser.add_argument("--pair-timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="how long to wait for /start (default 300; 0 skips pairing)")
+                        help="how long to wait for the owner to write to the bot, on a "
+                             "platform that pairs them so (default 300; 0 skips pairing)")
     parser.add_argument("--no-service", action="store_true",
                         help="do not install the user unit; print the commands instead")
+    for platform in installed().values():  # each platform's own flags, under its name
+        group = parser.add_argument_group(platform.title)
+        for flag in platform.init_flags:
+            group.add_argument(flag.name, metavar=flag.metavar, default=flag.default,
+                               type=Path if flag.path else str, help=flag.help)

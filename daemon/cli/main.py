@@ -76,11 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "/metrics), the enabled channels, the automations. Stop it with Ctrl-C or "
                     "SIGTERM; systemd runs this command.")
     init = commands.add_parser(
-        "init", parents=[common], help="set roost up: Ollama, the model, Telegram, pairing",
-        description="Set roost up: find Ollama and pick a pulled model, check the Telegram bot "
-                    "token, write the config (0600) and the secrets (credential files), approve "
-                    "you as the owner when you send /start to the bot, and install the user "
-                    "service. --non-interactive takes every answer from the flags.")
+        "init", parents=[common],
+        help="set roost up: Ollama, the model, the chat platforms, pairing",
+        description="Set roost up: find Ollama and pick a pulled model, set up each chat "
+                    "platform you choose (its credentials checked with its service), write the "
+                    "config (0600) and the secrets (credential files), let you in as the owner "
+                    "(paired when you write to the bot, or named by a flag), and install the "
+                    "user service. --non-interactive takes every answer from the flags and "
+                    "environment, and sets up the platforms whose flags are given.")
     init_files.add_arguments(init)
     commands.add_parser(
         "chat", parents=[common], help="chat with the model in this terminal",

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from daemon.core.setup import InitFlag
+
 Convert = Callable[[Any], Any]
 S = TypeVar("S")
 
@@ -93,6 +95,8 @@ class Platform(Generic[S]):
     # The environment variables still needed when the secrets are not simply all required (one
     # of two will do); None: those of `required_secrets` that are unset.
     unset_secrets: Callable[[S], list[str]] | None = None
+    # The flags it adds to `roost init` (its questions and checks are its runtime's `setup`).
+    init_flags: tuple[InitFlag, ...] = ()
 
     def of(self, platforms: Mapping[str, Any]) -> S:
         """This platform's settings out of `Settings.platforms`."""

@@ -19,6 +19,7 @@ from daemon.core.approval import Approver
 from daemon.core.checks import Check
 from daemon.core.config import Settings
 from daemon.core.messages import Channel, Outbound
+from daemon.core.setup import Setup
 from daemon.intake.durable import Submitter
 from daemon.intake.gate import Access
 from daemon.store import Store
@@ -95,3 +96,6 @@ class Runtime:
     check: Callable[[Settings], None] = field(default=_fine)
     # `roost doctor`'s lines about it, asked of the platform itself (enabled, secrets set).
     doctor: Callable[[Settings], Awaitable[list[Check]]] = field(default=_nothing_to_check)
+    # `roost init`'s questions and checks for it (daemon/core/setup.py); None: init offers
+    # no way to set it up.
+    setup: Setup | None = None

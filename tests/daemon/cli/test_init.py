@@ -150,8 +150,9 @@ async def test_interactive_lists_models_asks_again_for_a_refused_token_and_insta
     calls: list[Sequence[str]] = []
     async with FakeOllama(models=models) as ollama:
         fake_telegram.queue_update(start_update())
-        answers = "\n".join([ollama.url, "2", "123456:WRONG", fake_telegram.token,
-                             "", "n", "y"]) + "\n"
+        # Set up Telegram? yes (the default); WhatsApp? Matrix? no; the service: yes.
+        answers = "\n".join([ollama.url, "2", "", "123456:WRONG", fake_telegram.token,
+                             "", "n", "n", "y"]) + "\n"
         status, out = await interactive(answers, home, "--telegram-api-base",
                                         fake_telegram.api_base, "--pair-timeout", "30",
                                         calls=calls)
@@ -179,10 +180,10 @@ async def test_a_webhook_url_gets_webhook_mode_and_a_secret_and_whatsapp_its_che
     home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:
     async with FakeGraph() as graph:
-        answers = "\n".join(["", fake_telegram.token, "http://plain.example",
+        answers = "\n".join(["", "", fake_telegram.token, "http://plain.example",
                              "https://bot.example.org/webhooks/telegram", "y", PHONE_NUMBER_ID,
                              "expired-token", "app-secret", "", "+972 54-440-1243",
-                             graph.token]) + "\n"
+                             graph.token, "n"]) + "\n"
         status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
                                         "--telegram-api-base", fake_telegram.api_base,
                                         "--whatsapp-api-base", graph.url,
@@ -230,7 +231,8 @@ async def test_a_malformed_token_is_refused_before_any_call_to_telegram(
     assert not config_of(home).exists()
     # Typed at the question: asked again at once, and the good one goes on.
     fake_telegram.queue_update(start_update())
-    answers = "\n".join(["1", "bot" + fake_telegram.token, fake_telegram.token, "", "n"]) + "\n"
+    answers = "\n".join(["1", "", "bot" + fake_telegram.token, fake_telegram.token, "", "n",
+                         "n"]) + "\n"
     status, out = await interactive(answers, home, "--ollama-url", fake_ollama.url,
                                     "--telegram-api-base", fake_telegram.api_base,
                                     "--pair-timeout", "30", "--no-service")
@@ -275,8 +277,8 @@ async def test_ollama_unreachable_is_exit_69_naming_the_address(
 async def test_interactive_asks_again_for_ollama_s_address(
     home: dict[str, str], fake_ollama: FakeOllama, fake_telegram: FakeTelegram
 ) -> None:
-    answers = "\n".join(["http://127.0.0.1:9", fake_ollama.url, "", fake_telegram.token,
-                         "", "n"]) + "\n"
+    answers = "\n".join(["http://127.0.0.1:9", fake_ollama.url, "", "", fake_telegram.token,
+                         "", "n", "n"]) + "\n"
     status, out = await interactive(answers, home, "--telegram-api-base",
                                     fake_telegram.api_base, "--pair-timeout", "0",
                                     "--no-service")
