@@ -42,6 +42,7 @@ from channels.matrix.prompts import Questions
 from channels.matrix.rooms import Rooms
 from channels.matrix.session import SessionFile, sign_in
 from channels.matrix.settings import MatrixSettings
+from channels.matrix.setup import set_up
 from channels.media import attachment_limits
 from daemon.core.approval import Approver
 from daemon.core.config import AttachmentSettings, Settings
@@ -299,4 +300,5 @@ def _check(settings: Settings) -> None:
     check_settings(MATRIX.of(settings.platforms))
 
 
-RUNTIME = Runtime(tuning=MatrixTuning, open=_open, check=_check, doctor=doctor_checks)
+RUNTIME = Runtime(tuning=MatrixTuning, open=_open, check=_check, doctor=doctor_checks,
+                  setup=set_up)
