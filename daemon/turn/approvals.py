@@ -27,7 +27,6 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from daemon.core.platforms import platform_of
 from daemon.core.approval import (
     ANSWERED,
     KEYS,
@@ -41,6 +40,7 @@ from daemon.core.approval import (
     buttons,
 )
 from daemon.core.logs import turn_log as log
+from daemon.core.platforms import platform_of
 from daemon.store.approvals import ApprovalBook
 from daemon.tools.registry import ERROR_PREFIX, Tool
 
