@@ -65,7 +65,7 @@ async def test_a_restart_in_the_middle_of_a_burst_loses_nothing_and_answers_noth
     """roost stops while a burst is arriving (some answered, some stored, some not yet synced)
     and starts again: every message is answered once, in the order it was sent."""
     alice = await person("alice")
-    matrix, engine = await bot.start(allow=(alice.user_id,))
+    matrix, _ = await bot.start(allow=(alice.user_id,))
     room = await alice.create_dm(bot.user_id, encrypted=True)
     await alice.wait_joined(room, bot.user_id)
     burst = [f"burst {n}" for n in range(12)]
