@@ -15,6 +15,7 @@ from markdown_it.token import Token
 
 from daemon.cli.main import build_parser
 from daemon.core.config import config_keys, load_settings
+from daemon.core.platforms import installed
 from daemon.engine.chat_commands import Commands
 from daemon.engine.facts_commands import FactsCommands
 
@@ -304,3 +305,18 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {(ROOT / href.partition("#")[0]).resolve() for href in links(README)
               if href.startswith("docs/")}
     assert {page.resolve() for page in docs_pages()} - linked == set()
+
+
+def test_every_platform_has_the_file_set_docs_channels_names() -> None:
+    """docs/channels.md's table is each platform's shape: every file it names is in every
+    installed platform's folder, and its columns are the installed platforms."""
+    page = (ROOT / "docs" / "channels.md").read_text("utf-8")
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if line.startswith("| `")]
+    header = next(line for line in page.splitlines() if line.startswith("| file |"))
+    titles = [cell.strip() for cell in header.split("|")[3:-1]]
+    platforms = installed()
+    assert titles == [platform.title for platform in platforms.values()]
+    files = [cell[0].strip().strip("`") for cell in rows]
+    assert "platform.py" in files and "channel.py" in files
+    for name in platforms:
+        assert [f for f in files if not (ROOT / "channels" / name / f).is_file()] == [], name
