@@ -2,6 +2,7 @@
 
     RoostError
     ├── ConfigError                 a bad config file or setting (exit status 78)
+    ├── SetupStop                   (daemon.core.setup) a step of `roost init` cannot go on
     ├── StoreError                  the state directory cannot be read or written
     │   ├── NoState                 (daemon.store) no roost state there yet: a fresh install
     │   ├── CorruptFile             (daemon.store.files) a state file that does not parse

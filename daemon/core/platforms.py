@@ -85,6 +85,9 @@ class Platform(Generic[S]):
     note: str  # the prompt's line on how the user reads the replies
     runtime: str  # the module whose `open_platform(parts)` runs it (daemon/app/platforms.py)
     sends: frozenset[str] = frozenset()  # "voice" notes, "drafts", "buttons", "templates"
+    # Its formatting overlay: the model's Markdown as the platform shows it
+    # (channels/formatting.py); the plain text where it has none of its own.
+    render: Callable[[str], str] = lambda markdown: markdown
     webhooks: tuple[str, ...] = ()  # the HTTP paths it may serve
     # Fills defaults that depend on other keys of the table (given only when the file has it).
     prepare: Callable[[dict[str, Any]], None] = _as_is

@@ -26,6 +26,7 @@ from channels.formatting import (
     to_telegram_html,
     to_whatsapp,
 )
+from daemon.core.platforms import installed
 from tests.channels.test_formatting import CASES, GOLDEN, long_answer, utf16, visible
 from tests.channels.test_formatting_matrix import problems
 
@@ -71,6 +72,12 @@ DIALECTS = [
     Dialect("matrix", ".mx.html", to_matrix_html, _matrix_parts, _matrix_shown,
             html_visible_length, MATRIX_LIMIT, MATRIX_RAW_LIMIT),
 ]
+
+
+def test_each_platform_s_description_names_its_dialect() -> None:
+    """The formatting overlay a platform describes is the one its golden files hold."""
+    assert {name: p.render for name, p in installed().items()} == {
+        d.name: d.render for d in DIALECTS}
 
 
 @pytest.fixture(params=DIALECTS, ids=[d.name for d in DIALECTS])
