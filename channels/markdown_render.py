@@ -314,10 +314,11 @@ class WhatsAppRenderer(Renderer):
         return _code_lines(f"```{code}```")
 
 
-class TelegramRenderer(Renderer):
-    """Telegram's HTML parse mode: only its tags, and every <, > and & of text escaped."""
+class _HtmlInline(Renderer):
+    """The inline parts both HTML dialects write alike: escaped text, the emphasis tags of
+    `_TAGS`, code spans and links (only safe addresses)."""
 
-    _TAGS: ClassVar[dict[str, str]] = {"strong": "b", "em": "i", "s": "s"}
+    _TAGS: ClassVar[dict[str, str]] = {}
 
     def text(self, text: str) -> str:
         return html.escape(text, quote=False)
@@ -336,6 +337,12 @@ class TelegramRenderer(Renderer):
         if target is None:
             return text
         return f'<a href="{html.escape(target, quote=True)}">{text}</a>'
+
+
+class TelegramRenderer(_HtmlInline):
+    """Telegram's HTML parse mode: only its tags, and every <, > and & of text escaped."""
+
+    _TAGS: ClassVar[dict[str, str]] = {"strong": "b", "em": "i", "s": "s"}
 
     def heading(self, inner: str) -> str:
         return f"<b>{inner}</b>"
@@ -361,7 +368,7 @@ class TelegramRenderer(Renderer):
         ]
 
 
-class MatrixRenderer(Renderer):
+class MatrixRenderer(_HtmlInline):
     """Matrix's HTML subset (`org.matrix.custom.html`, client-server spec "m.room.message
     msgtypes"): real block elements (p, h1-h6, ul/ol/li, blockquote, pre, table, hr), since a
     Matrix client collapses the newlines of HTML as a browser does. `<br/>` and `<hr/>` are
@@ -376,24 +383,6 @@ class MatrixRenderer(Renderer):
         if len(blocks) == 1 and blocks[0].startswith("<p>") and blocks[0].endswith("</p>"):
             return blocks[0][3:-4]
         return "\n".join(blocks)
-
-    def text(self, text: str) -> str:
-        return html.escape(text, quote=False)
-
-    def mark(self, kind: str, inner: str) -> str:
-        tag = self._TAGS.get(kind)
-        return f"<{tag}>{inner}</{tag}>" if tag else inner
-
-    def code_span(self, code: str) -> str:
-        return f"<code>{html.escape(code, quote=False)}</code>"
-
-    def link(self, text: str, href: str) -> str:
-        target = safe_href(href)
-        if not text:
-            text = self.text(PARSER.normalizeLinkText(href))
-        if target is None:
-            return text
-        return f'<a href="{html.escape(target, quote=True)}">{text}</a>'
 
     def _inline_html(self, node: SyntaxTreeNode) -> str:
         return self._inline_of(node).replace("\n", "<br/>\n")
