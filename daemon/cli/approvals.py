@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
+from zoneinfo import ZoneInfo
 
+from daemon.cli.times import local, zone_line
 from daemon.store.approvals import ApprovalBook
 
 
 def approvals_command(book: ApprovalBook, action: str, person: str | None = None,
-                      tool: str | None = None, out: TextIO | None = None) -> int:
+                      tool: str | None = None, out: TextIO | None = None, *,
+                      tz: ZoneInfo) -> int:
+    """Run one approvals action; `list` shows its times in `tz`, the daemon's zone."""
     out = out or sys.stdout  # looked up now: stdout may have been redirected since import
     if action == "list":
         standing = book.standing()
         if not standing:
             out.write("No standing approvals: every tool that asks, asks.\n")
+        else:
+            out.write(zone_line(tz) + "\n")
         for s in standing:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.granted))
-            out.write(f"{s.person} {s.tool} (since {when})\n")
+            out.write(f"{s.person} {s.tool} (since {local(s.granted, tz)})\n")
         return 0
     gone = book.revoke(person, tool)
     if not gone:

@@ -8,7 +8,6 @@ import importlib
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ from daemon.cli.approvals import approvals_command
 from daemon.cli.console import console_command
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
+from daemon.cli.times import SECONDS, local, zone_line
 from daemon.core import confine
 from daemon.core.config import Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
@@ -260,7 +260,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return int(asyncio.run(_load("doctor").run_doctor(settings, as_json=args.json)))
     if args.command == "pairing":
         return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
-                               getattr(args, "code", None) or getattr(args, "sender", None))
+                               getattr(args, "code", None) or getattr(args, "sender", None),
+                               settings.daemon.tz)
     if args.command == "automations":
         return _automations(args, settings)
     if args.command == "memory":
@@ -282,7 +283,8 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
             print("roost: name a person, --tool, or both", file=sys.stderr)
             return EX_USAGE
         return approvals_command(ApprovalBook(settings.daemon.state_dir), args.action,
-                                 getattr(args, "person", None), getattr(args, "tool", None))
+                                 getattr(args, "person", None), getattr(args, "tool", None),
+                                 tz=settings.daemon.tz)
     return _conversations(args, settings)
 
 
@@ -306,11 +308,13 @@ def _conversations(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     try:
         found = store.list_conversations()
+        tz = settings.daemon.tz
         if args.action == "list":
             if found:
-                print(f"{'ID':<26}  {'CHAT':<24} {'STATUS':<8} {'MESSAGES':>15}  LAST ACTIVE")
+                print(f"{'ID':<26}  {'CHAT':<24} {'STATUS':<8} {'MESSAGES':>15}  "
+                      f"LAST ACTIVE ({tz.key})")
             for c in found:
-                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.last_active))
+                when = local(c.last_active, tz)
                 count = store.message_count(c.id)
                 print(f"{c.id}  {c.chat_key:<24} {c.status:<8} {count:>6} messages  {when}")
             return 0
@@ -332,8 +336,9 @@ def _conversations(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         held = {doc.get("message_id"): doc["held"]
                 for doc in store.outbox_pending(conversation.chat_key) if doc.get("held")}
+        print(zone_line(tz))
         for m in messages:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created))
+            when = local(m.created, tz, SECONDS)
             mark = f" (not delivered yet: {held[m.id]})" if m.id in held else ""
             print(f"--- #{m.seq} {m.role} {when}{mark}\n{m.content}")
         return 0

@@ -5,27 +5,29 @@ from __future__ import annotations
 
 import sys
 import time
+from zoneinfo import ZoneInfo
 
+from daemon.cli.times import local
 from daemon.core.logs import outside
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
 
-def pairing_command(book: PairingBook, action: str, code: str | None) -> int:
-    """Run one pairing action; 1 when the code is not waiting (unknown, used or expired)."""
+def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneInfo) -> int:
+    """Run one pairing action; 1 when the code is not waiting (unknown, used or expired).
+    `list` shows its times in `tz`, the daemon's zone."""
     now = time.time()
     if action == "list":
         pending = book.pending(now)
         approved = book.approved()
         if pending or approved:
-            print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} WHEN")
+            print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} WHEN ({tz.key})")
         for p in pending:
             left = max(0, int((p.created + CODE_TTL - now) // 60))
             print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {_name(p.name, '-'):<24} "
                   f"expires in {left} min")
         for a in approved:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.approved))
             print(f"{'approved':<8}  {a.channel + ':' + a.sender:<25} {_name(a.name, '-'):<24} "
-                  f"since {when}")
+                  f"since {local(a.approved, tz)}")
         return 0
     assert code is not None
     if action == "revoke":
