@@ -31,6 +31,10 @@ def list_automations(settings: Settings) -> int:
     now = datetime.now(tz)
     state = AutomationState(settings.daemon.state_dir, read_only=True)
     try:
+        reminders = state.pending_reminders() if state.reminder_dir.exists() else []
+        missed = [doc for doc in state.finished_reminders() if doc["status"] == "missed"]
+        if settings.automations or reminders or missed:
+            print(f"Times in {tz.key}.")
         for automation in settings.automations:
             upcoming = next_fire(build_trigger(automation.schedule, tz), now)
             nxt = (stamp(upcoming.timestamp(), tz) if upcoming and automation.enabled
@@ -51,21 +55,24 @@ def list_automations(settings: Settings) -> int:
             if manual:
                 line += f"  manual: {outcome(manual[-1], tz)}"
             print(f"{line}  -> {', '.join(automation.deliver)}")
-        for doc in state.pending_reminders() if state.reminder_dir.exists() else []:
+        for doc in reminders:
             print(f"reminder {doc['id']}  {stamp(doc['due'], tz)}  -> {doc['chat_key']}: "
                   f"{doc['text']}")
-        for doc in state.finished_reminders():
-            if doc["status"] == "missed":
-                print(f"reminder {doc['id']}  MISSED (due {stamp(doc['due'], tz)}, roost "
-                      f"was not running) -> {doc['chat_key']}: {doc['text']}")
+        for doc in missed:
+            print(f"reminder {doc['id']}  MISSED (due {stamp(doc['due'], tz)}, roost "
+                  f"was not running) -> {doc['chat_key']}: {doc['text']}")
     finally:
         state.close()
     return 0
 
 
 def stamp(moment: float, tz: ZoneInfo) -> str:
-    """A time as `list` shows it: with the zone's abbreviation (CET or CEST, say)."""
-    return datetime.fromtimestamp(moment, tz).strftime("%a %Y-%m-%d %H:%M %Z")
+    """A time as `list` shows it, in the daemon's zone, which the output names once. Only a
+    wall-clock time that happens twice (the hour the clocks go back) carries the zone's
+    abbreviation, which tells the two apart: 02:30 CEST, then 02:30 CET."""
+    local = datetime.fromtimestamp(moment, tz)
+    twice = local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset()
+    return local.strftime("%a %Y-%m-%d %H:%M %Z" if twice else "%a %Y-%m-%d %H:%M")
 
 
 def outcome(run: dict[str, Any], tz: ZoneInfo) -> str:
@@ -158,5 +165,5 @@ def remind(settings: Settings, words: list[str], target: str) -> int:
         state.add_reminder(doc)
     finally:
         state.close()
-    print(f"reminder {doc['id']} for {stamp(doc['due'], tz)} to {target}")
+    print(f"reminder {doc['id']} for {stamp(doc['due'], tz)} ({tz.key}) to {target}")
     return 0

@@ -39,7 +39,7 @@ async def test_a_slot_that_comes_while_the_previous_run_goes_on_is_recorded_as_s
     assert daemon.counted("minutely", "skipped") == 1
     assert len(fake_ollama.chat_requests) == 1
     out = listed(daemon, capsys)
-    assert "not run: 1 skipped (latest: skipped Tue 2026-12-01 10:01 CET: the previous run " \
+    assert "not run: 1 skipped (latest: skipped Tue 2026-12-01 10:01: the previous run " \
            "was still going)" in out
 
 
