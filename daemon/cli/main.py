@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +33,10 @@ from daemon.store.approvals import ApprovalBook
 
 EX_USAGE = 2  # argparse's status for a command line it cannot parse; roost uses it throughout
 EX_CANTCREAT = 73  # sysexits.h: the state directory cannot be used
+# A reader that went away (`roost conversations list | head -1`): the status a shell reports for
+# a command SIGPIPE ended (128 + 13), as for `cat` or `grep` in the same place. Not 1, which
+# roost uses for "not found" and "something to fix".
+EX_PIPE_CLOSED = 141
 
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
@@ -212,6 +217,20 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `roost` command; its exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, so that a closed pipe is met below, not at the exit's flush
+        return status
+    except BrokenPipeError:
+        # The reader of stdout is gone. Python's own flush at exit would meet the closed pipe
+        # again and print a traceback: stdout points at /dev/null from here on (Python's
+        # documentation, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_PIPE_CLOSED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
