@@ -5,11 +5,11 @@ and voice_replies.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from datetime import datetime
 
 from daemon.core.config import Settings
+from daemon.core.conversations import Conversation
 from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.messages import TEMPLATE_FLAG
 from daemon.core.redact import redact_url
@@ -129,16 +129,34 @@ class Commands:
         return (f"; its messages are in {self.settings.daemon.state_dir}/logs/mcp-{name}.log, "
                 f"and `roost mcp test {name}` tries it")
 
+    def _local(self, moment: float) -> str:
+        """A time in the daemon's zone, as every time roost shows (the console, the CLI)."""
+        return datetime.fromtimestamp(moment, self.settings.daemon.tz).strftime("%Y-%m-%d %H:%M")
+
     async def status(self, chat_key: str) -> str:
+        """The chat's model, window and conversation; its times in the daemon's zone, which
+        the last line names when there is a time."""
+        times: list[str] = []
+        lines = await self._status_lines(chat_key, times)
+        if times:
+            lines.append(f"Times in {self.settings.daemon.tz.key}.")
+        return "\n".join(lines)
+
+    async def _status_lines(self, chat_key: str, times: list[str]) -> list[str]:
+        """The lines of /status; each time shown is also put in `times`."""
         model = self.settings.model
+
+        def shown(moment: float) -> str:
+            times.append(self._local(moment))
+            return times[-1]
+
         flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
         name = flags.get(MODEL_FLAG) or model.name  # the chat's /model
         lines = [f"Model: {name} at {redact_url(model.host)}"]
         if self.card_line is not None:  # it may read the cards' file: off the loop
             lines.append(f"Card: {await asyncio.to_thread(self.card_line, name) or NO_CARD}")
         if templates := flags.get(TEMPLATE_FLAG, {}).get("count"):
-            last = datetime.fromtimestamp(flags[TEMPLATE_FLAG]["last"],
-                                          self.settings.daemon.tz).strftime("%Y-%m-%d %H:%M")
+            last = shown(flags[TEMPLATE_FLAG]["last"])
             lines.append(f"WhatsApp templates sent to reopen this chat: {templates} (last "
                          f"{last}); Meta bills each one")
         conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
@@ -146,7 +164,7 @@ class Commands:
             num_ctx = await self.llm.num_ctx(name)
         except LLMError as exc:
             lines.append(f"Window: unknown ({exc})")
-            return "\n".join(lines)
+            return lines
         lines.append(f"Window: {num_ctx:,} tokens")
         info = await self.llm.model_info(name)
         if not info.tools:
@@ -160,9 +178,15 @@ class Commands:
                                          else "off (model.think = false)"))
         if conversation is None:
             lines.append("Conversation: none yet; your next message starts one.")
-            return "\n".join(lines)
+            return lines
+        return lines + await self._conversation_lines(conversation, name, shown)
+
+    async def _conversation_lines(self, conversation: Conversation, name: str,
+                                  shown: Callable[[float], str]) -> list[str]:
+        """/status on the chat's conversation: its size, the next request, the summary."""
+        lines: list[str] = []
         history = await asyncio.to_thread(self.store.messages, conversation.id)
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(conversation.created))
+        started = shown(conversation.created)
         lines.append(f"Conversation: {conversation.id}, {len(history)} messages, since {started}")
         passes = sum(int(m.meta.get("safety_net") or 0) for m in history)
         if passes:
@@ -178,10 +202,10 @@ class Commands:
                          f"{exc.budget:,}")
         summary = conversation.summary
         if summary.through_seq:
-            folded_at = time.strftime("%Y-%m-%d %H:%M", time.localtime(summary.folded_at or 0))
+            folded_at = shown(summary.folded_at or 0)
             lines.append(f"Summary: {len(summary.summary):,} characters covering messages "
                          f"1-{summary.through_seq}; {len(summary.user_notes):,} characters of "
                          f"your own words; {summary.fold_count} folds, last {folded_at}")
         else:
             lines.append("Summary: none yet (everything is still word for word)")
-        return "\n".join(lines)
+        return lines
