@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from daemon.console.names import ChatName, name_of
 from daemon.context.replay import stubbed_seqs
 from daemon.core.conversations import Conversation, Message
 from daemon.store import Store
@@ -25,7 +26,7 @@ MODEL_FLAG = "model"  # the chat flag `/model NAME` sets (daemon.engine.model_ch
 @dataclass(frozen=True)
 class ConversationRow:
     id: str
-    chat_key: str
+    chat: ChatName
     kind: str
     status: str
     started: str
@@ -41,6 +42,9 @@ class AttachmentView:
     kind: str
     note: str
     index: int
+    shown_as: str  # "image" (a thumbnail), "audio" (a player) or "file" (a link)
+    width: int | None = None  # an image's, so the page does not jump as it loads
+    height: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class MessageView:
     attachments: tuple[AttachmentView, ...]
     folded: bool  # the model sees the summary instead of this message
     stubbed: bool  # the model sees a one-line stub instead of this tool result
+    first_whole: bool = False  # the fold line: the first message the model sees whole
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ def local_time(ts: float, tz: ZoneInfo) -> str:
 
 
 def conversation_rows(store: Store, covers: Callable[[str], bool], default_model: str,
-                      tz: ZoneInfo, page: int = 0) -> tuple[list[ConversationRow], bool]:
+                      tz: ZoneInfo, page: int = 0, names: Mapping[str, str] | None = None
+                      ) -> tuple[list[ConversationRow], bool]:
     """One page of the conversations the session covers, the most recently active first, and
     whether older ones follow. Only the page's conversations are read whole (their summaries
     live in files of their own), so a page costs the same after a year."""
@@ -83,23 +89,49 @@ def conversation_rows(store: Store, covers: Callable[[str], bool], default_model
     found = [whole for c in shown if (whole := store.get_conversation(c.id)) is not None]
     models = {key: store.chat_flags(key).get(MODEL_FLAG) or default_model
               for key in {c.chat_key for c in found}}
-    rows = [ConversationRow(c.id, c.chat_key, c.kind, c.status, local_time(c.created, tz),
-                            local_time(c.last_active, tz), store.message_count(c.id),
-                            c.summary.fold_count, models[c.chat_key]) for c in found]
+    rows = [ConversationRow(c.id, name_of(c.chat_key, names or {}), c.kind, c.status,
+                            local_time(c.created, tz), local_time(c.last_active, tz),
+                            store.message_count(c.id), c.summary.fold_count,
+                            models[c.chat_key]) for c in found]
     return rows, len(listed) > (page + 1) * PAGE
 
 
-def message_views(messages: Sequence[Message], conversation: Conversation,
-                  tz: ZoneInfo) -> list[MessageView]:
+def message_views(messages: Sequence[Message], conversation: Conversation, tz: ZoneInfo,
+                  start: int = 0, end: int | None = None) -> list[MessageView]:
+    """The messages `start:end` of the whole conversation `messages` (the stubs and the fold
+    line are judged over all of them)."""
     through = conversation.summary.through_seq
     stubs = stubbed_seqs(messages, conversation.summary)
+    fold_seq = next((m.seq for m in messages if m.seq > through), None) if through else None
     return [MessageView(
         m.seq, m.role, local_time(m.created, tz), m.content, m.tool_name,
         tuple(_call_line(c) for c in m.tool_calls),
-        tuple(AttachmentView(str(a.get("name") or a.get("kind", "file")), str(a.get("kind", "")),
-                             str(a.get("note") or a.get("detail") or ""), i)
-              for i, a in enumerate(m.attachments)),
-        folded=0 < m.seq <= through, stubbed=m.seq in stubs) for m in messages]
+        tuple(attachment_view(a, i) for i, a in enumerate(m.attachments)),
+        folded=0 < m.seq <= through, stubbed=m.seq in stubs, first_whole=m.seq == fold_seq)
+        for m in messages[start:end]]
+
+
+# What a browser may show inline from roost's origin: re-encoded pictures and sound. Never
+# HTML, SVG or anything else that runs: those are downloads (web.py's `download`).
+INLINE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif",
+                          "audio/ogg", "audio/opus", "audio/mpeg", "audio/mp4", "audio/aac",
+                          "audio/wav", "audio/x-wav", "audio/webm", "audio/flac"})
+
+
+def attachment_view(doc: Mapping[str, Any], index: int) -> AttachmentView:
+    """How one stored attachment shows: a picture as a thumbnail, a voice note or other sound
+    as a player, anything else as a link named by its file name."""
+    kind, mime = str(doc.get("kind", "")), str(doc.get("mime", ""))
+    if mime not in INLINE_TYPES:
+        shown_as = "file"
+    else:
+        shown_as = "image" if mime.startswith("image/") else "audio"
+    default = {"image": "picture", "voice": "voice note"}.get(kind, kind or "file")
+    width, height = doc.get("width"), doc.get("height")
+    return AttachmentView(
+        str(doc.get("name") or default), kind, str(doc.get("note") or doc.get("detail") or ""),
+        index, shown_as, width if isinstance(width, int) else None,
+        height if isinstance(height, int) else None)
 
 
 def request_points(messages: Sequence[Message], tz: ZoneInfo) -> list[RequestPoint]:

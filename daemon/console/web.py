@@ -21,10 +21,13 @@ from urllib.parse import quote, urlencode, urlsplit
 import jinja2
 from aiohttp import web
 
-from daemon.console import signin, views
+from daemon.console import signin, transcript, views
 from daemon.console.board import AutomationBoard, HealthView
 from daemon.console.chart import sawtooth
+from daemon.console.compression import compress
+from daemon.console.names import chat_names, name_of
 from daemon.console.notices import Notices
+from daemon.console.paging import transcript_page
 from daemon.console.people import People
 from daemon.core.config import Settings
 from daemon.store import Store
@@ -35,8 +38,10 @@ from daemon.store.event_log import Records
 PREFIX = "/console"
 COOKIE = "roost_console"
 HEADERS = {
+    # Pictures and voice notes come from roost's own file route only; still no script at all.
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self'; "
-                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+                               "media-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+                               "base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     # Nothing to other sites, and a true Origin on roost's own forms (no-referrer makes every
     # form's Origin "null", which the sign-in cannot tell from another site's page).
@@ -67,6 +72,12 @@ class Console:
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined)
+        # The one way HTML reaches a page unescaped: markdown through the console's own
+        # renderer (raw HTML off, links judged; transcript.py).
+        self.templates.filters["markdown"] = transcript.render
+        self.templates.filters["markdown_inline"] = transcript.render_inline
+        # Read once at start-up, so that serving it (compressed) touches no file on the loop.
+        self.css = (_HERE / "static" / "console.css").read_bytes()
 
     def add_routes(self, app: web.Application) -> None:
         app.middlewares.append(self.headers)
@@ -99,6 +110,7 @@ class Console:
             raise
         if ours:
             response.headers.update(HEADERS)
+            compress(request, response)
         return response
 
     def _signed_in(self, page: Page) -> Handler:
@@ -179,14 +191,15 @@ class Console:
         raise web.HTTPFound(f"{PREFIX}/")
 
     async def stylesheet(self, request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(_HERE / "static" / "console.css")
+        return web.Response(body=self.css, content_type="text/css", charset="utf-8")
 
     async def conversations(self, request: web.Request,
                             session: ConsoleSession) -> web.StreamResponse:
         page = _number(request.query.get("page", "0")) or 0
+        names = await asyncio.to_thread(self._names)
         rows, older = await asyncio.to_thread(
             views.conversation_rows, self.store(), session.covers, self.settings.model.name,
-            self.settings.daemon.tz, page)
+            self.settings.daemon.tz, page, names)
         return self._page("conversations.html", session=session, rows=rows, page=page,
                           older=older)
 
@@ -199,12 +212,16 @@ class Console:
         messages = await asyncio.to_thread(store.messages, conversation.id)
         events = await asyncio.to_thread(views.conversation_events, Records(store.state_dir, tz),
                                          conversation)
+        names = await asyncio.to_thread(self._names)
         points = views.request_points(messages, tz)
+        shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
+                                _number(request.query.get("page", "0")) or 0)
         return self._page(
             "conversation.html", session=session, conversation=conversation,
-            started=views.local_time(conversation.created, tz),
-            messages=views.message_views(messages, conversation, tz), points=points,
-            events=events,
+            chat=name_of(conversation.chat_key, names),
+            started=views.local_time(conversation.created, tz), total=len(messages),
+            messages=views.message_views(messages, conversation, tz, shown.start, shown.end),
+            shown=shown, points=points, events=events,
             chart=sawtooth([p.prompt_tokens for p in points],
                            max((p.window or 0 for p in points), default=0)
                            or self.settings.model.window))
@@ -226,10 +243,17 @@ class Console:
         except AttachmentError as exc:
             raise web.HTTPGone(text=exc.args[0]) from exc
         name = str(doc.get("name") or path.name)
+        shown = views.attachment_view(doc, index)
+        if shown.shown_as != "file":
+            # A picture or a sound of a type on views.INLINE_TYPES' short list: shown in the
+            # page by <img>/<audio>, under the CSP's img-src/media-src 'self'.
+            return web.FileResponse(path, headers={
+                "Content-Type": str(doc["mime"]),
+                "Content-Disposition": _disposition("inline", name)})
         # Served as a download, never rendered in roost's origin: a stored HTML file stays inert.
         return web.FileResponse(path, headers={
             "Content-Type": "application/octet-stream",
-            "Content-Disposition": _attachment_header(name)})
+            "Content-Disposition": _disposition("attachment", name)})
 
     async def people_page(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
@@ -288,6 +312,10 @@ class Console:
     def _notice(self, request: web.Request, session: ConsoleSession) -> str:
         return self.notices.text(session.csrf, request.query.get("done", ""))
 
+    def _names(self) -> dict[str, str]:
+        """Chat key -> the name roost knows (synchronous: reads the pairing book)."""
+        return chat_names(self.settings.identities, self.people.pairing)
+
     def _owners_board(self, session: ConsoleSession) -> AutomationBoard:
         if not session.is_owner or self.board is None:
             raise web.HTTPNotFound(text="The automations are the owner's to see.")
@@ -316,5 +344,5 @@ def _see_other(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
 
 
-def _attachment_header(name: str) -> str:
-    return f"attachment; filename*=UTF-8''{quote(name, safe='')}"
+def _disposition(how: str, name: str) -> str:
+    return f"{how}; filename*=UTF-8''{quote(name, safe='')}"
