@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import datetime
@@ -26,6 +25,7 @@ from daemon.app.health import MIN_FREE_BYTES, disk_state
 from daemon.app.platforms import runtime_of
 from daemon.cli.doctor_models import card_checks, ollama_checks
 from daemon.cli.mcp import doctor_checks as mcp_doctor_checks
+from daemon.cli.times import local
 from daemon.core.checks import Check
 from daemon.core.config import Settings, missing_secrets
 from daemon.core.errors import ConfigError, StoreError
@@ -101,7 +101,9 @@ def _printer(out: TextIO, checks: list[Check]) -> Callable[[Check], None]:
 
 
 def _config_checks(settings: Settings) -> list[Check]:
-    checks = [Check("config", True, str(settings.source or "none found; using defaults"))]
+    checks = [Check("config", True, str(settings.source or "none found; using defaults")),
+              Check("timezone", True, f"{settings.daemon.tz.key} (daemon.timezone): every time "
+                    "roost shows, here too, and the automations' schedules")]
     refused: list[ConfigError] = list(missing_secrets(settings))
     unset = {error.key for error in refused}
     for name, platform in installed().items():
@@ -183,7 +185,7 @@ def _quarantine_check(settings: Settings) -> Check:
     if not items:
         return Check("quarantine", True, "empty")
     listed = "; ".join(
-        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(item['quarantined']))} "
+        f"{local(item['quarantined'], settings.daemon.tz)} "
         f"{item['kind']} {item['key']} ({item['chat_key'] or 'no chat'}): {item['error']}"
         for item in items)
     return Check("quarantine", False, f"{len(items)} items set aside after failing twice: "
@@ -221,7 +223,7 @@ def _automation_checks(settings: Settings) -> list[Check]:
             checks.append(Check(name, True, "disabled"))
             continue
         following = next_fire(build_trigger(automation.schedule, settings.daemon.tz), now)
-        when = following.strftime("%Y-%m-%d %H:%M %Z") if following else "never"
+        when = following.strftime("%Y-%m-%d %H:%M") if following else "never"
         checks.append(Check(name, True, f"next run {when}"))
         if automation.model and automation.model != settings.model.name:
             checks.append(Check(f"{name} model", True, (

@@ -126,3 +126,17 @@ def test_a_closed_pipe_ends_the_list_quietly(tmp_path: Path) -> None:
     assert line.startswith(b"ID ")
     assert stderr == b""
     assert process.returncode == 141
+
+
+async def test_doctor_names_the_zone_once_and_its_times_are_in_it(tmp_path: Path) -> None:
+    from tests.daemon.cli.test_doctor import doctor
+
+    config, _ = berlin_config(tmp_path)
+    config.write_text(config.read_text() + '[model]\nhost = "http://127.0.0.1:9"\n'
+                      '[[automations]]\nname = "morning"\nschedule = "0 7 * * *"\n'
+                      'prompt = "the weather"\ndeliver = ["log"]\n')
+    report = (await doctor(config))[1]
+    assert f"ok   timezone: {ZONE} (daemon.timezone)" in report
+    assert report.count(ZONE) == 1
+    (line,) = [line for line in report.splitlines() if "automation morning:" in line]
+    assert line.endswith(" 07:00")  # no CET or CEST: the zone was said once, above
