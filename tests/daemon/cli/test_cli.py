@@ -207,7 +207,7 @@ def test_usage_errors_exit_2_and_every_exit_status_is_in_the_readme(tmp_path: Pa
     listed = re.search(r"^Exit statuses:(.*?)\n\n", readme, re.MULTILINE | re.DOTALL)
     assert listed is not None
     statuses = {int(n) for n in re.findall(r"\b(\d+) ", listed.group(1))}
-    assert statuses == {0, 1, 2, 69, 71, 73, 78}
+    assert statuses == {0, 1, 2, 69, 71, 73, 78, 141}
 
 
 def test_show_a_chat_shows_its_active_conversation_and_lists_have_a_header(
