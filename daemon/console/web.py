@@ -27,9 +27,10 @@ from daemon.console.chart import sawtooth
 from daemon.console.compression import compress
 from daemon.console.names import chat_names, name_of
 from daemon.console.notices import Notices
-from daemon.console.paging import transcript_page
+from daemon.console.paging import PER_PAGE, transcript_page
 from daemon.console.people import People
 from daemon.core.config import Settings
+from daemon.core.conversations import Conversation, Message
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, stored_path
 from daemon.store.console_keys import LINK_TTL, ConsoleKeys, ConsoleSession
@@ -213,10 +214,22 @@ class Console:
         events = await asyncio.to_thread(views.conversation_events, Records(store.state_dir, tz),
                                          conversation)
         names = await asyncio.to_thread(self._names)
+        number = _number(request.query.get("page", "0")) or 0
+        # Markdown and templates for a page of messages: CPU work kept off the loop.
+        body = await asyncio.to_thread(self.conversation_html, session, conversation,
+                                       messages, events, names, number)
+        return web.Response(text=body, content_type="text/html", headers=HEADERS)
+
+    def conversation_html(self, session: ConsoleSession, conversation: Conversation,
+                          messages: list[Message], events: list[str], names: dict[str, str],
+                          number: int, per_page: int = PER_PAGE) -> str:
+        """Page `number` (0: the latest) of a conversation. Synchronous. The bench asks for
+        every message on one page (`per_page`), as the console showed it before paging."""
+        tz = self.settings.daemon.tz
         points = views.request_points(messages, tz)
         shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
-                                _number(request.query.get("page", "0")) or 0)
-        return self._page(
+                                number, max(per_page, 1))
+        return self._render(
             "conversation.html", session=session, conversation=conversation,
             chat=name_of(conversation.chat_key, names),
             started=views.local_time(conversation.created, tz), total=len(messages),
@@ -322,9 +335,11 @@ class Console:
         return self.board()
 
     def _page(self, template: str, *, status: int = 200, **values: Any) -> web.Response:
-        body = self.templates.get_template(template).render(prefix=PREFIX, **values)
-        return web.Response(text=body, status=status, content_type="text/html",
-                            headers=HEADERS)
+        return web.Response(text=self._render(template, **values), status=status,
+                            content_type="text/html", headers=HEADERS)
+
+    def _render(self, template: str, **values: Any) -> str:
+        return self.templates.get_template(template).render(prefix=PREFIX, **values)
 
 
 async def _form_token(request: web.Request) -> str:
