@@ -29,7 +29,8 @@ async def test_run_now_runs_it_and_the_page_shows_the_run(
         async with http.get(f"{url}/console/automations") as page:
             text = await page.text()
         assert "probe" in text and "0 7 * * *" in text and "Not run yet." in text
-        assert re.search(r"next: \w{3} \d{4}-\d\d-\d\d 07:00 UTC", text)
+        # No zone after the time: since 3ad3acf a time carries one only when it happens twice.
+        assert re.search(r"next: \w{3} \d{4}-\d\d-\d\d 07:00\b", text)
         csrf = re.search(r'name="csrf" value="([^"]+)"', text)
         assert csrf
         async with http.post(f"{url}/console/automations/run",
