@@ -138,12 +138,14 @@ async def test_a_10000_character_answer_streams_and_arrives_whole_in_parts(
     assert len(parts) >= 3 and all(len(p) <= TELEGRAM_LIMIT for p in parts)
     # Whole, and each part once: the parts sent early are the reply's first parts.
     assert " ".join(" ".join(parts).split()) == " ".join(answer.split())
-    # Every draft was taken (none over the limit), and the last shows the last part being
-    # written (a draft shows the part not yet sent, from its first word).
+    # Every draft was taken (none over the limit), and each shows a part being written, from
+    # its first word (which part the last draft caught depends on the machine's pace).
     drafts = fake_telegram.drafts
     assert len(drafts) == len(fake_telegram.calls_to("sendMessageDraft")) >= 2
     assert all(len(d["text"]) <= TELEGRAM_LIMIT for d in drafts)
-    assert drafts[-1]["text"].split()[0] == parts[-1].split()[0]
+    starts = [part.split()[0] for part in parts]  # the very first draft may hold "wor" only
+    assert all(any(start.startswith(d["text"].split()[0]) for start in starts)
+               for d in drafts), [d["text"][:20] for d in drafts]
     assert daemon.store.outbox_pending() == []
     assert daemon.store.chat_flags(CHAT_KEY) == {}  # the early parts were handed over
 

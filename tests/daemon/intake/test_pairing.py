@@ -188,7 +188,7 @@ async def test_revoke_removes_an_approved_sender(tmp_path: Path) -> None:
         made = book.request("telegram", str(user), f"telegram:{user}", f"User {user}", 1e9)
         assert made is not None and book.approve(made.code, 1e9) is not None
     status, listed = await roost(config, "pairing", "list")
-    assert status == 0 and listed.splitlines()[0].split() == ["CODE", "SENDER", "NAME", "WHEN"]
+    assert status == 0 and listed.splitlines()[0].split()[:4] == ["CODE", "SENDER", "NAME", "WHEN"]
     status, said = await roost(config, "pairing", "revoke", f"telegram:{STRANGER}")
     assert status == 0 and "revoked" in said, said
     assert not book.is_approved("telegram", str(STRANGER))
