@@ -83,7 +83,7 @@ class Platform(Generic[S]):
     forms: str  # the chat keys, as an error message lists them
     person_forms: str
     note: str  # the prompt's line on how the user reads the replies
-    runtime: str  # the module whose `open_platform(parts)` runs it (daemon/app/platforms.py)
+    runtime: str  # the module whose `RUNTIME` runs it (daemon/intake/platforms.py)
     sends: frozenset[str] = frozenset()  # "voice" notes, "drafts", "buttons", "templates"
     # Its formatting overlay: the model's Markdown as the platform shows it
     # (channels/formatting.py); the plain text where it has none of its own.
