@@ -17,7 +17,7 @@ from automations.state import SCAN_EVERY, AutomationState, RunResult, manual_run
 from automations.when import split_when
 from daemon.core.config import AutomationSettings, Settings
 from daemon.core.ids import new_id
-from daemon.core.platforms import chat_pattern, platform_of
+from daemon.core.platforms import ChatKey, chat_pattern, platform_of
 from daemon.intake.pairing import PairingBook
 from daemon.store import in_use
 
@@ -129,7 +129,7 @@ def unserved(settings: Settings, target: str) -> str | None:
     own = platform.of(settings.platforms)
     if not own.enabled:
         return f"{platform.title} is not enabled ({platform.name}.enabled)"
-    chat = target.partition(":")[2]
+    chat = ChatKey.of(target).id
     if not platform.is_person(chat) or platform.allowed(own, chat) \
             or PairingBook(settings.daemon.state_dir).is_approved(platform.name, chat):
         return None

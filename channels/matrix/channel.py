@@ -31,6 +31,7 @@ from nio import (  # type: ignore[import-untyped]
     SyncResponse,
 )
 
+from channels.formatting import to_matrix_html
 from channels.matrix.api import NETWORK_ERRORS
 from channels.matrix.delivery import MatrixChannel
 from channels.matrix.doctor import doctor_checks
@@ -300,5 +301,10 @@ def _check(settings: Settings) -> None:
     check_settings(MATRIX.of(settings.platforms))
 
 
-RUNTIME = Runtime(tuning=MatrixTuning, open=_open, check=_check, doctor=doctor_checks,
-                  setup=set_up)
+RUNTIME = Runtime(
+    tuning=MatrixTuning,
+    render=to_matrix_html,
+    open=_open,
+    check=_check,
+    doctor=doctor_checks,
+    setup=set_up)

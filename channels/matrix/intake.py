@@ -32,17 +32,16 @@ from channels.matrix.parse import (
     address_of,
     addressed,
     context_lines,
-    edit_text,
     fallback_author,
     message_text,
     reaction_choice,
     read_event,
     typed_choice,
-    with_context,
 )
 from channels.matrix.platform import log
 from channels.matrix.prompts import Question, Questions
 from channels.matrix.rooms import Rooms
+from channels.wording import edit_text, with_context
 from daemon.core.approval import ACCEPTED, NOT_WAITING, Answer, Approver, Choice
 from daemon.core.logs import outside
 from daemon.core.messages import Inbound

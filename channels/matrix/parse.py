@@ -2,8 +2,8 @@
 
 Pure functions over raw event dicts (the JSON of the client-server API, decrypted when the room
 is encrypted): no clock, store or network. The door (`channels.matrix.channel`) reads each event
-with `read_event`; the intake's worker builds the `Inbound` with `message_text`, `context_lines`
-and `edit_text`.
+with `read_event`; the intake's worker builds the `Inbound` with `message_text` and
+`context_lines` (and channels/wording.py's `edit_text`, the same words on every platform).
 
 Chat keys: a person's own chat (a room whose only other member is that person) is
 `matrix:@alice:example.org`, so the person keeps one conversation whichever of their direct
@@ -17,10 +17,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from channels.wording import reply_line
 from daemon.core.approval import Choice
 
 CHAT_PREFIX = "matrix:"
-QUOTE_CLIP = 200  # characters of a replied-to message the model sees
 VOICE_FLAG = "org.matrix.msc3245.voice"  # MSC3245: an m.audio recorded as a voice message
 MEDIA_TYPES = ("m.image", "m.file", "m.audio", "m.video")
 TEXT_TYPES = ("m.text", "m.notice", "m.emote")
@@ -163,23 +163,12 @@ def context_lines(*, group: bool, sender: str, sender_name: str,
         lines.append(f"[From {sender_name} ({sender})]" if sender_name and sender_name != sender
                      else f"[From {sender}]")
     if reply_author is not None:
-        quoted = _clip(" ".join((reply_text or "").split()), QUOTE_CLIP)
-        lines.append(f'[Replying to {reply_author}: "{quoted}"]' if quoted
-                     else f"[Replying to {reply_author}]")
+        lines.append(reply_line(reply_author, reply_text or ""))
     return lines
 
 
-def with_context(text: str, context: list[str]) -> str:
-    """The text as the model reads it; a command stays a bare command so the engine sees it."""
-    if not context or text.startswith("/"):
-        return text
-    return "\n".join([*context, text])
 
 
-def edit_text(original_id: str, new_text: str) -> str:
-    """An edited message as the model reads it (the same words as Telegram's edits)."""
-    quoted = "\n".join(f"> {line}" for line in new_text.splitlines()) or ">"
-    return f"[The user edited their earlier message (id {original_id}); it now reads:]\n{quoted}"
 
 
 def fallback_author(body: str) -> str | None:
@@ -223,6 +212,3 @@ def _leading(bot: str, name: str) -> re.Pattern[str]:
     names = [re.escape(bot)] + ([re.escape(name)] if name else [])
     return re.compile(rf"\s*(?:{'|'.join(names)})(?![\w])", re.IGNORECASE)
 
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels.formatting import to_matrix_html
 from channels.matrix.settings import MatrixSettings
 from daemon.core.config.values import (
     _BASE_URL,
@@ -72,7 +71,7 @@ MATRIX: Platform[MatrixSettings] = Platform(
     person_forms="'matrix:@<user>:<server>'",
     note=("The user reads you in Matrix. Markdown is fine: it is rendered for them."),
     runtime="channels.matrix.channel",
-    sends=frozenset({"voice", "drafts"}), render=to_matrix_html,
+    sends=frozenset({"voice", "drafts"}),
     check=_check, allowed=_allowed,
     init_flags=(
         InitFlag("--matrix-homeserver", "set Matrix up: the homeserver's address (such as "

@@ -32,6 +32,7 @@ from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
+from channels.formatting import to_telegram_html
 from channels.media import attachment_limits
 from channels.telegram.callbacks import Callbacks
 from channels.telegram.delivery import TelegramChannel
@@ -373,5 +374,10 @@ def _check(settings: Settings) -> None:
     check_settings(TELEGRAM.of(settings.platforms))
 
 
-RUNTIME = Runtime(tuning=TelegramTuning, open=_open, check=_check, doctor=doctor_checks,
-                  setup=set_up)
+RUNTIME = Runtime(
+    tuning=TelegramTuning,
+    render=to_telegram_html,
+    open=_open,
+    check=_check,
+    doctor=doctor_checks,
+    setup=set_up)

@@ -37,16 +37,15 @@ from channels.telegram.parse import (
     chat_key,
     chat_key_of,
     context_lines,
-    edit_text,
     is_bot_flag,
     message_of,
     message_text,
     parse_update,
     routable_message,
-    with_context,
 )
 from channels.telegram.platform import log
 from channels.webhooks import too_deep
+from channels.wording import edit_text, with_context
 from daemon.core.messages import Inbound
 from daemon.intake.durable import Intake, Outcome, Pending, Submitter
 from daemon.intake.gate import Access, Gate

@@ -3,8 +3,8 @@
 Pure functions over python-telegram-bot's objects: no clock, store or network. The intake
 (`channels.telegram.intake`) runs them in its worker, in this order: `parse_update` (an update
 PTB cannot read is quarantined), `admit` before any handling (who may talk, and whether a group
-message is meant for the bot), then `message_text`, `context_lines` and `edit_text` to build what
-the model reads.
+message is meant for the bot), then `message_text` and `context_lines` (with channels/wording.py,
+the same words on every platform) to build what the model reads.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from telegram import (
 from telegram.constants import ChatType
 
 from channels.webhooks import too_deep
+from channels.wording import reply_line
 from daemon.core.errors import ChannelError
 
 MAX_DEPTH = 40  # JSON nesting roost accepts in an update (real ones nest about ten levels)
 # The update kinds roost handles, given to setWebhook / getUpdates as `allowed_updates`.
 UPDATE_KINDS = ("message", "edited_message", "callback_query")  # taps: telegram.callbacks
 CHAT_PREFIX = "telegram:"
-QUOTE_CLIP = 200  # characters of a replied-to message the model sees; the rest is elsewhere
 
 # Fields that hold a User object. Telegram has sent `is_bot` on every user since Bot API 3.0 and
 # PTB 22 refuses a user without it; older recorded updates (the fixtures in tests/fixtures) lack it,
@@ -193,17 +193,10 @@ def context_lines(message: Message, identity: BotIdentity) -> list[str]:
             author = "an earlier message"
         quoted = (message.quote.text if message.quote is not None
                   else (reply.text or reply.caption or "") if reply is not None else "")
-        quoted = _clip(" ".join(quoted.split()), QUOTE_CLIP)
-        lines.append(f'[Replying to {author}: "{quoted}"]' if quoted
-                     else f"[Replying to {author}]")
+        lines.append(reply_line(author, quoted))
     return lines
 
 
-def with_context(text: str, context: list[str]) -> str:
-    """The text as the model reads it; a command stays a bare command so the engine sees it."""
-    if not context or text.startswith("/"):
-        return text
-    return "\n".join([*context, text])
 
 
 def _person(name: str, username: str | None) -> str:
@@ -223,15 +216,8 @@ def _origin_name(origin: object) -> str:
     return "someone"
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def edit_text(original_id: int, new_text: str) -> str:
-    """The text of an edited message as the model reads it: what changed, and the new words
-    quoted, so that the earlier message is neither ignored nor silently contradicted."""
-    quoted = "\n".join(f"> {line}" for line in new_text.splitlines()) or ">"
-    return f"[The user edited their earlier message (id {original_id}); it now reads:]\n{quoted}"
 
 
 def routable_message(update: Update) -> Message | None:

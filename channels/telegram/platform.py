@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from channels.formatting import to_telegram_html
 from daemon.core.config.values import _BOOL, _URL, _array, _one_of, _seconds, _value
 from daemon.core.logs import platform_log
 from daemon.core.platforms import Platform
@@ -83,7 +82,7 @@ TELEGRAM: Platform[TelegramSettings] = Platform(
     person_forms="'telegram:<user id>'",
     note="The user reads you in Telegram. Markdown is fine: it is rendered for them.",
     runtime="channels.telegram.channel",
-    sends=frozenset({"voice", "drafts", "buttons"}), render=to_telegram_html,
+    sends=frozenset({"voice", "drafts", "buttons"}),
     webhooks=("/webhooks/telegram",),
     prepare=_prepare, check=_check, allowed=_allowed,
     init_flags=(

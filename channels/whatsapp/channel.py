@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from channels.formatting import to_whatsapp
 from channels.media import attachment_limits
 from channels.webhooks import read_at_most, too_deep
 from channels.whatsapp.api import REENGAGEMENT, GraphClient
@@ -220,5 +221,9 @@ def _open(parts: PlatformParts) -> WhatsApp:
                     on_resent=parts.on_resent)
 
 
-RUNTIME = Runtime(tuning=WhatsAppTuning, open=_open, doctor=doctor_checks,
-                  setup=set_up)
+RUNTIME = Runtime(
+    tuning=WhatsAppTuning,
+    render=to_whatsapp,
+    open=_open,
+    doctor=doctor_checks,
+    setup=set_up)

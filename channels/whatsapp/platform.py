@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels.formatting import to_whatsapp
 from daemon.core.config.values import _BASE_URL, _BOOL, _DIGITS, _PERIOD, _array, _Bad, _like
 from daemon.core.logs import platform_log
 from daemon.core.platforms import Platform, chat_pattern
@@ -74,7 +73,7 @@ WHATSAPP: Platform[WhatsAppSettings] = Platform(
           "WhatsApp's own formatting. Keep it simple: WhatsApp shows no headings, tables or "
           "link labels, only bold, italics, strikethrough, lists and code."),
     runtime="channels.whatsapp.channel",
-    sends=frozenset({"voice", "templates", "buttons"}), render=to_whatsapp,
+    sends=frozenset({"voice", "templates", "buttons"}),
     webhooks=("/webhooks/whatsapp",),
     check=_check, allowed=_allowed,
     init_flags=(

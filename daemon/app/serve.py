@@ -311,12 +311,12 @@ def _platform_route(name: str, method: str, path: str
         running = request.app[PLATFORMS].get(name)
         if running is None:
             return web.Response(status=503, text="starting\n")
-        found: Route | None = next((r for r in running.routes()
-                                    if r.method == method and r.path == path), None)
+        here = [r for r in running.routes() if r.path == path]
+        found: Route | None = next((r for r in here if r.method == method), None)
+        if found is None and not here:
+            raise web.HTTPNotFound()
         if found is None:
-            raise web.HTTPNotFound() if method == "POST" or not any(
-                r.path == path for r in running.routes()) else web.HTTPMethodNotAllowed(
-                    method, [r.method for r in running.routes() if r.path == path])
+            raise web.HTTPMethodNotAllowed(method, [r.method for r in here])
         return await (_stored_or_503(request, found.handler) if found.stores
                       else found.handler(request))
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from daemon.core.ids import new_id
-from daemon.core.platforms import known_kind
+from daemon.core.platforms import ChatKey, known_kind
 
 Role = Literal["system", "user", "assistant", "tool"]
 Kind = str  # a platform's name (daemon/core/platforms.py), "console" or "automation"
@@ -22,7 +22,7 @@ def kind_of(chat_key: str) -> Kind:
     """The channel kind of a chat key such as `telegram:1111111` or `console:local`."""
     if not known_kind(chat_key):
         raise ValueError(f"unknown chat key kind: {chat_key!r}")
-    return chat_key.partition(":")[0]
+    return ChatKey.of(chat_key).kind
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,9 @@ class ChatKey:
     id: str
 
     @classmethod
-    def parse(cls, text: str) -> ChatKey:
-        kind, colon, rest = text.partition(":")
-        if not colon or not kind or not rest:
-            raise ValueError(f"not a chat key: {text!r}")
+    def of(cls, text: str) -> ChatKey:
+        """Any text taken apart; one without a colon is a kind with an empty id."""
+        kind, _, rest = text.partition(":")
         return cls(kind, rest)
 
     def __str__(self) -> str:
@@ -85,9 +84,6 @@ class Platform(Generic[S]):
     note: str  # the prompt's line on how the user reads the replies
     runtime: str  # the module whose `RUNTIME` runs it (daemon/intake/platforms.py)
     sends: frozenset[str] = frozenset()  # "voice" notes, "drafts", "buttons", "templates"
-    # Its formatting overlay: the model's Markdown as the platform shows it
-    # (channels/formatting.py); the plain text where it has none of its own.
-    render: Callable[[str], str] = lambda markdown: markdown
     webhooks: tuple[str, ...] = ()  # the HTTP paths it may serve
     # Fills defaults that depend on other keys of the table (given only when the file has it).
     prepare: Callable[[dict[str, Any]], None] = _as_is
@@ -136,7 +132,7 @@ def installed() -> Mapping[str, Platform[Any]]:
 
 
 def platform_of(chat_key: str) -> Platform[Any] | None:
-    return installed().get(chat_key.partition(":")[0])
+    return installed().get(ChatKey.of(chat_key).kind)
 
 
 def is_person_chat(chat_key: str) -> bool:
@@ -145,18 +141,18 @@ def is_person_chat(chat_key: str) -> bool:
     if chat_key == CONSOLE_CHAT:
         return True
     platform = platform_of(chat_key)
-    return platform is not None and platform.is_person(chat_key.partition(":")[2])
+    return platform is not None and platform.is_person(ChatKey.of(chat_key).id)
 
 
 def is_platform_chat(chat_key: str) -> bool:
     """A chat some installed platform can deliver to."""
     platform = platform_of(chat_key)
-    return platform is not None and platform.is_chat(chat_key.partition(":")[2])
+    return platform is not None and platform.is_chat(ChatKey.of(chat_key).id)
 
 
 def known_kind(chat_key: str) -> bool:
     """A chat key of a platform, of the terminal or of an automation."""
-    kind = chat_key.partition(":")[0]
+    kind = ChatKey.of(chat_key).kind
     return kind in installed() or kind in (CONSOLE, AUTOMATION)
 
 

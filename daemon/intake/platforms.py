@@ -96,6 +96,10 @@ class Runtime:
     check: Callable[[Settings], None] = field(default=_fine)
     # `roost doctor`'s lines about it, asked of the platform itself (enabled, secrets set).
     doctor: Callable[[Settings], Awaitable[list[Check]]] = field(default=_nothing_to_check)
+    # Its formatting overlay: the model's Markdown as the platform shows it
+    # (channels/formatting.py). Here, not in the light description: markdown-it would load at
+    # every command's start.
+    render: Callable[[str], str] = field(default=lambda markdown: markdown)
     # `roost init`'s questions and checks for it (daemon/core/setup.py); None: init offers
     # no way to set it up.
     setup: Setup | None = None

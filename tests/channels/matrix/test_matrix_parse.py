@@ -9,12 +9,12 @@ from channels.matrix.parse import (
     address_of,
     addressed,
     direct_partner,
-    edit_text,
     message_text,
     reaction_choice,
     read_event,
     typed_choice,
 )
+from channels.wording import edit_text
 from daemon.core.approval import Choice
 
 BOT = "@roost:example.org"

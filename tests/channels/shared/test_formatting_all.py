@@ -26,6 +26,7 @@ from channels.formatting import (
     to_telegram_html,
     to_whatsapp,
 )
+from daemon.app.platforms import runtime_of
 from daemon.core.platforms import installed
 from tests.channels.test_formatting import CASES, GOLDEN, long_answer, utf16, visible
 from tests.channels.test_formatting_matrix import problems
@@ -76,7 +77,7 @@ DIALECTS = [
 
 def test_each_platform_s_description_names_its_dialect() -> None:
     """The formatting overlay a platform describes is the one its golden files hold."""
-    assert {name: p.render for name, p in installed().items()} == {
+    assert {name: runtime_of(p).render for name, p in installed().items()} == {
         d.name: d.render for d in DIALECTS}
 
 

@@ -25,11 +25,11 @@ from channels.telegram.parse import (
     address_of,
     admit,
     chat_key,
-    edit_text,
     message_of,
     message_text,
     parse_update,
 )
+from channels.wording import edit_text
 from daemon.app.serve import serve
 from daemon.core.errors import DeliveryError, StoreError
 from daemon.core.ids import inbound_id
