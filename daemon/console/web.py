@@ -339,7 +339,9 @@ class Console:
                             content_type="text/html", headers=HEADERS)
 
     def _render(self, template: str, **values: Any) -> str:
-        return self.templates.get_template(template).render(prefix=PREFIX, **values)
+        # Every time on every page is in the daemon's zone, which the page names once.
+        return self.templates.get_template(template).render(
+            prefix=PREFIX, zone=self.settings.daemon.timezone, **values)
 
 
 async def _form_token(request: web.Request) -> str:
