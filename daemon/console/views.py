@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from daemon.console.chart import Bar
 from daemon.console.names import ChatName, name_of
 from daemon.context.replay import stubbed_seqs
 from daemon.core.conversations import Conversation, Message
@@ -63,14 +64,55 @@ class MessageView:
 
 @dataclass(frozen=True)
 class RequestPoint:
-    """One turn's first model call as Ollama reported it."""
+    """One turn's first model call: what roost estimated, what Ollama counted, and what
+    happened to it on the way."""
 
-    seq: int
+    number: int  # the conversation's request number, from 1
+    seq: int  # the reply's message
     when: str
-    prompt_tokens: int
+    prompt_tokens: int  # as Ollama counted it
     cached_tokens: int | None
     window: int | None
     turn_tokens: int  # every call of the turn (tool rounds, continuations)
+    estimate: int | None = None  # roost's, before sending (older replies kept none)
+    budget: int | None = None
+    folds: int | None = None  # folds of the conversation when it was built
+    refused: int = 0
+    cut: int = 0
+    redone: bool = False
+
+    @property
+    def retried(self) -> bool:
+        return bool(self.refused or self.cut)
+
+    @property
+    def happened(self) -> str:
+        """What happened to the request, in words."""
+        said = []
+        if self.refused:
+            times = "once" if self.refused == 1 else f"{self.refused} times"
+            said.append(f"refused as too large {times}, made smaller and sent again")
+        if self.cut:
+            said.append("cut by Ollama without saying so: the answer was discarded and the "
+                        "request sent again, smaller")
+        elif self.redone:
+            said.append("the answer shown while it was written was replaced")
+        return "; ".join(said).capitalize() + "." if said else "Sent once, whole."
+
+    @property
+    def error(self) -> str:
+        """roost's estimate against Ollama's count, signed ("+3%": it counted more)."""
+        if not self.estimate:
+            return ""
+        return f"{(self.prompt_tokens - self.estimate) / self.estimate:+.0%}"
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """The chat's conversations before and after this one (rotations)."""
+
+    before: str | None
+    after: str | None
 
 
 def local_time(ts: float, tz: ZoneInfo) -> str:
@@ -136,17 +178,42 @@ def attachment_view(doc: Mapping[str, Any], index: int) -> AttachmentView:
 
 def request_points(messages: Sequence[Message], tz: ZoneInfo) -> list[RequestPoint]:
     """The requests of a conversation's turns, from what each reply recorded of Ollama's
-    answer (a reply stored before these counts existed has none and is left out)."""
-    points = []
+    answer and of roost's estimate (a reply stored before these existed has none and is left
+    out, or shows Ollama's side only)."""
+    points: list[RequestPoint] = []
     for m in messages:
         meta: Mapping[str, Any] = m.meta
         if m.role != "assistant" or not meta.get("prompt_eval_count"):
             continue
-        points.append(RequestPoint(m.seq, local_time(m.created, tz),
-                                   int(meta["prompt_eval_count"]),
-                                   meta.get("prompt_eval_cached_count"), meta.get("num_ctx"),
-                                   int(meta.get("prompt_tokens") or meta["prompt_eval_count"])))
+        points.append(RequestPoint(
+            len(points) + 1, m.seq, local_time(m.created, tz), int(meta["prompt_eval_count"]),
+            meta.get("prompt_eval_cached_count"), meta.get("num_ctx"),
+            int(meta.get("prompt_tokens") or meta["prompt_eval_count"]),
+            estimate=_count(meta.get("estimate")), budget=_count(meta.get("budget")),
+            folds=_count(meta.get("folds")), refused=_count(meta.get("refused")) or 0,
+            cut=_count(meta.get("cut")) or 0, redone=bool(meta.get("redone"))))
     return points
+
+
+def chart_bars(points: Sequence[RequestPoint]) -> list[Bar]:
+    return [Bar(p.prompt_tokens, p.cached_tokens, p.estimate, p.folds, p.retried)
+            for p in points]
+
+
+def neighbours(store: Store, conversation: Conversation) -> Neighbours:
+    """The conversation of the same chat just before this one and just after it."""
+    chat = sorted((c for c in store.list_conversations() if c.chat_key == conversation.chat_key),
+                  key=lambda c: c.created)
+    ids = [c.id for c in chat]
+    at = ids.index(conversation.id) if conversation.id in ids else -1
+    if at < 0:
+        return Neighbours(None, None)
+    return Neighbours(ids[at - 1] if at > 0 else None,
+                      ids[at + 1] if at + 1 < len(ids) else None)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _call_line(call: Mapping[str, Any]) -> str:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from daemon.console import signin, transcript, views
 from daemon.console.board import AutomationBoard, HealthView
-from daemon.console.chart import sawtooth
+from daemon.console.chart import requests_chart
 from daemon.console.compression import compress
 from daemon.console.names import chat_names, name_of
 from daemon.console.notices import Notices
@@ -49,6 +49,9 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+# What an error page says where the handler gave no reason of its own.
+ERROR_WORDS = {404: "There is no such page here.",
+               405: "This address answers a button on a console page, not a link."}
 _HERE = Path(__file__).parent
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Page = Callable[[web.Request, ConsoleSession], Awaitable[web.StreamResponse]]
@@ -101,18 +104,38 @@ class Console:
 
     @web.middleware
     async def headers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The console's headers on every answer under /console, errors included."""
+        """The console's headers on every answer under /console; an error as a page in the
+        console's layout, with a way back."""
         ours = request.path == PREFIX or request.path.startswith(f"{PREFIX}/")
         try:
-            response = await handler(request)
+            response: web.StreamResponse = await handler(request)
         except web.HTTPException as exc:
-            if ours:
+            if not ours:
+                raise
+            if exc.status < 400:  # a redirect
                 exc.headers.update(HEADERS)
-            raise
+                raise
+            response = await self._error_page(request, exc)
         if ours:
             response.headers.update(HEADERS)
             compress(request, response)
         return response
+
+    async def _error_page(self, request: web.Request, exc: web.HTTPException) -> web.Response:
+        # aiohttp's own answers ("404: Not Found") get words; a handler's reason is kept.
+        text = exc.text or ""
+        if not text or text.startswith(f"{exc.status}:"):
+            text = ERROR_WORDS.get(exc.status, "Something went wrong with this request.")
+        response = self._page("message.html", status=exc.status, text=text,
+                              title=exc.reason, **self._signed(await self._session(request)))
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+
+    @staticmethod
+    def _signed(session: ConsoleSession | None) -> dict[str, Any]:
+        """The header's links for a signed-in browser."""
+        return {"session": session} if session is not None else {}
 
     def _signed_in(self, page: Page) -> Handler:
         """`page` for a browser with a session (and, for a form, the session's token)."""
@@ -214,30 +237,39 @@ class Console:
         events = await asyncio.to_thread(views.conversation_events, Records(store.state_dir, tz),
                                          conversation)
         names = await asyncio.to_thread(self._names)
+        around = await asyncio.to_thread(views.neighbours, store, conversation)
         number = _number(request.query.get("page", "0")) or 0
         # Markdown and templates for a page of messages: CPU work kept off the loop.
         body = await asyncio.to_thread(self.conversation_html, session, conversation,
-                                       messages, events, names, number)
+                                       messages, events, names, number, around=around)
         return web.Response(text=body, content_type="text/html", headers=HEADERS)
 
     def conversation_html(self, session: ConsoleSession, conversation: Conversation,
                           messages: list[Message], events: list[str], names: dict[str, str],
-                          number: int, per_page: int = PER_PAGE) -> str:
+                          number: int, per_page: int = PER_PAGE,
+                          around: views.Neighbours | None = None) -> str:
         """Page `number` (0: the latest) of a conversation. Synchronous. The bench asks for
         every message on one page (`per_page`), as the console showed it before paging."""
         tz = self.settings.daemon.tz
         points = views.request_points(messages, tz)
         shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
                                 number, max(per_page, 1))
+        on_page = views.message_views(messages, conversation, tz, shown.start, shown.end)
+        seqs = {m.seq for m in on_page}
+        last = points[-1] if points else None
         return self._render(
             "conversation.html", session=session, conversation=conversation,
             chat=name_of(conversation.chat_key, names),
             started=views.local_time(conversation.created, tz), total=len(messages),
-            messages=views.message_views(messages, conversation, tz, shown.start, shown.end),
-            shown=shown, points=points, events=events,
-            chart=sawtooth([p.prompt_tokens for p in points],
-                           max((p.window or 0 for p in points), default=0)
-                           or self.settings.model.window))
+            messages=on_page, shown=shown, events=events,
+            around=around or views.Neighbours(None, None),
+            # The chart draws every request; the table those of this page's messages.
+            points=[p for p in points if p.seq in seqs], all_points=len(points),
+            last=last,
+            chart=requests_chart(views.chart_bars(points),
+                                 max((p.window or 0 for p in points), default=0)
+                                 or self.settings.model.window,
+                                 last.budget if last is not None else None))
 
     async def download(self, request: web.Request,
                        session: ConsoleSession) -> web.StreamResponse:

@@ -12,7 +12,7 @@ calls them in a worker thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -154,10 +154,12 @@ class Journal:
         prompt_tokens: int,
         safety_net: int = 0,
         outro: str = "",
+        request: Mapping[str, int] | None = None,
     ) -> None:
         """Save the reply, queue it and clear its inbox items. `intro` and `outro` are roost's
         own lines above and below it, for the user only: the stored message is the model's
-        words, which later turns replay."""
+        words, which later turns replay. `request` is what roost knew of the first request
+        (its estimate, budget, refusals, cuts; `request_facts`), kept for the console."""
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],
@@ -169,6 +171,7 @@ class Journal:
             "done_reason": result.done_reason,
             "num_ctx": result.num_ctx,
             **({"safety_net": safety_net} if safety_net else {}),  # passes, for /status
+            **(request or {}),
         }
         message = self.store.append_message(before.id, "assistant",
                                             without_framing(text.strip()) or EMPTY_REPLY,

@@ -90,10 +90,13 @@ class Outage:
 class Lessons:
     """What a turn's refusals taught about its conversation, kept with it whether the turn is
     answered or not (issue 43: a raised ratio dropped at the next turn was refused again):
-    messages to replay as their handle, and the lowest ratio the refusals allow."""
+    messages to replay as their handle, and the lowest ratio the refusals allow. It also
+    counts what happened to the first request, for the console's request table."""
 
     handled: tuple[int, ...] = ()
     ratio: float | None = None
+    refused: int = 0  # over-window refusals before a request fitted
+    cut: int = 0  # answers discarded because Ollama cut the prompt silently
 
     def kept_by(self, conversation: Conversation) -> Conversation:
         """`conversation` with what was learnt: the handles, and for a turn that ended
@@ -145,6 +148,7 @@ class ModelCall:
         # The model saw only part of the prompt (often without its system message): its answer
         # is not delivered or stored, and none of its tool calls run. Built again at the ratio
         # the cut proves, the request is sent once more.
+        site.lessons.cut += 1
         site.stream.retract()
         refit = await self.prompting.prepare(conversation, history, ratio=ratio,
                                              model=site.model)
@@ -190,6 +194,7 @@ class ModelCall:
         proves. What is learnt (`site.lessons`) stays with the conversation, answered or not.
         At a ratio where the fixed part does not fit, a lower one is tried, down to the
         conversation's own, which fitted before: `DoesNotFit` becomes the refusal."""
+        site.lessons.refused += 1
         fresh = [m.seq for m in _newest_user_messages(history)
                  if m.seq not in site.lessons.handled and as_handle(m) is not m]
         if fresh:

@@ -334,7 +334,7 @@ class TurnRunner:
         await asyncio.to_thread(
             self.journal.save_reply, conversation, after, turn.items, first,
             confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,
-            loop.safety_net, done.note)
+            loop.safety_net, done.note, request_facts(turn.site, prepared, conversation))
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
@@ -355,3 +355,11 @@ class TurnRunner:
         await asyncio.to_thread(self.journal.unanswered, conversation, items)
         return TurnResult(Outcome.FAILED)
 
+
+def request_facts(site: Site, prepared: Prepared, conversation: Conversation) -> dict[str, int]:
+    """What roost knew of a turn's first request, beside what Ollama counted: the console's
+    chart and table show one against the other (daemon/console/views.py)."""
+    return {"estimate": prepared.request.estimate, "budget": prepared.budget,
+            "refused": site.lessons.refused, "cut": site.lessons.cut,
+            "redone": int(site.stream.retracted),
+            "folds": conversation.summary.fold_count}

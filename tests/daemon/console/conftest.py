@@ -48,7 +48,12 @@ def seed(state_dir: Path) -> Seeded:
                                  created=T0 + turn * 60 + 5,
                                  meta={"prompt_eval_count": 900 + 400 * (turn % 3),
                                        "prompt_eval_cached_count": 850, "num_ctx": 8192,
-                                       "prompt_tokens": 1000})
+                                       "prompt_tokens": 1000,
+                                       # what roost knew: its estimate, the budget, the
+                                       # fold before turn 3, a refusal at turn 4
+                                       "estimate": 880 + 400 * (turn % 3), "budget": 7168,
+                                       "folds": int(turn >= 3), "refused": int(turn == 4),
+                                       "cut": 0, "redone": 0})
         store.append_message(dana.id, "user", HOSTILE, created=T0 + 400)
         store.save_summary(dana.id, SummaryState(summary="Dana asked about the report.",
                                                  user_notes="- my cat is Pickle",

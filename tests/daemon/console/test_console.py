@@ -151,8 +151,8 @@ async def test_a_conversation_shows_every_message_the_fold_and_the_requests(
         assert text.index("question 1") < text.index('id="fold-boundary"') < text.index(
             "question 2")
         assert "Dana asked about the report." in text and "my cat is Pickle" in text
-        assert "<polyline" in text and "of a 8192-token window" in text
-        assert "Peak 1700 tokens" in text
+        assert 'class="bars"' in text and "a 8192-token window" in text
+        assert "Peak 1,700 tokens" in text
         events = text[text.index('id="events"'):]
         assert "folded 4 messages into the summary" in events
         assert "overflow-retry" in events and "Omar" not in events

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.app.metrics import Metrics
 from daemon.context.compact import STATE_REQUEST
+from daemon.core.conversations import Message
 from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
@@ -63,6 +64,15 @@ async def test_an_answer_to_a_silently_cut_prompt_is_discarded_and_asked_again(
     assert ratio_of(rig) > 0.75
     events = rig.engine.parts.records.events("2026-12-01")
     assert sum("silent-cut" in e for e in events) == 1
+    # What the console's request table says of it (daemon/console/views.py).
+    reply = answer_of(rig)
+    assert reply.meta["cut"] == 1 and reply.meta["redone"] == 1
+    assert reply.meta["refused"] == 0 and reply.meta["estimate"] > 0
+
+
+def answer_of(rig: Rig) -> Message:
+    """The conversation's last reply, as stored."""
+    return [m for m in rig.store.messages(rig.conversation_id()) if m.role == "assistant"][-1]
 
 
 async def test_a_second_cut_gets_the_user_a_clear_line(
@@ -95,6 +105,9 @@ async def test_an_overflow_refused_without_sizes_is_refitted_from_the_window(
     assert rig.fake.overflows == 1 and rig.fake.cuts == 0
     events = rig.engine.parts.records.events("2026-12-01")
     assert sum("overflow-retry" in e for e in events) == 1
+    reply = answer_of(rig)  # the refusal, for the console's request table
+    assert reply.meta["refused"] == 1 and reply.meta["cut"] == 0
+    assert 0 < reply.meta["estimate"] <= reply.meta["budget"]
 
 
 def overflow(prompt_tokens: int, n_ctx: int) -> Reply:
