@@ -17,6 +17,7 @@ from daemon.console.chart import Bar
 from daemon.console.names import ChatName, name_of
 from daemon.context.replay import stubbed_seqs
 from daemon.core.conversations import Conversation, Message
+from daemon.core.messages import TEMPLATE_FLAG
 from daemon.store import Store
 from daemon.store.event_log import Records
 
@@ -60,6 +61,7 @@ class MessageView:
     folded: bool  # the model sees the summary instead of this message
     stubbed: bool  # the model sees a one-line stub instead of this tool result
     first_whole: bool = False  # the fold line: the first message the model sees whole
+    held: str = ""  # why this reply waits to be delivered, in words ("": it does not)
 
 
 @dataclass(frozen=True)
@@ -139,18 +141,54 @@ def conversation_rows(store: Store, covers: Callable[[str], bool], default_model
 
 
 def message_views(messages: Sequence[Message], conversation: Conversation, tz: ZoneInfo,
-                  start: int = 0, end: int | None = None) -> list[MessageView]:
+                  start: int = 0, end: int | None = None,
+                  deliveries: Sequence[Mapping[str, Any]] = (),
+                  held: Mapping[str, str] | None = None) -> list[MessageView]:
     """The messages `start:end` of the whole conversation `messages` (the stubs and the fold
-    line are judged over all of them)."""
+    line are judged over all of them), each with the voice notes sent for it (`deliveries`)
+    and why it waits, if it does (`held`, by message id)."""
     through = conversation.summary.through_seq
     stubs = stubbed_seqs(messages, conversation.summary)
     fold_seq = next((m.seq for m in messages if m.seq > through), None) if through else None
     return [MessageView(
         m.seq, m.role, local_time(m.created, tz), m.content, m.tool_name,
         tuple(_call_line(c) for c in m.tool_calls),
-        tuple(attachment_view(a, i) for i, a in enumerate(m.attachments)),
-        folded=0 < m.seq <= through, stubbed=m.seq in stubs, first_whole=m.seq == fold_seq)
+        tuple(attachment_view(a, i) for i, a in enumerate(files_of(m, deliveries))),
+        folded=0 < m.seq <= through, stubbed=m.seq in stubs, first_whole=m.seq == fold_seq,
+        held=(held or {}).get(m.id, ""))
         for m in messages[start:end]]
+
+
+def files_of(message: Message, deliveries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A message's files as the console numbers them: what came with it, then the voice notes
+    roost sent for it."""
+    sent = {str(d.get("path")): d for d in deliveries
+            if d.get("message_id") == message.id and d.get("kind") == "voice"}
+    return [*message.attachments, *sent.values()]
+
+
+def held_of(store: Store, conversation: Conversation, tz: ZoneInfo) -> dict[str, str]:
+    """The conversation's replies waiting in the outbox for the person to write again."""
+    pending = store.outbox_pending(conversation.chat_key)
+    if not any(d.get("held") for d in pending):
+        return {}
+    return held_replies(pending, conversation.id,
+                        store.chat_flags(conversation.chat_key).get(TEMPLATE_FLAG), tz)
+
+
+def held_replies(pending: Sequence[Mapping[str, Any]], conversation_id: str,
+                 invitation: Mapping[str, Any] | None, tz: ZoneInfo) -> dict[str, str]:
+    """Message id -> why its reply waits: the platform takes it only after the person writes
+    again (with the invitation sent to ask them to, when one was)."""
+    asked = ""
+    if invitation and isinstance(invitation.get("last"), int | float):
+        count = invitation.get("count") or 1
+        asked = (f" A template message asking them to write was sent "
+                 f"{local_time(invitation['last'], tz)} ({count} so far).")
+    return {str(d["message_id"]): (f"Not delivered yet: {d['held']}. It goes out when the "
+                                   f"person writes again.{asked}")
+            for d in pending if d.get("held") and d.get("message_id")
+            and d.get("conversation_id") == conversation_id}
 
 
 # What a browser may show inline from roost's origin: re-encoded pictures and sound. Never
@@ -169,9 +207,12 @@ def attachment_view(doc: Mapping[str, Any], index: int) -> AttachmentView:
     else:
         shown_as = "image" if mime.startswith("image/") else "audio"
     default = {"image": "picture", "voice": "voice note"}.get(kind, kind or "file")
+    seconds = doc.get("seconds")
+    said = f"{seconds:.0f} s" if isinstance(seconds, int | float) and seconds else ""
     width, height = doc.get("width"), doc.get("height")
     return AttachmentView(
-        str(doc.get("name") or default), kind, str(doc.get("note") or doc.get("detail") or ""),
+        str(doc.get("name") or default), kind,
+        str(doc.get("note") or doc.get("detail") or said),
         index, shown_as, width if isinstance(width, int) else None,
         height if isinstance(height, int) else None)
 

@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -238,23 +238,29 @@ class Console:
                                          conversation)
         names = await asyncio.to_thread(self._names)
         around = await asyncio.to_thread(views.neighbours, store, conversation)
+        sent = await asyncio.to_thread(store.deliveries_of, conversation.id)
+        held = await asyncio.to_thread(views.held_of, store, conversation, tz)
         number = _number(request.query.get("page", "0")) or 0
         # Markdown and templates for a page of messages: CPU work kept off the loop.
         body = await asyncio.to_thread(self.conversation_html, session, conversation,
-                                       messages, events, names, number, around=around)
+                                       messages, events, names, number, around=around,
+                                       sent=sent, held=held)
         return web.Response(text=body, content_type="text/html", headers=HEADERS)
 
     def conversation_html(self, session: ConsoleSession, conversation: Conversation,
                           messages: list[Message], events: list[str], names: dict[str, str],
                           number: int, per_page: int = PER_PAGE,
-                          around: views.Neighbours | None = None) -> str:
+                          around: views.Neighbours | None = None,
+                          sent: Sequence[Mapping[str, Any]] = (),
+                          held: Mapping[str, str] | None = None) -> str:
         """Page `number` (0: the latest) of a conversation. Synchronous. The bench asks for
         every message on one page (`per_page`), as the console showed it before paging."""
         tz = self.settings.daemon.tz
         points = views.request_points(messages, tz)
         shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
                                 number, max(per_page, 1))
-        on_page = views.message_views(messages, conversation, tz, shown.start, shown.end)
+        on_page = views.message_views(messages, conversation, tz, shown.start, shown.end,
+                                      sent, held)
         seqs = {m.seq for m in on_page}
         last = points[-1] if points else None
         return self._render(
@@ -280,9 +286,11 @@ class Console:
         seq, index = int(request.match_info["seq"]), int(request.match_info["index"])
         found = [m for m in await asyncio.to_thread(store.messages, conversation.id)
                  if m.seq == seq]
-        if not found or index >= len(found[0].attachments):
+        files = views.files_of(found[0], await asyncio.to_thread(
+            store.deliveries_of, conversation.id)) if found else []
+        if index >= len(files):
             raise web.HTTPNotFound(text="No such file.")
-        doc = found[0].attachments[index]
+        doc = files[index]
         try:
             path = stored_path(str(doc["path"]), store.state_dir / "attachments")
         except AttachmentError as exc:

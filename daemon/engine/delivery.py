@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from daemon.core.config import Settings
@@ -176,8 +177,23 @@ class Delivery:
                 return False
             self._failures.pop(chat_key, None)
             await self._tell_sent(outbound)
+            if outbound.kind == "voice":  # the console plays it beside its reply
+                await asyncio.to_thread(self._note_voice, outbound)
             await asyncio.to_thread(self.store.mark_sent, outbound.id, self.clock())
         return True
+
+    def _note_voice(self, outbound: Outbound) -> None:
+        if outbound.conversation_id is None or outbound.audio is None:
+            return
+        audio = Path(outbound.audio)
+        if not audio.is_relative_to(self.store.state_dir):
+            return  # not a file of roost's: nothing the console may serve
+        self.store.note_delivery(outbound.conversation_id, {
+            "id": outbound.id, "kind": "voice", "message_id": outbound.message_id,
+            # relative to the state dir, as a message's attachments are kept
+            "path": audio.relative_to(self.store.state_dir).as_posix(), "mime": "audio/ogg",
+            "name": "voice reply",
+            "seconds": outbound.seconds, "sent": self.clock()})
 
     async def _tell_sent(self, outbound: Outbound) -> None:
         for listener in self.hooks.sent:

@@ -16,6 +16,7 @@ Layout (docs/how-it-works.md, "Where roost keeps things", explains it for operat
         archive-YYYY-MM.json         archived conversations, by month of creation
         <id>/record.json             the conversation's record, written at creation
         <id>/summary.json            its rolling summary (rewritten by the fold)
+        <id>/deliveries.json         voice notes sent for its replies (for the console)
         <id>/seg-000000001.json      its messages in bounded segments, never rewritten once closed
 
 Design:
@@ -56,6 +57,7 @@ from daemon.core.conversations import Conversation, Message, Role, SummaryState
 from daemon.core.errors import StoreError
 from daemon.core.ids import is_id, new_id
 from daemon.store.book import ConversationBook, index_doc
+from daemon.store.deliveries import Deliveries
 from daemon.store.files import (
     AtomicJSONStorage,
     CorruptFile,
@@ -350,6 +352,7 @@ class Store(_Queues):
                                      read_only=read_only)
         self.flags = ChatFlags(files, state_dir / "chats.json")
         self.summaries = Summaries(files, self.log, read_only=read_only)
+        self.deliveries = Deliveries(files, self.log, read_only=read_only)
 
     # ---- opening and closing ---------------------------------------------------------------
 
@@ -485,6 +488,15 @@ class Store(_Queues):
     def save_summary(self, conversation_id: str, summary: SummaryState) -> None:
         """Replace the conversation's summary state (one summary per conversation)."""
         self.summaries.save(conversation_id, summary)
+
+    @_locked
+    def note_delivery(self, conversation_id: str, doc: Mapping[str, Any]) -> None:
+        """Keep what became of one of the conversation's replies (a voice note sent for it)."""
+        self.deliveries.add(conversation_id, doc)
+
+    @_locked
+    def deliveries_of(self, conversation_id: str) -> list[dict[str, Any]]:
+        return self.deliveries.of(conversation_id) if is_id(conversation_id) else []
 
     # ---- messages --------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ outbox and python-telegram-bot to the fake Bot API as sendMessage, then sendVoic
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,6 +15,7 @@ from aiohttp import web
 
 from daemon.app.serve import build_app
 from daemon.engine.voice_replies import CUT_LINE, HOW_TO_TURN_ON
+from daemon.store.console_keys import OWNER, ConsoleKeys
 from daemon.voice.spoken import REST_IS_WRITTEN, spoken_text
 from tests.channels.telegram.test_telegram import (
     CHAT_KEY,
@@ -26,6 +28,7 @@ from tests.channels.telegram.test_telegram import (
     texts,
 )
 from tests.conftest import SettingsFactory, wait_until
+from tests.daemon.console.test_console import jar, sign_in
 from tests.daemon.voice.recordings import OPUS
 from tests.fakes.ollama import FakeOllama, Reply
 from tests.fakes.telegram import FakeTelegram
@@ -109,6 +112,30 @@ async def test_a_voice_note_is_answered_with_the_text_then_a_voice_note_replying
     assert sent["voice"]["mime_type"] == "audio/ogg" and sent["voice"]["duration"] == 3
     assert speech.texts == ["Water the plants at six."]  # the words, not the markup
     assert daemon.store.outbox_pending() == []
+
+
+async def test_the_console_plays_the_voice_reply_beside_its_reply(
+        start: Start, fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+        speech: SpeakingStandIn) -> None:
+    daemon = await start(speech)
+    fake_ollama.script("Water the plants at six.")
+    await said(daemon, fake_telegram, voice_note(7, fake_telegram), 1)
+    await fake_telegram.wait_for("sendVoice")
+    await daemon.settle()
+    (conversation,) = daemon.store.list_conversations()
+    state_dir = daemon.store.state_dir
+    link = ConsoleKeys(state_dir).issue_link((OWNER,), 2e9 - 1)
+    async with jar() as http:
+        assert await sign_in(http, daemon.url, link) == 303
+        async with http.get(f"{daemon.url}/console/c/{conversation.id}") as page:
+            html = await page.text()
+        reply = html[html.index("Water the plants at six."):]
+        played = re.search(r'<audio controls[^>]* src="([^"]+)"', reply)
+        assert played, "the voice reply is not playable beside its reply"
+        assert "voice reply" in reply[:reply.index("</article>")]
+        async with http.get(daemon.url + played.group(1)) as sound:
+            assert sound.headers["Content-Type"] == "audio/ogg"
+            assert await sound.read() == VOICE_NOTE.read_bytes()
 
 
 async def test_a_typed_message_gets_no_voice_note_in_auto(
