@@ -1,20 +1,22 @@
-"""People and access: pairing requests to approve or refuse, approved senders, standing
+"""People and access: who may talk (who.py), pairing requests to approve or refuse, standing
 "Always" grants to revoke, and each person's facts to read, add to or forget.
 
-The owner sees and changes everyone's; a person's session sees their own facts and grants and
-nothing of the pairing book (a code is the owner's to approve).
+The owner sees and changes everyone's; a person's session sees themselves (their own chats,
+facts and grants) and nothing of the pairing book (a code is the owner's to approve).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
+from daemon.console.names import chat_names
+from daemon.console.who import Talker, doors, who_may_talk
 from daemon.core.config import Settings
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook, Standing
@@ -54,11 +56,23 @@ class People:
     def grants(self, session: ConsoleSession) -> list[Standing]:
         return [s for s in self.approvals.standing() if session.covers(s.person)]
 
+    def talkers(self, session: ConsoleSession) -> list[Talker]:
+        """Who may talk: everyone for the owner; for a person, themselves with only the chats
+        their session covers (an identity changed since the link names no one else's)."""
+        names = chat_names(self.settings.identities, self.pairing)
+        found = who_may_talk(self.settings, self.pairing.approved(), names)
+        if session.is_owner:
+            return found
+        own = [replace(t, chats=tuple(c for c in t.chats if session.covers(c.key)))
+               for t in found]
+        return [t for t in own if t.chats]
+
     def view(self, session: ConsoleSession) -> dict[str, Any]:
         now = self.clock()
         return {
+            "talkers": self.talkers(session),
+            "doors": doors(self.settings) if session.is_owner else [],
             "pending": self.pairing.pending(now) if session.is_owner else [],
-            "approved": self.pairing.approved() if session.is_owner else [],
             "grants": self.grants(session),
             "people": [PersonFacts(p, tuple(self.facts.facts(p))) for p in self.people(session)],
             "day": lambda ts: datetime.fromtimestamp(ts, self.settings.daemon.tz).strftime(

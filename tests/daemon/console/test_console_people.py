@@ -1,20 +1,40 @@
-"""People and access in the console: pairing, standing grants and facts, each within its scope."""
+"""People and access in the console: who may talk, pairing, standing grants and facts, each
+within its scope."""
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from html.parser import HTMLParser
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
 
 import aiohttp
+import pytest
+from aiohttp import web
 
+from daemon.app.serve import build_app
+from daemon.core.config import Settings
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook
 from daemon.store.console_keys import OWNER, ConsoleKeys
 from daemon.store.facts import FactsBook, Person
+from tests.conftest import SettingsFactory
 from tests.daemon.console.conftest import DANA, OMAR, T0, Rig
 from tests.daemon.console.test_console import jar, sign_in
+from tests.fakes.ollama import FakeOllama
+from tests.fakes.telegram import FakeTelegram
 
 TOOL = "github__create_issue"
+
+
+class Served(Protocol):
+    url: str
+    settings: Settings
 
 
 def seed_access(rig: Rig) -> str:
@@ -31,10 +51,11 @@ def seed_access(rig: Rig) -> str:
     return waiting.code
 
 
-async def signed_in(rig: Rig, scope: str) -> tuple[aiohttp.ClientSession, str]:
-    """A browser signed in for `scope`, and its form token."""
+async def signed_in(rig: Served, *scope: str) -> tuple[aiohttp.ClientSession, str]:
+    """A browser signed in for `scope` (the chats of one person, or OWNER), and its form
+    token."""
     http = jar()
-    link = ConsoleKeys(rig.settings.daemon.state_dir).issue_link((scope,), 2e9 - 1)
+    link = ConsoleKeys(rig.settings.daemon.state_dir).issue_link(scope, 2e9 - 1)
     assert await sign_in(http, rig.url, link) == 303
     async with http.get(f"{rig.url}/console/people") as page:
         token = re.search(r'name="csrf" value="([^"]+)"', await page.text())
@@ -143,3 +164,139 @@ async def test_a_notice_shows_only_to_the_session_whose_form_said_it(rig: Rig) -
         async with omar.get(f"{rig.url}{back}") as page:
             text = await page.text()
         assert page.status == 200 and 'id="done"' not in text and "Zoe" not in text
+
+
+# ---- who may talk ------------------------------------------------------------------------
+
+ALLOWED = "telegram:5555555"  # on telegram.allow only: never paired, no facts
+PAIRED = "telegram:4444444"  # approved by pairing, as "Yusuf"
+HOSTILE_NAME = "<script>alert(1)</script>"
+SNEAKY = "telegram:6666666"  # approved by pairing, under HOSTILE_NAME
+DANA_WA = "whatsapp:972544401243"  # Dana's second chat, linked by [identities] dana
+
+
+@dataclass
+class Talking:
+    url: str
+    settings: Settings
+    approved: float  # when the two pairings were approved
+
+
+@pytest.fixture
+async def talking(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
+                  make_settings: SettingsFactory, state_dir: Path,
+                  request: pytest.FixtureRequest) -> AsyncIterator[Talking]:
+    """Telegram on, letting in Dana and ALLOWED by its allow list (or the parameter's) and two
+    senders by pairing; WhatsApp off, with Dana on its allow list; `[identities] dana` links
+    her two chats."""
+    allow, strangers = getattr(request, "param", ((1111111, 5555555), "pair"))
+    settings = make_settings(
+        model={"host": fake_ollama.url}, access={"unknown_senders": strangers},
+        telegram={"enabled": True, "mode": "webhook",
+                  "webhook_url": "https://bot.example.org/webhooks/telegram",
+                  "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
+                  "allow": allow, "token": fake_telegram.token, "secret": "s3cret_-X"},
+        whatsapp={"allow": ("972544401243",)})
+    settings = replace(settings, identities=MappingProxyType({"dana": (DANA, DANA_WA)}))
+    now = time.time()
+    book = PairingBook(state_dir)
+    book.admit("telegram", "4444444", "Yusuf", now)
+    book.admit("telegram", "6666666", HOSTILE_NAME, now)
+    runner = web.AppRunner(build_app(settings), shutdown_timeout=0.5)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield Talking(f"http://127.0.0.1:{runner.addresses[0][1]}", settings, now)
+    finally:
+        await runner.cleanup()
+
+
+class Cards(HTMLParser):
+    """The text a reader sees in each card of the People page's `<ul class="people">`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cards: list[str] = []
+        self._depth = 0  # lists open inside the people list; 0: outside it
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "ul" and (self._depth or ("class", "people") in attrs):
+            self._depth += 1
+        elif tag == "li" and self._depth == 1:
+            self.cards.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "ul" and self._depth:
+            self._depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._depth and self.cards:
+            self.cards[-1] += data
+
+
+def cards(page: str) -> list[str]:
+    parser = Cards()
+    parser.feed(page)
+    return [" ".join(card.split()) for card in parser.cards]
+
+
+async def people_page(served: Served, *scope: str) -> str:
+    http, _ = await signed_in(served, *scope)
+    async with http, http.get(f"{served.url}/console/people") as page:
+        assert page.status == 200
+        return await page.text()
+
+
+def card_of(found: list[str], chat: str) -> str:
+    (card,) = [c for c in found if chat in c]  # every chat on one card only
+    return card
+
+
+async def test_the_owner_sees_everyone_who_may_talk(talking: Talking) -> None:
+    page = await people_page(talking, OWNER)
+    found = cards(page)
+    assert len(found) == 5, found
+    day = datetime.fromtimestamp(talking.approved, talking.settings.daemon.tz).strftime(
+        "%Y-%m-%d")
+    assert card_of(found, ALLOWED) == f"no name member Telegram {ALLOWED}: allow list"
+    assert card_of(found, PAIRED) == f"Yusuf member Telegram {PAIRED}: pairing, approved {day}"
+    # One person on two platforms: one card with both chats, each saying what lets it in.
+    dana = card_of(found, DANA)
+    assert dana == card_of(found, DANA_WA)
+    assert dana == (f"dana member Telegram {DANA}: allow list WhatsApp {DANA_WA}: allow list "
+                    "(WhatsApp is off)")
+    assert found[0] == "no name owner Terminal (roost chat) console:local: owner"
+    assert "<b>Telegram</b>: 2 on the allow list (telegram.allow)" in page
+    assert "<b>WhatsApp</b>: off (whatsapp.enabled = false)" in page
+
+
+@pytest.mark.parametrize("talking", [((), "ignore")], indirect=True)
+async def test_an_empty_allow_list_is_said_to_let_nobody_in(talking: Talking) -> None:
+    page = await people_page(talking, OWNER)
+    assert ("<b>Telegram</b>: the allow list (telegram.allow) is empty, so it lets nobody in: "
+            "only those approved by pairing may write; a stranger is ignored "
+            "(access.unknown_senders = &#34;ignore&#34;).") in page
+    found = cards(page)
+    assert ALLOWED not in page and PAIRED in card_of(found, PAIRED)
+    assert card_of(found, DANA) == (f"dana member Telegram {DANA}: may not write (on no allow "
+                                    f"list, not approved) WhatsApp {DANA_WA}: allow list "
+                                    "(WhatsApp is off)")
+
+
+async def test_a_person_sees_only_themselves_among_who_may_talk(talking: Talking) -> None:
+    others = ["Yusuf", "4444444", "5555555", "6666666", "alert", "console:local", "owner",
+              "telegram.allow"]
+    page = await people_page(talking, DANA, DANA_WA)  # as /console in Dana's chat scopes it
+    assert cards(page) == [f"dana member Telegram {DANA}: allow list WhatsApp {DANA_WA}: "
+                           "allow list (WhatsApp is off)"]
+    assert not [word for word in others if word in page]
+    page = await people_page(talking, ALLOWED)
+    assert cards(page) == [f"no name member Telegram {ALLOWED}: allow list"]
+    assert not [word for word in [*others[:2], *others[3:], "dana", "1111111", "972544401243"]
+                if word in page]
+
+
+async def test_a_hostile_pairing_name_stays_text(talking: Talking) -> None:
+    page = await people_page(talking, OWNER)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page
+    assert card_of(cards(page), SNEAKY).startswith(f"{HOSTILE_NAME} member Telegram {SNEAKY}")
