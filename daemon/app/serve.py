@@ -161,6 +161,7 @@ def build_app(settings: Settings, channels: Mapping[str, Channel] | None = None,
     if settings.console.enabled:
         Console(settings, lambda: app[STORE],
                 board=lambda: Board(settings, app[STORE], app[AUTOMATIONS].scan),
+                reminders=lambda chat_key: app[AUTOMATIONS].reminders.pending(chat_key),
                 health=lambda: health_view(_running(app))).add_routes(app)
     return app
 

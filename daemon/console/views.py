@@ -167,28 +167,53 @@ def files_of(message: Message, deliveries: Sequence[Mapping[str, Any]]) -> list[
     return [*message.attachments, *sent.values()]
 
 
-def held_of(store: Store, conversation: Conversation, tz: ZoneInfo) -> dict[str, str]:
-    """The conversation's replies waiting in the outbox for the person to write again."""
-    pending = store.outbox_pending(conversation.chat_key)
-    if not any(d.get("held") for d in pending):
-        return {}
-    return held_replies(pending, conversation.id,
+@dataclass(frozen=True)
+class Held:
+    """Replies to this chat that wait for the person to write again (the platform takes them
+    only then): by the message they answer, and the rest (an automation's report, a reminder)
+    for the chat's active conversation to show."""
+
+    by_message: Mapping[str, str]
+    waiting: tuple[str, ...] = ()
+
+
+def held_of(store: Store, conversation: Conversation, tz: ZoneInfo) -> Held:
+    pending = [d for d in store.outbox_pending(conversation.chat_key) if d.get("held")]
+    if not pending:
+        return Held({})
+    return held_replies(pending, conversation,
                         store.chat_flags(conversation.chat_key).get(TEMPLATE_FLAG), tz)
 
 
-def held_replies(pending: Sequence[Mapping[str, Any]], conversation_id: str,
-                 invitation: Mapping[str, Any] | None, tz: ZoneInfo) -> dict[str, str]:
-    """Message id -> why its reply waits: the platform takes it only after the person writes
-    again (with the invitation sent to ask them to, when one was)."""
+def held_replies(pending: Sequence[Mapping[str, Any]], conversation: Conversation,
+                 invitation: Mapping[str, Any] | None, tz: ZoneInfo) -> Held:
+    """Why each held item waits, in words, with the invitation sent to ask the person to
+    write, when one was."""
     asked = ""
     if invitation and isinstance(invitation.get("last"), int | float):
         count = invitation.get("count") or 1
         asked = (f" A template message asking them to write was sent "
                  f"{local_time(invitation['last'], tz)} ({count} so far).")
-    return {str(d["message_id"]): (f"Not delivered yet: {d['held']}. It goes out when the "
-                                   f"person writes again.{asked}")
-            for d in pending if d.get("held") and d.get("message_id")
-            and d.get("conversation_id") == conversation_id}
+    ours = {str(d["message_id"]): d for d in pending
+            if d.get("message_id") and d.get("conversation_id") == conversation.id}
+    others = [d for d in pending if d not in ours.values()]
+    return Held(
+        {key: f"Not delivered yet: {d['held']}. It goes out when the person writes "
+              f"again.{asked}" for key, d in ours.items()},
+        tuple(f"{local_time(d['created'], tz)}: \u201c{_first_words(str(d.get('text', '')))}"
+              f"\u201d, not delivered yet: {d['held']}.{asked}" for d in others)
+        if conversation.status == "active" else ())
+
+
+def reminder_lines(pending: Sequence[Mapping[str, Any]], tz: ZoneInfo) -> list[str]:
+    """A chat's pending reminders, soonest first: when, and what roost will say."""
+    return [f"{local_time(d['due'], tz)}: {_first_words(str(d.get('text', '')), 200)}"
+            for d in sorted(pending, key=lambda d: d["due"])]
+
+
+def _first_words(text: str, limit: int = 80) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit].rstrip() + "\u2026"
 
 
 # What a browser may show inline from roost's origin: re-encoded pictures and sound. Never

@@ -63,11 +63,13 @@ class Console:
     def __init__(self, settings: Settings, store: Callable[[], Store], *,
                  board: Callable[[], AutomationBoard] | None = None,
                  health: Callable[[], HealthView] | None = None,
+                 reminders: Callable[[str], Awaitable[list[dict[str, Any]]]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store  # the app's store, once it is open
         self.board = board
         self.health = health  # synchronous: called in a thread
+        self.reminders = reminders  # a chat's pending reminders
         self.keys = ConsoleKeys(settings.daemon.state_dir)
         self.forms = signin.SignInForms()
         self.notices = Notices()
@@ -240,11 +242,13 @@ class Console:
         around = await asyncio.to_thread(views.neighbours, store, conversation)
         sent = await asyncio.to_thread(store.deliveries_of, conversation.id)
         held = await asyncio.to_thread(views.held_of, store, conversation, tz)
+        reminders = (views.reminder_lines(await self.reminders(conversation.chat_key), tz)
+                     if self.reminders is not None and conversation.status == "active" else [])
         number = _number(request.query.get("page", "0")) or 0
         # Markdown and templates for a page of messages: CPU work kept off the loop.
         body = await asyncio.to_thread(self.conversation_html, session, conversation,
                                        messages, events, names, number, around=around,
-                                       sent=sent, held=held)
+                                       sent=sent, held=held, reminders=reminders)
         return web.Response(text=body, content_type="text/html", headers=HEADERS)
 
     def conversation_html(self, session: ConsoleSession, conversation: Conversation,
@@ -252,22 +256,25 @@ class Console:
                           number: int, per_page: int = PER_PAGE,
                           around: views.Neighbours | None = None,
                           sent: Sequence[Mapping[str, Any]] = (),
-                          held: Mapping[str, str] | None = None) -> str:
+                          held: views.Held | None = None,
+                          reminders: Sequence[str] = ()) -> str:
         """Page `number` (0: the latest) of a conversation. Synchronous. The bench asks for
         every message on one page (`per_page`), as the console showed it before paging."""
         tz = self.settings.daemon.tz
         points = views.request_points(messages, tz)
         shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
                                 number, max(per_page, 1))
+        held = held or views.Held({})
         on_page = views.message_views(messages, conversation, tz, shown.start, shown.end,
-                                      sent, held)
+                                      sent, held.by_message)
         seqs = {m.seq for m in on_page}
         last = points[-1] if points else None
         return self._render(
             "conversation.html", session=session, conversation=conversation,
             chat=name_of(conversation.chat_key, names),
             started=views.local_time(conversation.created, tz), total=len(messages),
-            messages=on_page, shown=shown, events=events,
+            messages=on_page, shown=shown, events=events, waiting=held.waiting,
+            reminders=reminders,
             around=around or views.Neighbours(None, None),
             # The chart draws every request; the table those of this page's messages.
             points=[p for p in points if p.seq in seqs], all_points=len(points),

@@ -32,8 +32,10 @@ from daemon.app.serve import ENGINE, METRICS, PLATFORMS, STORE, build_app
 from daemon.core.conversations import Message
 from daemon.core.messages import Outbound
 from daemon.store import Store
+from daemon.store.console_keys import OWNER, ConsoleKeys
 from tests.conftest import FIXTURES, SettingsFactory, wait_until
 from tests.daemon.cli.test_doctor import doctor as roost_doctor
+from tests.daemon.console.test_console import jar, sign_in
 from tests.fakes.graph import (
     API_VERSION,
     PHONE_NUMBER_ID,
@@ -603,6 +605,49 @@ async def test_doctor_checks_the_whatsapp_token(
     bad = await doctor("expired")
     assert "FAIL whatsapp: the Graph API refused: HTTP 401, code 190" in bad
     assert "expired" not in bad
+
+
+async def console_page(daemon: Daemon, conversation_id: str) -> str:
+    """The conversation's page in the owner's console."""
+    link = ConsoleKeys(daemon.store.state_dir).issue_link((OWNER,), 2e9 - 1)
+    async with jar() as http:
+        assert await sign_in(http, daemon.url, link) == 303
+        async with http.get(f"{daemon.url}/console/c/{conversation_id}") as page:
+            return await page.text()
+
+
+async def test_the_console_shows_a_held_reply_at_its_place_until_it_goes_out(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    daemon = await start()
+    graph.fail_next("send", 131047)
+    assert await daemon.post(webhook(text_message("wamid.c1", USER, "late question"))) == 200
+    await graph.wait_for("send")
+    await daemon.settle()
+    (held,) = daemon.store.outbox_pending(KEY)
+    page = await console_page(daemon, held["conversation_id"])
+    reply = page[page.index("echo: late question"):]
+    assert "Not delivered yet: WhatsApp refused it: Re-engagement message" in \
+        reply[:reply.index("</article>")]
+    assert await daemon.post(webhook(text_message("wamid.c2", USER, "hello again"))) == 200
+    await graph.wait_sent(2)
+    await daemon.settle()
+    assert "Not delivered yet" not in await console_page(daemon, held["conversation_id"])
+
+
+async def test_the_console_lists_held_reports_and_the_template_sent_for_them(
+        start: Start, graph: FakeGraph, fake_ollama: FakeOllama) -> None:
+    graph.templates.append(Template("report_ready"))
+    daemon = await start(whatsapp=TEMPLATE)
+    assert await daemon.post(webhook(text_message("wamid.c3", USER, "hello"))) == 200
+    await graph.wait_sent(1)
+    await daemon.settle()
+    await hold_reports(daemon, "the weekly report")
+    (conversation,) = daemon.store.list_conversations()
+    page = await console_page(daemon, conversation.id)
+    upcoming = page[page.index('id="upcoming"'):]
+    assert "Waiting to be delivered to this chat" in upcoming
+    assert "the weekly report" in upcoming
+    assert "A template message asking them to write was sent" in upcoming
 
 
 async def test_a_held_reply_survives_a_restart_and_goes_out_once(
