@@ -14,9 +14,10 @@ import pytest
 from daemon.app.serve import build_app
 from daemon.core.config import Settings
 from daemon.store import Store
+from daemon.store.console_keys import ConsoleKeys
 from tests.conftest import RecordingChannel, SettingsFactory
 from tests.daemon.app.test_app import start
-from tests.daemon.console.conftest import DANA, T0, Seeded, seed
+from tests.daemon.console.conftest import DANA, OMAR, T0, Seeded, seed
 from tests.daemon.console.test_console import jar, owner_link, sign_in
 from tests.fakes.ollama import FakeOllama
 
@@ -106,3 +107,27 @@ async def test_a_rotation_is_marked_and_leads_to_the_conversation_on_either_side
     new = await page_of(url, settings, capsys, after)
     assert f'href="/console/c/{before}" rel="prev"' in new
     assert "← rotated in" in words(chart_of(new))
+
+
+async def test_an_error_is_a_page_in_the_consoles_layout_with_a_way_back(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, settings, _ = console
+    omars = ConsoleKeys(settings.daemon.state_dir).issue_link((OMAR,), 2e9 - 1)
+    async with jar() as http:
+        assert await sign_in(http, url, omars) == 303
+        for path, status, said in (
+                ("/console/c/01NOSUCHCONVERSATION", 404, "No such conversation."),
+                ("/console/no/such/page", 404, "There is no such page here."),
+                ("/console/health", 404, "The daemon's health is the owner's to see."),
+                ("/console/automations/run", 405, "answers a button on a console page")):
+            async with http.get(url + path) as page:
+                html = await page.text()
+                assert page.status == status, path
+                assert page.headers["Content-Type"].startswith("text/html")
+                assert "Content-Security-Policy" in page.headers
+            assert said in words(html), path
+            assert 'href="/console/">Back to the console' in html  # a way back
+            assert 'action="/console/logout"' in html  # the header of a signed-in page
+    async with jar() as http, http.get(f"{url}/console/nothing") as page:
+        assert page.status in (401, 404)  # signed out: the sign-in page or the error page
+        assert "text/html" in page.headers["Content-Type"]
