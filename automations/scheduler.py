@@ -40,6 +40,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from automations.commands import stamp
 from automations.reminders import Reminders
 from automations.runner import AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
@@ -297,8 +298,10 @@ class Automations:
             return
         first, last = missed[0], missed[-1]
         count = f"{len(missed):,}" + (" or more" if len(missed) == MISSED_COUNTED else "")
-        span = (first.strftime("%Y-%m-%d %H:%M %Z") if first is last else
-                f"{first.strftime('%Y-%m-%d %H:%M %Z')} to {last.strftime('%Y-%m-%d %H:%M %Z')}")
+        # In the zone that `list` and the console name once around it: no zone here.
+        span = stamp(first.timestamp(), self.tz)
+        if last is not first:
+            span += f" to {stamp(last.timestamp(), self.tz)}"
         reason = f"roost was not running: {count} slot{'s' * (len(missed) > 1)} not run ({span})"
         log.warning("automation %s: %s", automation.name, reason)
         await self.runner.record_missed(automation, first, reason, slots=len(missed),

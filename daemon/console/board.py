@@ -10,7 +10,9 @@ from typing import Protocol
 @dataclass(frozen=True)
 class RunView:
     status: str  # ok, quiet, failed, undelivered, missed, skipped, running
-    scheduled: str  # local time with the zone
+    # A local time in the daemon's zone, which the page names once; the zone's abbreviation
+    # only on a wall time that happens twice (the hour the clocks go back).
+    scheduled: str
     manual: bool
     seconds: float | None  # how long it ran
     prompt_tokens: int | None
@@ -23,7 +25,7 @@ class RunView:
 class AutomationView:
     name: str
     schedule: str
-    next_run: str  # local time with the zone, "disabled" or "never"
+    next_run: str  # a time as `scheduled` is, "disabled" or "never"
     deliver: tuple[str, ...]
     runs: tuple[RunView, ...]  # newest first
 

@@ -61,7 +61,7 @@ async def test_slots_that_came_while_roost_was_down_are_recorded_as_missed(
     assert ok["id"] == "hourly@2026-12-01T10:00" and ok["status"] == "ok"
     assert missed["status"] == "missed" and missed["slots"] == 2
     assert missed["error"] == ("roost was not running: 2 slots not run "
-                               "(2026-12-01 11:00 CET to 2026-12-01 12:00 CET)")
+                               "(Tue 2026-12-01 11:00 to Tue 2026-12-01 12:00)")
     assert late["id"] == "hourly@2026-12-01T13:00"
     assert second.counted("hourly", "missed") == 2
     assert len(fake_ollama.chat_requests) == 2

@@ -1,5 +1,6 @@
 """The Health page's table of model cards in a real browser (Debian's Chromium, headless): a
-hostile model name is shown as text and runs nothing; the table scrolls within a phone's width.
+hostile model name is shown as text and runs nothing; on a phone each model is a card within
+the screen's width.
 Skipped where no browser is installed, as tests/daemon/console/test_console_browser.py is."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ async def test_the_cards_table_on_a_phone_shows_a_hostile_name_as_text(
                  for row in table.find_elements(By.CSS_SELECTOR, "tbody tr:first-child")]
         assert names == ["qwen3:4b", HOSTILE]
         assert driver.execute_script("return window.pwned === undefined")  # type: ignore
-        assert table.size["width"] <= SIZES["phone"][0]  # it scrolls, the page does not
+        assert table.size["width"] <= SIZES["phone"][0]  # a card each, within the screen
         driver.execute_script("arguments[0].scrollIntoView()", table)  # type: ignore
         shot(driver, "phone-health-cards")
         driver.set_window_size(*SIZES["desktop"])  # type: ignore[attr-defined]

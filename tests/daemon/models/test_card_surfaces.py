@@ -221,11 +221,12 @@ async def test_the_health_page_shows_the_cards_table_with_what_roost_does(
     row = card_row(cards[0])
     for cell in ("qwen3:4b", "text", "inline", "cut", "+12.0%", "38.4", "0.41\u00a0s",
                  "3.2\u00a0s", "5.2\u00a0GB (100% on the GPU)", f"2025-06-01 on Ollama {VERSION}"):
-        assert re.search(rf'<td( class="(wide|name)")?>{re.escape(cell)}', text), cell
+        assert re.search(rf'<td( class="name")? data-label="[^"]+">{re.escape(cell)}', text), cell
     for line in row.does:
         assert f"<li>{escape(line)}</li>" in text
-    assert ">did not describe an image</td>" in text and "<td>refused</td>" in text
-    assert '<td class="wide">warm</td>' in text and "(quick probe)</td>" in text
+    assert ">did not describe an image</td>" in text
+    assert '<td data-label="Over-window prompts">refused</td>' in text
+    assert '<td data-label="Load">warm</td>' in text and "(quick probe)</td>" in text
 
 
 async def test_a_hostile_model_name_on_the_health_page_stays_text(
@@ -234,4 +235,5 @@ async def test_a_hostile_model_name_on_the_health_page_stays_text(
     cards.append(card(HOSTILE))
     text = await page(url, state_dir)
     assert HOSTILE not in text and "<script>" not in text and "<img" not in text
-    assert '<td class="name">&lt;script&gt;window.pwned=1&lt;/script&gt;&lt;img src=x' in text
+    assert ('<td class="name" data-label="Model">&lt;script&gt;window.pwned=1&lt;/script&gt;'
+            '&lt;img src=x') in text
