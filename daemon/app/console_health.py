@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.app.health import Health
-from daemon.console.board import CardRow, Check, HealthView
+from daemon.console.board import CardRow, Check, HealthView, HostRow
 from daemon.core.config import Settings
 from daemon.core.platforms import installed
+from daemon.core.redact import redact_url
 from daemon.models.card import Card
 from daemon.models.strategy import NOTHING_DIFFERENT, what_roost_does
 from daemon.tools.mcp.servers import ServerStatus
@@ -33,6 +34,7 @@ class Running:
     outbox: Sequence[Mapping[str, Any]]
     servers: Sequence[ServerStatus]
     cards: Sequence[Card] = ()  # the running Ollama's, as the calls act on them
+    ollama_version: str | None = None  # as far as roost has asked
 
 
 def health_view(now: Running) -> HealthView:
@@ -61,7 +63,17 @@ def health_view(now: Running) -> HealthView:
         Check("voice", True, now.settings.voice.backend),
         _disk(now),
     ]
-    return HealthView(now.status, tuple(checks), tuple(card_row(c) for c in now.cards))
+    return HealthView(now.status, tuple(checks), tuple(card_row(c) for c in now.cards),
+                      (host_row(now),))
+
+
+def host_row(now: Running) -> HostRow:
+    """The one Ollama roost talks to (`model.host`): a pool of one serves every conversation."""
+    return HostRow(
+        redact_url(now.settings.model.host),
+        {True: "reachable", False: "unreachable", None: "not probed yet"}[
+            now.health.ollama_reachable],
+        now.ollama_version or "not asked yet", now.in_flight, "every conversation")
 
 
 def card_row(card: Card) -> CardRow:

@@ -94,6 +94,7 @@ class HealthMonitor:
         try:
             async with asyncio.timeout(self.timeout):
                 pulled = await self.llm.pulled_models()
+                await self.llm.learn_version()  # asked once; the console names it
             h.ollama_reachable = True
             h.model_pulled = self.model in pulled or f"{self.model}:latest" in pulled
         except ModelNotFound:

@@ -404,7 +404,7 @@ def _running(app: web.Application) -> Running:
     return Running(app[SETTINGS], app[HEALTH].health, _status(app)[0], channel_names(app),
                    app[ENGINE].queue_depths(), app[LLM].in_flight, app[STORE].outbox_pending(),
                    servers.status() if servers is not None else [],
-                   core.cards.cards() if core is not None else ())
+                   core.cards.cards() if core is not None else (), app[LLM].known_version)
 
 
 async def _gauges(app: web.Application) -> dict[str, float]:

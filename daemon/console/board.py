@@ -66,7 +66,19 @@ class CardRow:
 
 
 @dataclass(frozen=True)
+class HostRow:
+    """One Ollama server roost sends requests to, and what it serves."""
+
+    url: str  # without credentials
+    state: str  # reachable, unreachable, not probed yet
+    version: str  # as /api/version said, or "not asked yet"
+    in_flight: int  # requests at it now
+    serves: str  # which conversations go to it
+
+
+@dataclass(frozen=True)
 class HealthView:
     status: str  # ok, degraded, stopping (as /healthz says)
     checks: tuple[Check, ...]
     cards: tuple[CardRow, ...] = ()  # of the running Ollama's version
+    hosts: tuple[HostRow, ...] = ()

@@ -289,6 +289,15 @@ class ModelClient:
         version = await self._version()
         return version is None or version < TRUNCATE_SINCE
 
+    @property
+    def known_version(self) -> str | None:
+        """The server's version as far as roost has asked it (never asks)."""
+        return ".".join(map(str, self._server_version)) if self._server_version else None
+
+    async def learn_version(self) -> None:
+        """Ask the server's version, once (for the Health page; the calls ask it as needed)."""
+        await self._version()
+
     async def _version(self) -> tuple[int, ...] | None:
         """The server's version from `/api/version`, asked once; None when unknown."""
         if self._server_version is None:

@@ -75,3 +75,30 @@ async def test_health_lists_the_running_ollamas_model_cards(
             assert "old:1b" not in text  # another Ollama's card says nothing of this one
     finally:
         await runner.cleanup()
+
+
+async def test_health_names_the_ollama_server_its_version_and_what_it_serves(
+        fake_ollama: FakeOllama, make_settings: SettingsFactory, state_dir: Path) -> None:
+    host = fake_ollama.url.replace("http://", "http://roost:hunter2@")
+    settings = make_settings(model={"host": host})
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")},
+                                        tuning=Tuning(health_interval=0.05)))
+    try:
+        async with await browser_for(url, state_dir, OWNER) as http:
+            async def hosts() -> str:
+                async with http.get(f"{url}/console/health") as answer:
+                    text = await answer.text()
+                assert "hunter2" not in text
+                return text[text.index('id="hosts"'):text.index('id="cards"')]
+
+            version = f'<td data-label="Version">{fake_ollama.version}</td>'
+            for _ in range(400):  # the background probe asks the version once it reaches it
+                if version in await hosts():
+                    break
+                await asyncio.sleep(0.02)
+            shown = await hosts()
+        assert version in shown and fake_ollama.url.removeprefix("http://") in shown
+        assert '<td data-label="State">reachable</td>' in shown
+        assert "every conversation" in shown
+    finally:
+        await runner.cleanup()
