@@ -14,9 +14,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-WIDTH = 640
-HEIGHT = 280
-LEFT, RIGHT, TOP, BOTTOM = 58, 12, 14, 44  # room for the axes' numbers and titles
+# Small enough that the numbers (12 units) stay readable when a phone shrinks the picture to
+# its width, and the page's stylesheet caps how far a desktop enlarges it.
+WIDTH = 400
+HEIGHT = 240
+LEFT, RIGHT, TOP, BOTTOM = 62, 10, 14, 42  # room for the axes' numbers and titles
 TICKS = 5  # at most this many numbers up the token axis
 
 

@@ -98,6 +98,14 @@ async def test_sign_in_and_read_a_folded_conversation_with_its_chart(
         chart = driver.find_element(By.CSS_SELECTOR, "svg.chart")  # type: ignore
         assert chart.size["width"] <= SIZES[size][0]  # fits the screen
         assert "8192-token window" in chart.get_attribute("aria-label")
+        # The axes' numbers and titles are on the screen and large enough to read.
+        labels = chart.find_elements(By.CSS_SELECTOR, "text")
+        assert {"request number", "tokens", "8,000"} <= {t.text for t in labels}
+        for label in labels:
+            box = driver.execute_script(  # type: ignore[attr-defined]
+                "return arguments[0].getBoundingClientRect().toJSON()", label)
+            assert box["left"] >= 0 and box["right"] <= SIZES[size][0], label.text
+            assert box["height"] >= 9 if label.text != "tokens" else box["width"] >= 9
         hostile = driver.find_element(By.ID, "m13")  # type: ignore[attr-defined]
         assert "<script>window.pwned=1</script>" in hostile.text  # shown as text
         assert driver.execute_script("return window.pwned === undefined")  # type: ignore
