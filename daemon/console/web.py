@@ -25,7 +25,7 @@ from daemon.console import signin, transcript, views
 from daemon.console.board import AutomationBoard, HealthView
 from daemon.console.chart import requests_chart
 from daemon.console.compression import compress
-from daemon.console.names import chat_names, name_of
+from daemon.console.names import ChatName, chat_names, name_of
 from daemon.console.notices import Notices
 from daemon.console.paging import PER_PAGE, transcript_page
 from daemon.console.people import People
@@ -319,7 +319,7 @@ class Console:
                           session: ConsoleSession) -> web.StreamResponse:
         shown = await asyncio.to_thread(self.people.view, session)
         return self._page("people.html", session=session, done=self._notice(request, session),
-                          **shown)
+                          named=await self._named(), **shown)
 
     async def people_form(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
@@ -348,7 +348,7 @@ class Console:
         board = self._owners_board(session)
         shown = await asyncio.to_thread(board.overview)
         return self._page("automations.html", session=session, automations=shown,
-                          done=self._notice(request, session))
+                          done=self._notice(request, session), named=await self._named())
 
     async def run_now(self, request: web.Request,
                       session: ConsoleSession) -> web.StreamResponse:
@@ -375,6 +375,11 @@ class Console:
     def _names(self) -> dict[str, str]:
         """Chat key -> the name roost knows (synchronous: reads the pairing book)."""
         return chat_names(self.settings.identities, self.people.pairing)
+
+    async def _named(self) -> Callable[[str], ChatName]:
+        """A chat key's name for a template (`named(key).name`, the key in small print)."""
+        names = await asyncio.to_thread(self._names)
+        return lambda key: name_of(key, names)
 
     def _owners_board(self, session: ConsoleSession) -> AutomationBoard:
         if not session.is_owner or self.board is None:

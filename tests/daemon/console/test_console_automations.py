@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 import aiohttp
 
 from automations.state import AutomationState
+from daemon.app.serve import build_app
 from daemon.store.console_keys import OWNER, ConsoleKeys
-from tests.conftest import wait_until
-from tests.daemon.console.conftest import OMAR
+from tests.conftest import RecordingChannel, SettingsFactory, wait_until
+from tests.daemon.app.test_app import start
+from tests.daemon.console.conftest import DANA, OMAR, PROBE
 from tests.daemon.console.test_console import jar, sign_in
 from tests.fakes.ollama import FakeOllama
 
@@ -63,3 +67,20 @@ async def test_a_persons_session_sees_no_automations_and_runs_none(
     assert not (state_dir / "run-requests").exists() or not list(
         (state_dir / "run-requests").iterdir())
     assert fake_ollama.chat_requests == []
+
+
+async def test_an_automation_names_whom_it_delivers_to(
+        fake_ollama: FakeOllama, make_settings: SettingsFactory, state_dir: Path) -> None:
+    settings = replace(make_settings(model={"host": fake_ollama.url}),
+                       identities=MappingProxyType({"Dana": (DANA,)}),
+                       automations=(replace(PROBE, deliver=(DANA, OMAR)),))
+    runner, url = await start(build_app(settings, {"telegram": RecordingChannel("telegram")}))
+    try:
+        async with await browser_for(url, state_dir, OWNER) as http, http.get(
+                f"{url}/console/automations") as page:
+            text = await page.text()
+        said = text[text.index("delivers to"):]
+        assert said.startswith(f'delivers to <span title="{DANA}">Dana</span>, '
+                               f'<span title="{OMAR}">{OMAR}</span>.')
+    finally:
+        await runner.cleanup()
