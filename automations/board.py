@@ -70,7 +70,9 @@ class Board:
         return RunView(
             run["status"], stamp(run["scheduled"], self.settings.daemon.tz),
             bool(run.get("manual")),
-            round(ended - started, 1) if ended and started else None,
+            # A missed or skipped slot did not run: its record starts and ends at once.
+            round(ended - started, 1) if ended and started
+            and run["status"] not in ("missed", "skipped") else None,
             run.get("prompt_tokens"), self._cached_share(run.get("conversation_id")),
             run.get("error") or "", run.get("conversation_id"))
 

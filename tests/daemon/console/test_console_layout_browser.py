@@ -191,6 +191,9 @@ async def test_every_page_fits_the_screen_with_what_a_person_reads_on_it(
             assert on_screen(driver, read)
         missed = driver.find_element(By.XPATH, "//td[starts-with(., 'missed: roost was not')]")
         assert on_screen(driver, missed) and "Thu 2025-11-27 07:00)" in missed.text
+        # A slot that did not run took no time: no "0.0 s" on its card.
+        card = missed.find_element(By.XPATH, "./ancestor::tr")
+        assert " s" not in card.find_element(By.CSS_SELECTOR, 'td[data-label="Took"]').text
 
         def carded(d: Any) -> Any:
             d.refresh()  # the cards are read once the health probe heard Ollama's version
