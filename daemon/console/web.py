@@ -31,6 +31,7 @@ from daemon.console.paging import PER_PAGE, transcript_page
 from daemon.console.people import People
 from daemon.core.config import Settings
 from daemon.core.conversations import Conversation, Message
+from daemon.core.logs import http_log as log
 from daemon.store import Store
 from daemon.store.attachments import AttachmentError, stored_path
 from daemon.store.console_keys import LINK_TTL, ConsoleKeys, ConsoleSession
@@ -118,6 +119,14 @@ class Console:
                 exc.headers.update(HEADERS)
                 raise
             response = await self._error_page(request, exc)
+        except Exception:
+            if not ours:
+                raise
+            # A bug of roost's: logged with its traceback; the person gets a page, not a trace.
+            log.exception("console page %s failed", request.path)
+            response = await self._error_page(request, web.HTTPInternalServerError(
+                text="Something went wrong on roost's side; it is in roost's log. Try again, "
+                     "or go back."))
         if ours:
             response.headers.update(HEADERS)
             compress(request, response)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.app.serve import build_app
+from daemon.console import views
 from daemon.core.config import Settings
 from daemon.store import Store
 from daemon.store.console_keys import ConsoleKeys
@@ -131,3 +132,22 @@ async def test_an_error_is_a_page_in_the_consoles_layout_with_a_way_back(
     async with jar() as http, http.get(f"{url}/console/nothing") as page:
         assert page.status in (401, 404)  # signed out: the sign-in page or the error page
         assert "text/html" in page.headers["Content-Type"]
+
+
+async def test_a_bug_behind_a_page_is_a_page_too_and_is_logged(
+        console: tuple[str, Settings, Seeded], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    url, settings, _ = console
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug in the conversation list")
+
+    monkeypatch.setattr(views, "conversation_rows", broken)
+    async with jar() as http:
+        assert await sign_in(http, url, owner_link(settings, capsys)) == 303
+        async with http.get(f"{url}/console/") as page:
+            html = await page.text()
+            assert page.status == 500 and page.headers["Content-Type"].startswith("text/html")
+    assert "Something went wrong on roost's side" in words(html)
+    assert "RuntimeError" not in html and 'href="/console/">Back to the console' in html
+    assert "a bug in the conversation list" in caplog.text  # the traceback is in the log
