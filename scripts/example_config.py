@@ -20,7 +20,9 @@ HEADING = re.compile(r"^### `(\[\[?\w+(?:\.\w+)*\]\]?)`\s*$")
 PER_NAME = re.compile(r"^\[mcp\.servers\.[\w-]+\]$")  # the example's one stands for NAME
 ROW = re.compile(r"^\| `(\w+)` \| (.*?) \| (.*) \|\s*$")
 WIDTH = 96
-FREE_TABLES = ("[variables]", "[identities]")  # any key: prose and an example, no key table
+# Prose and an example, no key table: any key, or a table per person (`[people.NAME]`, whose
+# example tables follow the heading).
+FREE_TABLES = ("[variables]", "[identities]", "[people]")
 
 HEADER = """\
 # roost.example.toml: every key roost reads, each with what it does and its default.
@@ -70,6 +72,16 @@ def _comment(text: str) -> list[str]:
                          break_on_hyphens=False)
 
 
+def _free_example(table: str, examples: dict[str, dict[str, str]]) -> list[str]:
+    """A free table's example, commented: its keys, then each of its sub-tables
+    (`[people.sam]` of `[people]`) with theirs."""
+    lines = [f"#{key} = {value}" for key, value in examples.get(table, {}).items()]
+    for sub, values in examples.items():
+        if sub.startswith(table[:-1] + "."):
+            lines += [f"#{sub}", *(f"#{key} = {value}" for key, value in values.items())]
+    return lines
+
+
 def render(readme: str, example: str) -> str:
     """roost.example.toml from the README's reference and docs/config-example.md's values."""
     section = readme.partition(START)[2].partition(END)[0]
@@ -93,7 +105,7 @@ def render(readme: str, example: str) -> str:
             elif prose:
                 out[-1:-1] = _comment(_plain(" ".join(prose)))
                 prose = []
-                out += [f"#{key} = {value}" for key, value in examples[table].items()]
+                out += _free_example(table, examples)
             continue
         if not (row := ROW.match(line)) or row[1] == "Key":
             continue

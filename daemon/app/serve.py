@@ -63,6 +63,7 @@ from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
 from daemon.core.platforms import installed
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
+from daemon.intake.household import Household
 from daemon.intake.pairing import PairingBook
 from daemon.intake.platforms import PlatformParts, Route, Runtime
 from daemon.intake.platforms import Running as RunningPlatform
@@ -261,8 +262,10 @@ async def access_ctx(app: web.Application) -> AsyncIterator[None]:
     """Pairing and pacing, shared by the channels (one rate limit per sender)."""
     settings = app[SETTINGS]
     inbound = app[METRICS].inbound
-    app[ACCESS] = Access(settings.access, PairingBook(settings.daemon.state_dir), time.time,
-                         lambda channel, outcome: inbound.labels(channel, outcome).inc())
+    book = PairingBook(settings.daemon.state_dir)
+    app[ACCESS] = Access(settings.access, book, time.time,
+                         lambda channel, outcome: inbound.labels(channel, outcome).inc(),
+                         Household.of(settings, book))
     yield
 
 

@@ -127,7 +127,20 @@ def _config_checks(settings: Settings) -> list[Check]:
                         if blocked else name)
     checks.append(Check("channels", not stuck, ", ".join(channels) or "none (terminal chat only)",
                         "fix the config lines above" if stuck else ""))
+    if settings.identities:
+        checks.append(_identities_check(settings))
     return checks
+
+
+def _identities_check(settings: Settings) -> Check:
+    """[identities] still works (its people are members); the note names the form that gives a
+    person a role."""
+    names = ", ".join(settings.identities)
+    return Check("identities", True, f"{len(settings.identities)} in [identities] ({names}): "
+                 "members; they talk by an allow list or pairing",
+                 'to give a person a role and let them talk on their chats, list them as '
+                 '[people.NAME] with chats = [...] and role = "owner", "member" or "guest" '
+                 "instead")
 
 
 def _refusal_fix(refusal: ConfigError, settings: Settings) -> str:

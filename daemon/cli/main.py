@@ -20,9 +20,10 @@ from daemon.cli.approvals import approvals_command
 from daemon.cli.console import console_command
 from daemon.cli.memory import add_memory_parser, memory_command
 from daemon.cli.pairing import pairing_command
+from daemon.cli.people import add_people_parser, people_command
 from daemon.cli.times import SECONDS, local, zone_line
 from daemon.core import confine
-from daemon.core.config import Settings, load_settings
+from daemon.core.config import GUEST, MEMBER, Settings, load_settings
 from daemon.core.errors import ConfigError, StoreError
 from daemon.core.filemodes import make_private
 from daemon.core.logs import configure as configure_logging
@@ -41,7 +42,7 @@ EX_PIPE_CLOSED = 141
 # Commands that only look at state or talk to the model: a missing channel secret must not stop
 # them (doctor reports it as a failed check instead).
 _READ_ONLY = frozenset({"chat", "doctor", "conversations", "pairing", "automations", "memory",
-                        "mcp", "approvals", "console", "models"})
+                        "mcp", "approvals", "console", "models", "people"})
 
 # The modules behind the commands that need the heavy libraries (aiohttp, python-telegram-bot,
 # ollama, the engine: over a second to import). They are loaded in `_load` only, so that
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
     _add_conversations(commands, common)
     _add_pairing(commands, common)
+    add_people_parser(commands, common)
     _add_automations(commands, common)
     add_memory_parser(commands, common)
     _add_mcp(commands, common)
@@ -135,6 +137,8 @@ def _add_pairing(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     steps.add_parser("list", parents=[common], help="codes waiting, then approved senders")
     approve = steps.add_parser("approve", parents=[common], help="let the code's sender in")
     approve.add_argument("code", help="the 8-character code the sender was given")
+    approve.add_argument("--role", choices=(GUEST, MEMBER), default=GUEST,
+                         help="what they are in the household (default: guest)")
     deny = steps.add_parser("deny", parents=[common], help="drop the code")
     deny.add_argument("code", help="the 8-character code the sender was given")
     revoke = steps.add_parser("revoke", parents=[common],
@@ -280,7 +284,9 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "pairing":
         return pairing_command(PairingBook(settings.daemon.state_dir), args.action,
                                getattr(args, "code", None) or getattr(args, "sender", None),
-                               settings.daemon.tz)
+                               settings.daemon.tz, getattr(args, "role", GUEST))
+    if args.command == "people":
+        return people_command(args, settings)
     if args.command == "automations":
         return _automations(args, settings)
     if args.command == "memory":

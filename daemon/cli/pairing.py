@@ -1,5 +1,5 @@
-"""`roost pairing list | approve CODE | deny CODE | revoke CHANNEL:SENDER`: safe while the
-daemon runs (see pairing)."""
+"""`roost pairing list | approve CODE [--role guest|member] | deny CODE | revoke
+CHANNEL:SENDER`: safe while the daemon runs (see pairing)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import time
 from zoneinfo import ZoneInfo
 
 from daemon.cli.times import local
+from daemon.core.config import GUEST
 from daemon.core.logs import outside
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
 
-def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneInfo) -> int:
+def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneInfo,
+                    role: str = GUEST) -> int:
     """Run one pairing action; 1 when the code is not waiting (unknown, used or expired).
-    `list` shows its times in `tz`, the daemon's zone."""
+    `list` shows its times in `tz`, the daemon's zone; `approve` lets the sender in as a
+    `role` ("guest" or "member")."""
     now = time.time()
     if action == "list":
         pending = book.pending(now)
@@ -32,14 +35,14 @@ def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneIn
     assert code is not None
     if action == "revoke":
         return _revoke(book, code)
-    found = book.approve(code, now) if action == "approve" else book.deny(code, now)
+    found = book.approve(code, now, role) if action == "approve" else book.deny(code, now)
     if found is None:
         print(f"roost: no pairing code {code.upper()!r} is waiting (unknown, used or expired; "
               "see `roost pairing list`)", file=sys.stderr)
         return 1
     if action == "approve":
-        print(f"approved {found.channel} user {found.sender} ({_name(found.name, 'no name')}); "
-              "their next message is answered")
+        print(f"approved {found.channel} user {found.sender} ({_name(found.name, 'no name')}) "
+              f"as a {role}; their next message is answered")
     else:
         print(f"denied {found.channel} user {found.sender}; their code no longer works")
     return 0

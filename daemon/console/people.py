@@ -17,7 +17,8 @@ from aiohttp import web
 
 from daemon.console.names import chat_names
 from daemon.console.who import Talker, doors, who_may_talk
-from daemon.core.config import Settings
+from daemon.core.config import GUEST, Settings
+from daemon.intake.household import Household
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook, Standing
 from daemon.store.console_keys import ConsoleSession
@@ -37,6 +38,7 @@ class People:
         self.settings = settings
         self.clock = clock
         self.pairing = PairingBook(state_dir)
+        self.household = Household.of(settings, self.pairing)
         self.approvals = ApprovalBook(state_dir)
         self.facts = FactsBook.at(state_dir)
 
@@ -60,7 +62,8 @@ class People:
         """Who may talk: everyone for the owner; for a person, themselves with only the chats
         their session covers (an identity changed since the link names no one else's)."""
         names = chat_names(self.settings.identities, self.pairing)
-        found = who_may_talk(self.settings, self.pairing.approved(), names)
+        found = who_may_talk(self.settings, self.pairing.approved(), names,
+                             self.household.roster())
         if session.is_owner:
             return found
         own = [replace(t, chats=tuple(c for c in t.chats if session.covers(c.key)))
@@ -82,14 +85,15 @@ class People:
     # ---- what a form changes ------------------------------------------------------------
 
     def decide(self, session: ConsoleSession, code: str, approve: bool) -> str:
+        """Approve (as a guest, as `roost pairing approve` does by default) or refuse a code."""
         if not session.is_owner:
             raise web.HTTPForbidden(text="Only the owner approves pairing codes.")
         book, now = self.pairing, self.clock()
-        found = book.approve(code, now) if approve else book.deny(code, now)
+        found = book.approve(code, now, GUEST) if approve else book.deny(code, now)
         if found is None:
             return f"No code {code} is waiting (used or expired)."
         who = f"{found.channel} user {found.sender} ({found.name or 'no name'})"
-        return (f"Approved {who}; their next message is answered." if approve
+        return (f"Approved {who} as a guest; their next message is answered." if approve
                 else f"Refused {who}; their code no longer works.")
 
     def revoke(self, session: ConsoleSession, person: str, tool: str) -> str:

@@ -1,21 +1,23 @@
 """Who may talk to roost, as the gate (daemon/intake/gate.py) decides it, for the People page.
 
 A sender may write when they are on their platform's allow list (`telegram.allow` and the
-like) or approved by pairing; an empty allow list lets nobody in by itself. The terminal
-(`console:local`, `roost chat`) is the owner's, since whoever runs roost on the machine owns it;
-an `[identities]` entry that links it names the owner's other chats. A person is one card:
-an identity's chats together, else one chat alone. Pure: settings, the approved senders and
-the names in, cards out.
+like), listed in `[people]`, or approved by pairing; an empty allow list lets nobody in by
+itself. The terminal (`console:local`, `roost chat`) is the owner's, since whoever runs roost on
+the machine owns it. A person is one card: the chats of a `[people]` or `[identities]` entry
+together, else one chat alone. Roles come from the household's roster (owner, member, guest);
+a chat only an allow list lets in is a member's. Pure: settings, the approved senders, the names
+and the roster in, cards out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from daemon.core.config import Settings
+from daemon.core.config import MEMBER, OWNER, Settings
 from daemon.core.platforms import CONSOLE_CHAT, ChatKey, installed
+from daemon.intake.household import CONFIG, Roster
 from daemon.intake.pairing import Approved
 
 TERMINAL = "Terminal (roost chat)"
@@ -35,9 +37,9 @@ class Chat:
 class Talker:
     """A person who may talk: an identity, or a chat no identity links."""
 
-    name: str | None  # the [identities] name, else what pairing called them; None: unknown
+    name: str | None  # the [people] or [identities] name, else what pairing called them
     chats: tuple[Chat, ...]
-    role: str
+    role: str  # owner | member | guest
 
 
 @dataclass(frozen=True)
@@ -48,27 +50,25 @@ class Door:
     text: str
 
 
-def role_of(chats: Collection[str]) -> str:
-    """Today the owner, and everyone else who may talk a member. Issue 45's roles (owner,
-    member, guest) replace this one function."""
-    return "owner" if CONSOLE_CHAT in chats else "member"
-
-
 def who_may_talk(settings: Settings, approved: Iterable[Approved],
-                 names: Mapping[str, str]) -> list[Talker]:
-    """Everyone who may talk: the owner first, then the identities as the config lists them,
-    then each other chat (allow lists in platform order, then pairing by approval)."""
-    let_in = _let_in(settings, approved)
+                 names: Mapping[str, str], roster: Roster) -> list[Talker]:
+    """Everyone who may talk: the owner first, then `[people]` and `[identities]` as the config
+    lists them, then each other chat (allow lists in platform order, then pairing by
+    approval)."""
+    let_in = _let_in(settings, approved, roster)
     talkers: list[Talker] = []
     linked: set[str] = set()
-    for name, chats in settings.identities.items():
-        linked.update(chats)
-        if any(chat in let_in for chat in chats):
-            talkers.append(_talker(name, chats, let_in, settings))
+    for person in roster.everyone():
+        if not person.configured:
+            continue
+        linked.update(person.chats)
+        if any(chat in let_in for chat in person.chats):
+            talkers.append(_talker(person.name, person.chats, person.role, let_in, settings))
     for chat in let_in:
         if chat not in linked:
-            talkers.append(_talker(names.get(chat), (chat,), let_in, settings))
-    talkers.sort(key=lambda talker: talker.role != "owner")  # stable: the rest keep their order
+            talkers.append(_talker(names.get(chat), (chat,), roster.role_of(chat) or MEMBER,
+                                   let_in, settings))
+    talkers.sort(key=lambda talker: talker.role != OWNER)  # stable: the rest keep their order
     return talkers
 
 
@@ -77,6 +77,8 @@ def doors(settings: Settings) -> list[Door]:
     stranger = ("a stranger who writes privately gets a pairing code to approve here"
                 if settings.access.unknown_senders == "pair" else
                 'a stranger is ignored (access.unknown_senders = "ignore")')
+    others = ("those listed in [people] and those approved by pairing" if settings.people
+              else "those approved by pairing")
     found = []
     for platform in installed().values():
         table = platform.of(settings.platforms)
@@ -84,21 +86,27 @@ def doors(settings: Settings) -> list[Door]:
         if not table.enabled:
             text = f"off ({platform.name}.enabled = false): nobody writes to roost there."
         elif allow:
-            text = (f"{len(allow)} on the allow list ({platform.name}.allow), and those approved "
-                    f"by pairing; {stranger}.")
+            text = (f"{len(allow)} on the allow list ({platform.name}.allow), and {others}; "
+                    f"{stranger}.")
         else:
             text = (f"the allow list ({platform.name}.allow) is empty, so it lets nobody in: "
-                    f"only those approved by pairing may write; {stranger}.")
+                    f"only {others} may write; {stranger}.")
         found.append(Door(platform.title, text))
     return found
 
 
-def _let_in(settings: Settings, approved: Iterable[Approved]) -> dict[str, list[str]]:
+def _let_in(settings: Settings, approved: Iterable[Approved], roster: Roster
+            ) -> dict[str, list[str]]:
     """Chat key -> what lets it in, in the order of `who_may_talk`'s docstring."""
-    let_in: dict[str, list[str]] = {CONSOLE_CHAT: ["owner"]}
+    let_in: dict[str, list[str]] = {CONSOLE_CHAT: [OWNER]}
     for platform in installed().values():
         for sender in _allow_list(platform.of(settings.platforms)):
             let_in.setdefault(f"{platform.name}:{sender}", []).append("allow list")
+    for person in roster.everyone():
+        if person.source == CONFIG:  # [people]: let in on their chats, whatever the allow list
+            for chat in person.chats:
+                if chat != CONSOLE_CHAT:
+                    let_in.setdefault(chat, []).append(f"[people.{person.name}]")
     for a in sorted(approved, key=lambda a: a.approved):
         day = datetime.fromtimestamp(a.approved, settings.daemon.tz).strftime("%Y-%m-%d")
         let_in.setdefault(f"{a.channel}:{a.sender}", []).append(f"pairing, approved {day}")
@@ -111,9 +119,9 @@ def _allow_list(table: object) -> tuple[str, ...]:
     return tuple(str(sender) for sender in getattr(table, "allow", ()))
 
 
-def _talker(name: str | None, chats: tuple[str, ...], let_in: Mapping[str, list[str]],
-            settings: Settings) -> Talker:
-    return Talker(name, tuple(_chat(key, let_in, settings) for key in chats), role_of(chats))
+def _talker(name: str | None, chats: tuple[str, ...], role: str,
+            let_in: Mapping[str, list[str]], settings: Settings) -> Talker:
+    return Talker(name, tuple(_chat(key, let_in, settings) for key in chats), role)
 
 
 def _chat(key: str, let_in: Mapping[str, list[str]], settings: Settings) -> Chat:

@@ -1,7 +1,8 @@
 """Who may talk to roost, and how fast: the one gate every channel's door goes through.
 
-`Gate` is the allow / pair / stranger branch: a sender on the channel's allow list, or approved
-in the pairing book (`Access`), may talk; a stranger gets a pairing code when
+`Gate` is the allow / pair / stranger branch: a sender on the channel's allow list, listed in
+the config's `[people]` or approved in the pairing book (`Access`, asking the `Household`), may
+talk; a stranger gets a pairing code when
 `access.unknown_senders = "pair"` (and the chat is a private one), else a log line, and costs no
 stored state either way. `Gate.pace` holds every served sender to `access.rate_limit` messages a
 minute. Over the limit a message is not dropped: the channel waits (the update stays stored) and
@@ -21,6 +22,7 @@ from daemon.core.config import AccessSettings
 from daemon.core.errors import StoreError
 from daemon.core.logs import outside
 from daemon.core.logs import pairing_log as log
+from daemon.intake.household import Household
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
 WINDOW = 60.0  # the rate limit counts messages in this many seconds
@@ -68,16 +70,20 @@ class Access:
     """Pairing and pacing for the channels' intakes."""
 
     def __init__(self, settings: AccessSettings, book: PairingBook, clock: Callable[[], float],
-                 count: Callable[[str, str], None] | None = None) -> None:
+                 count: Callable[[str, str], None] | None = None,
+                 household: Household | None = None) -> None:
         self.settings = settings
         self.book = book
+        # Who is who (over this same book); None: the pairing book alone, nobody from config.
+        self.household = household if household is not None else Household(book)
         self.clock = clock
         self.limit = RateLimit(settings.rate_limit)
         # count(channel, outcome) for /metrics: "stranger" and "paced" messages.
         self.count = count or (lambda channel, outcome: None)
 
     def approved(self, channel: str, sender: str) -> bool:
-        return self.book.is_approved(channel, sender)
+        """Listed in `[people]` or approved by pairing: the sender's id is their own chat's."""
+        return self.household.may_talk(f"{channel}:{sender}")
 
     @property
     def pairs(self) -> bool:
@@ -151,7 +157,8 @@ class Gate:
         self.notify = notify
 
     async def may_talk(self, sender: str) -> bool:
-        """On the allow list, or approved by the owner with `roost pairing approve`."""
+        """On the allow list, listed in `[people]`, or approved by the owner with `roost
+        pairing approve`."""
         return sender in self.allow or (self.access is not None
                                         and await self.access.is_approved(self.channel, sender))
 

@@ -3,10 +3,14 @@
 The book is one small JSON file in the state directory (`pairing.json`), separate from the
 store so that the `roost pairing` commands can change it while the daemon runs: every change
 is a read-modify-write under `pairing.lock` (flock) with an atomic replace, and the daemon
-notices a change by the file's mtime. Strangers cost nothing that grows: at most
-`MAX_PENDING` codes wait per channel, each expires after an hour and is dropped at the next
-write, and a sender who already has a code gets no second one. Only the owner's approvals add
-lasting entries.
+notices a change by the file's stamp (mtime, inode, size). Strangers cost nothing that grows:
+at most `MAX_PENDING` codes wait per channel, each expires after an hour and is dropped at the
+next write, and a sender who already has a code gets no second one. Only the owner's approvals
+add lasting entries.
+
+An approved entry carries the sender's role, "member" or "guest" (`roost pairing approve
+--role`, `roost people set-role`); only the config names an owner. An entry written before roles
+existed has none and reads as a member, so that an upgrade demotes nobody.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from daemon.core.config import GUEST, MEMBER
 from daemon.core.errors import StoreError
 from daemon.store.files import atomic_write, exclusive
 
@@ -25,6 +32,7 @@ CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L or U: read alo
 CODE_LENGTH = 8
 CODE_TTL = 3600.0  # seconds a code stays valid
 MAX_PENDING = 3  # codes waiting per channel; further strangers get nothing until one goes
+PAIRED_ROLES = (GUEST, MEMBER)  # what pairing may give; "owner" only the config names
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,21 @@ class Approved:
     sender: str
     name: str
     approved: float
+    role: str = MEMBER  # absent from entries written before roles: they stay members
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> Approved:
+        """An entry of the file; keys this version does not know are left out."""
+        return cls(**{f.name: item[f.name] for f in fields(cls) if f.name in item})
+
+    @property
+    def chat_key(self) -> str:
+        """The sender's own chat: the platform's user id is the id of their private chat."""
+        return f"{self.channel}:{self.sender}"
+
+
+Approvals = Mapping[tuple[str, str], Approved]  # (channel, sender) -> their entry
+_NOBODY: Approvals = MappingProxyType({})
 
 
 class PairingBook:
@@ -51,21 +74,29 @@ class PairingBook:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "pairing.json"
         self._lock_path = state_dir / "pairing.lock"
-        self._seen: int | None = None  # mtime_ns of the file behind `_approved`
-        self._approved: frozenset[tuple[str, str]] = frozenset()
+        # The approved entries and the stamp of the file they were read from, set together.
+        self._known: tuple[tuple[int, int, int] | None, Approvals] = (None, _NOBODY)
 
     # ---- what the daemon asks -----------------------------------------------------------
 
     def is_approved(self, channel: str, sender: str) -> bool:
         """Whether the owner approved this sender (re-read only when the file changed)."""
+        return (channel, sender) in self.approvals()
+
+    def approvals(self) -> Approvals:
+        """The approved senders now, re-read only when the file changed: every change is an
+        atomic replace, so a new inode, mtime or size tells (two writes within the clock's
+        tick keep the mtime, not the size: "guest" and "member" differ by a letter)."""
         try:
-            mtime = self.path.stat().st_mtime_ns
+            found = self.path.stat()
         except FileNotFoundError:
-            return False
-        if mtime != self._seen:
-            self._approved = frozenset((a.channel, a.sender) for a in self.approved())
-            self._seen = mtime
-        return (channel, sender) in self._approved
+            return _NOBODY
+        stamp = (found.st_mtime_ns, found.st_ino, found.st_size)
+        seen, approvals = self._known
+        if stamp != seen:
+            approvals = MappingProxyType({(a.channel, a.sender): a for a in self.approved()})
+            self._known = (stamp, approvals)
+        return approvals
 
     def request(self, channel: str, sender: str, chat_key: str, name: str,
                 now: float) -> PairingRequest | None:
@@ -93,10 +124,12 @@ class PairingBook:
         return [PairingRequest(**p) for p in self._read(now)["pending"]]
 
     def approved(self) -> list[Approved]:
-        return [Approved(**a) for a in self._read(None)["approved"]]
+        return [Approved.of(a) for a in self._read(None)["approved"]]
 
-    def approve(self, code: str, now: float) -> PairingRequest | None:
-        """Approve the sender behind `code`; None when no such code is waiting."""
+    def approve(self, code: str, now: float, role: str = GUEST) -> PairingRequest | None:
+        """Approve the sender behind `code` as a guest (or `role`: "member"); None when no such
+        code is waiting."""
+        _check_role(role)
         with self._locked():
             data = self._read(now)
             found = self._take(data, code)
@@ -105,22 +138,37 @@ class PairingBook:
                                     if (a["channel"], a["sender"]) != (found.channel,
                                                                        found.sender)]
                 data["approved"].append(asdict(Approved(found.channel, found.sender,
-                                                        found.name, now)))
+                                                        found.name, now, role)))
                 self._write(data)
             return found
 
-    def admit(self, channel: str, sender: str, name: str, now: float) -> Approved:
+    def admit(self, channel: str, sender: str, name: str, now: float,
+              role: str = MEMBER) -> Approved:
         """Approve a sender without a code: `roost init` for the owner who sent /start."""
+        _check_role(role)
         with self._locked():
             data = self._read(now)
             data["approved"] = [a for a in data["approved"]
                                 if (a["channel"], a["sender"]) != (channel, sender)]
             data["pending"] = [p for p in data["pending"]
                                if (p["channel"], p["sender"]) != (channel, sender)]
-            made = Approved(channel, sender, name[:64], now)
+            made = Approved(channel, sender, name[:64], now, role)
             data["approved"].append(asdict(made))
             self._write(data)
             return made
+
+    def set_role(self, channel: str, sender: str, role: str) -> Approved | None:
+        """Give an approved sender another role ("member" or "guest"); None when not
+        approved. The rest of their entry stays as it was."""
+        _check_role(role)
+        with self._locked():
+            data = self._read(None)
+            for i, item in enumerate(data["approved"]):
+                if (item["channel"], item["sender"]) == (channel, sender):
+                    data["approved"][i] = {**item, "role": role}
+                    self._write(data)
+                    return Approved.of(data["approved"][i])
+            return None
 
     def deny(self, code: str, now: float) -> PairingRequest | None:
         """Drop `code` (the sender may ask again later); None when no such code is waiting."""
@@ -137,7 +185,7 @@ class PairingBook:
             data = self._read(None)
             for i, item in enumerate(data["approved"]):
                 if (item["channel"], item["sender"]) == (channel, sender):
-                    found = Approved(**data["approved"].pop(i))
+                    found = Approved.of(data["approved"].pop(i))
                     self._write(data)
                     return found
             return None
@@ -172,6 +220,11 @@ class PairingBook:
         leaves a file the service's own user (a systemd DynamicUser) can still read."""
         payload = json.dumps(data, ensure_ascii=False, indent=1).encode("utf-8")
         atomic_write(self.path, payload, folder_owner=True)
+
+
+def _check_role(role: str) -> None:
+    if role not in PAIRED_ROLES:
+        raise ValueError(f"pairing gives the role guest or member, not {role!r}")
 
 
 def _new_code() -> str:

@@ -7,8 +7,9 @@ they are read from the environment or from systemd credentials (`$CREDENTIALS_DI
 else from the folder `roost init` writes them to (`credentials_dir`).
 
 A package, one module per group of tables: `sections` (the plain tables), `automations`, `mcp`,
-`identities`; `values` (the converters every spec uses), `credentials` (where the file and the
-secrets are) and `load` (the file read into one `Settings`). Import from here.
+`identities` (and `[people.NAME]`); `values` (the converters every spec uses), `credentials`
+(where the file and the secrets are) and `load` (the file read into one `Settings`). Import from
+here.
 """
 
 from daemon.core.config.automations import AutomationSettings
@@ -18,6 +19,14 @@ from daemon.core.config.credentials import (
     SYSTEM_CREDENTIALS,
     credentials_dir,
     read_secret,
+)
+from daemon.core.config.identities import (
+    GUEST,
+    GUEST_DAILY_MESSAGES,
+    MEMBER,
+    OWNER,
+    ROLES,
+    PersonSettings,
 )
 from daemon.core.config.load import (
     Settings,
@@ -45,7 +54,12 @@ from daemon.core.errors import ConfigError
 __all__ = [
     "BUILTIN_CAPABILITIES",
     "DEFAULT_HOST",
+    "GUEST",
+    "GUEST_DAILY_MESSAGES",
+    "MEMBER",
     "OLLAMA_WEB_SEARCH",
+    "OWNER",
+    "ROLES",
     "SECRETS",
     "SYSTEM_CONFIG",
     "SYSTEM_CREDENTIALS",
@@ -58,6 +72,7 @@ __all__ = [
     "McpServerSettings",
     "McpSettings",
     "ModelSettings",
+    "PersonSettings",
     "Settings",
     "SpeechSettings",
     "VoiceSettings",

@@ -19,7 +19,7 @@ from daemon.core.config.credentials import (
     credentials_dir,
     read_secret,
 )
-from daemon.core.config.identities import _identities
+from daemon.core.config.identities import PersonSettings, _identities, _people
 from daemon.core.config.mcp import _MCP, _MCP_SERVER, McpSettings, _mcp
 from daemon.core.config.sections import (
     _SPECS,
@@ -53,6 +53,9 @@ class Settings:
     # One person's chats on several channels: name -> chat keys (facts and recall are shared)
     identities: Mapping[str, tuple[str, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    # `[people.NAME]`: each person's chats and role (owner, member, guest); they may talk on
+    # those chats without pairing. daemon/intake/household.py answers who is who.
+    people: Mapping[str, PersonSettings] = field(default_factory=lambda: MappingProxyType({}))
     web: WebSettings = field(default_factory=WebSettings)
     voice: VoiceSettings = field(default_factory=VoiceSettings)
     speech: SpeechSettings = field(default_factory=SpeechSettings)
@@ -162,6 +165,17 @@ def _check_together(model: ModelSettings, platforms: Mapping[str, Any],
             raise fail(f"{name}.{key}", problem)
 
 
+# The tables read by a module of their own (beside the plain ones of sections and platforms).
+_OWN_READERS = ("automations", "variables", "identities", "people", "mcp")
+
+
+def _known_tables(document: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> None:
+    """Every top-level name of the file is a table roost reads."""
+    for name, value in document.items():
+        if name not in (*_SPECS, *installed(), *_OWN_READERS):
+            raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
+
+
 def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str]) -> Settings:
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(key, problem, str(path) if path else None)
@@ -184,9 +198,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
 
     platforms = installed()
     secret_names = {**SECRETS, **{name: p.secrets for name, p in platforms.items()}}
-    for name, value in document.items():
-        if name not in (*_SPECS, *platforms, "automations", "variables", "identities", "mcp"):
-            raise fail(name, "unknown table" if isinstance(value, dict) else "unknown key")
+    _known_tables(document, fail)
     tables = {name: read(document.get(name, {}), name, spec) for name, spec in _SPECS.items()}
     secrets: dict[str, dict[str, Any]] = {
         name: {key: read_secret(var, env, path) for key, var in names.items()}
@@ -209,13 +221,15 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     raw = document.get("variables", {})
     variables = read(raw, "variables", dict.fromkeys(raw if isinstance(raw, dict) else (), _TEXT))
     mcp = _mcp(document.get("mcp", {}), read, fail, env, path)
+    identities = _identities(document.get("identities", {}), fail)
+    people = _people(document.get("people", {}), read, fail, identities)
     return Settings(
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         platforms=MappingProxyType(own), access=AccessSettings(**tables["access"]),
         attachments=AttachmentSettings(**tables["attachments"]),
         automations=jobs, variables=MappingProxyType(variables), source=path,
         credentials=credentials_dir(env, path),
-        identities=_identities(document.get("identities", {}), fail),
+        identities=identities, people=people,
         web=WebSettings(**tables["web"], **secrets["web"]),
         voice=VoiceSettings(**tables["voice"], **secrets["voice"]),
         speech=SpeechSettings(**tables["speech"], **secrets["speech"]),

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from daemon.app.serve import build_app
-from daemon.core.config import Settings
+from daemon.core.config import PersonSettings, Settings
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook
 from daemon.store.console_keys import OWNER, ConsoleKeys
@@ -173,6 +173,7 @@ PAIRED = "telegram:4444444"  # approved by pairing, as "Yusuf"
 HOSTILE_NAME = "<script>alert(1)</script>"
 SNEAKY = "telegram:6666666"  # approved by pairing, under HOSTILE_NAME
 DANA_WA = "whatsapp:972544401243"  # Dana's second chat, linked by [identities] dana
+OMAR_TG = "telegram:7777777"  # in [people] as a guest (when the test says so), on no allow list
 
 
 @dataclass
@@ -188,8 +189,8 @@ async def talking(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
                   request: pytest.FixtureRequest) -> AsyncIterator[Talking]:
     """Telegram on, letting in Dana and ALLOWED by its allow list (or the parameter's) and two
     senders by pairing; WhatsApp off, with Dana on its allow list; `[identities] dana` links
-    her two chats."""
-    allow, strangers = getattr(request, "param", ((1111111, 5555555), "pair"))
+    her two chats; `[people]` as the parameter's third item says (none by default)."""
+    allow, strangers, *people = getattr(request, "param", ((1111111, 5555555), "pair"))
     settings = make_settings(
         model={"host": fake_ollama.url}, access={"unknown_senders": strangers},
         telegram={"enabled": True, "mode": "webhook",
@@ -197,7 +198,8 @@ async def talking(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
                   "api_base": fake_telegram.api_base, "file_base": fake_telegram.file_base,
                   "allow": allow, "token": fake_telegram.token, "secret": "s3cret_-X"},
         whatsapp={"allow": ("972544401243",)})
-    settings = replace(settings, identities=MappingProxyType({"dana": (DANA, DANA_WA)}))
+    settings = replace(settings, identities=MappingProxyType({"dana": (DANA, DANA_WA)}),
+                       people=MappingProxyType(people[0] if people else {}))
     now = time.time()
     book = PairingBook(state_dir)
     book.admit("telegram", "4444444", "Yusuf", now)
@@ -300,3 +302,33 @@ async def test_a_hostile_pairing_name_stays_text(talking: Talking) -> None:
     page = await people_page(talking, OWNER)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page
     assert card_of(cards(page), SNEAKY).startswith(f"{HOSTILE_NAME} member Telegram {SNEAKY}")
+
+
+@pytest.mark.parametrize("talking", [((1111111, 5555555), "pair", {
+    "omar": PersonSettings((OMAR_TG,), "guest", 30)})], indirect=True)
+async def test_a_person_in_people_is_let_in_with_the_role_the_config_gives(
+        talking: Talking) -> None:
+    page = await people_page(talking, OWNER)
+    found = cards(page)
+    assert card_of(found, OMAR_TG) == f"omar guest Telegram {OMAR_TG}: [people.omar]"
+    assert [card.split()[:2] for card in found] == [
+        ["no", "name"], ["omar", "guest"], ["dana", "member"], ["no", "name"], ["Yusuf", "member"],
+        ["<script>alert(1)</script>", "member"]]
+    assert ("<b>Telegram</b>: 2 on the allow list (telegram.allow), and those listed in [people] "
+            "and those approved by pairing") in page
+
+
+async def test_a_code_approved_here_makes_a_guest(talking: Talking) -> None:
+    state_dir = talking.settings.daemon.state_dir
+    waiting = PairingBook(state_dir).request("telegram", "3333333", "telegram:3333333", "Zoe",
+                                             time.time())
+    assert waiting is not None
+    http, csrf = await signed_in(talking, OWNER)
+    async with http:
+        async with http.post(f"{talking.url}/console/people/approve",
+                             data={"code": waiting.code, "csrf": csrf}) as answer:
+            assert "Approved telegram user 3333333 (Zoe) as a guest" in await answer.text()
+        async with http.get(f"{talking.url}/console/people") as page:
+            found = cards(await page.text())
+    assert card_of(found, "telegram:3333333").startswith("Zoe guest Telegram telegram:3333333: "
+                                                         "pairing, approved")
