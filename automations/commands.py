@@ -121,8 +121,8 @@ def _gone(state: AutomationState, request: str, automation: AutomationSettings) 
 
 def unserved(settings: Settings, target: str) -> str | None:
     """Why roost would not deliver to `target` (None: it would): its platform is off, or the
-    chat is a person on neither the allow list nor the approved pairings. A group has no list
-    of its own: roost answers there to allowed senders."""
+    chat is a person in neither `[people]`, the allow list nor the approved pairings. A group
+    has no list of its own: roost answers there to allowed senders."""
     platform = platform_of(target)
     if platform is None:
         return None  # the terminal
@@ -131,10 +131,11 @@ def unserved(settings: Settings, target: str) -> str | None:
         return f"{platform.title} is not enabled ({platform.name}.enabled)"
     chat = ChatKey.of(target).id
     if not platform.is_person(chat) or platform.allowed(own, chat) \
+            or any(target in p.chats for p in settings.people.values()) \
             or PairingBook(settings.daemon.state_dir).is_approved(platform.name, chat):
         return None
-    return (f"not a chat roost serves: add them to {platform.name}.allow or approve them with "
-            "`roost pairing approve`")
+    return (f"not a chat roost serves: add them to [people] or {platform.name}.allow, or "
+            "approve them with `roost pairing approve`")
 
 
 def remind(settings: Settings, words: list[str], target: str) -> int:

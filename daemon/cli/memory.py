@@ -14,8 +14,8 @@ from daemon.core.platforms import person_chat_pattern
 from daemon.store.facts import FactError, FactsBook, Person
 from daemon.tools.scope import named_person, people_with_facts
 
-PERSON_HELP = ("whose facts: a person's chat key or an [identities] name; default: the only "
-               "identity when exactly one is configured, else console:local")
+PERSON_HELP = ("whose facts: a person's chat key or a [people] or [identities] name; default: "
+               "the only named person when exactly one is configured, else console:local")
 
 
 def add_memory_parser(commands: argparse._SubParsersAction,  # type: ignore[type-arg]
@@ -43,7 +43,8 @@ def memory_command(args: argparse.Namespace, settings: Settings) -> int:
     person = _person(args.person, settings)
     if person is None:
         print(f"roost: {args.person!r} is not a person: give a private chat "
-              f"({person_chat_pattern()[1]}) or an [identities] name (groups have no facts)",
+              f"({person_chat_pattern()[1]}) or a [people] or [identities] name (groups have "
+              "no facts)",
               file=sys.stderr)
         return 1
     try:
@@ -65,7 +66,7 @@ def memory_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def _person(name: str | None, settings: Settings) -> Person | None:
     if name is None:
-        only = list(settings.identities)
+        only = list(settings.linked)
         name = only[0] if len(only) == 1 else "console:local"
     return named_person(name, settings)
 

@@ -61,7 +61,7 @@ class People:
     def talkers(self, session: ConsoleSession) -> list[Talker]:
         """Who may talk: everyone for the owner; for a person, themselves with only the chats
         their session covers (an identity changed since the link names no one else's)."""
-        names = chat_names(self.settings.identities, self.pairing)
+        names = chat_names(self.settings.linked, self.pairing)
         found = who_may_talk(self.settings, self.pairing.approved(), names,
                              self.household.roster())
         if session.is_owner:

@@ -13,29 +13,26 @@ import asyncio
 import hmac
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import jinja2
 from aiohttp import web
 
-from daemon.console import signin, transcript, views
+from daemon.console import conversation_page, signin, transcript, views
 from daemon.console.board import AutomationBoard, HealthView
-from daemon.console.chart import requests_chart
 from daemon.console.compression import compress
 from daemon.console.names import ChatName, chat_names, name_of
 from daemon.console.notices import Notices
-from daemon.console.paging import PER_PAGE, transcript_page
+from daemon.console.paging import PER_PAGE
 from daemon.console.people import People
 from daemon.core.config import Settings
-from daemon.core.conversations import Conversation, Message
+from daemon.core.conversations import Conversation
 from daemon.core.logs import http_log as log
 from daemon.store import Store
-from daemon.store.attachments import AttachmentError, stored_path
 from daemon.store.console_keys import LINK_TTL, ConsoleKeys, ConsoleSession
-from daemon.store.event_log import Records
 
 PREFIX = "/console"
 COOKIE = "roost_console"
@@ -137,16 +134,12 @@ class Console:
         text = exc.text or ""
         if not text or text.startswith(f"{exc.status}:"):
             text = ERROR_WORDS.get(exc.status, "Something went wrong with this request.")
-        response = self._page("message.html", status=exc.status, text=text,
-                              title=exc.reason, **self._signed(await self._session(request)))
+        session = await self._session(request)  # a signed-in page keeps its header
+        response = self._page("message.html", status=exc.status, text=text, title=exc.reason,
+                              **({"session": session} if session is not None else {}))
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
         return response
-
-    @staticmethod
-    def _signed(session: ConsoleSession | None) -> dict[str, Any]:
-        """The header's links for a signed-in browser."""
-        return {"session": session} if session is not None else {}
 
     def _signed_in(self, page: Page) -> Handler:
         """`page` for a browser with a session (and, for a form, the session's token)."""
@@ -175,7 +168,8 @@ class Console:
         response = self._page("signin.html", link=link, signed_out=False,
                               token_field=signin.FIELD, token=self.forms.token(nonce, link))
         response.set_cookie(signin.COOKIE, nonce, path=f"{PREFIX}/login", httponly=True,
-                            samesite="Strict", secure=self._secure(request),
+                            samesite="Strict",
+                            secure=signin.secure(request, self.settings.console.url),
                             max_age=int(LINK_TTL))
         return response
 
@@ -184,7 +178,8 @@ class Console:
         link = str(form.get("t", ""))
         # Another site posting a link of its own would sign this browser in as someone else
         # (login CSRF): only a press on roost's own page, in this browser, counts (signin.py).
-        if not (signin.pressed_on_our_page(request.headers, self._hosts(request))
+        if not (signin.pressed_on_our_page(
+                request.headers, signin.our_hosts(request.host, self.settings.console.url))
                 and self.forms.valid(request.cookies.get(signin.COOKIE), link,
                                      str(form.get(signin.FIELD, "")))):
             return self._page("message.html", status=403, text=(
@@ -198,7 +193,7 @@ class Console:
         token, session = made
         response = _see_other(f"{PREFIX}/")
         response.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="Strict",
-                            secure=self._secure(request),
+                            secure=signin.secure(request, self.settings.console.url),
                             max_age=int(session.expires - session.created))
         response.del_cookie(signin.COOKIE, path=f"{PREFIX}/login")
         return response
@@ -209,16 +204,6 @@ class Console:
         response = _see_other(f"{PREFIX}/login")
         response.del_cookie(COOKIE, path=PREFIX)
         return response
-
-    def _secure(self, request: web.Request) -> bool:
-        url = self.settings.console.url or ""
-        return request.secure or url.startswith("https://")
-
-    def _hosts(self, request: web.Request) -> tuple[str, ...]:
-        """Where roost's own pages are served: this request's host, and `console.url`'s (a
-        proxy may pass another Host on)."""
-        configured = urlsplit(self.settings.console.url or "").netloc.rpartition("@")[2]
-        return (request.host, configured) if configured else (request.host,)
 
     # ---- pages --------------------------------------------------------------------------
 
@@ -240,80 +225,34 @@ class Console:
 
     async def conversation(self, request: web.Request,
                            session: ConsoleSession) -> web.StreamResponse:
-        store, tz = self.store(), self.settings.daemon.tz
-        conversation = await asyncio.to_thread(store.get_conversation, request.match_info["cid"])
-        if conversation is None or not session.covers(conversation.chat_key):
-            raise web.HTTPNotFound(text="No such conversation.")
-        messages = await asyncio.to_thread(store.messages, conversation.id)
-        events = await asyncio.to_thread(views.conversation_events, Records(store.state_dir, tz),
-                                         conversation)
-        names = await asyncio.to_thread(self._names)
-        around = await asyncio.to_thread(views.neighbours, store, conversation)
-        sent = await asyncio.to_thread(store.deliveries_of, conversation.id)
-        held = await asyncio.to_thread(views.held_of, store, conversation, tz)
-        reminders = (views.reminder_lines(await self.reminders(conversation.chat_key), tz)
+        conversation = await self._covered(request, session, "No such conversation.")
+        reading = await asyncio.to_thread(conversation_page.read, self.store(), conversation,
+                                          self.settings)
+        reminders = (views.reminder_lines(await self.reminders(conversation.chat_key),
+                                          self.settings.daemon.tz)
                      if self.reminders is not None and conversation.status == "active" else [])
+        names = await asyncio.to_thread(self._names)
         number = _number(request.query.get("page", "0")) or 0
         # Markdown and templates for a page of messages: CPU work kept off the loop.
-        body = await asyncio.to_thread(self.conversation_html, session, conversation,
-                                       messages, events, names, number, around=around,
-                                       sent=sent, held=held, reminders=reminders)
+        body = await asyncio.to_thread(self.conversation_html, session, reading, names,
+                                       number, reminders=reminders)
         return web.Response(text=body, content_type="text/html", headers=HEADERS)
 
-    def conversation_html(self, session: ConsoleSession, conversation: Conversation,
-                          messages: list[Message], events: list[str], names: dict[str, str],
-                          number: int, per_page: int = PER_PAGE,
-                          around: views.Neighbours | None = None,
-                          sent: Sequence[Mapping[str, Any]] = (),
-                          held: views.Held | None = None,
+    def conversation_html(self, session: ConsoleSession, reading: conversation_page.Reading,
+                          names: dict[str, str], number: int, per_page: int = PER_PAGE,
                           reminders: Sequence[str] = ()) -> str:
-        """Page `number` (0: the latest) of a conversation. Synchronous. The bench asks for
-        every message on one page (`per_page`), as the console showed it before paging."""
-        tz = self.settings.daemon.tz
-        points = views.request_points(messages, tz)
-        shown = transcript_page([m.seq for m in messages], conversation.summary.through_seq,
-                                number, max(per_page, 1))
-        held = held or views.Held({})
-        on_page = views.message_views(messages, conversation, tz, shown.start, shown.end,
-                                      sent, held.by_message)
-        seqs = {m.seq for m in on_page}
-        last = points[-1] if points else None
-        return self._render(
-            "conversation.html", session=session, conversation=conversation,
-            chat=name_of(conversation.chat_key, names),
-            started=views.local_time(conversation.created, tz), total=len(messages),
-            messages=on_page, shown=shown, events=events, waiting=held.waiting,
-            reminders=reminders,
-            around=around or views.Neighbours(None, None),
-            # The chart draws every request; the table those of this page's messages.
-            points=[p for p in points if p.seq in seqs], all_points=len(points),
-            last=last,
-            chart=requests_chart(views.chart_bars(points),
-                                 max((p.window or 0 for p in points), default=0)
-                                 or self.settings.model.window,
-                                 last.budget if last is not None else None))
+        """Page `number` of a conversation (synchronous; see conversation_page.values)."""
+        return self._render("conversation.html", session=session, **conversation_page.values(
+            self.settings, reading, names, number, per_page, reminders))
 
     async def download(self, request: web.Request,
                        session: ConsoleSession) -> web.StreamResponse:
-        store = self.store()
-        conversation = await asyncio.to_thread(store.get_conversation, request.match_info["cid"])
-        if conversation is None or not session.covers(conversation.chat_key):
-            raise web.HTTPNotFound(text="No such file.")
+        conversation = await self._covered(request, session, "No such file.")
         seq, index = int(request.match_info["seq"]), int(request.match_info["index"])
-        found = [m for m in await asyncio.to_thread(store.messages, conversation.id)
-                 if m.seq == seq]
-        files = views.files_of(found[0], await asyncio.to_thread(
-            store.deliveries_of, conversation.id)) if found else []
-        if index >= len(files):
-            raise web.HTTPNotFound(text="No such file.")
-        doc = files[index]
-        try:
-            path = stored_path(str(doc["path"]), store.state_dir / "attachments")
-        except AttachmentError as exc:
-            raise web.HTTPGone(text=exc.args[0]) from exc
+        path, doc = await asyncio.to_thread(conversation_page.stored_file, self.store(),
+                                            conversation, seq, index)
         name = str(doc.get("name") or path.name)
-        shown = views.attachment_view(doc, index)
-        if shown.shown_as != "file":
+        if views.attachment_view(doc, index).shown_as != "file":
             # A picture or a sound of a type on views.INLINE_TYPES' short list: shown in the
             # page by <img>/<audio>, under the CSP's img-src/media-src 'self'.
             return web.FileResponse(path, headers={
@@ -323,6 +262,16 @@ class Console:
         return web.FileResponse(path, headers={
             "Content-Type": "application/octet-stream",
             "Content-Disposition": _disposition("attachment", name)})
+
+    async def _covered(self, request: web.Request, session: ConsoleSession,
+                       missing: str) -> Conversation:
+        """The conversation the address names, if the session may see it; else 404, as for
+        one that does not exist."""
+        conversation = await asyncio.to_thread(self.store().get_conversation,
+                                               request.match_info["cid"])
+        if conversation is None or not session.covers(conversation.chat_key):
+            raise web.HTTPNotFound(text=missing)
+        return conversation
 
     async def people_page(self, request: web.Request,
                           session: ConsoleSession) -> web.StreamResponse:
@@ -383,7 +332,7 @@ class Console:
 
     def _names(self) -> dict[str, str]:
         """Chat key -> the name roost knows (synchronous: reads the pairing book)."""
-        return chat_names(self.settings.identities, self.people.pairing)
+        return chat_names(self.settings.linked, self.people.pairing)
 
     async def _named(self) -> Callable[[str], ChatName]:
         """A chat key's name for a template (`named(key).name`, the key in small print)."""

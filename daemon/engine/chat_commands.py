@@ -99,7 +99,7 @@ class Commands:
         if not is_person_chat(chat_key):
             return ("A group shares this chat: ask for /console in a private chat with me, and "
                     "the link shows your own conversations.")
-        scope = tuple(sorted(person_chats(chat_key, self.settings.identities)))
+        scope = tuple(sorted(person_chats(chat_key, self.settings.linked)))
         token = ConsoleKeys(self.settings.daemon.state_dir).issue_link(scope, self.clock())
         return (f"Your console (works once, for 10 minutes; do not forward it):\n"
                 f"{console_url(self.settings)}/login?t={token}")

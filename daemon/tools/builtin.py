@@ -78,7 +78,7 @@ class ToolContext:
         if self.scope is None:
             conversation = self.store.get_conversation(self.conversation_id)
             self.scope = (recall_scope(conversation, self.settings.automations,
-                                       self.settings.identities)
+                                       self.settings.linked)
                           if conversation is not None
                           else RecallScope(frozenset(), frozenset({self.conversation_id})))
         return self.scope

@@ -7,7 +7,8 @@ answer anything else exactly as they answer what does not exist.
 * A person's (or a group's) conversation recalls the conversations of that person's chats.
   Without a linked identity that is the one chat key (`telegram:<id>`, `whatsapp:<wa_id>`,
   `console:local`); a group, and each forum topic, is a chat of its own. `person_chats` is the
-  one place a link of identities (`[identities]`: one person on several channels) widens it.
+  one place a link of names (`[people]` or `[identities]`: one person on several channels)
+  widens it.
 * The facts roost keeps (`person_of`) are a person's: the chats of an identity share them, a
   group has none, and an automation's run uses those of the person it reports to.
 * An automation's run recalls its single owner's chats, when it has one: exactly one target in
@@ -45,7 +46,7 @@ class RecallScope:
 
 def person_chats(chat_key: str, identities: Identities = NO_IDENTITIES) -> frozenset[str]:
     """Every chat of the person (or group) that `chat_key` belongs to: its own, and the other
-    chats of its identity when `[identities]` links it to some."""
+    chats of its name when `[people]` or `[identities]` links it to some."""
     for chats in identities.values():
         if chat_key in chats:
             return frozenset(chats)
@@ -61,7 +62,7 @@ def person_of(chat_key: str, settings: Settings) -> Person | None:
         return person_of(owner, settings) if owner else None
     if not is_person_chat(chat_key):
         return None
-    for name, chats in settings.identities.items():
+    for name, chats in settings.linked.items():
         if chat_key in chats:
             return Person(name, chats)
     return Person(chat_key, (chat_key,))
@@ -70,7 +71,7 @@ def person_of(chat_key: str, settings: Settings) -> Person | None:
 def people_with_facts(stems: Sequence[str], settings: Settings) -> list[Person]:
     """Every identity, then the person of each other facts file (FactsBook.people's names:
     `telegram_1111111` is the chat `telegram:1111111`) not linked to an identity."""
-    people = [Person(n, chats) for n, chats in settings.identities.items()]
+    people = [Person(n, chats) for n, chats in settings.linked.items()]
     linked = {chat for person in people for chat in person.chats}
     for stem in stems:
         if stem.startswith("identity_"):
@@ -84,8 +85,8 @@ def people_with_facts(stems: Sequence[str], settings: Settings) -> list[Person]:
 
 def named_person(name: str, settings: Settings) -> Person | None:
     """The person `roost memory --person NAME` means: an identity's name or a person's chat."""
-    if name in settings.identities:
-        return Person(name, settings.identities[name])
+    if name in settings.linked:
+        return Person(name, settings.linked[name])
     return person_of(name, settings) if ":" in name and not name.startswith(
         AUTOMATION_PREFIX) else None
 

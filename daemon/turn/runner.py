@@ -235,7 +235,7 @@ class TurnRunner:
                               conversation_id=conversation.id, clock=self.clock,
                               index=self.index, active=list(conversation.active_tools),
                               scope=recall_scope(conversation, self.settings.automations,
-                                                 self.settings.identities),
+                                                 self.settings.linked),
                               facts=self.facts,
                               person=person_of(conversation.chat_key, self.settings))
         # The newest photo stays in every later request (as pixels, or as a note for a model

@@ -93,6 +93,10 @@ def test_remind_refuses_a_chat_roost_does_not_serve(config: Path) -> None:
     allowed = remind(config, "in 2h")
     assert allowed.returncode == 0, allowed.stderr
     assert "(Europe/Berlin) to telegram:1111111" in allowed.stdout
+    # A person of `[people]` is served without the allow list.
+    config.write_text(config.read_text() + '[people.omar]\nchats = ["telegram:2222222"]\n')
+    listed = remind(config, "in 2h", "telegram:2222222")
+    assert listed.returncode == 0, listed.stderr
 
 
 def test_a_schedule_that_never_runs_is_a_config_error(tmp_path: Path) -> None:

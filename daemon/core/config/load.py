@@ -62,6 +62,13 @@ class Settings:
     mcp: McpSettings = field(default_factory=McpSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
 
+    @property
+    def linked(self) -> Mapping[str, tuple[str, ...]]:
+        """Every named person's chats, `[identities]` and `[people]` together (a name and a
+        chat are in one of them only): the chats that share facts and recall."""
+        return MappingProxyType({**self.identities,
+                                 **{name: p.chats for name, p in self.people.items()}})
+
     @classmethod
     def defaults(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings used when there is no config file: console only, local Ollama."""

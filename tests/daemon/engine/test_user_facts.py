@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from daemon.core.config import AutomationSettings, Settings
+from daemon.core.config import AutomationSettings, PersonSettings, Settings
 from daemon.core.messages import Inbound
 from daemon.engine.facts_commands import NOT_PERSONAL
 from daemon.engine.workers import Engine
@@ -257,14 +257,18 @@ async def test_a_tool_result_cannot_make_the_model_keep_a_fact(
     assert [f.text for f in chats.book().facts(Person(ALICE, (ALICE,)))] == [LOCKER]
 
 
+@pytest.mark.parametrize("table", ["identities", "people"])
 async def test_a_linked_identity_shares_facts_and_recall_across_channels(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start, table: str
 ) -> None:
     settings = settings_for(make_settings, fake_ollama)
     # Alice kept a fact on WhatsApp before her chats were linked: it comes along.
     FactsBook.at(settings.daemon.state_dir).add(Person(ALICE_WA, (ALICE_WA,)),
                                                 "I follow the Artemis launches", "2026-11-30")
-    linked = settings_for(make_settings, fake_ollama, identities={"alice": (ALICE, ALICE_WA)})
+    # `[people.alice]` links her chats as `[identities]` does (and gives her a role).
+    alice = {"alice": (ALICE, ALICE_WA) if table == "identities"
+             else PersonSettings((ALICE, ALICE_WA))}
+    linked = settings_for(make_settings, fake_ollama, **{table: alice})
     chats = await start(linked)
     await chats.say(ALICE, "The spare key is under the blue pot.")
     await chats.say(ALICE, f"/remember {LOCKER}")
