@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import channels.installed  # noqa: F401  (the platforms a chat key may name)
 from bench.console_pages import build_big
+from daemon.console.conversation_page import Reading
 from daemon.console.names import chat_names
 from daemon.console.paging import PER_PAGE, transcript_page
 from daemon.console.views import conversation_events
@@ -94,6 +95,7 @@ async def main(args: argparse.Namespace) -> None:
             assert conversation is not None
             messages = store.messages(cid)
             events = conversation_events(Records(state_dir, settings.daemon.tz), conversation)
+            reading = Reading(conversation, messages, events)
             names = chat_names(settings.identities, console.people.pairing)
             fold = transcript_page([m.seq for m in messages],
                                    conversation.summary.through_seq, 0).fold
@@ -104,8 +106,8 @@ async def main(args: argparse.Namespace) -> None:
             rendered = {}
             for name, (number, per_page) in pages.items():
                 def render(number: int = number, per_page: int = per_page) -> str:
-                    return console.conversation_html(session, conversation, messages, events,
-                                                     names, number, per_page)
+                    return console.conversation_html(session, reading, names, number,
+                                                     per_page)
                 render()  # warm: template compiles
                 seconds, html = timed(render, args.requests)
                 page = html.encode()

@@ -23,6 +23,9 @@ import hmac
 import re
 import secrets
 from collections.abc import Collection, Mapping
+from urllib.parse import urlsplit
+
+from aiohttp import web
 
 COOKIE = "roost_signin"
 FIELD = "signin_token"
@@ -68,3 +71,15 @@ def pressed_on_our_page(headers: Mapping[str, str], hosts: Collection[str]) -> b
 
 def _ours(origin: str, hosts: Collection[str]) -> bool:
     return origin != "null" and origin.split("://", 1)[-1] in hosts
+
+
+def secure(request: web.Request, console_url: str | None) -> bool:
+    """Whether the console's cookies go over https only."""
+    return request.secure or (console_url or "").startswith("https://")
+
+
+def our_hosts(host: str, console_url: str | None) -> tuple[str, ...]:
+    """Where roost's own pages are served: the request's host, and `console.url`'s (a proxy
+    may pass another Host on)."""
+    configured = urlsplit(console_url or "").netloc.rpartition("@")[2]
+    return (host, configured) if configured else (host,)
