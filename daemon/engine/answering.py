@@ -19,6 +19,7 @@ from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
 from daemon.engine.facts_commands import FactsCommands
+from daemon.engine.guest_days import GuestDays
 from daemon.engine.model_choice import ModelChoice
 from daemon.engine.voice_replies import VoiceReplies
 from daemon.store.facts import FactsBook
@@ -51,6 +52,7 @@ class Answering:
         self.facts_commands = FactsCommands(settings=parts.settings,
                                      facts=parts.facts or FactsBook(parts.store.files),
                                      clock=parts.clock)
+        self.guests = GuestDays(parts.settings, parts.store, parts.clock)
         self.turns = parts.runner(notify=notify, streaming=self._streaming,
                                   working=self._working, ask=notify)
         self.parked: set[str] = set()
@@ -79,10 +81,14 @@ class Answering:
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.
+        if (capped := await self.guests.refusal(chat_key)) is not None:
+            await self.turns.keep(chat_key, handled, capped)
+            return
         announce = chat_key not in self.parked
         result = await self.turns.run(chat_key, handled, announce_outage=announce,
                                       model=await self.models.model_of(chat_key))
         if result.outcome is Outcome.ANSWERED and result.conversation_id:
+            await self.guests.count(chat_key)
             self.parts.folder.schedule(result.conversation_id, urgent=result.crowded)
         if result.outcome is Outcome.PARKED:
             self.parked.add(chat_key)

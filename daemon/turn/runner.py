@@ -183,6 +183,15 @@ class TurnRunner:
             return await self._run(chat_key, items, outage, model or self.settings.model.name,
                                    sink)
 
+    async def keep(self, chat_key: str, items: Sequence[Inbound], notice: str) -> TurnResult:
+        """Keep `items` in their conversation without a model call and tell the chat `notice`
+        (a guest past their day's turns): what they said is never lost."""
+        conversation, items = await asyncio.to_thread(
+            self.journal.record_user_messages, chat_key, items)
+        if not items:
+            return TurnResult(Outcome.ANSWERED, conversation.id)
+        return await self._fail(conversation, items, notice)
+
     async def _run(
         self, chat_key: str, items: Sequence[Inbound], outage: Outage, model: str,
         sink: ReplySink,
