@@ -66,8 +66,10 @@ def who_may_talk(settings: Settings, approved: Iterable[Approved],
             talkers.append(_talker(person.name, person.chats, person.role, let_in, settings))
     for chat in let_in:
         if chat not in linked:
-            talkers.append(_talker(names.get(chat), (chat,), roster.role_of(chat) or MEMBER,
-                                   let_in, settings))
+            # The terminal alone is whoever runs roost on the box: the owner, unnamed.
+            name = names.get(chat) or ("You" if chat == CONSOLE_CHAT else None)
+            talkers.append(_talker(name, (chat,), roster.role_of(chat) or MEMBER, let_in,
+                                   settings))
     talkers.sort(key=lambda talker: talker.role != OWNER)  # stable: the rest keep their order
     return talkers
 

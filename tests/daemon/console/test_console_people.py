@@ -267,7 +267,7 @@ async def test_the_owner_sees_everyone_who_may_talk(talking: Talking) -> None:
     assert dana == card_of(found, DANA_WA)
     assert dana == (f"dana member Telegram {DANA}: allow list WhatsApp {DANA_WA}: allow list "
                     "(WhatsApp is off)")
-    assert found[0] == "no name owner Terminal (roost chat) console:local: owner"
+    assert found[0] == "You owner Terminal (roost chat) console:local: owner"
     assert "<b>Telegram</b>: 2 on the allow list (telegram.allow)" in page
     assert "<b>WhatsApp</b>: off (whatsapp.enabled = false)" in page
 
@@ -312,7 +312,7 @@ async def test_a_person_in_people_is_let_in_with_the_role_the_config_gives(
     found = cards(page)
     assert card_of(found, OMAR_TG) == f"omar guest Telegram {OMAR_TG}: [people.omar]"
     assert [card.split()[:2] for card in found] == [
-        ["no", "name"], ["omar", "guest"], ["dana", "member"], ["no", "name"], ["Yusuf", "member"],
+        ["You", "owner"], ["omar", "guest"], ["dana", "member"], ["no", "name"], ["Yusuf", "member"],
         ["<script>alert(1)</script>", "member"]]
     assert ("<b>Telegram</b>: 2 on the allow list (telegram.allow), and those listed in [people] "
             "and those approved by pairing") in page
