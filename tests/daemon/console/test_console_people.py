@@ -312,8 +312,8 @@ async def test_a_person_in_people_is_let_in_with_the_role_the_config_gives(
     found = cards(page)
     assert card_of(found, OMAR_TG) == f"omar guest Telegram {OMAR_TG}: [people.omar]"
     assert [card.split()[:2] for card in found] == [
-        ["You", "owner"], ["omar", "guest"], ["dana", "member"], ["no", "name"], ["Yusuf", "member"],
-        ["<script>alert(1)</script>", "member"]]
+        ["You", "owner"], ["omar", "guest"], ["dana", "member"], ["no", "name"],
+        ["Yusuf", "member"], ["<script>alert(1)</script>", "member"]]
     assert ("<b>Telegram</b>: 2 on the allow list (telegram.allow), and those listed in [people] "
             "and those approved by pairing") in page
 
