@@ -76,7 +76,7 @@ def stored_file(store: Store, conversation: Conversation, seq: int,
                 index: int) -> tuple[Path, Mapping[str, Any]]:
     """The file `index` of message `seq` (what came with it, then the voice notes sent for
     it) and its record; 404 when there is none, 410 when it is no longer stored."""
-    found = [m for m in store.messages(conversation.id, seq, seq) if m.seq == seq]
+    found = store.messages(conversation.id, seq, seq)  # seqs run 1, 2, 3...: it or none
     files = views.files_of(found[0], store.deliveries_of(conversation.id)) if found else []
     if index >= len(files):
         raise web.HTTPNotFound(text="No such file.")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from itertools import count
@@ -24,6 +23,7 @@ from daemon.app.serve import ACCESS, ENGINE, build_app
 from daemon.core.config import PersonSettings
 from daemon.intake.household import Household
 from tests.conftest import SettingsFactory, wait_until
+from tests.daemon.intake.test_pairing import roost
 from tests.fakes.ollama import FakeOllama
 from tests.fakes.telegram import FakeTelegram
 
@@ -89,15 +89,6 @@ async def running(fake_telegram: FakeTelegram, fake_ollama: FakeOllama,
                       fake_telegram, count(1))
     finally:
         await runner.cleanup()
-
-
-async def roost(config: Path, *args: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon", *args, "--config", str(config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode() + err.decode()
 
 
 async def paired_code(running: Running, user: int) -> str:
