@@ -30,6 +30,7 @@ from daemon.core.config import Settings
 from daemon.core.messages import Channel
 from daemon.engine.delivery import DeliveryHooks
 from daemon.engine.workers import Engine
+from daemon.intake.household import Household
 from daemon.llm.client import ModelClient
 from daemon.llm.habits import no_habits
 from daemon.models.book import CardBook
@@ -131,7 +132,7 @@ def assemble(settings: Settings, store: Store, llm: ModelClient,
     parts = TurnParts.build(
         settings=settings, store=store, llm=llm, index=extra.index, registry=registry,
         clock=clock, on_event=(lambda kind: metrics.events.labels(kind).inc()) if metrics else None,
-        card_line=cards.card_line)
+        card_line=cards.card_line, roles=Household.of(settings))
     hooks = DeliveryHooks()
     engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts,
                     clock=clock, hooks=hooks, voice=extra.voice, speaking=extra.speaking)

@@ -1,5 +1,6 @@
-"""`roost memory list | add TEXT | remove N [--person WHO]`: the facts roost keeps about a
-person, from the command line. Safe while the daemon runs: both take the facts folder's lock
+"""`roost memory list | add TEXT | remove N [--person WHO | --household]`: the facts roost
+keeps about a person, or the household's (shared by its owners and members), from the command
+line. Safe while the daemon runs: both take the facts folder's lock
 and write each file atomically (see `daemon.store.facts`)."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from datetime import datetime
 
 from daemon.core.config import Settings
 from daemon.core.platforms import person_chat_pattern
-from daemon.store.facts import FactError, FactsBook, Person
+from daemon.store.facts import HOUSEHOLD, FactError, FactsBook, Person
 from daemon.tools.scope import named_person, people_with_facts
 
+HOUSEHOLD_HELP = "the household's facts, which every owner and member shares, not a person's"
 PERSON_HELP = ("whose facts: a person's chat key or a [people] or [identities] name; default: "
                "the only named person when exactly one is configured, else console:local")
 
@@ -26,21 +28,27 @@ def add_memory_parser(commands: argparse._SubParsersAction,  # type: ignore[type
     actions = memory.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", parents=[common],
                                  help="a person's facts, numbered (without --person: everyone's)")
-    listing.add_argument("--person", metavar="WHO", help=PERSON_HELP)
+    _whose(listing)
     add = actions.add_parser("add", parents=[common], help="keep a fact")
     add.add_argument("words", nargs="+", metavar="TEXT", help="the fact, quoted or not")
-    add.add_argument("--person", metavar="WHO", help=PERSON_HELP)
+    _whose(add)
     remove = actions.add_parser("remove", parents=[common], help="forget fact number N")
     remove.add_argument("number", type=int, metavar="N", help="as `roost memory list` numbers it")
-    remove.add_argument("--person", metavar="WHO", help=PERSON_HELP)
+    _whose(remove)
+
+
+def _whose(parser: argparse.ArgumentParser) -> None:
+    whose = parser.add_mutually_exclusive_group()
+    whose.add_argument("--person", metavar="WHO", help=PERSON_HELP)
+    whose.add_argument("--household", action="store_true", help=HOUSEHOLD_HELP)
 
 
 def memory_command(args: argparse.Namespace, settings: Settings) -> int:
     """Run one `roost memory` action; 1 when the person or the fact is not there."""
     book = FactsBook.at(settings.daemon.state_dir)
-    if args.action == "list" and args.person is None:
+    if args.action == "list" and args.person is None and not args.household:
         return _list_everyone(book, settings)
-    person = _person(args.person, settings)
+    person = HOUSEHOLD if args.household else _person(args.person, settings)
     if person is None:
         print(f"roost: {args.person!r} is not a person: give a private chat "
               f"({person_chat_pattern()[1]}) or a [people] or [identities] name (groups have "
@@ -82,7 +90,7 @@ def _list(book: FactsBook, person: Person) -> int:
 
 def _list_everyone(book: FactsBook, settings: Settings) -> int:
     shown = False
-    for person in people_with_facts(book.people(), settings):
+    for person in (HOUSEHOLD, *people_with_facts(book.people(), settings)):
         facts = book.facts(person)
         if not facts:
             continue

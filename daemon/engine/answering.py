@@ -22,6 +22,7 @@ from daemon.engine.facts_commands import FactsCommands
 from daemon.engine.guest_days import GuestDays
 from daemon.engine.model_choice import ModelChoice
 from daemon.engine.voice_replies import VoiceReplies
+from daemon.intake.household import Household
 from daemon.store.facts import FactsBook
 from daemon.turn.approvals import Ask
 from daemon.turn.parts import TurnParts
@@ -51,8 +52,10 @@ class Answering:
                                   router=parts.router, clock=parts.clock)
         self.facts_commands = FactsCommands(settings=parts.settings,
                                      facts=parts.facts or FactsBook(parts.store.files),
-                                     clock=parts.clock)
-        self.guests = GuestDays(parts.settings, parts.store, parts.clock)
+                                     clock=parts.clock, roles=parts.prompting.roles)
+        roles = parts.prompting.roles  # the daemon's Household: the guest days ask it too
+        self.guests = GuestDays(parts.settings, parts.store, parts.clock,
+                                roles if isinstance(roles, Household) else None)
         self.turns = parts.runner(notify=notify, streaming=self._streaming,
                                   working=self._working, ask=notify)
         self.parked: set[str] = set()

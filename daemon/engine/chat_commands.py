@@ -8,14 +8,16 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime
 
-from daemon.core.config import Settings
+from daemon.core.config import OWNER, Settings
 from daemon.core.conversations import Conversation
 from daemon.core.errors import DoesNotFit, LLMError
 from daemon.core.messages import TEMPLATE_FLAG
 from daemon.core.redact import redact_url
 from daemon.engine.model_choice import FLAG as MODEL_FLAG
+from daemon.intake.household import Household
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.store.console_keys import OWNER as ALL_CHATS
 from daemon.store.console_keys import ConsoleKeys, console_url
 from daemon.tools.registry import Registry
 from daemon.tools.scope import is_person_chat, person_chats
@@ -35,6 +37,7 @@ HELP = (
     "/model - list the models; /model NAME - switch this chat to another one\n"
     "/remember TEXT - keep a fact about you for every conversation\n"
     "/memory - the facts I keep, numbered; /forget N forgets one\n"
+    "/memory household [TEXT] - the household's facts (or keep one for everyone in it)\n"
     "/console - a sign-in link to your conversations in a browser\n"
     "/help - this list"
 )
@@ -93,15 +96,22 @@ class Commands:
         return HELP
 
     def console_link(self, chat_key: str) -> str:
-        """A sign-in link to the console that shows this person's own chats only."""
+        """A sign-in link to the console: the owner's view (everyone's data, as `roost
+        console` gives) for the household's owner, this person's own chats for anyone else.
+        An owner's link also names their chats, so that the console can check, whenever it is
+        used, that they are still the owner (daemon/console/signin.py)."""
         if not self.settings.console.enabled:
             return "The web console is off on this roost (console.enabled = false)."
         if not is_person_chat(chat_key):
             return ("A group shares this chat: ask for /console in a private chat with me, and "
                     "the link shows your own conversations.")
         scope = tuple(sorted(person_chats(chat_key, self.settings.linked)))
-        token = ConsoleKeys(self.settings.daemon.state_dir).issue_link(scope, self.clock())
-        return (f"Your console (works once, for 10 minutes; do not forward it):\n"
+        owner = Household.of(self.settings).role_of(chat_key) == OWNER
+        keys = ConsoleKeys(self.settings.daemon.state_dir)
+        token = keys.issue_link((ALL_CHATS, *scope) if owner else scope, self.clock())
+        what = ("The owner's console, everyone's conversations and people" if owner
+                else "Your console")
+        return (f"{what} (works once, for 10 minutes; do not forward it):\n"
                 f"{console_url(self.settings)}/login?t={token}")
 
     async def compact(self, chat_key: str) -> str:

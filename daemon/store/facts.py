@@ -4,6 +4,7 @@ Layout::
 
     <state_dir>/facts/telegram_1111111.md      a person's facts (one chat, not linked)
     <state_dir>/facts/identity_owner.md         the facts of `[identities] owner = [...]`
+    <state_dir>/facts/household.md              the household's facts, shared by its members
     <state_dir>/conversations/<id>/facts.json   what one conversation's prompt froze of them
 
 A facts file is for people too: `- 2026-12-01: My locker code is 4417.` a line, oldest first;
@@ -58,13 +59,19 @@ class Person:
 
     name: str
     chats: tuple[str, ...]
+    household: bool = False  # the household's shared facts (HOUSEHOLD), nobody's own
 
     @property
     def linked(self) -> bool:
-        return ":" not in self.name
+        return ":" not in self.name and not self.household
 
     def label(self) -> str:
+        if self.household:
+            return "the household"
         return f"{self.name} ({', '.join(self.chats)})" if self.linked else self.name
+
+
+HOUSEHOLD = Person("household", (), household=True)
 
 
 @dataclass(frozen=True)
@@ -81,23 +88,38 @@ class FrozenFacts:
     left_out: int = 0
     tokens: int = 0
     cap: int = 0
+    # The household's block, when the conversation shares it (an owner's, a member's, a
+    # group's), and the household facts it knows of; `shares` says whether it was to.
+    household: str = ""
+    household_known: tuple[str, ...] = ()
+    shares: bool = False
 
     def to_doc(self) -> dict[str, Any]:
         return {"block": self.block, "known": list(self.known), "fold_count": self.fold_count,
                 "person": self.person, "shown": self.shown, "left_out": self.left_out,
-                "tokens": self.tokens, "cap": self.cap}
+                "tokens": self.tokens, "cap": self.cap, "household": self.household,
+                "household_known": list(self.household_known), "shares": self.shares}
 
     @classmethod
     def from_doc(cls, doc: Any) -> FrozenFacts | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("block"), str):
             return None
-        known = doc.get("known", [])
-        return cls(block=doc["block"],
-                   known=tuple(k for k in known if isinstance(k, str))
-                   if isinstance(known, list) else (),
+        return cls(block=doc["block"], known=_strings(doc.get("known")),
                    **{k: doc[k] for k in ("fold_count", "shown", "left_out", "tokens", "cap")
                       if isinstance(doc.get(k), int)},
-                   person=str(doc.get("person", "")))
+                   person=str(doc.get("person", "")),
+                   household=doc["household"] if isinstance(doc.get("household"), str) else "",
+                   household_known=_strings(doc.get("household_known")),
+                   shares=doc.get("shares") is True)
+
+    @property
+    def blocks(self) -> str:
+        """The facts part of the system message: the household's block, then the person's."""
+        return "\n\n".join(b for b in (self.household, self.block) if b)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def clean_fact(text: str) -> str:
@@ -161,6 +183,8 @@ class FactsBook:
         return self.files.root / "facts"
 
     def path(self, person: Person) -> Path:
+        if person.household:
+            return self.folder / "household.md"
         name = f"identity_{person.name}" if person.linked else file_name(person.name)
         return self.folder / f"{name}.md"
 
@@ -214,8 +238,9 @@ class FactsBook:
             return found[0]
 
     def people(self) -> list[str]:
-        """The names of the facts files there are (for `roost memory list` without --person)."""
-        return [p.stem for p in self.files.glob(self.folder, "*.md")]
+        """The names of the people's facts files there are (for `roost memory list` without
+        --person); the household's is not a person's."""
+        return [p.stem for p in self.files.glob(self.folder, "*.md") if p.stem != "household"]
 
     # ---- frozen blocks -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from daemon.parsing.data import as_data
 from daemon.parsing.note import kind_of
 from daemon.store import Store
 from daemon.store.attachments import is_ref, ref_time, stored_path
-from daemon.store.facts import FactsBook, Person, matching
+from daemon.store.facts import HOUSEHOLD, FactsBook, Person, matching
 from daemon.store.search_index import SearchIndex
 from daemon.tools.ranking import Hit
 from daemon.tools.registry import Capability, Registry, Tool, ToolOutput
@@ -71,6 +71,7 @@ class ToolContext:
     scope: RecallScope | None = None
     facts: FactsBook | None = None  # the facts files (daemon.tools.facts)
     person: Person | None = None  # whose facts this conversation uses; None in a group
+    household: bool = False  # whether the person may keep household facts (daemon.tools.roles)
     noted: list[str] = field(default_factory=list)  # "Noted: ..." lines the reply owes
 
     def recall_scope(self) -> RecallScope:
@@ -96,14 +97,17 @@ def _visible(ctx: ToolContext, conversation_id: str) -> Conversation | None:
 
 
 def _kept_facts(ctx: ToolContext, query: str) -> str:
-    """The person's kept facts that match `query`, as lines ("" for none, and in a group)."""
+    """The person's kept facts that match `query` (and the household's, for an owner or a
+    member), as lines ("" for none, and in a group)."""
     if ctx.facts is None or ctx.person is None:
         return ""
-    found = matching(ctx.facts.facts(ctx.person), query)
+    found = [(f, "") for f in matching(ctx.facts.facts(ctx.person), query)]
+    if ctx.household:
+        found += [(f, "the household's, ") for f in matching(ctx.facts.facts(HOUSEHOLD), query)]
     if not found:
         return ""
     return "\n".join([f"Kept facts matching {query!r}:",
-                      *(f"- {f.text} (noted {f.added})" for f in found)])
+                      *(f"- {f.text} ({whose}noted {f.added})" for f, whose in found)])
 
 
 def _header(message: Message, tz: tzinfo) -> str:

@@ -27,9 +27,16 @@ from daemon.core.messages import Inbound, Outbound
 from daemon.llm.client import ChatResult
 from daemon.store import Store
 from daemon.store.attachments import store_file
-from daemon.store.facts import FactsBook, FrozenFacts, same_fact
+from daemon.store.facts import HOUSEHOLD, FactsBook, FrozenFacts, same_fact
 from daemon.tools.scope import person_of
 from daemon.turn.router import Router
+
+
+def _changes(known: Sequence[str], now: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The facts added to and removed from `known` to make `now`."""
+    return ([t for t in now if not any(same_fact(t, k) for k in known)],
+            [k for k in known if not any(same_fact(k, t) for t in now)])
+
 
 RESUME_LOOKBACK = 400  # messages searched for an item's own message or reply after a crash
 EMPTY_REPLY = "(The model returned an empty reply.)"
@@ -111,25 +118,28 @@ class Journal:
         return conversation, list(items)
 
     def _facts_changed(self, conversation: Conversation) -> tuple[str, FrozenFacts] | None:
-        """The line announcing facts kept or forgotten since the conversation's block was
-        made, and the frozen facts that know of them; None when nothing changed (or the
-        conversation has no block yet: it is made from the facts as they are now)."""
-        person = person_of(conversation.chat_key, self.settings)
-        if self.facts is None or person is None:
+        """The line announcing facts kept or forgotten (the person's, and the household's
+        where the conversation shares them) since the conversation's blocks were made, and
+        the frozen facts that know of them; None when nothing changed (or the conversation
+        has no blocks yet: they are made from the facts as they are now)."""
+        if self.facts is None:
             return None
         frozen = self.facts.frozen(conversation.id)
-        if frozen is None or frozen.person != person.name:
+        person = person_of(conversation.chat_key, self.settings)
+        if frozen is None or frozen.person != (person.name if person is not None else ""):
             return None
         try:
-            now = [f.text for f in self.facts.facts(person)]
+            now = [f.text for f in self.facts.facts(person)] if person is not None else []
+            shared = ([f.text for f in self.facts.facts(HOUSEHOLD)] if frozen.shares
+                      else list(frozen.household_known))
         except StoreError as exc:  # unreadable: the conversation goes on without the news
-            log.warning("facts of %s unreadable (%s)", person.name, exc)
+            log.warning("facts unreadable (%s)", exc)
             return None
-        added = [t for t in now if not any(same_fact(t, k) for k in frozen.known)]
-        removed = [k for k in frozen.known if not any(same_fact(k, t) for t in now)]
-        if not added and not removed:
+        changes = (*_changes(frozen.known, now), *_changes(frozen.household_known, shared))
+        if not any(changes):
             return None
-        return facts_note(added, removed), replace(frozen, known=tuple(now))
+        return facts_note(*changes), replace(frozen, known=tuple(now),
+                                             household_known=tuple(shared))
 
     def _as_file(self, text: str, conversation: Conversation) -> tuple[dict[str, Any], ...]:
         """A message too large for the whole window is also stored as a text file, so that the

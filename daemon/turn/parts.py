@@ -20,6 +20,7 @@ from daemon.store.event_log import Records
 from daemon.store.facts import FactsBook
 from daemon.store.search_index import SearchIndex
 from daemon.tools.registry import Registry
+from daemon.tools.roles import Roles
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.models import model_of
@@ -55,7 +56,7 @@ class TurnParts:
               registry: Registry, index: SearchIndex | None = None,
               clock: Callable[[], float] = time.time,
               on_event: Callable[[str], None] | None = None,
-              card_line: CardLine | None = None) -> TurnParts:
+              card_line: CardLine | None = None, roles: Roles | None = None) -> TurnParts:
         """`index` is derived from the store and rebuilt from it when lost; the daemon opens it
         with the store, so that a disk that cannot take it stops the start before anything
         else runs. `registry` holds every tool (daemon/app/assembly.py builds it)."""
@@ -68,7 +69,7 @@ class TurnParts:
                 _start_ratio, store, settings, llm)), records=records,
             registry=registry, index=index,
             prompting=Prompting(settings=settings, store=store, llm=llm, registry=registry,
-                                clock=clock, facts=facts),
+                                clock=clock, facts=facts, roles=roles),
             folder=BackgroundFold(settings=settings, store=store, llm=llm, records=records,
                                   clock=clock, on_fold=index.mark_dirty),
             clock=clock, facts=facts,

@@ -21,7 +21,7 @@ from daemon.context.budget import (
     request_budget,
     vocabulary_of,
 )
-from daemon.context.facts import facts_block, with_facts
+from daemon.context.facts import FactsBlock, facts_block, with_facts
 from daemon.context.handles import as_handle
 from daemon.context.prefix import Capability, MemoryMap, channel_note, system_prefix
 from daemon.context.replay import Request, build_request, chat_tokens
@@ -32,8 +32,9 @@ from daemon.core.errors import StoreError
 from daemon.core.logs import turn_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
-from daemon.store.facts import FactsBook, FrozenFacts, Person
+from daemon.store.facts import HOUSEHOLD, Fact, FactsBook, FrozenFacts, Person
 from daemon.tools.registry import Registry
+from daemon.tools.roles import NoRoles, Roles, shares_household
 from daemon.tools.scope import person_of
 
 BUDGET_MARGIN_SHARE = 50  # 2% of the budget
@@ -86,6 +87,7 @@ class Prompting:
     def __init__(
         self, *, settings: Settings, store: Store, llm: ModelClient, registry: Registry,
         clock: Callable[[], float], facts: FactsBook | None = None,
+        roles: Roles | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -93,6 +95,7 @@ class Prompting:
         self.registry = registry
         self.clock = clock
         self.facts = facts
+        self.roles = roles or NoRoles()
         self._memory: MemoryMap | None = None
 
     def today(self) -> datetime:
@@ -160,7 +163,7 @@ class Prompting:
         request = build_request(
             conversation_id=conversation.id,
             prefix=with_facts(await self.prefix(capabilities, tools=with_tools),
-                              _facts_for(frozen.block if frozen else "", with_tools)),
+                              _facts_for(frozen.blocks if frozen else "", with_tools)),
             opening=channel_note(conversation.kind),
             history=history,
             budget=budget,
@@ -176,33 +179,44 @@ class Prompting:
 
     async def frozen_facts(self, conversation: Conversation, num_ctx: int,
                            vocabulary: Vocabulary = MULTILINGUAL) -> FrozenFacts | None:
-        """The `<user_facts>` block of the conversation's system message, None in a group.
+        """The facts blocks of the conversation's system message: the household's (where it
+        is shared, `daemon.tools.roles`) and the person's (none in a group); None for neither.
 
-        Made from the person's facts when the conversation first needs it, and again after a
-        fold (the request changes after the shared part then anyway); kept with the
-        conversation in between, so every turn, and a restart, sends the same bytes."""
-        person = person_of(conversation.chat_key, self.settings)
-        if self.facts is None or person is None:
+        Made from the facts when the conversation first needs them, and again after a fold
+        (the request changes after the shared part then anyway) or when the household's role
+        changed; kept with the conversation in between, so every turn, and a restart, sends
+        the same bytes."""
+        if self.facts is None:
             return None
-        return await asyncio.to_thread(self._frozen, conversation, person, num_ctx, vocabulary)
+        person = person_of(conversation.chat_key, self.settings)
+        shares = shares_household(conversation.chat_key, self.settings, self.roles)
+        if person is None and not shares:
+            return None
+        return await asyncio.to_thread(self._frozen, conversation, person, shares, num_ctx,
+                                       vocabulary)
 
-    def _frozen(self, conversation: Conversation, person: Person,
+    def _frozen(self, conversation: Conversation, person: Person | None, shares: bool,
                 num_ctx: int, vocabulary: Vocabulary) -> FrozenFacts | None:
         assert self.facts is not None
         frozen = self.facts.frozen(conversation.id)
         fold = conversation.summary.fold_count
-        if frozen is not None and frozen.fold_count == fold and frozen.person == person.name:
+        name = person.name if person is not None else ""
+        if (frozen is not None and frozen.fold_count == fold and frozen.person == name
+                and frozen.shares == shares):
             return frozen
         try:
-            facts = self.facts.facts(person)
-        except StoreError as exc:  # the conversation goes on, with the block it had if any
-            log.warning("facts of %s unreadable (%s)", person.name, exc)
-            return frozen
-        block = facts_block([(f.added, f.text) for f in facts], num_ctx,
-                            conversation.token_ratio, estimate=vocabulary.estimate)
+            facts = self.facts.facts(person) if person is not None else []
+            shared = self.facts.facts(HOUSEHOLD) if shares else []
+        except StoreError as exc:  # the conversation goes on, with the blocks it had if any
+            log.warning("facts of %s unreadable (%s)", name or "the household", exc)
+            return frozen if frozen is not None and frozen.shares == shares else None
+        block = self._block(facts, num_ctx, conversation, vocabulary)
+        household = self._block(shared, num_ctx, conversation, vocabulary, household=True)
         frozen = FrozenFacts(block=block.text, known=tuple(f.text for f in facts),
-                             fold_count=fold, person=person.name, shown=block.shown,
-                             left_out=block.left_out, tokens=block.tokens, cap=block.cap)
+                             fold_count=fold, person=name, shown=block.shown,
+                             left_out=block.left_out, tokens=block.tokens, cap=block.cap,
+                             household=household.text,
+                             household_known=tuple(f.text for f in shared), shares=shares)
         try:
             self.facts.freeze(conversation.id, frozen)
         except StoreError as exc:  # a full disk: the block is sent all the same, and made
@@ -210,6 +224,13 @@ class Prompting:
             log.warning("conversation %s: cannot keep its facts block (%s)", conversation.id,
                         exc)
         return frozen
+
+    @staticmethod
+    def _block(facts: Sequence[Fact], num_ctx: int, conversation: Conversation,
+               vocabulary: Vocabulary, *, household: bool = False) -> FactsBlock:
+        return facts_block([(f.added, f.text) for f in facts], num_ctx,
+                           conversation.token_ratio, estimate=vocabulary.estimate,
+                           household=household)
 
 
 def _facts_for(block: str, tools: bool) -> str:

@@ -54,6 +54,7 @@ from daemon.store.search_index import SearchIndex
 from daemon.tools.builtin import ToolContext
 from daemon.tools.facts import confirmed
 from daemon.tools.registry import Registry
+from daemon.tools.roles import keeps_household
 from daemon.tools.scope import person_of, recall_scope
 from daemon.turn.approvals import Approvals, Ask
 from daemon.turn.background_fold import BackgroundFold
@@ -162,6 +163,7 @@ class TurnRunner:
         self.streaming = streaming
         self.clock = clock
         self.stops = Stops()
+        self.roles = prompting.roles
         self.journal = Journal(settings=settings, store=store, router=router, clock=clock,
                                facts=facts)
         self.model_call = ModelCall(settings=settings, store=store, llm=llm, prompting=prompting,
@@ -246,7 +248,8 @@ class TurnRunner:
                               scope=recall_scope(conversation, self.settings.automations,
                                                  self.settings.linked),
                               facts=self.facts,
-                              person=person_of(conversation.chat_key, self.settings))
+                              person=person_of(conversation.chat_key, self.settings),
+                              household=keeps_household(conversation.chat_key, self.roles))
         # The newest photo stays in every later request (as pixels, or as a note for a model
         # that cannot see): the user hears that it cannot be seen once, on the turn it came.
         new_images = any(a.get("kind") == "image" for a in sent)

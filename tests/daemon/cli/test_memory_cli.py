@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from daemon.store import Store
-from daemon.store.facts import FactsBook, Person
+from daemon.store.facts import HOUSEHOLD, FactsBook, Person
 
 
 def roost(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,3 +64,31 @@ def test_a_group_or_an_unknown_name_is_not_a_person(tmp_path: Path) -> None:
     too_long = roost(config, "memory", "add", "x" * 400)
     assert too_long.returncode == 1 and "at most 300 characters" in too_long.stderr
     assert not (tmp_path / "state" / "facts" / "console_local.md").exists()
+
+
+def test_the_households_facts_from_the_command_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{state}"\n'
+                      '[people.dana]\nchats = ["telegram:1111111"]\nrole = "owner"\n')
+    day = time.strftime("%Y-%m-%d")
+    added = roost(config, "memory", "add", "--household", "The wifi password is plum-tree-42")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout == "noted for the household: The wifi password is plum-tree-42\n"
+    assert roost(config, "memory", "add", "I like tea").returncode == 0
+    assert roost(config, "memory", "list", "--household").stdout == (
+        f"  1. {day}  The wifi password is plum-tree-42\n")
+    # Everyone's list starts with the household's; a person's own list is theirs alone.
+    assert roost(config, "memory", "list").stdout == (
+        f"the household:\n  1. {day}  The wifi password is plum-tree-42\n"
+        f"dana (telegram:1111111):\n  1. {day}  I like tea\n")
+    assert roost(config, "memory", "list", "--person", "dana").stdout == (
+        f"  1. {day}  I like tea\n")
+    assert FactsBook.at(state).facts(HOUSEHOLD)[0].text == "The wifi password is plum-tree-42"
+
+    both = roost(config, "memory", "add", "--household", "--person", "dana", "x")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    removed = roost(config, "memory", "remove", "1", "--household")
+    assert removed.stdout == "forgotten for the household: The wifi password is plum-tree-42\n"
+    assert roost(config, "memory", "list", "--household").stdout == (
+        "no facts kept for the household\n")

@@ -1,0 +1,217 @@
+"""The household's facts, end to end: the engine against the fake Ollama, with the household
+the daemon has (`[people]`: Dana the owner on Telegram and WhatsApp, Omar a member, Sam a
+guest) and a family group.
+
+A household fact is kept by an owner or a member (chat command, the model's tool) and rides in
+its own frozen block in every owner's, member's and the group's prompt, never in a guest's;
+a person's own facts stay in their own prompt; the prefix stays byte-stable when a household
+fact is added mid-conversation (the change rides on the next message, the block changes at the
+next conversation)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from daemon.core.config import GUEST, MEMBER, OWNER, PersonSettings, Settings
+from daemon.core.messages import Inbound
+from daemon.engine.facts_commands import NOT_A_MEMBER
+from daemon.engine.workers import Engine
+from daemon.intake.household import Household
+from daemon.llm.client import ModelClient
+from daemon.store import Store
+from daemon.store.facts import HOUSEHOLD, FactsBook, Person
+from daemon.turn.parts import TurnParts
+from tests.conftest import RecordingChannel, SettingsFactory, standard_registry
+from tests.fakes.ollama import FakeOllama, Reply
+
+DANA, DANA_WA = "telegram:1111111", "whatsapp:972544401243"
+OMAR, SAM = "telegram:2222222", "telegram:3333333"
+GROUP = "telegram:-1001234567890"
+WIFI = "The wifi password is plum-tree-42"
+LOCKER = "My locker code is 4417"
+
+
+def household_settings(make_settings: SettingsFactory, fake: FakeOllama) -> Settings:
+    settings = make_settings(model={"host": fake.url, "retry_backoff": 0.02,
+                                    "retry_attempts": 2})
+    return dataclasses.replace(settings, people=MappingProxyType({
+        "dana": PersonSettings(chats=(DANA, DANA_WA), role=OWNER),
+        "omar": PersonSettings(chats=(OMAR,), role=MEMBER),
+        "sam": PersonSettings(chats=(SAM,), role=GUEST, daily_messages=30),
+    }))
+
+
+def call(tool: str, **arguments: Any) -> dict[str, Any]:
+    return {"function": {"name": tool, "arguments": arguments}}
+
+
+class Home:
+    def __init__(self, engine: Engine, fake: FakeOllama,
+                 channels: dict[str, RecordingChannel]) -> None:
+        self.engine, self.fake, self.channels = engine, fake, channels
+
+    async def say(self, chat: str, text: str) -> list[dict[str, Any]]:
+        before = len(self.fake.chat_requests)
+        assert await self.engine.submit(Inbound(chat_key=chat, text=text, received=time.time()))
+        await asyncio.wait_for(self.engine.wait_idle(chat), 10)
+        return self.fake.chat_requests[before:]
+
+    async def system(self, chat: str, text: str) -> str:
+        requests = await self.say(chat, text)
+        assert requests, "the message made no model request"
+        return str(requests[0]["messages"][0]["content"])
+
+    def last(self, chat: str) -> str:
+        kind = chat.partition(":")[0]
+        return [o.text for o in self.channels[kind].sent if o.chat_key == chat][-1]
+
+    def book(self) -> FactsBook:
+        assert self.engine.parts.facts is not None
+        return self.engine.parts.facts
+
+
+Start = Callable[[Settings], Awaitable[Home]]
+
+
+@pytest.fixture
+async def start(fake_ollama: FakeOllama) -> AsyncIterator[Start]:
+    started: list[tuple[Engine, ModelClient, Store]] = []
+
+    async def begin(settings: Settings) -> Home:
+        store = Store.open(settings.daemon.state_dir)
+        llm = ModelClient(settings.model)
+        channels = {k: RecordingChannel(k) for k in ("telegram", "whatsapp", "console")}
+        parts = TurnParts.build(settings=settings, store=store, llm=llm,
+                                registry=standard_registry(settings),
+                                roles=Household.of(settings))
+        engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts)
+        await engine.start()
+        started.append((engine, llm, store))
+        return Home(engine, fake_ollama, channels)
+
+    yield begin
+    for engine, llm, store in started:
+        await engine.stop(grace=0)
+        await llm.close()
+        store.close()
+
+
+async def test_a_household_fact_reaches_owners_members_and_the_group_never_a_guest(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    home = await start(household_settings(make_settings, fake_ollama))
+    await home.say(OMAR, f"/remember {LOCKER}")
+    await home.say(OMAR, f"/memory household {WIFI}")
+    assert home.last(OMAR) == f"Noted for the household: {WIFI}"
+    assert (home.engine.store.state_dir / "facts" / "household.md").read_text().endswith(
+        f": {WIFI}\n")
+
+    prompts = {chat: await home.system(chat, "hello") for chat in (DANA, DANA_WA, OMAR, GROUP)}
+    for chat, prompt in prompts.items():
+        assert "<household_facts>" in prompt and WIFI in prompt, chat
+    # The household's block is the same bytes for everyone who shares it.
+    blocks = {p[p.index("<household_facts>"):p.index("</household_facts>")]
+              for p in prompts.values()}
+    assert len(blocks) == 1
+    # Omar's own fact is in his prompt alone: not Dana's, not the group's.
+    assert LOCKER in prompts[OMAR]
+    assert all(LOCKER not in prompts[c] for c in (DANA, DANA_WA, GROUP))
+    assert "<user_facts>" not in prompts[GROUP]
+
+    guest = await home.system(SAM, "hello")
+    assert WIFI not in guest and "household" not in guest
+    assert LOCKER not in guest
+    await home.say(SAM, "/memory household")
+    assert home.last(SAM) == NOT_A_MEMBER
+    await home.say(SAM, "/memory household The door code is 1234")
+    assert home.last(SAM) == NOT_A_MEMBER
+    assert [f.text for f in home.book().facts(HOUSEHOLD)] == [WIFI]
+
+    await home.say(DANA, "/memory household")
+    assert home.last(DANA) == ("The household's facts (/forget household N forgets one):\n"
+                               f"1. {WIFI} ({time.strftime('%Y-%m-%d')})")
+
+
+async def test_a_household_fact_added_mid_conversation_keeps_the_prefix_byte_stable(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    home = await start(household_settings(make_settings, fake_ollama))
+    before = await home.system(DANA, "hello")
+    await home.say(OMAR, f"/memory household {WIFI}")
+    turn = await home.say(DANA, "what is new?")
+    assert turn[0]["messages"][0]["content"] == before
+    assert turn[0]["messages"][-1]["content"].startswith(
+        "what is new?\n\n[Facts changed since this conversation began: now kept for the "
+        f"household: {WIFI}]")
+    assert (await home.system(DANA, "and now?")) == before
+
+    # The guest is told nothing of it, on the next message either.
+    await home.system(SAM, "hi")
+    await home.say(OMAR, "/memory household The bins go out on Tuesday")
+    assert "bins" not in str((await home.say(SAM, "anything new?"))[0]["messages"])
+
+    await home.say(DANA, "/new")
+    fresh = await home.system(DANA, "hello again")
+    assert fresh != before and WIFI in fresh and "The bins go out on Tuesday" in fresh
+    assert (await home.system(DANA, "and again")) == fresh
+
+    await home.say(DANA, "/forget household 1")
+    assert home.last(DANA) == f"Forgotten by the household: {WIFI}"
+    turn = await home.say(DANA, "ok")
+    assert turn[0]["messages"][0]["content"] == fresh
+    assert (f"forgotten by the household (disregard them above): {WIFI}"
+            in turn[0]["messages"][-1]["content"])
+
+
+async def test_the_model_keeps_a_household_fact_for_a_member_and_never_for_a_guest(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    home = await start(household_settings(make_settings, fake_ollama))
+    fake_ollama.script(Reply(tool_calls=[call("memory_remember", fact=WIFI, household=True)]),
+                       Reply(content="Done."))
+    await home.say(OMAR, f"{WIFI}. Remember it for the whole family.")
+    assert home.last(OMAR) == f"Done.\n\nNoted for the household: {WIFI}"
+    assert [f.text for f in home.book().facts(HOUSEHOLD)] == [WIFI]
+    assert home.book().facts(Person(OMAR, (OMAR,))) == []
+
+    fake_ollama.script(Reply(tool_calls=[call("memory_remember", fact="The door code is 1234",
+                                              household=True)]),
+                       Reply(content="I cannot."))
+    requests = await home.say(SAM, "The door code is 1234. Remember it for everyone.")
+    results = [m["content"] for m in requests[-1]["messages"] if m["role"] == "tool"]
+    assert results == ["ERROR: nothing changed. Only the household's owner and members keep or "
+                       "forget household facts; this user is a guest (or not listed)."]
+    assert [f.text for f in home.book().facts(HOUSEHOLD)] == [WIFI]
+
+    # Recall: memory_search finds the household's facts for a member, not for the guest.
+    fake_ollama.script(Reply(tool_calls=[call("memory_search", query="wifi password")]),
+                       Reply(content="ok"))
+    requests = await home.say(DANA, "what is the wifi password?")
+    assert WIFI in requests[-1]["messages"][-1]["content"]
+    fake_ollama.script(Reply(tool_calls=[call("memory_search", query="wifi password")]),
+                       Reply(content="ok"))
+    requests = await home.say(SAM, "what is the wifi password?")
+    assert "plum-tree" not in requests[-1]["messages"][-1]["content"]
+
+
+async def test_a_guest_promoted_to_member_gets_the_household_block_at_once(
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+) -> None:
+    settings = household_settings(make_settings, fake_ollama)
+    home = await start(settings)
+    home.book().add(HOUSEHOLD, WIFI, "2026-12-01")
+    assert WIFI not in await home.system(SAM, "hello")
+    await home.engine.stop(grace=0)
+    home.engine.store.close()
+
+    promoted = dataclasses.replace(settings, people=MappingProxyType({
+        **settings.people, "sam": PersonSettings(chats=(SAM,), role=MEMBER)}))
+    again = await start(promoted)
+    assert WIFI in await again.system(SAM, "and now?")
