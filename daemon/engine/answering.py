@@ -19,7 +19,7 @@ from daemon.core.conversations import kind_of
 from daemon.core.messages import Channel, Inbound, ReplySink
 from daemon.engine.chat_commands import Commands
 from daemon.engine.facts_commands import FactsCommands
-from daemon.engine.guest_days import GuestDays
+from daemon.engine.guest_days import GuestDays, speakers_of
 from daemon.engine.model_choice import ModelChoice
 from daemon.engine.voice_replies import VoiceReplies
 from daemon.intake.household import Household
@@ -84,14 +84,15 @@ class Answering:
         # The user is told about an outage once (by the turn's first failed try); while the
         # chat is parked, the retries are silent. An unexpected failure goes to the worker,
         # which tries the items once more and then quarantines them.
-        if (capped := await self.guests.refusal(chat_key)) is not None:
+        speakers = speakers_of(chat_key, handled)
+        if (capped := await self.guests.refusal(speakers)) is not None:
             await self.turns.keep(chat_key, handled, capped)
             return
         announce = chat_key not in self.parked
         result = await self.turns.run(chat_key, handled, announce_outage=announce,
                                       model=await self.models.model_of(chat_key))
         if result.outcome is Outcome.ANSWERED and result.conversation_id:
-            await self.guests.count(chat_key)
+            await self.guests.count(speakers)
             self.parts.folder.schedule(result.conversation_id, urgent=result.crowded)
         if result.outcome is Outcome.PARKED:
             self.parked.add(chat_key)

@@ -3,20 +3,33 @@
 Counted per person (all their chats together) per day in the daemon's zone, in a chat flag of
 each chat (`guest_turns`: the day and its count), so a restart keeps the count. Past the cap, the
 guest's message is kept in their conversation like any other, and they get one short line
-saying when the day resets; the model is not called.
+saying when the day resets; the model is not called. In a group, a turn counts for each guest
+who spoke in it (their day is theirs, wherever they write), and is declined only when everyone
+who spoke is a guest past the cap.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from daemon.core.config import GUEST, Settings
+from daemon.core.messages import Inbound
+from daemon.core.platforms import is_person_chat
 from daemon.intake.household import Household, Person
 from daemon.store import Store
 
 FLAG = "guest_turns"
+
+
+def speakers_of(chat_key: str, items: Sequence[Inbound]) -> list[str]:
+    """The private chats of who spoke in a turn: the chat itself, or in a group each sender's
+    own chat on the group's platform (`telegram:<user id>`)."""
+    if is_person_chat(chat_key):
+        return [chat_key]
+    platform = chat_key.partition(":")[0]
+    return sorted({f"{platform}:{item.sender}" for item in items if item.sender})
 
 
 class GuestDays:
@@ -27,23 +40,28 @@ class GuestDays:
         self.clock = clock
         self.household = household or Household.of(settings)
 
-    async def refusal(self, chat_key: str) -> str | None:
-        """The line a guest past today's cap gets instead of an answer; None: answer."""
-        guest = await self._guest(chat_key)
-        if guest is None or guest.daily_messages is None:
+    async def refusal(self, speakers: Sequence[str]) -> str | None:
+        """The line a guest past today's cap gets instead of an answer; None: answer.
+        `speakers`: the private chats of who spoke in the turn (the chat itself, unless a
+        group)."""
+        guests = [await self._guest(chat) for chat in speakers]
+        capped = [g for g in guests if g is not None and g.daily_messages is not None
+                  and await asyncio.to_thread(self._used, g) >= g.daily_messages]
+        if not speakers or len(capped) < len(speakers):
             return None
-        if await asyncio.to_thread(self._used, guest) < guest.daily_messages:
-            return None
+        guest = capped[0]
+        assert guest.daily_messages is not None
         now = datetime.fromtimestamp(self.clock(), self.tz)
         tomorrow = (now + timedelta(days=1)).strftime("%a")
         return (f"That was all {guest.daily_messages} of today's messages I can answer for "
                 f"you. Your message is kept; I answer again from 00:00 ({tomorrow}, "
                 f"{self.tz.key}).")
 
-    async def count(self, chat_key: str) -> None:
-        """One more answered turn for a guest's day."""
-        if await self._guest(chat_key) is not None:
-            await asyncio.to_thread(self._add, chat_key)
+    async def count(self, speakers: Sequence[str]) -> None:
+        """One more answered turn for the day of each guest who spoke."""
+        for chat_key in speakers:
+            if await self._guest(chat_key) is not None:
+                await asyncio.to_thread(self._add, chat_key)
 
     async def _guest(self, chat_key: str) -> Person | None:
         person = await asyncio.to_thread(self.household.person, chat_key)

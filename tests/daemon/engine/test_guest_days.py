@@ -40,9 +40,10 @@ async def household(fake_ollama: FakeOllama, make_settings: SettingsFactory
         await runner.cleanup()
 
 
-async def say(app: web.Application, chat_key: str, text: str) -> None:
+async def say(app: web.Application, chat_key: str, text: str, sender: str | None = None) -> None:
     engine = app[ENGINE]
-    assert await engine.submit(Inbound(chat_key=chat_key, text=text, received=time.time()))
+    assert await engine.submit(Inbound(chat_key=chat_key, text=text, received=time.time(),
+                                       sender=sender))
     await asyncio.wait_for(engine.wait_idle(chat_key), 20)
 
 
@@ -67,3 +68,20 @@ async def test_a_guest_gets_their_days_turns_then_a_line_and_nothing_they_said_i
     store.set_chat_flag(SAM, FLAG, {"day": "2000-01-01", "count": 2})
     await say(app, SAM, "a new day")
     assert channel.texts("reply")[-1] == "echo: a new day"
+
+
+async def test_a_guests_turns_in_a_group_count_against_their_day(
+        household: tuple[web.Application, RecordingChannel], fake_ollama: FakeOllama) -> None:
+    app, channel = household
+    group = "telegram:-1001234567890"
+    await say(app, group, "question in the group", sender="3333333")
+    await say(app, SAM, "question in private")
+    assert len(fake_ollama.chat_requests) == 2
+    # Sam's day is used up, wherever he writes: the group declines his next message...
+    await say(app, group, "another one", sender="3333333")
+    assert len(fake_ollama.chat_requests) == 2
+    assert "all 2 of today's messages" in channel.texts("notice")[-1]
+    # ...and answers Omar's (a member) in the same group.
+    await say(app, group, "omar asks", sender="2222222")
+    assert len(fake_ollama.chat_requests) == 3
+    assert channel.texts("reply")[-1] == "echo: omar asks"
