@@ -1,4 +1,5 @@
-"""`roost approvals list|revoke`: the tools each person said "Always for this tool" to."""
+"""`roost approvals list|revoke`: the tools each person said "Always for this tool" to, and
+those an owner said it to for them (a shared tool; it lets that person's calls run alone)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def approvals_command(book: ApprovalBook, action: str, person: str | None = None
         else:
             out.write(zone_line(tz) + "\n")
         for s in standing:
-            out.write(f"{s.person} {s.tool} (since {local(s.granted, tz)})\n")
+            given = f", given by the owner {s.by}" if s.by is not None else ""
+            out.write(f"{s.person} {s.tool} (since {local(s.granted, tz)}{given})\n")
         return 0
     gone = book.revoke(person, tool)
     if not gone:

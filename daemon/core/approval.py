@@ -4,7 +4,8 @@ A question goes out as an `Outbound` notice with three `Button`s; each button's 
 `approve:<approval id>:<choice>`, an id roost chose, so a channel recognises an answer (a
 Telegram callback_query, a WhatsApp button reply) before anything reads it as a message, and
 hands it to an `Approver` instead of the chat's queue. The approver decides (only the person
-the chat belongs to may answer) and returns the line to show the one who tapped.
+the chat belongs to may answer; a shared tool's question, asked in the owners' chats, only an
+owner) and returns the line to show the one who tapped.
 """
 
 from __future__ import annotations
@@ -34,14 +35,23 @@ KEYS = {"y": Choice.ONCE, "a": Choice.ALWAYS, "n": Choice.DENY}
 NOT_WAITING = ("This question is no longer waiting for an answer (answered, timed out or asked "
                "again after a restart).")
 NOT_YOURS = "Only the person this chat belongs to can answer this."
+NOT_AN_OWNER = "Only an owner of the household can answer this."
 ANSWERED = {Choice.ONCE: "Allowed once.",
             Choice.ALWAYS: "Allowed. I will not ask again for this tool.",
             Choice.DENY: "Denied."}
-ACCEPTED = frozenset(ANSWERED.values())
+# An owner's answer to a question asked for someone else (a shared tool): "Always" is for them.
+ANSWERED_FOR = {**ANSWERED,
+                Choice.ALWAYS: "Allowed. I will not ask again when they call this tool."}
+ACCEPTED = frozenset([*ANSWERED.values(), *ANSWERED_FOR.values()])
 # What a message gets while a question waits in its chat (the chat's queue waits behind it).
 WAITING = ("I'm waiting for your answer to the question above; tap a button, or /stop. "
            "Your message is kept and answered after that.")
 WAITING_TYPED = ("I'm waiting for your answer to the question above; type y, a or n, or /stop. "
+                 "Your message is kept and answered after that.")
+# The asker's chat, while a shared tool's question waits for an owner.
+ASKED_OWNER = ("{tool} acts for the whole household, so an owner has to approve it: I asked "
+               "them and am waiting for their answer.")
+WAITING_OWNER = ("I'm waiting for an owner's answer about {tool}; send /stop to stop waiting. "
                  "Your message is kept and answered after that.")
 
 

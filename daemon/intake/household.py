@@ -109,6 +109,13 @@ class Roster:
         """Listed in `[people]`, or approved by pairing (allow lists are the channels')."""
         return chat_key in self.admitted or chat_key in self.paired
 
+    def owner_chats(self) -> tuple[str, ...]:
+        """The owners' chats: `[people]` owners, then `[identities]` owners, each in the
+        config's order, the terminal last (pairing makes no owner)."""
+        listed = [chat for p in self._everyone if p.role == OWNER for chat in p.chats
+                  if chat != CONSOLE_CHAT]
+        return (*listed, CONSOLE_CHAT)
+
 
 class Household:
     """Who is who, as of now: the settings' people and the pairing book's approved senders."""
@@ -143,6 +150,9 @@ class Household:
 
     def everyone(self) -> Sequence[Person]:
         return self.roster().everyone()
+
+    def owner_chats(self) -> tuple[str, ...]:
+        return self.roster().owner_chats()
 
     def may_talk(self, chat_key: str) -> bool:
         """As `Roster.may_talk`; a `[people]` chat without reading the pairing file, so that

@@ -81,6 +81,9 @@ class Tool:
     # Whether a call waits for the user's yes (daemon.turn.approvals): "never" (built-ins),
     # "ask" (unless the person said "always" for it) or "always".
     approve: str = "never"
+    # It acts outside the asker's own data (an MCP server marked `shared`): outside an owner's
+    # chat only an owner approves it, whatever `approve` says.
+    shared: bool = False
     # The line the user sees while it runs ("searching the web…"); none: "using <name>…".
     progress: str = ""
 

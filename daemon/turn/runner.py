@@ -61,6 +61,7 @@ from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.journal import Journal
 from daemon.turn.model_call import MAX_BACKOFF as MAX_BACKOFF
 from daemon.turn.model_call import ModelCall, Notify, Outage, Site, Working, not_shown
+from daemon.turn.owners import Owners
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.reply_stream import ReplyStream, Silence
 from daemon.turn.router import Router
@@ -164,6 +165,7 @@ class TurnRunner:
         self.clock = clock
         self.stops = Stops()
         self.roles = prompting.roles
+        self.owners = Owners(self.roles, settings, store)  # who approves a shared tool
         self.journal = Journal(settings=settings, store=store, router=router, clock=clock,
                                facts=facts)
         self.model_call = ModelCall(settings=settings, store=store, llm=llm, prompting=prompting,
@@ -273,7 +275,7 @@ class TurnRunner:
             clock=self.clock, status=turn.sink.status,
             approve=functools.partial(
                 self.approvals.check, chat_key=chat_key, person=_person(chat_key, turn.items),
-                ask=self.ask, released=self.llm.waiting_for_user)
+                ask=self.ask, released=self.llm.waiting_for_user, owners=self.owners)
             if self.approvals is not None else None,
             vision="vision" in (await self.llm.model_info(model)).capabilities,
             attachments=self.store.state_dir / "attachments",

@@ -396,7 +396,8 @@ class ToolLoop:
         """None when the call may run (or fails on its own: an unknown tool, bad arguments,
         which nobody need approve); else the result that stands in for it."""
         tool = self.parts.registry.tool(call.name, self.parts.context.active)
-        if tool is None or tool.approve == "never" or tool.check(call.arguments)[1]:
+        if (tool is None or (tool.approve == "never" and not tool.shared)
+                or tool.check(call.arguments)[1]):
             return None
         if self.parts.approve is None:
             return NOBODY_TO_ASK.format(name=tool.name)

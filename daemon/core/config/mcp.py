@@ -40,6 +40,9 @@ class McpServerSettings:
     description: str | None = None  # the index line; else the server's own, cut to one line
     approve: str = "ask"  # "never" | "ask" | "always", for every tool of the server
     approve_tools: Mapping[str, str] = field(default_factory=dict)  # per tool, over `approve`
+    # Its tools act outside the asker's own data (the house's lights, a family calendar): only
+    # an owner approves a call from anyone else's chat (daemon.turn.approvals).
+    shared: bool = False
     timeout: float = 60.0  # seconds one call may take
     enabled: bool = True
     missing: tuple[str, ...] = ()  # ${NAME}s with no value: the server cannot start
@@ -61,7 +64,7 @@ _MCP_SERVER: _Spec = {
     "cwd": _STRING, "url": _URL, "headers": _value(dict, "a table of strings"),
     "description": _STRING, "approve": _APPROVE,
     "approve_tools": _value(dict, "a table of tool name = 'never', 'ask' or 'always'"),
-    "timeout": _PERIOD, "enabled": _BOOL}
+    "timeout": _PERIOD, "enabled": _BOOL, "shared": _BOOL}
 _SERVER_NAME = re.compile("[a-z0-9][a-z0-9_-]{0,29}")
 # The capabilities roost registers itself (daemon/tools, automations/reminders.py): a server's
 # name is its capability's, so it cannot be one of these (a test holds the list to the code).

@@ -199,6 +199,7 @@ class McpServers:
             handler=functools.partial(self._call, server.name, tool.name),
             timeout=server.timeout + TIMEOUT_SLACK,
             approve=server.approve_tools.get(tool.name, server.approve),
+            shared=server.shared,
             original=dict(tool.input_schema))
 
     async def _call(self, server: str, tool: str, context: object,
