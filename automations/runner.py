@@ -64,11 +64,10 @@ class Distributed:
 
 
 class Outlet(Protocol):
-    """What automations need of the engine: queue messages that answer nothing a chat sent."""
+    """What automations need of the engine: queue messages that answer nothing a chat sent
+    (for a chat, or for `person:NAME`: the engine's delivery finds a chat of theirs)."""
 
     async def deliver(self, outbound: Outbound) -> bool: ...
-
-    async def notify(self, chat_key: str, text: str) -> None: ...
 
 
 class AutomationRunner:
@@ -329,7 +328,7 @@ class AutomationRunner:
                 f"{which}. roost keeps running it; fix that target (or unblock the bot) to get "
                 "them there again.")
         for target in others:
-            await self.outlet.notify(target, text)
+            await self.outlet.deliver(Outbound(target, text, now, kind="notice"))
 
     async def _drop_outbox(self, name: str) -> None:
         chat_key = automation_key(name)
@@ -363,7 +362,7 @@ class AutomationRunner:
                   f"; {', '.join(refusing)} refuses roost's messages" if refusing else "")
         for target in others:
             try:
-                await self.outlet.notify(target, text)
+                await self.outlet.deliver(Outbound(target, text, now, kind="notice"))
             except StoreError:  # queued in the outbox: the state directory refused it
                 log.error("automation %s: cannot queue the failure alert for %s", name, target,
                           exc_info=True)

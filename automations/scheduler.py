@@ -45,7 +45,7 @@ from automations.reminders import Reminders
 from automations.runner import AutomationRunner, Outlet, slot_id
 from automations.schedule import build_trigger, due_slot, fires_between
 from automations.state import SCAN_EVERY
-from daemon.core.config import AutomationSettings
+from daemon.core.config import AutomationSettings, target_person
 from daemon.core.logs import automation_log as log
 from daemon.core.platforms import automation_name
 from daemon.engine.delivery import DeliveryHooks
@@ -98,11 +98,13 @@ class Automations:
             if not automation.enabled:
                 continue
             for target in automation.deliver:
-                kind = target.partition(":")[0]
-                if target != "log" and kind not in self.channels:
+                person = target_person(target)
+                kinds = {chat.partition(":")[0] for chat in (
+                    self.settings.linked.get(person, ()) if person else (target,))}
+                if target != "log" and not kinds & self.channels:
                     log.warning("automation %s delivers to %s, but the %s channel is not "
                                 "running: its reports wait in the outbox", automation.name,
-                                target, kind)
+                                target, " or ".join(sorted(kinds)))
             self.scheduler.add_job(
                 self.fire, build_trigger(automation.schedule, self.tz), args=[automation.name],
                 id=f"automation:{automation.name}", name=automation.name,

@@ -251,8 +251,9 @@ class WhatsAppChannel:
 
     async def invite(self, outbound: Outbound) -> None:
         """A reply is held for the 24-hour rule: the template, if one is set and due (not when
-        the reply goes to `fallback` instead: nothing would wait for the person's answer)."""
-        if self.settings.fallback:
+        the reply goes to `fallback` or to the person's next chat instead: nothing would wait
+        for the person's answer)."""
+        if self.settings.fallback or outbound.fallbacks:
             return
         await self.invitations.invite(outbound.chat_key, wa_id_of(outbound.chat_key),
                                       outbound.text)

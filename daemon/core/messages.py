@@ -98,6 +98,9 @@ class Outbound:
     # and its length in seconds (daemon.engine.voice_replies).
     audio: str | None = None
     seconds: float = 0.0
+    # The same person's other chats, in order, for what this chat cannot take now (WhatsApp's
+    # 24 hours): an automation's report to `person:NAME` (daemon.engine.delivery).
+    fallbacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -110,6 +113,7 @@ class Outbound:
     def from_doc(cls, doc: Mapping[str, Any]) -> Outbound:
         known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
         known["platform_ids"] = tuple(known.get("platform_ids", ()))  # a list in JSON
+        known["fallbacks"] = tuple(known.get("fallbacks", ()))
         known["buttons"] = tuple(Button(**b) for b in known.get("buttons", ()))
         return cls(**known)
 

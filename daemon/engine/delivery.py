@@ -4,6 +4,10 @@ Only the chat's worker sends (`send`), in order, so replies and notices never ra
 that takes a reply only after the user writes again (WhatsApp's 24 hours) makes it wait, held,
 until `release`; one that refuses a chat for good (a blocked bot) marks it undeliverable; a
 reply it refuses outright is given up (it stays in the conversation) and the user is told.
+A report to a person (`person:NAME`) goes to the first of their chats that can take it: queued
+for the first whose channel runs and that has not refused roost, and passed on to the next
+(`Outbound.fallbacks`) when that one takes it only after the user writes; the last of them
+treats it as any item of its own (held, or sent to the platform's fallback chat).
 Listeners (`DeliveryHooks`) hear of each item the platform took and each one given up.
 """
 
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.core.config import Settings
+from daemon.core.config import Settings, target_person
 from daemon.core.conversations import kind_of
 from daemon.core.errors import DeliveryError
 from daemon.core.ids import inbound_id
@@ -76,11 +80,23 @@ class Delivery:
 
     async def queue(self, outbound: Outbound) -> bool:
         """Queue a message that answers nothing the chat sent (an automation's report, a
-        reminder, a reply the platform wants held) and wake the chat's worker. Idempotent by
-        the outbound's id: one already queued or sent is not queued again (False)."""
+        reminder, a reply the platform wants held) and wake the chat's worker; one for
+        `person:NAME` goes to a chat of theirs (`_addressed`). Idempotent by the outbound's
+        id: one already queued or sent is not queued again (False)."""
+        if target_person(outbound.chat_key) is not None:
+            addressed = await asyncio.to_thread(self._addressed, outbound)
+            if addressed is None:
+                return False
+            outbound = addressed
+        if outbound.held and outbound.fallbacks:
+            # Taken and then refused by the platform (WhatsApp's 24 hours, reported late):
+            # the person's next chat, as `_hold` does for a refusal at once.
+            outbound = rerouted(outbound, outbound.fallbacks[0], f"({outbound.held}.)")
+
         def add() -> bool:
-            queued = any(d["id"] == outbound.id
-                         for d in self.store.outbox_pending(outbound.chat_key))
+            queued = any(d["id"] == outbound.id for chat in (outbound.chat_key,
+                                                              *outbound.fallbacks)
+                         for d in self.store.outbox_pending(chat))
             if queued or self.store.was_sent(outbound.id):
                 return False
             self.store.outbox_add(outbound.to_doc())
@@ -93,6 +109,23 @@ class Delivery:
                 await self._drop_stale_held(outbound.chat_key)
         self.wake(outbound.chat_key)
         return added
+
+    def _addressed(self, outbound: Outbound) -> Outbound | None:
+        """An item for `person:NAME` (on a worker thread): for the first of their chats, in
+        the config's order, whose channel runs and that has not refused roost (the user
+        blocked the bot), with the later such chats as its fallbacks. When none is, their
+        first chat takes it, to wait or be given up as that chat's items are. None: the name
+        is no longer in the config."""
+        name = target_person(outbound.chat_key)
+        chats = self.settings.linked.get(name or "", ())
+        if not chats:
+            log.warning("a %s for %s is dropped: [people] and [identities] no longer name %s",
+                        outbound.kind, outbound.chat_key, name)
+            return None
+        open_now = [chat for chat in chats if kind_of(chat) in self.channels
+                    and "undeliverable" not in self.store.chat_flags(chat)]
+        order = open_now or list(chats)
+        return dataclasses.replace(outbound, chat_key=order[0], fallbacks=tuple(order[1:]))
 
     async def release(self, chat_key: str) -> int:
         """The user wrote again, on whatever platform: a chat marked undeliverable (they had
@@ -212,24 +245,18 @@ class Delivery:
                               outbound.chat_key)
 
     async def _hold(self, outbound: Outbound, exc: DeliveryError) -> None:
-        """The platform takes this reply only after the user writes again: send it through the
-        fallback chat when there is one, else keep it (a restart keeps it too) until then."""
+        """The platform takes this reply only after the user writes again: send it to the
+        person's next chat (a report to `person:NAME`) or the platform's fallback chat when
+        there is one, else keep it (a restart keeps it too) until then."""
         where = outbound.conversation_id or outbound.chat_key
-        if exc.fallback:
-            # Its id follows from the original's: a crash before the original is done makes
-            # the next pass find it queued (or sent) and not queue it twice.
-            rerouted = dataclasses.replace(
-                outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"),
-                chat_key=exc.fallback, text=f"{exc.note}\n\n{outbound.text}", parts_sent=0,
-                pieces_sent=0, attempting=None,
-                # The original's message ids mean nothing in another chat.
-                platform_ids=(), reply_to=None)
-            await self.queue(rerouted)
+        fallback = outbound.fallbacks[0] if outbound.fallbacks else exc.fallback
+        if fallback:
+            await self.queue(rerouted(outbound, fallback, exc.note))
             await asyncio.to_thread(self.store.outbox_done, outbound.id)
             await asyncio.to_thread(self.records.event, self.clock(), "rerouted", where,
-                                    f"{exc}; sent to {exc.fallback}")
+                                    f"{exc}; sent to {fallback}")
             log.info("a %s for %s went to %s instead: %s", outbound.kind, outbound.chat_key,
-                     exc.fallback, exc)
+                     fallback, exc)
             return
         # The platform answered with a refusal: nothing is in flight any more.
         await asyncio.to_thread(self.store.outbox_update, outbound.id, held=str(exc),
@@ -283,3 +310,17 @@ class Delivery:
             notice = Outbound(chat_key=chat_key, created=self.clock(), kind="notice", text=text)
             await asyncio.to_thread(self.store.outbox_add, notice.to_doc())
             self.wake(chat_key)  # sent by this worker's next pass, after this flush
+
+
+def rerouted(outbound: Outbound, chat_key: str, note: str) -> Outbound:
+    """`outbound` for another chat, `note` above it: the person's next chat (then the ones
+    after it stay its fallbacks) or the platform's fallback chat. Its id follows from the
+    original's: a crash before the original is done makes the next pass find it queued (or
+    sent) and not queue it twice."""
+    later = outbound.fallbacks[1:] if outbound.fallbacks[:1] == (chat_key,) else ()
+    return dataclasses.replace(
+        outbound, id=inbound_id(outbound.created, f"{outbound.id}:fallback"), chat_key=chat_key,
+        text=f"{note}\n\n{outbound.text}", parts_sent=0, pieces_sent=0, attempting=None,
+        held=None, fallbacks=later,
+        # The original's message ids mean nothing in another chat.
+        platform_ids=(), reply_to=None)

@@ -51,7 +51,8 @@ def shares_household(chat_key: str, settings: Settings, roles: Roles) -> bool:
     """Whether a conversation of `chat_key` carries the household's facts; see the module
     docstring."""
     if chat_key.startswith(AUTOMATION_PREFIX):
-        owner = automation_owner(chat_key.removeprefix(AUTOMATION_PREFIX), settings.automations)
+        owner = automation_owner(chat_key.removeprefix(AUTOMATION_PREFIX), settings.automations,
+                                 settings.linked)
         return owner is not None and shares_household(owner, settings, roles)
     if not is_person_chat(chat_key):
         return True  # a group of the household

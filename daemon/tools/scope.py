@@ -12,9 +12,10 @@ answer anything else exactly as they answer what does not exist.
 * The facts roost keeps (`person_of`) are a person's: the chats of an identity share them, a
   group has none, and an automation's run uses those of the person it reports to.
 * An automation's run recalls its single owner's chats, when it has one: exactly one target in
-  `deliver` besides `log` (a person or a group, who gets every report anyway). It does not
-  recall its earlier runs: those may hold what an earlier owner's chats said (`deliver` can be
-  changed), so a run sees its own conversation and nothing else of the automation.
+  `deliver` besides `log` (a person or a group, who gets every report anyway; `person:NAME` is
+  that person, named by the first of their chats). It does not recall its earlier runs: those
+  may hold what an earlier owner's chats said (`deliver` can be changed), so a run sees its own
+  conversation and nothing else of the automation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from daemon.core.config import AutomationSettings, Settings
+from daemon.core.config import AutomationSettings, Settings, target_person
 from daemon.core.conversations import Conversation
 from daemon.core.platforms import AUTOMATION_PREFIX, is_person_chat
 from daemon.store.facts import Person
@@ -58,7 +59,8 @@ def person_of(chat_key: str, settings: Settings) -> Person | None:
     chats of their identity), the person an automation reports to, None for a group (and an
     automation that reports to a group, to several chats or to none)."""
     if chat_key.startswith(AUTOMATION_PREFIX):
-        owner = automation_owner(chat_key.removeprefix(AUTOMATION_PREFIX), settings.automations)
+        owner = automation_owner(chat_key.removeprefix(AUTOMATION_PREFIX), settings.automations,
+                                 settings.linked)
         return person_of(owner, settings) if owner else None
     if not is_person_chat(chat_key):
         return None
@@ -91,14 +93,18 @@ def named_person(name: str, settings: Settings) -> Person | None:
         AUTOMATION_PREFIX) else None
 
 
-def automation_owner(name: str, automations: Sequence[AutomationSettings]) -> str | None:
+def automation_owner(name: str, automations: Sequence[AutomationSettings],
+                     linked: Identities = NO_IDENTITIES) -> str | None:
     """The one chat an automation reports to, or None (several, none, only `log`, or an
-    automation no longer configured)."""
+    automation no longer configured). For `person:NAME` it is the first of their chats in
+    `linked` (`Settings.linked`), which stands for them all."""
     for automation in automations:
         if automation.name == name:
             targets = {t for t in automation.deliver if t != "log"}
             if len(targets) == 1:
                 (target,) = targets
+                if (person := target_person(target)) is not None:
+                    return next(iter(linked.get(person, ())), None)
                 return None if target.startswith(AUTOMATION_PREFIX) else target
             return None
     return None
@@ -110,6 +116,6 @@ def recall_scope(conversation: Conversation, automations: Sequence[AutomationSet
     own = frozenset({conversation.id})
     if conversation.chat_key.startswith(AUTOMATION_PREFIX):
         owner = automation_owner(conversation.chat_key.removeprefix(AUTOMATION_PREFIX),
-                                 automations)
+                                 automations, identities)
         return RecallScope(person_chats(owner, identities) if owner else frozenset(), own)
     return RecallScope(person_chats(conversation.chat_key, identities), own)

@@ -12,7 +12,7 @@ A package, one module per group of tables: `sections` (the plain tables), `autom
 here.
 """
 
-from daemon.core.config.automations import AutomationSettings
+from daemon.core.config.automations import AutomationSettings, target_person
 from daemon.core.config.credentials import (
     SECRETS,
     SYSTEM_CONFIG,
@@ -84,4 +84,5 @@ __all__ = [
     "missing_secrets",
     "parse_duration",
     "read_secret",
+    "target_person",
 ]

@@ -1,11 +1,17 @@
-"""[[automations]]: one scheduled prompt each."""
+"""[[automations]]: one scheduled prompt each.
+
+A `deliver` target is a chat key, `log`, or `person:NAME`: a person of `[people]` or
+`[identities]`, reached on the first of their chats (in the config's order) that can take the
+report when it goes out (engine/delivery.py); a name the config does not list is an error at
+load (`_check_people`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.core.config.identities import _IDENTITY_NAME
 from daemon.core.config.values import (
     _BOOL,
     _STRING,
@@ -20,13 +26,15 @@ from daemon.core.config.values import (
 from daemon.core.errors import ConfigError
 from daemon.core.platforms import chat_pattern
 
+PERSON_PREFIX = "person:"  # a deliver target that names a person, not one of their chats
+
 
 @dataclass(frozen=True)
 class AutomationSettings:
     name: str
     schedule: str  # crontab, 5 fields, unconverted: 0 and 7 are Sunday; or "every <duration>"
     prompt: str
-    deliver: tuple[str, ...]  # chat keys ("console:local" among them), or "log"
+    deliver: tuple[str, ...]  # chat keys ("console:local" among them), "person:NAME", "log"
     model: str | None = None  # None: the chat model (another one means a reload on one GPU)
     enabled: bool = True
     quiet: str | None = None  # a reply that is exactly this token is not delivered
@@ -48,10 +56,28 @@ _AUTOMATION: _Spec = {
 
 
 def _target() -> Convert:
-    """A chat some platform (or the terminal) delivers to, or 'log': as the installed platforms
-    describe their chat keys."""
+    """A chat some platform (or the terminal) delivers to, a person, or 'log': as the installed
+    platforms describe their chat keys (whether the person is listed: `_check_people`)."""
     pattern, forms = chat_pattern()
-    return _like(f"{pattern}|log", f"a known target ({forms} or 'log')")
+    return _like(f"{pattern}|{PERSON_PREFIX}{_IDENTITY_NAME.pattern}|log",
+                 f"a known target ({forms}, 'person:<name>' or 'log')")
+
+
+def target_person(target: str) -> str | None:
+    """The name a `person:NAME` target gives; None for a chat or 'log'."""
+    return target.removeprefix(PERSON_PREFIX) if target.startswith(PERSON_PREFIX) else None
+
+
+def _check_people(jobs: tuple[AutomationSettings, ...], named: Collection[str],
+                  fail: Callable[[str, str], ConfigError]) -> None:
+    """Each `person:NAME` target names someone in `[people]` or `[identities]` (`named`)."""
+    for i, job in enumerate(jobs):
+        for j, target in enumerate(job.deliver):
+            name = target_person(target)
+            if name is not None and name not in named:
+                raise fail(f"automations[{i}].deliver[{j}]",
+                           f"automation {job.name!r}: {target} names nobody: {name!r} is in "
+                           "neither [people] nor [identities]")
 
 
 _AUTOMATION_REQUIRED = ("name", "schedule", "prompt", "deliver")

@@ -10,7 +10,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from daemon.core.config.automations import _AUTOMATION, AutomationSettings, _automations
+from daemon.core.config.automations import (
+    _AUTOMATION,
+    AutomationSettings,
+    _automations,
+    _check_people,
+)
 from daemon.core.config.credentials import (
     SECRETS,
     SYSTEM_CONFIG,
@@ -230,6 +235,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     mcp = _mcp(document.get("mcp", {}), read, fail, env, path)
     identities = _identities(document.get("identities", {}), fail)
     people = _people(document.get("people", {}), read, fail, identities)
+    _check_people(jobs, {*identities, *people}, fail)
     return Settings(
         mcp=mcp, daemon=DaemonSettings(state_dir, listen_host, listen_port, **daemon), model=model,
         platforms=MappingProxyType(own), access=AccessSettings(**tables["access"]),
