@@ -7,9 +7,11 @@ start. A reminder that came due while roost was down is delivered at start marke
 is less than `LATE_LIMIT` late, and otherwise reported to the chat as missed instead.
 
 The model's tools (`schedule_reminder`, `list_reminders`, `cancel_reminder`) are one capability,
-in `automations/reminder_tools.py`. They are registered with the others, before the engine that
-delivers the reminders exists: so the book here takes no outlet; the scheduler hands it one
-when a reminder fires, and hears of each one added through `added`.
+in `automations/reminder_tools.py`; one asked for in a group goes to the private chat of who
+asked, when roost can write to them there (the record keeps the group as `set_in`). They are
+registered with the others, before the engine that delivers the reminders exists: so the book
+here takes no outlet; the scheduler hands it one when a reminder fires, and hears of each one
+added through `added`.
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ LATE_AFTER = 60.0  # delivered more than this after its time: say so
 MAX_TEXT = 1000
 
 
-def new_reminder(chat_key: str, due: float, text: str, now: float, by: str) -> dict[str, Any]:
-    """A pending reminder's record."""
+def new_reminder(chat_key: str, due: float, text: str, now: float, by: str,
+                 set_in: str | None = None) -> dict[str, Any]:
+    """A pending reminder's record; `set_in` is the group it was asked for in, when it goes to
+    the private chat of who asked (`chat_key`) instead."""
     return {"id": new_id(now)[-10:].lower(), "chat_key": chat_key, "due": due,
-            "text": text.strip()[:MAX_TEXT], "created": now, "by": by}
+            "text": text.strip()[:MAX_TEXT], "created": now, "by": by,
+            **({"set_in": set_in} if set_in else {})}
 
 
 def when_text(moment: float, tz: ZoneInfo) -> str:
@@ -57,16 +62,20 @@ class Reminders:
         self.added: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._firing: dict[str, asyncio.Event] = {}  # reminder id -> set once it is handled
 
-    async def add(self, chat_key: str, due: float, text: str, by: str) -> dict[str, Any]:
-        doc = new_reminder(chat_key, due, text, self.clock(), by)
+    async def add(self, chat_key: str, due: float, text: str, by: str,
+                  set_in: str | None = None) -> dict[str, Any]:
+        doc = new_reminder(chat_key, due, text, self.clock(), by, set_in)
         await asyncio.to_thread(self.state.add_reminder, doc)
         self.added.put_nowait(doc)
         log.info("reminder %s for %s at %s", doc["id"], chat_key, when_text(due, self.tz))
         return doc
 
     async def pending(self, chat_key: str | None = None) -> list[dict[str, Any]]:
+        """The pending reminders (of one chat: those it gets, and those set in it for
+        someone's private chat)."""
         docs = await asyncio.to_thread(self.state.pending_reminders)
-        return [d for d in docs if chat_key is None or d["chat_key"] == chat_key]
+        return [d for d in docs if chat_key is None or chat_key in (d["chat_key"],
+                                                                    d.get("set_in"))]
 
     async def cancel(self, reminder_id: str, chat_key: str | None = None) -> bool:
         for doc in await self.pending(chat_key):
