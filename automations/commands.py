@@ -15,7 +15,7 @@ from automations.reminders import new_reminder
 from automations.schedule import build_trigger, next_fire
 from automations.state import SCAN_EVERY, AutomationState, RunResult, manual_run_id
 from automations.when import split_when
-from daemon.core.config import AutomationSettings, Settings
+from daemon.core.config import AutomationSettings, Settings, target_person
 from daemon.core.ids import new_id
 from daemon.core.platforms import ChatKey, chat_pattern, platform_of
 from daemon.intake.pairing import PairingBook
@@ -143,10 +143,15 @@ def remind(settings: Settings, words: list[str], target: str) -> int:
     arms it within SCAN_EVERY seconds if it runs, else at its start."""
     tz = settings.daemon.tz
     pattern, forms = chat_pattern()
-    if not re.fullmatch(pattern, target):
-        print(f"roost: --to {target!r}: expected {forms}", file=sys.stderr)
+    person = target_person(target)
+    if person is not None and person not in settings.linked:
+        print(f"roost: --to {target}: {person!r} is in neither [people] nor [identities]",
+              file=sys.stderr)
         return EX_USAGE
-    if (refused := unserved(settings, target)) is not None:
+    if person is None and not re.fullmatch(pattern, target):
+        print(f"roost: --to {target!r}: expected {forms} or person:NAME", file=sys.stderr)
+        return EX_USAGE
+    if person is None and (refused := unserved(settings, target)) is not None:
         print(f"roost: --to {target}: {refused}", file=sys.stderr)
         return EX_USAGE
     now = datetime.now(tz)

@@ -162,7 +162,7 @@ def _add_automations(commands: argparse._SubParsersAction[argparse.ArgumentParse
                              "'next monday 8:00', '2026-12-24 18:00'), then the reminder's "
                              "text, quoted or not")
     remind.add_argument("--to", required=True, metavar="TARGET",
-                        help=chat_pattern()[1])
+                        help=f"{chat_pattern()[1]}, or person:NAME ([people] or [identities])")
 
 
 def _add_mcp(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -5,7 +5,10 @@ does not list is an error at load; the run recalls and uses that person's chats.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -19,7 +22,7 @@ from daemon.core.errors import ConfigError
 from daemon.store import Store
 from daemon.tools.roles import shares_household
 from daemon.tools.scope import person_of, recall_scope
-from tests.automations.conftest import automation, wait_until
+from tests.automations.conftest import DaemonFactory, at, automation, wait_until
 from tests.conftest import SettingsFactory
 from tests.fakes.graph import API_VERSION, PHONE_NUMBER_ID, FakeGraph, Template
 from tests.fakes.ollama import FakeOllama
@@ -169,3 +172,34 @@ class DanaIs:
 
     def role_of(self, chat_key: str) -> str | None:
         return self.role if chat_key in DANA else None
+
+
+async def test_a_reminder_to_a_person_reaches_their_first_chat(
+        make_daemon: DaemonFactory, tmp_path: Path) -> None:
+    daemon = make_daemon(start=at(2026, 12, 1, 9, 0))
+    daemon.settings = dataclasses.replace(daemon.settings, people=MappingProxyType(
+        {"dana": PersonSettings(("console:local",), "owner")}))
+    automations = await daemon.start()
+    automations.scheduler.pause()  # fired by hand on the test's clock
+    doc = await automations.reminders.add(
+        "person:dana", at(2026, 12, 1, 9, 30).timestamp(), "stretch", by="command")
+    daemon.clock.set(at(2026, 12, 1, 9, 30) + timedelta(seconds=1))
+    await automations.reminders.fire(doc["id"], daemon.engine)  # type: ignore[arg-type]
+    await wait_until(lambda: daemon.channel.texts("notice") == ["⏰ Reminder: stretch"])
+
+    # The command takes a person's name too, and refuses a name nobody has.
+    config = tmp_path / "roost.toml"
+    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+                      '[people.dana]\nchats = ["console:local"]\nrole = "owner"\n')
+
+    def remind(target: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "daemon", "automations", "remind", "in 2h",
+                               "water the plants", "--to", target, "--config", str(config)],
+                              capture_output=True, text=True, timeout=60)
+
+    added = remind("person:dana")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.endswith("to person:dana\n")
+    nobody = remind("person:nobody")
+    assert nobody.returncode == 2
+    assert "'nobody' is in neither [people] nor [identities]" in nobody.stderr
