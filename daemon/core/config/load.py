@@ -36,6 +36,7 @@ from daemon.core.config.sections import (
     SpeechSettings,
     VoiceSettings,
     WebSettings,
+    model_settings,
 )
 from daemon.core.config.values import _TEXT, _TOML_TYPES, _Bad, _seconds, _Spec, _valid_zone
 from daemon.core.errors import ConfigError
@@ -219,7 +220,7 @@ def _build(document: Mapping[str, Any], path: Path | None, env: Mapping[str, str
     listen_host, listen_port = daemon.pop("listen", ("127.0.0.1", 8780))
     state_dir = _state_dir(daemon.pop("state_dir", None), path, env)
     daemon["timezone"] = daemon.get("timezone") or _system_timezone(env)
-    model = ModelSettings(**tables["model"])
+    model = model_settings(tables["model"], fail)
     own: dict[str, Any] = {}
     for name, platform in platforms.items():
         table = read(document.get(name, {}), name, platform.spec)

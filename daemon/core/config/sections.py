@@ -3,9 +3,10 @@ platform's table is its own (channels/<name>/platform.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from daemon.core.config.values import (
@@ -17,6 +18,7 @@ from daemon.core.config.values import (
     _URL,
     _array,
     _at_least,
+    _Bad,
     _host_name,
     _like,
     _listen,
@@ -48,8 +50,24 @@ class DaemonSettings:
 
 
 @dataclass(frozen=True)
+class HostSettings:
+    """One Ollama server of the pool (`[model] hosts`; daemon/llm/pool.py routes between them).
+    `priority`: higher is preferred for new conversations. `models`: the models it may serve
+    (empty: any it has)."""
+
+    url: str
+    priority: int = 0
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelSettings:
+    # The first host of the pool: set from `hosts` when they are given (for the messages and
+    # commands that name one server).
     host: str = DEFAULT_HOST
+    # Several Ollama servers, each conversation pinned to one (daemon/llm/pool.py); empty: the
+    # one `host`.
+    hosts: tuple[HostSettings, ...] = ()
     name: str = "qwen3:4b"
     window: int = 8192  # num_ctx, before capping at the model's context_length
     response_reserve: int = 1024
@@ -65,6 +83,15 @@ class ModelSettings:
     think: bool = False  # let a thinking model think on chat turns (never on background calls)
     # Probe a model without a card quietly on its first use (daemon/models/book.py).
     probe_new: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hosts:
+            object.__setattr__(self, "host", self.hosts[0].url)
+
+    @property
+    def pool(self) -> tuple[HostSettings, ...]:
+        """The Ollama servers roost sends to: `hosts`, else `host` alone (a pool of one)."""
+        return self.hosts or (HostSettings(self.host),)
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,56 @@ class ConsoleSettings:
     url: str | None = None  # how a browser reaches roost (a proxy's https address), for links
 
 
+_HOST_KEYS = ("url", "priority", "models")
+_MODEL_NAMES = _array(_STRING)
+
+
+def _host_entry(value: Any) -> HostSettings:
+    """One item of `model.hosts`: a URL, or a table with `url`, `priority` and `models`."""
+    if isinstance(value, str):
+        return HostSettings(_BASE_URL(value))
+    table = _value(dict, "a URL string or a table with url, priority and models")(value)
+    for key in table:
+        if key not in _HOST_KEYS:
+            raise _Bad("unknown key", f".{key}")
+    if "url" not in table:
+        raise _Bad("a host table needs its url", ".url")
+    converters: dict[str, Callable[[Any], Any]] = {
+        "url": _BASE_URL, "priority": _value(int, "an integer"), "models": _MODEL_NAMES}
+    values = {}
+    for key, item in table.items():
+        try:
+            values[key] = converters[key](item)
+        except _Bad as bad:
+            raise _Bad(str(bad), f".{key}{bad.where}") from None
+    return HostSettings(**values)
+
+
+def _hosts(value: Any) -> tuple[HostSettings, ...]:
+    """`model.hosts`: URLs or `[[model.hosts]]` tables, each URL once."""
+    hosts: list[HostSettings] = []
+    for i, item in enumerate(_value(list, "an array of URLs or [[model.hosts]] tables")(value)):
+        try:
+            host = _host_entry(item)
+        except _Bad as bad:
+            raise _Bad(str(bad), f"[{i}]{bad.where}") from None
+        same = [j for j, h in enumerate(hosts) if h.url.lower() == host.url.lower()]
+        if same:
+            raise _Bad(f"{host.url} is listed twice (also model.hosts[{same[0]}])", f"[{i}]")
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def model_settings(values: Mapping[str, Any],
+                   fail: Callable[[str, str], Exception]) -> ModelSettings:
+    """`[model]` read by its spec into settings: `host` and a non-empty `hosts` both set is an
+    error (which one would the pool start from?)."""
+    if "host" in values and values.get("hosts"):
+        raise fail("model.hosts", "set model.host or model.hosts, not both (a pool of one is "
+                   "hosts = [URL])")
+    return ModelSettings(**values)
+
+
 # What each table may hold; [[automations]] and [variables] are read separately.
 _SPECS: Mapping[str, _Spec] = {
     "daemon": {
@@ -145,7 +222,7 @@ _SPECS: Mapping[str, _Spec] = {
         "idle_rotation": _PERIOD, "shutdown_grace": _DURATION},
     "console": {"enabled": _BOOL, "url": _URL},
     "model": {
-        "host": _BASE_URL, "name": _STRING, "window": _at_least(512),
+        "host": _BASE_URL, "hosts": _hosts, "name": _STRING, "window": _at_least(512),
         "response_reserve": _at_least(1), "concurrency": _at_least(1),
         "keep_alive": _value(str, "a duration string such as '30m'", _ollama_duration,
                              "must be '-1', '0' or a duration in ms, s, m or h (Ollama has no d)"),
