@@ -1,8 +1,9 @@
 """People and access: who may talk (who.py), pairing requests to approve or refuse, standing
 "Always" grants to revoke, and each person's facts to read, add to or forget.
 
-The owner sees and changes everyone's; a person's session sees themselves (their own chats,
-facts and grants) and nothing of the pairing book (a code is the owner's to approve).
+The owner sees and changes everyone's (at the terminal, or from a chat of theirs: signin.py);
+a member's or a guest's session sees themselves (their own chats, facts and grants) and nothing
+of the pairing book (a code is the owner's to approve).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from daemon.console.names import chat_names
+from daemon.console.signin import given_for
 from daemon.console.who import Talker, doors, who_may_talk
 from daemon.core.config import GUEST, Settings
 from daemon.intake.household import Household
@@ -63,7 +65,7 @@ class People:
         their session covers (an identity changed since the link names no one else's)."""
         names = chat_names(self.settings.linked, self.pairing)
         found = who_may_talk(self.settings, self.pairing.approved(), names,
-                             self.household.roster())
+                             self.household.roster(), at_terminal=not given_for(session))
         if session.is_owner:
             return found
         own = [replace(t, chats=tuple(c for c in t.chats if session.covers(c.key)))

@@ -14,6 +14,12 @@ Two checks close it, each enough on its own in the browsers that support it:
   the form. Another site can read a token for its own link, but not this browser's cookie, and
   a Strict cookie never rides on its post. The key is made when the console starts, so a page
   opened before a restart asks for the link to be opened again (the link is not used up).
+
+Whose view a session gives is its scope (daemon/store/console_keys.py): `*` alone is the
+terminal's (`roost console`: whoever runs roost on the box owns it), a person's chats are that
+person's own view, and `*` with a person's chats is the view `/console` gives the household's
+owner. That last one lasts only as long as the role: each use of the link or the session asks
+the household again (`Sessions`), so an owner the config demotes or drops is signed out.
 """
 
 from __future__ import annotations
@@ -22,10 +28,16 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from daemon.core.config import OWNER
+from daemon.core.errors import StoreError
+from daemon.core.logs import http_log as log
+from daemon.store.console_keys import OWNER as ALL_CHATS
+from daemon.store.console_keys import ConsoleKeys, ConsoleSession
 
 COOKIE = "roost_signin"
 FIELD = "signin_token"
@@ -83,3 +95,67 @@ def our_hosts(host: str, console_url: str | None) -> tuple[str, ...]:
     may pass another Host on)."""
     configured = urlsplit(console_url or "").netloc.rpartition("@")[2]
     return (host, configured) if configured else (host,)
+
+
+class Sessions:
+    """The console's links and sessions (daemon/store/console_keys.py) as the household gives
+    them now: an owner's from `/console` ends once its person is no longer an owner, whether
+    its link is used then or its session. Synchronous (files): the console calls it in a
+    thread."""
+
+    def __init__(self, keys: ConsoleKeys, role_of: Callable[[str], str | None],
+                 clock: Callable[[], float]) -> None:
+        self.keys = keys
+        self.role_of = role_of  # the household's (daemon/intake/household.py), read anew
+        self.clock = clock
+        self.forms = SignInForms()
+
+    def session(self, token: str) -> ConsoleSession | None:
+        """The browser's session, if it has one the household still gives; none while the
+        household cannot be read (the pairing book), not ended: it works again once it can."""
+        session = self.keys.session(token, self.clock())
+        try:
+            if session is None or self._still_theirs(token, session):
+                return session
+        except StoreError as exc:
+            log.warning("console: an owner's session waits: cannot tell its role (%s)", exc)
+        return None
+
+    def redeem(self, link: str) -> tuple[str, ConsoleSession] | str:
+        """Use a link up: the new session's token and the session, or why not, for the page."""
+        made = self.keys.redeem(link, self.clock())
+        if made is None:
+            return ("This sign-in link was used already or has expired (links work once, for "
+                    "10 minutes). Ask for a new one: `roost console`, or /console in your chat.")
+        if not self._still_theirs(*made):
+            return ("This link was for the owner's view, and you are no longer the household's "
+                    "owner. Send /console in your chat again for a link to your own "
+                    "conversations.")
+        return made
+
+    def end(self, token: str) -> None:
+        """Sign one browser out."""
+        self.keys.end(token)
+
+    def _still_theirs(self, token: str, session: ConsoleSession) -> bool:
+        if still_theirs(session, self.role_of):
+            return True
+        self.keys.end(token)  # a new /console gives the person their own view
+        log.info("console: ended an owner's session; its person is no longer an owner")
+        return False
+
+
+def still_theirs(session: ConsoleSession, role_of: Callable[[str], str | None]) -> bool:
+    """Whether the household still gives this session its view: always for the terminal's
+    and for a person's own; for an owner's from `/console`, while every chat it was given
+    for is still an owner's (the role, or the chat's place in the config, may have changed
+    since). `role_of` is the household's (daemon/intake/household.py), asked only then."""
+    chats = given_for(session)
+    if not session.is_owner or not chats:
+        return True
+    return all(role_of(chat) == OWNER for chat in chats)
+
+
+def given_for(session: ConsoleSession) -> tuple[str, ...]:
+    """The chats of the person a session was given to; none for the terminal's."""
+    return tuple(chat for chat in session.scope if chat != ALL_CHATS)

@@ -1,8 +1,9 @@
 """The console's routes on roost's own aiohttp server, under `/console/`.
 
 No page answers without a session: a browser gets one by a single-use link (`roost console`
-for the owner, `/console` in a chat for that person), opened with a button so that a link
-preview that fetches the address does not use the link up. Every response carries a strict
+for the owner, `/console` in a chat for that person: the owner's view for the household's owner,
+checked again at every request, signin.py), opened with a button so that a link preview that
+fetches the address does not use the link up. Every response carries a strict
 Content-Security-Policy (no script at all) and is not cached; every form carries the session's
 token.
 """
@@ -68,11 +69,10 @@ class Console:
         self.board = board
         self.health = health  # synchronous: called in a thread
         self.reminders = reminders  # a chat's pending reminders
-        self.keys = ConsoleKeys(settings.daemon.state_dir)
-        self.forms = signin.SignInForms()
         self.notices = Notices()
-        self.clock = clock
         self.people = People(settings, clock)
+        self.sessions = signin.Sessions(ConsoleKeys(settings.daemon.state_dir),
+                                        self.people.household.role_of, clock)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined)
@@ -158,15 +158,16 @@ class Console:
         token = request.cookies.get(COOKIE)
         if not token:
             return None
-        return await asyncio.to_thread(self.keys.session, token, self.clock())
+        return await asyncio.to_thread(self.sessions.session, token)
 
     # ---- signing in and out -------------------------------------------------------------
 
     async def login_page(self, request: web.Request) -> web.StreamResponse:
         link = request.query.get("t", "")
         nonce = signin.browser_nonce(request.cookies.get(signin.COOKIE))
+        token = self.sessions.forms.token(nonce, link)
         response = self._page("signin.html", link=link, signed_out=False,
-                              token_field=signin.FIELD, token=self.forms.token(nonce, link))
+                              token_field=signin.FIELD, token=token)
         response.set_cookie(signin.COOKIE, nonce, path=f"{PREFIX}/login", httponly=True,
                             samesite="Strict",
                             secure=signin.secure(request, self.settings.console.url),
@@ -180,16 +181,14 @@ class Console:
         # (login CSRF): only a press on roost's own page, in this browser, counts (signin.py).
         if not (signin.pressed_on_our_page(
                 request.headers, signin.our_hosts(request.host, self.settings.console.url))
-                and self.forms.valid(request.cookies.get(signin.COOKIE), link,
-                                     str(form.get(signin.FIELD, "")))):
+                and self.sessions.forms.valid(request.cookies.get(signin.COOKIE), link,
+                                              str(form.get(signin.FIELD, "")))):
             return self._page("message.html", status=403, text=(
                 "This sign-in did not come from roost's own page. Open your sign-in link "
                 "again and press Sign in there (the link still works)."))
-        made = await asyncio.to_thread(self.keys.redeem, link, self.clock())
-        if made is None:
-            return self._page("message.html", status=403, text=(
-                "This sign-in link was used already or has expired (links work once, for 10 "
-                "minutes). Ask for a new one: `roost console`, or /console in your chat."))
+        made = await asyncio.to_thread(self.sessions.redeem, link)
+        if isinstance(made, str):
+            return self._page("message.html", status=403, text=made)
         token, session = made
         response = _see_other(f"{PREFIX}/")
         response.set_cookie(COOKIE, token, path=PREFIX, httponly=True, samesite="Strict",
@@ -200,7 +199,7 @@ class Console:
 
     async def logout(self, request: web.Request,
                      session: ConsoleSession) -> web.StreamResponse:
-        await asyncio.to_thread(self.keys.end, request.cookies.get(COOKIE, ""))
+        await asyncio.to_thread(self.sessions.end, request.cookies.get(COOKIE, ""))
         response = _see_other(f"{PREFIX}/login")
         response.del_cookie(COOKIE, path=PREFIX)
         return response

@@ -51,10 +51,12 @@ class Door:
 
 
 def who_may_talk(settings: Settings, approved: Iterable[Approved],
-                 names: Mapping[str, str], roster: Roster) -> list[Talker]:
-    """Everyone who may talk: the owner first, then `[people]` and `[identities]` as the config
-    lists them, then each other chat (allow lists in platform order, then pairing by
-    approval)."""
+                 names: Mapping[str, str], roster: Roster, *,
+                 at_terminal: bool = True) -> list[Talker]:
+    """Everyone who may talk: the owners first, then `[people]` and `[identities]` as the
+    config lists them, then each other chat (allow lists in platform order, then pairing by
+    approval). The terminal no entry lists is "You" to whoever is `at_terminal` (`roost
+    console`'s view), "Terminal" to an owner reading from a chat of theirs."""
     let_in = _let_in(settings, approved, roster)
     talkers: list[Talker] = []
     linked: set[str] = set()
@@ -67,7 +69,8 @@ def who_may_talk(settings: Settings, approved: Iterable[Approved],
     for chat in let_in:
         if chat not in linked:
             # The terminal alone is whoever runs roost on the box: the owner, unnamed.
-            name = names.get(chat) or ("You" if chat == CONSOLE_CHAT else None)
+            terminal = "You" if at_terminal else "Terminal"
+            name = names.get(chat) or (terminal if chat == CONSOLE_CHAT else None)
             talkers.append(_talker(name, (chat,), roster.role_of(chat) or MEMBER, let_in,
                                    settings))
     talkers.sort(key=lambda talker: talker.role != OWNER)  # stable: the rest keep their order
