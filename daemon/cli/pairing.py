@@ -10,27 +10,18 @@ from zoneinfo import ZoneInfo
 from daemon.cli.times import local
 from daemon.core.config import GUEST
 from daemon.core.logs import outside
+from daemon.intake.household import paired_person
 from daemon.intake.pairing import CODE_TTL, PairingBook
 
 
 def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneInfo,
                     role: str = GUEST) -> int:
     """Run one pairing action; 1 when the code is not waiting (unknown, used or expired).
-    `list` shows its times in `tz`, the daemon's zone; `approve` lets the sender in as a
-    `role` ("guest" or "member")."""
+    `list` shows its times in `tz`, the daemon's zone, and each approved sender's role;
+    `approve` lets the sender in as a `role` ("guest" or "member")."""
     now = time.time()
     if action == "list":
-        pending = book.pending(now)
-        approved = book.approved()
-        if pending or approved:
-            print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} WHEN ({tz.key})")
-        for p in pending:
-            left = max(0, int((p.created + CODE_TTL - now) // 60))
-            print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {_name(p.name, '-'):<24} "
-                  f"expires in {left} min")
-        for a in approved:
-            print(f"{'approved':<8}  {a.channel + ':' + a.sender:<25} {_name(a.name, '-'):<24} "
-                  f"since {local(a.approved, tz)}")
+        _list(book, now, tz)
         return 0
     assert code is not None
     if action == "revoke":
@@ -46,6 +37,24 @@ def pairing_command(book: PairingBook, action: str, code: str | None, tz: ZoneIn
     else:
         print(f"denied {found.channel} user {found.sender}; their code no longer works")
     return 0
+
+
+def _list(book: PairingBook, now: float, tz: ZoneInfo) -> None:
+    """A header, the codes waiting, then the approved senders, each with their role (a code's
+    sender has none yet)."""
+    pending = book.pending(now)
+    approved = book.approved()
+    when = f"WHEN ({tz.key})"
+    width = max(len(when), len("since 2026-01-01 00:00"))
+    if pending or approved:
+        print(f"{'CODE':<8}  {'SENDER':<25} {'NAME':<24} {when:<{width}}  ROLE")
+    for p in pending:
+        left = max(0, int((p.created + CODE_TTL - now) // 60))
+        print(f"{p.code:<8}  {p.channel + ':' + p.sender:<25} {_name(p.name, '-'):<24} "
+              f"{f'expires in {left} min':<{width}}  -")
+    for a in approved:
+        print(f"{'approved':<8}  {a.chat_key:<25} {_name(a.name, '-'):<24} "
+              f"{f'since {local(a.approved, tz)}':<{width}}  {paired_person(a).role}")
 
 
 def _name(name: str, none: str) -> str:

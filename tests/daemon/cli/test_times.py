@@ -62,8 +62,8 @@ def test_pairing_and_approvals_lists_are_in_the_daemons_zone(tmp_path: Path) -> 
     paired = roost(config, "pairing", "list")
     assert paired.returncode == 0, paired.stderr
     header, row = paired.stdout.splitlines()
-    assert header.endswith(f"WHEN ({ZONE})")
-    assert row.endswith("since 2026-01-15 21:35")
+    assert header.split()[-3:] == ["WHEN", f"({ZONE})", "ROLE"]
+    assert row.split()[-3:] == ["2026-01-15", "21:35", "guest"]  # since ..., then the role
     standing = roost(config, "approvals", "list")
     assert standing.returncode == 0, standing.stderr
     assert standing.stdout.splitlines() == [
