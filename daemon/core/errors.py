@@ -20,6 +20,7 @@
     │   ├── LLMUnavailable          also a ConnectionError: Ollama cannot be reached
     │   ├── LLMTimeout              also a TimeoutError: Ollama stopped answering
     │   ├── ModelNotFound           the configured model is not pulled
+    │   │   └── ModelNowhere        no Ollama host of the pool has it, or may serve it
     │   ├── ContextOverflow         Ollama refused a prompt larger than num_ctx
     │   │   └── PromptCut           Ollama cut a prompt silently, again after a refit
     │   ├── ModelCrashed            a 500: the server failed (retried, then an outage)
@@ -115,7 +116,10 @@ class DoesNotFit(RoostError, ValueError):
 
 
 class LLMError(RoostError):
-    """The model server answered with an error."""
+    """The model server answered with an error. `host` names the server that answered so (its
+    URL, credentials hidden), set by the model client: with several, the one to fail over from."""
+
+    host: str | None = None
 
 
 class LLMUnavailable(LLMError, ConnectionError):
@@ -129,9 +133,19 @@ class LLMTimeout(LLMError, TimeoutError):
 class ModelNotFound(LLMError):
     """The configured model is not present on the Ollama server."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, message: str | None = None) -> None:
         self.model = model
-        super().__init__(f"model {model!r} is not available on the Ollama server")
+        super().__init__(message or f"model {model!r} is not available on the Ollama server")
+
+
+class ModelNowhere(ModelNotFound):
+    """No host of a pool of several (`[model] hosts`) has the model, or may serve it (a host's
+    `models`): the message names each host and the `ollama pull` line."""
+
+    def __init__(self, model: str, hosts: tuple[str, ...]) -> None:
+        self.hosts = hosts
+        super().__init__(model, f"model {model!r} is on none of the Ollama hosts "
+                                f"({', '.join(hosts)}); pull it on one with: ollama pull {model}")
 
 
 class ContextOverflow(LLMError):
