@@ -24,7 +24,8 @@ from daemon.intake.household import Household
 from daemon.intake.pairing import PairingBook
 from daemon.store.approvals import ApprovalBook, Standing
 from daemon.store.console_keys import ConsoleSession
-from daemon.store.facts import Fact, FactError, FactsBook, Person
+from daemon.store.facts import HOUSEHOLD, Fact, FactError, FactsBook, Person
+from daemon.tools.roles import keeps_household
 from daemon.tools.scope import named_person, people_with_facts, person_of
 
 
@@ -47,14 +48,16 @@ class People:
     # ---- what a session may see -------------------------------------------------------
 
     def people(self, session: ConsoleSession) -> list[Person]:
-        """Whose facts the session shows: everyone with a facts file or an approved chat for
-        the owner, the session's own person otherwise."""
+        """Whose facts the session shows: the household's and everyone with a facts file or an
+        approved chat for the owner; the session's own person otherwise (and the household's
+        for a member)."""
         if not session.is_owner:
             found = [person_of(chat, self.settings) for chat in session.scope]
-            return _unique([p for p in found if p is not None])
+            shared = any(keeps_household(chat, self.household) for chat in session.scope)
+            return _unique([*([HOUSEHOLD] if shared else []), *(p for p in found if p)])
         approved = [named_person(f"{a.channel}:{a.sender}", self.settings)
                     for a in self.pairing.approved()]
-        return _unique([*people_with_facts(self.facts.people(), self.settings),
+        return _unique([HOUSEHOLD, *people_with_facts(self.facts.people(), self.settings),
                         *(p for p in approved if p is not None)])
 
     def grants(self, session: ConsoleSession) -> list[Standing]:

@@ -38,7 +38,7 @@ HELP = (
     "/remember TEXT - keep a fact about you for every conversation\n"
     "/memory - the facts I keep, numbered; /forget N forgets one\n"
     "/memory household [TEXT] - the household's facts (or keep one for everyone in it)\n"
-    "/console - a sign-in link to your conversations in a browser\n"
+    "/console - a sign-in link to your conversations in a browser (an owner's: everyone's)\n"
     "/help - this list"
 )
 NO_CARD = "none yet (`roost models` probes it; roost also does it quietly on first use)"

@@ -71,7 +71,7 @@ class Person:
         return f"{self.name} ({', '.join(self.chats)})" if self.linked else self.name
 
 
-HOUSEHOLD = Person("household", (), household=True)
+HOUSEHOLD = Person("*household", (), household=True)  # no person's name or chat has a "*"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ from aiohttp import web
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from daemon.app.serve import ENGINE, STORE, build_app
 from daemon.core.config import PersonSettings, Settings
+from daemon.store.approvals import ApprovalBook
+from daemon.store.facts import HOUSEHOLD as FACTS_OF_HOUSEHOLD
+from daemon.store.facts import FactsBook
 from tests.conftest import SettingsFactory, wait_until
 from tests.daemon.console.test_console import jar, sign_in
 from tests.daemon.console.test_console_people import cards
@@ -217,3 +220,36 @@ async def test_an_owners_session_waits_while_the_household_cannot_be_read(
         book.write_bytes(kept)  # mended: the same session works again, it was not ended
         status, text = await page(http, f"{household.url}/console/c/{omar}")
         assert status == 200 and "private diary" in text
+
+
+WIFI = "The wifi password is plum-tree-42"
+
+
+async def test_household_facts_and_an_owners_grant_on_people(household: Household) -> None:
+    assert household.app is not None
+    state_dir = household.app[STORE].state_dir
+    FactsBook.at(state_dir).add(FACTS_OF_HOUSEHOLD, WIFI, "2026-12-01")
+    ApprovalBook(state_dir).grant(f"telegram:{OMAR}", "lights__off", 1_764_000_000.0,
+                                  by=f"telegram:{DANA}")
+    seen: dict[int, str] = {}
+    for user in (DANA, OMAR, ZOE):
+        link = await household.console_link(user)
+        async with jar() as http:
+            assert await sign_in(http, household.url, link) == 303
+            seen[user] = (await page(http, f"{household.url}/console/people"))[1]
+            if user == ZOE:  # a guest cannot keep one through the form either
+                csrf = re.search(r'name="csrf" value="([^"]+)"', seen[user])
+                assert csrf
+                async with http.post(f"{household.url}/console/people/remember", data={
+                        "person": FACTS_OF_HOUSEHOLD.name, "text": "The door code is 1234",
+                        "csrf": csrf.group(1)}) as answer:
+                    assert answer.status == 404
+    # The owner and the member read the household's facts; the guest does not.
+    assert "the household" in seen[DANA] and WIFI in seen[DANA]
+    assert WIFI in seen[OMAR]
+    assert WIFI not in seen[ZOE] and "household" not in seen[ZOE]
+    assert [f.text for f in FactsBook.at(state_dir).facts(FACTS_OF_HOUSEHOLD)] == [WIFI]
+    # Omar's grant says who gave it, to him and to the owner.
+    for user in (DANA, OMAR):
+        assert "lights__off" in seen[user] and "given by the owner" in seen[user]
+    assert "lights__off" not in seen[ZOE]
