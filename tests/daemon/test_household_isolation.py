@@ -4,9 +4,9 @@ member (Telegram), Sam a guest (WhatsApp) and their family group, in one running
 Each person keeps a private fact, talks about something of their own and sends a file. Then,
 for every ordered pair (A, B): nothing of A's (fact, words, conversation, file) reaches B's
 requests, B's tool results (B's model searches for A's words, reads A's conversation and A's
-file by their exact names), B's console session, or `roost memory list --person B`. The group
-recalls only itself and carries no one's private fact; the household's facts reach owner,
-member and group, never the guest. The owner's console session sees everyone's."""
+file by their exact names), B's console session (conversations, facts, "Always" grants), or
+`roost memory list --person B`. The group recalls only itself and carries no one's private
+fact; the household's facts reach owner, member and group, never the guest."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from daemon.app.serve import ENGINE, build_app
 from daemon.core.config import GUEST, MEMBER, OWNER, PersonSettings, Settings
 from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
+from daemon.store.approvals import ApprovalBook
 from daemon.store.attachments import store_file
 from daemon.store.console_keys import ConsoleKeys
 from daemon.store.facts import HOUSEHOLD, FactsBook
@@ -178,6 +179,9 @@ def roost(settings: Settings, tmp: Path, *args: str) -> str:
 async def test_each_persons_console_and_cli_show_only_their_own(home: Home,
                                                                 tmp_path: Path) -> None:
     keys = ConsoleKeys(home.settings.daemon.state_dir)
+    grants = ApprovalBook(home.settings.daemon.state_dir)
+    for person in PEOPLE:  # each said "Always" to a tool of their own
+        grants.grant(person.chat, f"{person.name}_files__read", time.time())
     for b in PEOPLE:
         listed = roost(home.settings, tmp_path, "memory", "list", "--person", b.name)
         assert b.fact in listed
@@ -187,6 +191,9 @@ async def test_each_persons_console_and_cli_show_only_their_own(home: Home,
             assert await sign_in(http, home.url, keys.issue_link(chats, 2e9 - 1)) == 303
             async with http.get(f"{home.url}/console/") as page:
                 own_list = await page.text()
+            async with http.get(f"{home.url}/console/people") as page:
+                people = await page.text()
+            assert f"{b.name}_files__read" in people and b.fact in people
             for a in PEOPLE:
                 if a is b:
                     continue
@@ -197,4 +204,5 @@ async def test_each_persons_console_and_cli_show_only_their_own(home: Home,
                     assert a.word not in await page.text()
                 assert home.conversations[a.name] not in own_list
                 assert a.word not in own_list
+                assert f"{a.name}_files__read" not in people and a.fact not in people
     assert FactsBook.at(home.settings.daemon.state_dir).facts(HOUSEHOLD)[0].text == WIFI
