@@ -14,7 +14,9 @@ Rules (the pure decisions are in `daemon/context/fold.py`):
   chat's folds still land.
 * Folds never think (`think: false`): a thinking model would spend the answer's tokens on thought.
 * It uses the conversation's model and num_ctx (`daemon.turn.models`: a chat's /model, an
-  automation's own), so Ollama never reloads the model for it and it is sized for that window.
+  automation's own), so Ollama never reloads the model for it and it is sized for that window,
+  and the conversation's host (`daemon.turn.routes`: with several Ollama hosts, the one its
+  turns go to).
 * It re-reads the conversation before writing: if another fold won meanwhile, or the message the
   plan pinned is gone, it writes nothing. Turns append to message segments and never write the
   summary file, so a turn that landed meanwhile is never clobbered.
@@ -50,13 +52,14 @@ from daemon.context.fold import (
     whole_sentences,
 )
 from daemon.core.config import Settings
-from daemon.core.conversations import SummaryState
+from daemon.core.conversations import Conversation, Message, SummaryState
 from daemon.core.errors import LLMError, Preempted, StoreError
 from daemon.core.logs import fold_log as log
 from daemon.llm.client import ModelClient
 from daemon.store import Store
 from daemon.store.event_log import Records
 from daemon.turn.models import model_of
+from daemon.turn.routes import route_of
 
 FOLD_PROMPT_SHARE = 4
 COMPACT_MAX_FOLDS = 12  # /compact folds at most this many batches at once (as Flint's @compact)
@@ -380,6 +383,14 @@ class FoldCall:
         if conversation is None:
             return FoldOutcome(0, None, "no such conversation")
         history = await asyncio.to_thread(self.store.messages, conversation_id)
+        with self.llm.routing(*route_of(conversation, history)):
+            return await self._fold(conversation, history, force, keep_tokens, foreground)
+
+    async def _fold(
+        self, conversation: Conversation, history: list[Message], force: bool,
+        keep_tokens: int | None, foreground: bool,
+    ) -> FoldOutcome:
+        conversation_id = conversation.id
         model = await asyncio.to_thread(model_of, self.store, self.settings,
                                         conversation.chat_key)
         num_ctx = await self.llm.num_ctx(model)

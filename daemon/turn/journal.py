@@ -164,12 +164,12 @@ class Journal:
         prompt_tokens: int,
         safety_net: int = 0,
         outro: str = "",
-        request: Mapping[str, int] | None = None,
+        request: Mapping[str, int | str] | None = None,
     ) -> None:
         """Save the reply, queue it and clear its inbox items. `intro` and `outro` are roost's
         own lines above and below it, for the user only: the stored message is the model's
         words, which later turns replay. `request` is what roost knew of the first request
-        (its estimate, budget, refusals, cuts; `request_facts`), kept for the console."""
+        (its estimate, budget, refusals, cuts, the host; `request_facts`), kept for the console."""
         now = self.clock()
         meta = {
             "inbox_ids": [i.id for i in items],

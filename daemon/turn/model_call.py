@@ -3,10 +3,14 @@
 Every call of the turn goes through `ModelCall.call` (the tool loop's too); the first request
 is built (`prepare`) and answered (`answer`) here, the rest of the turn in `ToolLoop`.
 
-* A call is retried with backoff while Ollama is unreachable (a refused connection, a
-  502/503/504, or 500s: one is tried again at once, more are an outage; a 500 naming the request
-  is reported), and the user is told once a turn (`Outage`). Building the first request asks
-  `/api/show`, so it is retried the same way.
+* A call whose host fails (a refused connection, a 502/503/504, a 500, silence) goes to the
+  next host of the pool that has the model (`[model] hosts`, daemon/llm/pool.py) at once, within
+  the turn: the reply's preview starts again, no attempt is counted and the user hears of no
+  outage; the log says which host failed and which answered. With no other host (one host, or
+  all out), a call is retried with backoff while Ollama is unreachable (500s: one is tried again
+  at once, more are an outage; a 500 naming the request is reported), and the user is told once
+  a turn (`Outage`). Building the first request asks `/api/show`, so it is retried the same
+  way (the client itself asks the next host first).
 * A request whose fixed part does not fit at the conversation's ratio is built again at a lower
   one (`_refit_lower`) rather than refused.
 * An overflow rejection (before anything streamed) is refitted and sent again, at most twice:
@@ -69,20 +73,28 @@ def not_shown(chat_key: str) -> AbstractAsyncContextManager[None]:
 class Outage:
     """The outage notice of one turn, said at most once: by whichever call first finds the
     model server unreachable, the model lookup before the request is built (the first thing
-    to fail after a start with Ollama down) or a model call."""
+    to fail after a start with Ollama down) or a model call. With several hosts (`hosts`), it
+    comes only once none is left, and names them all."""
 
     def __init__(self, notify: Notify, chat_key: str, host: str, announce: bool) -> None:
         self.notify = notify
         self.chat_key = chat_key
         self.host = host
+        self.hosts: tuple[str, ...] = ()
         self.pending = announce
 
     async def tell(self, exc: LLMError) -> None:
         if self.pending:
             self.pending = False
-            state = ("keeps failing" if isinstance(exc, ModelCrashed) else "is not answering")
+            failing = isinstance(exc, ModelCrashed)
+            if len(self.hosts) > 1:
+                where = f"The model servers ({', '.join(self.hosts)})"
+                state = "keep failing" if failing else "are not answering"
+            else:
+                where = f"The model server at {self.host}"
+                state = "keeps failing" if failing else "is not answering"
             await self.notify(self.chat_key, (
-                f"The model server at {self.host} {state}. Your message is saved; "
+                f"{where} {state}. Your message is saved; "
                 "I will keep trying and answer when it is back."))
 
 
@@ -224,21 +236,30 @@ class ModelCall:
     async def call(
         self, site: Site, messages: list[ChatMessage], tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
-        """Call the model, retrying with backoff while it is unreachable (a refused connection,
-        or a 502/503/504 from Ollama or a proxy); tell the user once. A 500 (a runner that
-        crashed) is tried once more at once; failing on, it is handled as unreachable."""
+        """Call the model; a host that fails it hands the call to the next host with the model
+        at once (`_moved`). With none left, retry with backoff while it is unreachable (a
+        refused connection, or a 502/503/504 from Ollama or a proxy); tell the user once. A 500
+        (a runner that crashed) is tried once more at once; failing on, it is handled as
+        unreachable."""
         model = self.settings.model
         crashed = False
         attempt = 0  # tries while Ollama is out; the quiet try after a 500 is not one of them
+        failed: list[str] = []  # the hosts that failed this call, for the log
         while True:
-            site.stream.begin()
+            site.stream.begin()  # a try on another host starts the preview again
             try:
                 result = await self.llm.chat(messages, model=site.model, tools=tools,
                                              on_delta=site.stream.delta,
                                              on_thinking=site.stream.thinking,
                                              while_held=lambda: site.stream.watching(
                                                  self.working(site.chat_key)))
-            except ModelCrashed as exc:
+            except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
+                if self._moved(site, exc, failed):
+                    continue
+                if isinstance(exc, LLMTimeout | LLMUnavailable):
+                    await self._unreachable(attempt, exc, site.outage)
+                    attempt += 1
+                    continue
                 if not crashed:  # one failure is often the runner's alone: again, quietly
                     crashed = True
                     log.warning("Ollama failed on a request for %s (%s); trying once more",
@@ -248,19 +269,30 @@ class ModelCall:
                 await self._unreachable(attempt, exc, site.outage)  # raises at the last attempt
                 attempt += 1
                 continue
-            except (LLMUnavailable, LLMTimeout) as exc:
-                await self._unreachable(attempt, exc, site.outage)
-                attempt += 1
-                continue
+            if failed:
+                log.warning("conversation %s: %s; answered by %s", self.llm.route or site.chat_key,
+                            "; ".join(failed), result.host)
             site.stream.end(result, [t["function"]["name"] for t in tools or ()])
             return result
+
+    def _moved(self, site: Site, exc: LLMError, failed: list[str]) -> bool:
+        """Whether the call goes on at another host of the pool, the one that failed it
+        (`exc.host`) marked down and the conversation pinned to the next with the model."""
+        to = self.llm.fail_over(site.model, exc)
+        if to is None:
+            return False
+        failed.append(f"{exc.host} failed ({exc})")
+        log.info("%s: %s failed (%s); asking %s", site.chat_key, exc.host, exc, to)
+        return True
 
     async def prepare(
         self, site: Site, conversation: Conversation, history: Sequence[Message],
     ) -> Prepared:
         """The first request of the turn, retried like a model call while Ollama is
         unreachable: building it asks `/api/show`, which nothing has cached yet after a start."""
-        for attempt in range(self.settings.model.retry_attempts):
+        attempt = 0
+        failed: list[str] = []
+        while True:
             try:
                 try:
                     return await self.prompting.prepare(conversation, history,
@@ -268,8 +300,10 @@ class ModelCall:
                 except DoesNotFit as exc:
                     return await self._refit_lower(conversation, history, site.model, exc)
             except (LLMUnavailable, LLMTimeout, ModelCrashed) as exc:
-                await self._unreachable(attempt, exc, site.outage)
-        raise AssertionError("retry_attempts is at least 1")
+                if self._moved(site, exc, failed):
+                    continue
+                await self._unreachable(attempt, exc, site.outage)  # raises at the last attempt
+                attempt += 1
 
     async def _refit_lower(
         self, conversation: Conversation, history: Sequence[Message], model: str,
@@ -306,7 +340,8 @@ class ModelCall:
         else wait the backoff."""
         model = self.settings.model
         log.warning("Ollama at %s unreachable (attempt %d of %d): %s",
-                    self.llm.host, attempt + 1, model.retry_attempts, exc)
+                    exc.host or self.llm.host, attempt + 1, model.retry_attempts, exc)
+        outage.hosts = tuple(h.name for h in self.llm.pool.hosts)
         await outage.tell(exc)
         if attempt + 1 == model.retry_attempts:
             raise exc

@@ -40,6 +40,7 @@ from daemon.core.errors import (
     LLMUnavailable,
     ModelCrashed,
     ModelNotFound,
+    ModelNowhere,
     PromptCut,
     Stopped,
 )
@@ -65,6 +66,7 @@ from daemon.turn.owners import Owners
 from daemon.turn.prompting import Prepared, Prompting
 from daemon.turn.reply_stream import ReplyStream, Silence
 from daemon.turn.router import Router
+from daemon.turn.routes import route_of
 from daemon.turn.stopping import Stops
 from daemon.turn.streaming import STOPPED_MARK, Streaming, not_streamed
 from daemon.turn.tool_loop import SAFETY_NET_LINE, LoopParts, LoopResult, ToolLoop
@@ -206,13 +208,15 @@ class TurnRunner:
         if not items:  # every one was answered before a crash; the replies are queued again
             return TurnResult(Outcome.ANSWERED, conversation.id)
         turn = await self._begin(chat_key, model, conversation, items, sink, outage)
-        try:
-            answer = await self.stops.run(chat_key, self._answer(turn))
-        except Stopped:
-            return await self._stopped(turn)
-        except (DoesNotFit, LLMError) as exc:
-            return await self._failed(turn, exc)
-        return await self._answered(turn, *answer)
+        # Every call of the turn goes to the conversation's host (daemon/turn/routes.py).
+        with self.llm.routing(*route_of(turn.conversation, turn.history)):
+            try:
+                answer = await self.stops.run(chat_key, self._answer(turn))
+            except Stopped:
+                return await self._stopped(turn)
+            except (DoesNotFit, LLMError) as exc:
+                return await self._failed(turn, exc)
+            return await self._answered(turn, *answer)
 
     async def _begin(self, chat_key: str, model: str, conversation: Conversation,
                      items: Sequence[Inbound], sink: ReplySink, outage: Outage) -> _Turn:
@@ -316,9 +320,11 @@ class TurnRunner:
                 f"{exc.needed:,} tokens needed, {exc.budget:,} available). Your message is "
                 "saved; raise model.window or lower model.response_reserve."))
         if isinstance(exc, ModelNotFound):
+            where = (f"any of the Ollama servers ({', '.join(exc.hosts)})"
+                     if isinstance(exc, ModelNowhere) else f"the Ollama server at {self.llm.host}")
             return await self._fail(recorded, items, (
-                f"The model {exc.model!r} is not available on the Ollama server at "
-                f"{self.llm.host}. Pull it there with: ollama pull {exc.model}"))
+                f"The model {exc.model!r} is not available on {where}. Pull it there with: "
+                f"ollama pull {exc.model}"))
         if isinstance(exc, (LLMUnavailable, LLMTimeout, ModelCrashed)):
             await asyncio.to_thread(self.journal.parked, recorded)
             return TurnResult(Outcome.PARKED, turn.conversation.id)
@@ -348,7 +354,8 @@ class TurnRunner:
         await asyncio.to_thread(
             self.journal.save_reply, conversation, after, turn.items, first,
             confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,
-            loop.safety_net, done.note, request_facts(turn.site, prepared, conversation))
+            loop.safety_net, done.note,
+            request_facts(turn.site, prepared, conversation, self.llm.host_of()))
         if self.index is not None:
             self.index.mark_dirty(conversation.id)
         await asyncio.to_thread(self.records.snapshot, self.clock(), conversation.id, {
@@ -370,10 +377,12 @@ class TurnRunner:
         return TurnResult(Outcome.FAILED)
 
 
-def request_facts(site: Site, prepared: Prepared, conversation: Conversation) -> dict[str, int]:
+def request_facts(site: Site, prepared: Prepared, conversation: Conversation,
+                  host: str | None = None) -> dict[str, int | str]:
     """What roost knew of a turn's first request, beside what Ollama counted: the console's
-    chart and table show one against the other (daemon/console/views.py)."""
+    chart and table show one against the other (daemon/console/views.py); and the Ollama host
+    the conversation is on (`host`: the route's hint after a restart, daemon/turn/routes.py)."""
     return {"estimate": prepared.request.estimate, "budget": prepared.budget,
             "refused": site.lessons.refused, "cut": site.lessons.cut,
             "redone": int(site.stream.retracted),
-            "folds": conversation.summary.fold_count}
+            "folds": conversation.summary.fold_count, **({"host": host} if host else {})}
