@@ -138,9 +138,23 @@ class ModelClient:
     # ---- what the routed host has and is ----------------------------------------------------
 
     async def pulled_models(self) -> list[str]:
-        """Names of the models on the routed host (`/api/tags`); raises LLMUnavailable when
-        it is down."""
-        host = self.routes.asked()
+        """Names of the models on the routed host (`/api/tags`); without a route and with
+        several hosts, those of every host that answers (what `/model` may switch to, and
+        whether the chat model is anywhere). Raises LLMUnavailable when none answers."""
+        if self.route is not None or not self.pool.several:
+            return await self._pulled(self.routes.asked())
+        names: dict[str, None] = {}
+        failed: LLMError | None = None
+        for host in self.pool.hosts:
+            try:
+                names.update(dict.fromkeys(await self._pulled(host)))
+            except LLMError as exc:
+                failed = exc
+        if not names and failed is not None:
+            raise failed
+        return list(names)
+
+    async def _pulled(self, host: Host) -> list[str]:
         try:
             listed = await host.client.list()
         except OLLAMA_ERRORS as exc:

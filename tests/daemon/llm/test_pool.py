@@ -228,3 +228,16 @@ async def test_a_hosts_credentials_are_never_shown(
         with llm.routing("conversation-1"), pytest.raises(LLMUnavailable) as failed:
             await ask(llm, "again")
         assert failed.value.host == hidden and "s3cret" not in str(failed.value)
+
+
+async def test_the_models_without_a_route_are_every_hosts(clients: list[ModelClient]) -> None:
+    # /model and the health probe ask without a route: a model on the second host alone is
+    # there to switch to, and the chat model counts as pulled; a host down is passed over.
+    async with FakeOllama() as a, FakeOllama(models=[FakeModel("qwen3:14b")]) as b, \
+            FakeOllama() as c:
+        llm = pool_of(clients, a, b, c)
+        assert set(await llm.pulled_models()) == {"qwen3:4b", "qwen3:14b"}
+        await c.refuse_connections()
+        assert set(await llm.pulled_models()) == {"qwen3:4b", "qwen3:14b"}
+        with llm.routing("conversation-1"):  # a conversation asks its own host only
+            assert await llm.pulled_models() == ["qwen3:4b"]
