@@ -24,6 +24,7 @@ from daemon.tools.scope import is_person_chat, person_chats
 from daemon.turn.background_fold import BackgroundFold
 from daemon.turn.prompting import Prompting
 from daemon.turn.router import Router
+from daemon.turn.routes import route_of
 from daemon.voice.hearing import last_transcript
 
 HELP = (
@@ -162,14 +163,18 @@ class Commands:
 
         flags = await asyncio.to_thread(self.store.chat_flags, chat_key)
         name = flags.get(MODEL_FLAG) or model.name  # the chat's /model
-        lines = [f"Model: {name} at {redact_url(model.host)}"]
+        conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
+        if self.llm.pool.several:
+            where, hosts = await self._hosts(conversation, name, shown)
+        else:
+            where, hosts = f"at {redact_url(model.host)}", []
+        lines = [f"Model: {name} {where}", *hosts]
         if self.card_line is not None:  # it may read the cards' file: off the loop
             lines.append(f"Card: {await asyncio.to_thread(self.card_line, name) or NO_CARD}")
         if templates := flags.get(TEMPLATE_FLAG, {}).get("count"):
             last = shown(flags[TEMPLATE_FLAG]["last"])
             lines.append(f"WhatsApp templates sent to reopen this chat: {templates} (last "
                          f"{last}); Meta bills each one")
-        conversation = await asyncio.to_thread(self.store.active_conversation, chat_key)
         try:
             num_ctx = await self.llm.num_ctx(name)
         except LLMError as exc:
@@ -190,6 +195,39 @@ class Commands:
             lines.append("Conversation: none yet; your next message starts one.")
             return lines
         return lines + await self._conversation_lines(conversation, name, shown)
+
+    async def _hosts(self, conversation: Conversation | None, model: str,
+                     shown: Callable[[float], str]) -> tuple[str, list[str]]:
+        """Where the conversation's turns go, of several Ollama hosts (`[model] hosts`): the
+        host it is pinned to, else the one its last reply came from (its route's hint, after
+        a restart), and lines on a host that is down or that a failure moved it from."""
+        pool = self.llm.pool
+        host = pool.host_of(conversation.id) if conversation is not None else None
+        if host is None and conversation is not None:
+            history = await asyncio.to_thread(self.store.messages, conversation.id)
+            hint = route_of(conversation, history).hint
+            host = pool.named(hint) if hint is not None else None
+        if host is None:
+            names = ", ".join(h.name for h in pool.hosts)
+            return (f"on {len(pool.hosts)} Ollama hosts ({names}): the next turn takes the "
+                    "best one up", [])
+        lines = []
+        if not host.up:
+            since = f" since {shown(host.down_since)}" if host.down_since else ""
+            others = any(h.up for h in pool.hosts_with(model) if h is not host)
+            lines.append(f"Host: {host.name} is down{since}; " + (
+                "the next turn goes to another host that has the model" if others
+                else "no other host with the model is up: the next turn waits for one"))
+        home = pool.home_of(conversation.id) if conversation is not None else None
+        if home is not None:
+            if home.up:
+                state = (f"{home.name} failed; it is back, and this conversation returns there "
+                         "at its next fold (/compact folds now)")
+            else:
+                since = f" since {shown(home.down_since)}" if home.down_since else ""
+                state = f"{home.name} down{since}"
+            lines.append(f"Host: answered by {host.name} ({state})")
+        return f"at {host.name}", lines
 
     async def _conversation_lines(self, conversation: Conversation, name: str,
                                   shown: Callable[[float], str]) -> list[str]:
