@@ -197,7 +197,7 @@ def _add_console_and_approvals(commands: argparse._SubParsersAction[argparse.Arg
 
 def _add_models(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                 common: argparse.ArgumentParser) -> None:
-    """`roost models [--json] [--model NAME ...] [--yes]`."""
+    """`roost models [--json] [--model NAME ...] [--yes] [--host URL]`."""
     models = commands.add_parser(
         "models", parents=[common], help="probe which pulled models work with roost here",
         description="Send each model a few short requests (tools, thinking, a prompt over the "
@@ -209,6 +209,9 @@ def _add_models(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                         help="probe this model only (repeat for more)")
     models.add_argument("--yes", action="store_true",
                         help="probe every pulled model without asking")
+    models.add_argument("--host", default=None, metavar="URL",
+                        help="probe the Ollama at URL (default: model.host; of several "
+                             "model.hosts, the first up)")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -300,7 +303,7 @@ def _dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "models":  # its cards are the output; log lines only with -v
         logging.getLogger("roost").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
         return int(asyncio.run(_load("models").run_models(
-            settings, args.models, as_json=args.json, yes=args.yes)))
+            settings, args.models, as_json=args.json, yes=args.yes, host=args.host)))
     if args.command == "console":
         return console_command(settings, args.revoke_all)
     if args.command == "approvals":

@@ -3,19 +3,27 @@
 The battery itself is daemon.models.probe; this is the command around it: which models (the
 named ones, else every pulled one, after asking, since loading each unloads what is loaded
 now), one clear line per model that could not be probed, the table or the JSON, the store.
+
+Which Ollama: `model.host`; of several (`[model] hosts`) the first up by priority and config
+order, or the one `--host` names (a host of the pool by its URL, credentials or not, or any
+other). Each host's cards are kept apart (daemon/models/card.py): the boxes' hardware differs,
+and so do their timings. The command says which host it probed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from daemon.core.config import Settings
+from daemon.core.config import ModelSettings, Settings
+from daemon.core.config.sections import HostSettings
 from daemon.core.errors import LLMError, LLMUnavailable
 from daemon.core.redact import redact_url
+from daemon.llm.client import ModelClient
 from daemon.models.card import Card, store_cards
 from daemon.models.probe import Battery
 
@@ -35,14 +43,31 @@ def full_name(name: str) -> str:
 
 
 async def run_models(settings: Settings, names: Sequence[str] = (), *, as_json: bool = False,
-                     yes: bool = False, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                     stdin: TextIO = sys.stdin) -> int:
-    """Probe `names` (default: every pulled model, after asking), print and store the cards."""
-    battery = Battery(settings.model)
+                     yes: bool = False, host: str | None = None, out: TextIO = sys.stdout,
+                     err: TextIO = sys.stderr, stdin: TextIO = sys.stdin) -> int:
+    """Probe `names` (default: every pulled model, after asking) on `host` (default: see the
+    module docstring), print and store the cards."""
+    several = len(settings.model.pool) > 1
+    chosen = _named(settings.model, host) if host is not None else None
+    if chosen is None and several:
+        chosen = await _first_up(settings.model)
+        if chosen is None:
+            hosts = ", ".join(redact_url(h.url) for h in settings.model.pool)
+            print(f"roost: cannot reach Ollama at any of the hosts ({hosts}): start one with "
+                  "`ollama serve`, or name one with --host", file=err)
+            return NOT_DONE
+    model = settings.model if chosen is None else dataclasses.replace(settings.model,
+                                                                       hosts=(chosen,))
+    if chosen is not None and not as_json:
+        others = (f" (of {len(settings.model.pool)} in model.hosts; --host URL probes another)"
+                  if several else "")
+        print(f"Ollama at {redact_url(model.host)}{others}", file=out)
+    battery = Battery(model)
     try:
-        return await _run(battery, settings, names, as_json, yes, (out, err, stdin))
+        return await _run(battery, dataclasses.replace(settings, model=model), names, as_json,
+                          yes, (out, err, stdin))
     except LLMUnavailable as exc:
-        host = redact_url(settings.model.host)
+        host = redact_url(model.host)
         # The ollama client's own words for a refused connection are a paragraph; a gateway's
         # answer (502, 503) is worth showing as it is.
         why = "cannot reach Ollama" if "cannot reach Ollama" in str(exc) else str(exc)
@@ -51,6 +76,26 @@ async def run_models(settings: Settings, names: Sequence[str] = (), *, as_json: 
         return NOT_DONE
     finally:
         await battery.close()
+
+
+def _named(model: ModelSettings, url: str) -> HostSettings:
+    """The host `--host` names: one of the pool's (by its URL, or as roost shows it, without
+    credentials: the pool's own carries them), else that URL."""
+    wanted = url.rstrip("/")
+    return next((h for h in model.pool if wanted in (h.url.rstrip("/"),
+                                                       redact_url(h.url).rstrip("/"))),
+                HostSettings(url))
+
+
+async def _first_up(model: ModelSettings) -> HostSettings | None:
+    """The host a probe goes to of several: the first up by priority and config order."""
+    llm = ModelClient(model)
+    try:
+        await llm.pool.check_all()
+        host = llm.pool.first_up()
+        return model.pool[host.index] if host.up else None
+    finally:
+        await llm.close()
 
 
 async def _run(battery: Battery, settings: Settings, names: Sequence[str], as_json: bool,

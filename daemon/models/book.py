@@ -112,7 +112,9 @@ class CardBook:
         finally:
             await wire.close()
         cards = await asyncio.to_thread(all_cards, self.state_dir)
-        self._cards = {c.name: c for c in cards if c.ollama_version == version}
+        # Of several hosts' cards of a model, the newest: what it does is the same on each.
+        self._cards = {c.name: c for c in sorted(cards, key=lambda c: c.probed_at)
+                       if c.ollama_version == version}
         self.version = version
         if self._cards:
             log.info("model cards for Ollama %s: %s", version, ", ".join(sorted(self._cards)))

@@ -1,11 +1,13 @@
 """A model's card: what `roost models` found it can do on this box, kept per Ollama version.
 
-The cards live in `<state_dir>/models/cards.json`, one object per (model, Ollama version): a
-new Ollama may parse tools or thinking differently, so a card speaks only for the version it
-was probed on. The file is replaced atomically (daemon.store.files.atomic_write) and, like the
-rest of the state, is 0600 in a 0700 folder (the process umask, daemon.core.filemodes). A card
-is re-made by probing again, so a file that does not parse is read as no cards (and logged)
-rather than stopping a chat that asks for one.
+The cards live in `<state_dir>/models/cards.json`, one object per (model, Ollama version, host):
+a new Ollama may parse tools or thinking differently, so a card speaks only for the version it
+was probed on; and with several Ollama hosts (`[model] hosts`) each box has its own timings and
+memory, so probing one keeps the other's card (what the model does is the same on both: the
+chats act on the newest card of the version). The file is replaced atomically
+(daemon.store.files.atomic_write) and, like the rest of the state, is 0600 in a 0700 folder (the
+process umask, daemon.core.filemodes). A card is re-made by probing again, so a file that does
+not parse is read as no cards (and logged) rather than stopping a chat that asks for one.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Card:
     # From the quick battery (daemon.models.probe): no cache, truncation or vision probe, so
     # `cached_share` and `vision` are None and `truncate` is what the Ollama version implies.
     quick: bool = False
+    # The Ollama it was probed on, its URL without credentials ("" on a card from before).
+    host: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,6 +72,8 @@ class Card:
             return None
         card = cls(**{f.name: data[f.name] for f in fields if f.name in data})
         if not all(isinstance(flag, bool) for flag in (card.already_loaded, card.quick)):
+            return None
+        if not isinstance(card.host, str):
             return None
         styles = ((card.tools, ToolStyle), (card.thinking, ThinkingStyle),
                   (card.truncate, TruncateStyle))
@@ -95,16 +101,22 @@ def all_cards(state_dir: Path) -> list[Card]:
 
 
 def load_card(state_dir: Path, model: str, ollama_version: str) -> Card | None:
-    """The card of `model` probed on this Ollama version, None when there is none."""
-    return next((c for c in all_cards(state_dir)
-                 if c.name == model and c.ollama_version == ollama_version), None)
+    """The card of `model` probed on this Ollama version (of several hosts' cards, the newest),
+    None when there is none."""
+    return max((c for c in all_cards(state_dir)
+                if c.name == model and c.ollama_version == ollama_version),
+               key=lambda c: c.probed_at, default=None)
 
 
 def store_cards(state_dir: Path, cards: Iterable[Card]) -> None:
-    """Keep `cards`, each replacing the stored card of its model and Ollama version; the other
-    stored cards stay. Blocking (fsync): call it off the event loop."""
-    merged = {(c.name, c.ollama_version): c for c in all_cards(state_dir)}
-    merged |= {(c.name, c.ollama_version): c for c in cards}
+    """Keep `cards`, each replacing the stored card of its model, Ollama version and host; the
+    other stored cards stay (a card from before hosts were named is replaced by a new probe of
+    its model and version). Blocking (fsync): call it off the event loop."""
+    cards = list(cards)
+    probed = {(c.name, c.ollama_version) for c in cards}
+    merged = {(c.name, c.ollama_version, c.host): c for c in all_cards(state_dir)
+              if c.host or (c.name, c.ollama_version) not in probed}
+    merged |= {(c.name, c.ollama_version, c.host): c for c in cards}
     ordered = [merged[key] for key in sorted(merged)]
     folder = state_dir / CARDS_FILE.parent
     try:

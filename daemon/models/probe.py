@@ -52,6 +52,7 @@ from daemon.context.compact import request_tokens
 from daemon.context.replay import ChatMessage
 from daemon.context.text_calls import looks_like_text_tool_call
 from daemon.core.config import ModelSettings
+from daemon.core.redact import redact_url
 from daemon.llm.client import TRUNCATE_SINCE, ModelClient, ModelInfo, _version_numbers
 from daemon.models.card import Card, ThinkingStyle, ToolStyle, TruncateStyle
 from daemon.models.wire import Answer, ProbeFailed, ProbeWire
@@ -126,6 +127,7 @@ class Battery:
     def __init__(self, settings: ModelSettings, through: Through | None = None) -> None:
         self.llm = ModelClient(settings)
         self.wire = ProbeWire(settings.host, settings.timeout)
+        self.host = redact_url(settings.host)  # where the battery's requests go (`wire`)
         self.through: Through = through or _directly
 
     async def close(self) -> None:
@@ -158,7 +160,8 @@ class Battery:
             load_s=None if already_loaded else _round(speed.seconds("load_duration")),
             first_token_s=_round(speed.first_token_s), tokens_per_s=_rate(speed),
             cached_share=_cached_share(cache) if cache is not None else None, vision=vision,
-            **await self._memory(target.name), already_loaded=already_loaded, quick=quick)
+            **await self._memory(target.name), already_loaded=already_loaded, quick=quick,
+            host=self.host)
 
     async def _speed(self, target: Target) -> Answer:
         return await self._ok("speed", target, _mixed(target, "Say hello in five words."))
