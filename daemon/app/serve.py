@@ -34,7 +34,7 @@ from automations.scheduler import Automations
 from daemon import __version__
 from daemon.app.assembly import Core, DaemonParts, Runs, core
 from daemon.app.chat_socket import ChatSocket
-from daemon.app.console_health import Running, health_view
+from daemon.app.console_health import HostNow, Running, health_view, hosts_now
 from daemon.app.health import HealthMonitor
 from daemon.app.httpguard import (
     GuardedSite,
@@ -44,10 +44,11 @@ from daemon.app.httpguard import (
     guard_middleware,
     install_malformed_filter,
 )
-from daemon.app.metrics import START_TIME, Metrics
+from daemon.app.metrics import START_TIME, HostGauges, Metrics
 from daemon.app.platforms import runtime_of
 from daemon.app.sdnotify import sd_notify, watchdog, watchdog_interval
 from daemon.app.shutdown import shutdown_budget
+from daemon.console.names import chat_names
 from daemon.console.web import Console
 from daemon.core.config import Settings
 from daemon.core.errors import (
@@ -60,7 +61,7 @@ from daemon.core.errors import (
 from daemon.core.filemodes import exposure
 from daemon.core.logs import app_log as log
 from daemon.core.messages import Channel, Inbound, Outbound, ReplySink
-from daemon.core.platforms import installed
+from daemon.core.platforms import automation_name, installed
 from daemon.engine.workers import Engine
 from daemon.intake.gate import Access
 from daemon.intake.household import Household
@@ -110,6 +111,9 @@ AUTOMATIONS = web.AppKey("automations", Automations)
 MCP = web.AppKey("mcp", McpServers)
 CHAT_SOCKET = web.AppKey("chat_socket", ChatSocket)
 SPEAKING = web.AppKey("speaking", Speaking)
+# The loop the parts live on: the console's Health page, read in a thread, reads the Ollama pool
+# there (its pins change on the loop).
+LOOP = web.AppKey("loop", asyncio.AbstractEventLoop)
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
@@ -207,7 +211,15 @@ async def documents_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def llm_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The model client; with several Ollama hosts (`[model] hosts`) their health check runs
+    from the start, so a host that is off is known before a chat is sent to it and one that
+    comes on serves new conversations once it answers (a command's client checks only once it
+    calls). Closed, its checks stopped, on the way out."""
+    app[LOOP] = asyncio.get_running_loop()
     app[LLM] = ModelClient(app[SETTINGS].model, observer=app[METRICS])
+    if app[LLM].pool.several:  # one host alone is named nowhere in /metrics, as before
+        app[METRICS].per_host.hosts_known(host.name for host in app[LLM].pool.hosts)
+    app[LLM].start()
     yield
     await app[LLM].close()
 
@@ -402,12 +414,23 @@ def _status(app: web.Application) -> tuple[str, list[str]]:
 
 
 def _running(app: web.Application) -> Running:
-    """What the console's Health page shows; reads the outbox (call it in a thread)."""
-    servers, core = app.get(MCP), app.get(CORE)
-    return Running(app[SETTINGS], app[HEALTH].health, _status(app)[0], channel_names(app),
-                   app[ENGINE].queue_depths(), app[LLM].in_flight, app[STORE].outbox_pending(),
+    """What the console's Health page shows; reads the outbox, the conversations pinned to each
+    Ollama host and their names (call it in a thread, never on the loop: it waits for it)."""
+    servers, core, settings, store = app.get(MCP), app.get(CORE), app[SETTINGS], app[STORE]
+
+    async def read() -> tuple[HostNow, ...]:
+        return hosts_now(app[LLM].pool)
+
+    hosts = asyncio.run_coroutine_threadsafe(read(), app[LOOP]).result(timeout=10)
+    chats = {route: conversation.chat_key for host in hosts for route in host.routes
+             if automation_name(route) is None
+             and (conversation := store.get_conversation(route)) is not None}
+    names = chat_names(settings.linked, PairingBook(settings.daemon.state_dir)) if chats else {}
+    return Running(settings, app[HEALTH].health, _status(app)[0], channel_names(app),
+                   app[ENGINE].queue_depths(), app[LLM].in_flight, store.outbox_pending(),
                    servers.status() if servers is not None else [],
-                   core.cards.cards() if core is not None else (), app[LLM].known_version)
+                   core.cards.cards() if core is not None else (), app[LLM].known_version,
+                   hosts, chats, names)
 
 
 async def _gauges(app: web.Application) -> dict[str, float]:
@@ -424,6 +447,14 @@ async def _gauges(app: web.Application) -> dict[str, float]:
             "roost_model_requests_in_flight": llm.in_flight,
             "roost_healthy": 1.0 if _status(app)[0] == "ok" else 0.0,
             "roost_start_time_seconds": START_TIME}
+
+
+def _host_gauges(app: web.Application) -> dict[str, HostGauges]:
+    """Each Ollama host of several: up as its health check or its last call found it, and its
+    requests now (one host alone: none, `roost_healthy` says it)."""
+    pool = app[LLM].pool
+    return {host.name: HostGauges(host.up, host.in_flight) for host in pool.hosts} \
+        if pool.several else {}
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -453,6 +484,7 @@ async def metrics_route(request: web.Request) -> web.Response:
     # The gauges are read here, on the event loop that changes them; the collector gets a copy.
     metrics = request.app[METRICS]
     metrics.gauges = await _gauges(request.app)
+    metrics.per_host.now = _host_gauges(request.app)
     body = metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; "
                                                             "charset=utf-8"})

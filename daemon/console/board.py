@@ -66,6 +66,15 @@ class CardRow:
 
 
 @dataclass(frozen=True)
+class Served:
+    """A conversation or an automation pinned to an Ollama host."""
+
+    name: str  # the chat's name as roost knows it, or "automation NAME"
+    key: str  # its chat key (`automation:NAME` for an automation)
+    conversation_id: str | None  # its page; None for an automation (on the Automations page)
+
+
+@dataclass(frozen=True)
 class HostRow:
     """One Ollama server roost sends requests to, and what it serves."""
 
@@ -73,7 +82,11 @@ class HostRow:
     state: str  # reachable, unreachable, not probed yet
     version: str  # as /api/version said, or "not asked yet"
     in_flight: int  # requests at it now
-    serves: str  # which conversations go to it
+    serves: str  # which conversations go to it, in words
+    models: str = "-"  # what it has pulled (/api/tags), "-" before it was asked
+    loaded: str = "-"  # what it has in memory (/api/ps), with the GPU memory it takes
+    down_since: str = ""  # a time in the daemon's zone while it is down, else ""
+    conversations: tuple[Served, ...] = ()  # the ones pinned to it, the most recent last
 
 
 @dataclass(frozen=True)
