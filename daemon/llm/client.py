@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from daemon.core.config import ModelSettings
-from daemon.core.errors import LLMError, ModelNotFound, ModelNowhere
+from daemon.core.errors import LLMError, ModelNotFound, ModelNowhere, Preempted
 from daemon.core.logs import llm_log as log
 from daemon.llm.chat_call import ANSWER_CAP as ANSWER_CAP
 from daemon.llm.chat_call import (
@@ -71,7 +72,9 @@ class ModelObserver(Protocol):
     """Told about each finished model call and turn (daemon.app.metrics counts them)."""
 
     def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
-                   background: bool) -> None: ...
+                   background: bool, seconds: float | None = None) -> None: ...
+
+    def model_failed(self, host: str, seconds: float | None = None) -> None: ...
 
     def turn_done(self, seconds: float) -> None: ...
 
@@ -330,6 +333,7 @@ class ModelClient:
         """The call at the routed host (chosen once it may go), told to the observer
         (daemon.app.metrics) once it finished."""
         host = await self.routes.host(request.model)
+        began = time.monotonic()
         with self.pool.calling(host, routed=self.routes.route is not None):
             try:
                 result = await self._streams.stream(host.client, host.name, request, on)
@@ -341,10 +345,13 @@ class ModelClient:
                     result = await self._streams.stream(host.client, host.name,
                                                         replace(request, think=False), on)
             except LLMError as exc:
+                if self.observer is not None and not isinstance(exc, Preempted):
+                    self.observer.model_failed(host.name, time.monotonic() - began)
                 raise self.routes.failed(host, exc)  # noqa: B904 (the error itself, named)
         self.pool.served(host, request.model)
         if self.observer is not None:
-            self.observer.model_call(request.messages, result, background)
+            self.observer.model_call(request.messages, result, background,
+                                     time.monotonic() - began)
         return result
 
 

@@ -13,10 +13,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.app.serve import ENGINE, METRICS, build_app
+from daemon.app.serve import ENGINE, build_app
 from daemon.core.config.sections import HostSettings
 from daemon.core.messages import Inbound
-from daemon.llm.client import ChatResult
 from tests.conftest import RecordingChannel, SettingsFactory, wait_until
 from tests.daemon.app.test_app import start
 from tests.fakes.ollama import FakeOllama, Reply
@@ -125,25 +124,27 @@ async def test_one_host_alone_is_named_nowhere(
         await runner.cleanup()
 
 
-async def test_errors_and_latency_as_the_model_client_reports_them(
+async def test_errors_and_latency_of_each_host_from_a_real_failover(
     hosts: tuple[FakeOllama, FakeOllama, FakeOllama], make_settings: SettingsFactory,
 ) -> None:
-    """The observer's contract for a failed call and a call's time (the model client tells
-    them as `model_failed(host, seconds)` and `model_call(..., seconds=)`)."""
+    """A turn whose host answers 503 goes on at the other: the first host counts an error,
+    the second an answered call, and each call's time is in its host's histogram."""
     a, b, _ = hosts
-    app = build_app(make_settings(model={"hosts": (HostSettings(a.url), HostSettings(b.url))}),
+    app = build_app(make_settings(model={"hosts": (HostSettings(a.url, priority=1),
+                                                   HostSettings(b.url))}),
                     {"telegram": RecordingChannel("telegram")})
     runner, url = await start(app)
     try:
-        metrics = app[METRICS]
-        metrics.model_failed(a.url, 0.4)
-        metrics.model_call([{"role": "user", "content": "hi"}], ChatResult("hello", host=b.url),
-                           False, seconds=1.5)
+        a.script(Reply(status=503, error="server busy"))
+        engine = app[ENGINE]
+        assert await engine.submit(Inbound(chat_key=DANA, text="hello", received=time.time()))
+        await asyncio.wait_for(engine.wait_idle(DANA), 10)
         samples = await scrape(url)
         assert samples[("roost_model_host_errors_total", a.url)] == 1.0
         assert samples[("roost_model_host_errors_total", b.url)] == 0.0
         assert samples[("roost_model_host_requests_total", b.url)] == 1.0
         assert samples[("roost_model_host_seconds_count", a.url)] == 1.0
-        assert samples[("roost_model_host_seconds_sum", b.url)] == 1.5
+        assert samples[("roost_model_host_seconds_count", b.url)] == 1.0
+        assert samples[("roost_model_host_seconds_sum", b.url)] > 0.0
     finally:
         await runner.cleanup()

@@ -70,7 +70,10 @@ class TurnCount:
         self.done = 0
 
     def model_call(self, messages: Sequence[Mapping[str, Any]], result: ChatResult,
-                   background: bool) -> None:
+                   background: bool, seconds: float | None = None) -> None:
+        pass
+
+    def model_failed(self, host: str, seconds: float | None = None) -> None:
         pass
 
     def turn_done(self, seconds: float) -> None:
