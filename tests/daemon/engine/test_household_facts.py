@@ -10,25 +10,20 @@ next conversation)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
 from daemon.core.config import GUEST, MEMBER, OWNER, PersonSettings, Settings
-from daemon.core.messages import Inbound
 from daemon.engine.facts_commands import NOT_A_MEMBER
-from daemon.engine.workers import Engine
 from daemon.intake.household import Household
-from daemon.llm.client import ModelClient
-from daemon.store import Store
-from daemon.store.facts import HOUSEHOLD, FactsBook, Person
-from daemon.turn.parts import TurnParts
-from tests.conftest import RecordingChannel, SettingsFactory, standard_registry
+from daemon.store.facts import HOUSEHOLD, Person
+from tests.conftest import SettingsFactory
+from tests.daemon.engine.test_user_facts import Chats, start  # noqa: F401 (start: a fixture)
 from tests.fakes.ollama import FakeOllama, Reply
 
 DANA, DANA_WA = "telegram:1111111", "whatsapp:972544401243"
@@ -52,61 +47,19 @@ def call(tool: str, **arguments: Any) -> dict[str, Any]:
     return {"function": {"name": tool, "arguments": arguments}}
 
 
-class Home:
-    def __init__(self, engine: Engine, fake: FakeOllama,
-                 channels: dict[str, RecordingChannel]) -> None:
-        self.engine, self.fake, self.channels = engine, fake, channels
-
-    async def say(self, chat: str, text: str) -> list[dict[str, Any]]:
-        before = len(self.fake.chat_requests)
-        assert await self.engine.submit(Inbound(chat_key=chat, text=text, received=time.time()))
-        await asyncio.wait_for(self.engine.wait_idle(chat), 10)
-        return self.fake.chat_requests[before:]
-
-    async def system(self, chat: str, text: str) -> str:
-        requests = await self.say(chat, text)
-        assert requests, "the message made no model request"
-        return str(requests[0]["messages"][0]["content"])
-
-    def last(self, chat: str) -> str:
-        kind = chat.partition(":")[0]
-        return [o.text for o in self.channels[kind].sent if o.chat_key == chat][-1]
-
-    def book(self) -> FactsBook:
-        assert self.engine.parts.facts is not None
-        return self.engine.parts.facts
-
-
-Start = Callable[[Settings], Awaitable[Home]]
-
-
 @pytest.fixture
-async def start(fake_ollama: FakeOllama) -> AsyncIterator[Start]:
-    started: list[tuple[Engine, ModelClient, Store]] = []
+def start_home(start: Callable[..., Awaitable[Chats]]) -> Start:  # noqa: F811
+    """The engine of test_user_facts with the household's roles, as the daemon builds it."""
+    return lambda settings: start(settings, roles=Household.of(settings))
 
-    async def begin(settings: Settings) -> Home:
-        store = Store.open(settings.daemon.state_dir)
-        llm = ModelClient(settings.model)
-        channels = {k: RecordingChannel(k) for k in ("telegram", "whatsapp", "console")}
-        parts = TurnParts.build(settings=settings, store=store, llm=llm,
-                                registry=standard_registry(settings),
-                                roles=Household.of(settings))
-        engine = Engine(settings=settings, store=store, llm=llm, channels=channels, parts=parts)
-        await engine.start()
-        started.append((engine, llm, store))
-        return Home(engine, fake_ollama, channels)
 
-    yield begin
-    for engine, llm, store in started:
-        await engine.stop(grace=0)
-        await llm.close()
-        store.close()
+Start = Callable[[Settings], Awaitable[Chats]]
 
 
 async def test_a_household_fact_reaches_owners_members_and_the_group_never_a_guest(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start_home: Start
 ) -> None:
-    home = await start(household_settings(make_settings, fake_ollama))
+    home = await start_home(household_settings(make_settings, fake_ollama))
     await home.say(OMAR, f"/remember {LOCKER}")
     await home.say(OMAR, f"/memory household {WIFI}")
     assert home.last(OMAR) == f"Noted for the household: {WIFI}"
@@ -140,9 +93,9 @@ async def test_a_household_fact_reaches_owners_members_and_the_group_never_a_gue
 
 
 async def test_a_household_fact_added_mid_conversation_keeps_the_prefix_byte_stable(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start_home: Start
 ) -> None:
-    home = await start(household_settings(make_settings, fake_ollama))
+    home = await start_home(household_settings(make_settings, fake_ollama))
     before = await home.system(DANA, "hello")
     await home.say(OMAR, f"/memory household {WIFI}")
     turn = await home.say(DANA, "what is new?")
@@ -171,9 +124,9 @@ async def test_a_household_fact_added_mid_conversation_keeps_the_prefix_byte_sta
 
 
 async def test_the_model_keeps_a_household_fact_for_a_member_and_never_for_a_guest(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start_home: Start
 ) -> None:
-    home = await start(household_settings(make_settings, fake_ollama))
+    home = await start_home(household_settings(make_settings, fake_ollama))
     fake_ollama.script(Reply(tool_calls=[call("memory_remember", fact=WIFI, household=True)]),
                        Reply(content="Done."))
     await home.say(OMAR, f"{WIFI}. Remember it for the whole family.")
@@ -202,10 +155,10 @@ async def test_the_model_keeps_a_household_fact_for_a_member_and_never_for_a_gue
 
 
 async def test_a_guest_promoted_to_member_gets_the_household_block_at_once(
-    fake_ollama: FakeOllama, make_settings: SettingsFactory, start: Start
+    fake_ollama: FakeOllama, make_settings: SettingsFactory, start_home: Start
 ) -> None:
     settings = household_settings(make_settings, fake_ollama)
-    home = await start(settings)
+    home = await start_home(settings)
     home.book().add(HOUSEHOLD, WIFI, "2026-12-01")
     assert WIFI not in await home.system(SAM, "hello")
     await home.engine.stop(grace=0)
@@ -213,5 +166,5 @@ async def test_a_guest_promoted_to_member_gets_the_household_block_at_once(
 
     promoted = dataclasses.replace(settings, people=MappingProxyType({
         **settings.people, "sam": PersonSettings(chats=(SAM,), role=MEMBER)}))
-    again = await start(promoted)
+    again = await start_home(promoted)
     assert WIFI in await again.system(SAM, "and now?")

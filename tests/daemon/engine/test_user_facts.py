@@ -26,6 +26,7 @@ from daemon.store.facts import FactsBook, Person
 from daemon.tools import builtin, facts
 from daemon.tools.facts import NOT_HERE
 from daemon.tools.registry import Capability, Registry, Tool
+from daemon.tools.roles import Roles
 from daemon.turn.parts import TurnParts
 from tests.conftest import RecordingChannel, SettingsFactory, standard_registry, wait_until
 from tests.fakes.ollama import FakeOllama, Reply
@@ -83,12 +84,13 @@ Start = Callable[..., Awaitable[Chats]]
 async def start(fake_ollama: FakeOllama) -> AsyncIterator[Start]:
     started: list[tuple[Engine, ModelClient, Store]] = []
 
-    async def begin(settings: Settings, registry: Registry | None = None) -> Chats:
+    async def begin(settings: Settings, registry: Registry | None = None,
+                    roles: Roles | None = None) -> Chats:
         store = Store.open(settings.daemon.state_dir)
         llm = ModelClient(settings.model)
         channels = {k: RecordingChannel(k) for k in ("telegram", "whatsapp", "console")}
         parts = TurnParts.build(settings=settings, store=store, llm=llm,
-                                registry=registry or standard_registry(settings))
+                                registry=registry or standard_registry(settings), roles=roles)
         engine = Engine(settings=settings, store=store, llm=llm, channels=channels,
                         parts=parts)
         await engine.start()
