@@ -14,7 +14,6 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from types import MappingProxyType
-from typing import Any
 
 import pytest
 
@@ -23,7 +22,7 @@ from daemon.engine.facts_commands import NOT_A_MEMBER
 from daemon.intake.household import Household
 from daemon.store.facts import HOUSEHOLD, Person
 from tests.conftest import SettingsFactory
-from tests.daemon.engine.test_user_facts import Chats, start  # noqa: F401 (start: a fixture)
+from tests.daemon.engine.test_user_facts import Chats, call, start  # noqa: F401 (a fixture)
 from tests.fakes.ollama import FakeOllama, Reply
 
 DANA, DANA_WA = "telegram:1111111", "whatsapp:972544401243"
@@ -41,10 +40,6 @@ def household_settings(make_settings: SettingsFactory, fake: FakeOllama) -> Sett
         "omar": PersonSettings(chats=(OMAR,), role=MEMBER),
         "sam": PersonSettings(chats=(SAM,), role=GUEST, daily_messages=30),
     }))
-
-
-def call(tool: str, **arguments: Any) -> dict[str, Any]:
-    return {"function": {"name": tool, "arguments": arguments}}
 
 
 @pytest.fixture
