@@ -283,6 +283,7 @@ class ModelCall:
             return False
         failed.append(f"{exc.host} failed ({exc})")
         log.info("%s: %s failed (%s); asking %s", site.chat_key, exc.host, exc, to)
+        site.stream.retract("moved")  # what it wrote is not the answer: said in the reply
         return True
 
     async def prepare(

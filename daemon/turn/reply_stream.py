@@ -32,6 +32,7 @@ class ReplyStream:
         self.written: list[str] = []  # what was shown of the model's words (not the intro)
         self.call_start = 0  # where the current call's words start in `written`
         self.retracted = False  # words the user saw were taken back (`retract`)
+        self.retracted_for = ""  # why: "cut" (a prompt the server cut), "moved" (another host)
         self.tell = silence.tell if silence is not None else None
         self.watch = (SilenceWatch(silence.after, self._silent, silence.gate)
                       if silence is not None else None)
@@ -71,12 +72,13 @@ class ReplyStream:
         self.held, self.passing, self.thought = [], False, False
         self.call_start = len(self.written)
 
-    def retract(self) -> None:
-        """Forget the last call's words (an answer to a prompt Ollama cut): a stopped turn does
-        not keep them, and where the user saw some, `retracted` says so, so that the reply that
-        replaces them can tell the user why (text shown is never taken back in silence)."""
+    def retract(self, why: str = "cut") -> None:
+        """Forget the last call's words (an answer to a prompt Ollama cut, or one a host that
+        failed mid-answer left unfinished: `why`): a stopped turn does not keep them, and where
+        the user saw some, `retracted` says so, so that the reply that replaces them can tell
+        the user why (text shown is never taken back in silence)."""
         if "".join(self.written[self.call_start:]).strip():
-            self.retracted = True
+            self.retracted, self.retracted_for = True, why
         del self.written[self.call_start:]
         self.begin()
 

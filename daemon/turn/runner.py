@@ -82,6 +82,8 @@ CROWDED_SHARE = 0.9
 # the prompt, so the model had answered without part of the conversation.
 REDONE_LINE = ("(I asked the model again: its first answer was written without the start of "
                "our conversation, which the server had cut. This answer replaces it.)")
+MOVED_LINE = ("(The model server stopped in the middle of this answer, and another one wrote it "
+              "again from the start. This answer replaces what you saw being written.)")
 TOO_LARGE = ("This turn grew larger than the model's context window, even after I shortened it "
              "and tried again. Your message is saved; send /compact (or /new) and ask again, "
              "or ask in smaller steps.")
@@ -350,7 +352,8 @@ class TurnRunner:
         if loop.safety_net:  # the user hears why a long turn may have lost detail
             intro += f"({SAFETY_NET_LINE})\n\n"
         if turn.site.stream.retracted:  # what they saw being written is not this answer
-            intro += f"{REDONE_LINE}\n\n"
+            moved = turn.site.stream.retracted_for == "moved"
+            intro += f"{MOVED_LINE if moved else REDONE_LINE}\n\n"
         await asyncio.to_thread(
             self.journal.save_reply, conversation, after, turn.items, first,
             confirmed(done.text, turn.context.noted), intro, loop.prompt_tokens,

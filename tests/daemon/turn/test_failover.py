@@ -24,6 +24,7 @@ from daemon.core.messages import Inbound
 from daemon.engine.workers import Engine
 from daemon.llm.client import ModelClient
 from daemon.store import Store
+from daemon.turn.runner import MOVED_LINE
 from tests.automations.conftest import (  # noqa: F401  (make_daemon is a fixture)
     DaemonFactory,
     at,
@@ -150,13 +151,15 @@ async def test_a_host_killed_in_the_middle_of_an_answer_is_left_for_one_answer(
     await wait_until(lambda: a.paused == 1)
     await a.refuse_connections()  # switched off mid-sentence: the stream is cut
     await asyncio.wait_for(engine.wait_idle(CHAT), 10)
-    assert recording_channel.texts("reply") == ["echo: one", "echo: two"]
+    # The user saw the first box's words being written; the one reply says they are replaced.
+    assert "the answer from" in "".join(recording_channel.deltas)
+    assert recording_channel.texts("reply") == ["echo: one", f"{MOVED_LINE}\n\necho: two"]
     assert recording_channel.texts("notice") == []
     assert said(b) == ["two"]
     conversation = engine.store.active_conversation(CHAT)
     assert conversation is not None
     assert [m.content for m in engine.store.messages(conversation.id)] == [
-        "one", "echo: one", "two", "echo: two"]
+        "one", "echo: one", "two", "echo: two"]  # roost's own line is not the model's words
     assert last_reply_host(engine) == b.url
 
 
