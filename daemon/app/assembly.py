@@ -49,7 +49,7 @@ def tools(settings: Settings, reminders: Reminders) -> tuple[Callable[[Registry]
     """Each tool module's `register`, in the order the capability index lists them. A new
     tool module is one more line here."""
     return (builtin.register,
-            facts.register,
+            functools.partial(facts.register, household=bool(settings.linked)),
             functools.partial(web_tools.register, settings=settings.web),
             documents.register,
             functools.partial(reminder_tools.register, reminders=reminders))

@@ -18,6 +18,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from daemon.core.errors import StoreError
 from daemon.store.facts import HOUSEHOLD, FactError, Person
@@ -152,12 +153,14 @@ async def memory_forget(ctx: ToolContext, fact: str, household: bool = False) ->
     return f"{line}. Say so in your reply."
 
 
-def register(registry: Registry) -> None:
-    """The facts capability, always loaded (a user who says "remember this" gets it kept)."""
-    fact = {"type": "object", "properties": {
-        "fact": {"type": "string"},
-        "household": {"type": "boolean", "description": "the whole household's, not the user's"},
-    }, "required": ["fact"]}
+def register(registry: Registry, household: bool = False) -> None:
+    """The facts capability, always loaded (a user who says "remember this" gets it kept).
+    With `household` (the config names people: `[people]` or `[identities]`) its tools take the
+    `household` flag; without, they cost the request no token for it."""
+    properties: dict[str, Any] = {"fact": {"type": "string"}}
+    if household:
+        properties["household"] = {"type": "boolean"}
+    fact = {"type": "object", "properties": properties, "required": ["fact"]}
     registry.register(Capability(
         name="facts", core=True, group="recall",
         description="keep or forget lasting facts about the user",
